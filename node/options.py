@@ -1,0 +1,113 @@
+"""Server options: what the command line and the config file produce, and
+what the server consumes. Field names follow nats-server's config keys.
+
+Durations are seconds (float); sizes are bytes (int).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+DEFAULT_PORT = 4222
+DEFAULT_MAX_PAYLOAD = 1024 * 1024
+DEFAULT_MAX_CONTROL_LINE = 4096
+DEFAULT_MAX_PENDING = 64 * 1024 * 1024
+DEFAULT_STORE_DIR = "./jetraft-data"
+
+
+@dataclass
+class Permissions:
+    publish_allow: list[str] | None = None
+    publish_deny: list[str] | None = None
+    subscribe_allow: list[str] | None = None
+    subscribe_deny: list[str] | None = None
+    allow_responses: bool = False
+
+
+@dataclass
+class User:
+    user: str | None = None
+    password: str | None = None  # plain text, or a bcrypt hash ("$2a$...")
+    nkey: str | None = None  # public user nkey ("U...")
+    permissions: Permissions | None = None
+
+
+@dataclass
+class TLSOptions:
+    cert_file: str | None = None
+    key_file: str | None = None
+    ca_file: str | None = None
+    verify: bool = False
+    timeout: float = 2.0
+    handshake_first: bool = False
+
+
+@dataclass
+class WebsocketOptions:
+    host: str = "0.0.0.0"
+    port: int = 0  # 0: disabled
+    no_tls: bool = False
+    compression: bool = False
+    tls: TLSOptions | None = None
+
+
+@dataclass
+class ClusterOptions:
+    name: str | None = None
+    host: str = "0.0.0.0"
+    port: int = 0  # 0: no cluster listener
+    routes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class JetStreamOptions:
+    enabled: bool = False
+    store_dir: str = DEFAULT_STORE_DIR
+    max_mem: int = -1
+    max_file: int = -1
+    sync_interval: str = "always"  # Jetraft always fsyncs before acking
+    unique_tag: str | None = None
+
+
+@dataclass
+class Options:
+    host: str = "0.0.0.0"
+    port: int = DEFAULT_PORT  # -1: a random port
+    http_host: str = "0.0.0.0"
+    http_port: int = 0  # 0: monitoring disabled
+    server_name: str | None = None
+    max_payload: int = DEFAULT_MAX_PAYLOAD
+    max_control_line: int = DEFAULT_MAX_CONTROL_LINE
+    max_pending: int = DEFAULT_MAX_PENDING
+    max_connections: int = 64 * 1024
+    ping_interval: float = 120.0
+    ping_max: int = 2
+    write_deadline: float = 10.0
+    lame_duck_duration: float = 120.0
+    lame_duck_grace_period: float = 10.0
+
+    # Authorization. At most one of: users, token, (user, password).
+    user: str | None = None
+    password: str | None = None
+    token: str | None = None
+    users: list[User] = field(default_factory=list)
+    no_auth_user: str | None = None
+    auth_timeout: float = 2.0
+
+    tls: TLSOptions | None = None
+    websocket: WebsocketOptions | None = None
+    cluster: ClusterOptions = field(default_factory=ClusterOptions)
+    jetstream: JetStreamOptions = field(default_factory=JetStreamOptions)
+    server_tags: list[str] = field(default_factory=list)
+
+    debug: bool = False
+    trace: bool = False
+    log_file: str | None = None
+    pid_file: str | None = None
+    ports_file_dir: str | None = None
+    config_file: str | None = None
+
+    # Blocks accepted from a config file but not implemented: warned about at start.
+    unsupported: list[str] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
