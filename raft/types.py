@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import IntEnum
+from typing import Protocol
 
 NONE = 0  # no node: no vote cast, no leader known
 
@@ -146,3 +147,38 @@ class Ready:
             or self.messages
             or self.read_states
         )
+
+
+class CompactedError(Exception):
+    """The requested index is at or below the last snapshot: send a snapshot instead."""
+
+
+class UnavailableError(Exception):
+    """The requested index is past the stored log."""
+
+
+class Storage(Protocol):
+    """The stable (fsynced) log of one group, read by the core.
+
+    `raft/memstorage.py` implements it in memory for tests and simulation;
+    `raft/storage.py` implements it on disk. Writes come from the driver, not
+    the core: `append`, `set_hard_state`, `apply_snapshot`, `compact`.
+    """
+
+    def initial_state(self) -> tuple[HardState, ConfState]: ...
+
+    def entries(self, lo: int, hi: int, max_bytes: int | None = None) -> list[Entry]:
+        """Entries in [lo, hi); at least one if any, at most max_bytes after the first."""
+        ...
+
+    def term(self, index: int) -> int:
+        """Term of entry `index`; the snapshot's term for index == snapshot index."""
+        ...
+
+    def first_index(self) -> int:
+        """Index of the first entry still stored (snapshot index + 1)."""
+        ...
+
+    def last_index(self) -> int: ...
+
+    def snapshot(self) -> Snapshot: ...
