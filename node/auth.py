@@ -9,8 +9,9 @@ PUB and SUB. Nothing here touches a socket or a clock: time is passed in.
 Matching follows nats-server exactly, including its quirks:
 - a SUB subject's wildcard tokens are treated as literal tokens, so `*` in an
   allow/deny pattern matches a `*` or `>` token of the SUB subject;
-- queue entries (`"subject queue"`) only decide queue subscriptions, and
-  override the plain result when one of them matches the subject;
+- queue entries (`"subject queue"`) only decide queue subscriptions; in an
+  allow list they override the plain result when one matches the subject,
+  while a plain deny entry denies the subject for every queue group;
 - allow then deny (deny wins), for publish and subscribe.
 """
 
@@ -240,9 +241,8 @@ class PermissionSet:
                 allowed = _queue_matches(queue, queues)
         if allowed and c.sub_deny is not None:
             denied, queues = c.sub_deny.match(tokens)
-            allowed = not denied
-            if queue and queues:
-                allowed = not _queue_matches(queue, queues)
+            # Unlike allow, a plain deny entry also denies every queue group.
+            allowed = not denied and not (queue and queues and _queue_matches(queue, queues))
         return allowed
 
     def can_deliver(self, subject: str) -> bool:

@@ -182,9 +182,21 @@ SUB_CASES = [
     (None, ["q bad"], "q", "bad", False),
     (None, ["q bad"], "q", "good", True),
     (None, ["q bad"], "q", None, True),
-    (None, ["q", "q bad"], "q", "good", True),  # queue entries override the plain deny
+    (None, ["q", "q bad"], "q", "good", False),  # a plain deny covers every queue
     (None, ["q"], "q", "good", False),
     ([], ["x"], "anything", None, True),  # empty subscribe allow means no restriction
+    (["q", "q a"], None, "q", "b", False),
+    (["q", "q a"], None, "q", None, True),
+    (["q a"], None, "q", None, False),
+    (["q.* a.>"], None, "q.x", "a", False),
+    (["q.* a.>"], None, "q.x", "a.b.c", True),
+    (["q.* a.>"], None, "q.x", "a.*", True),
+    (["q.* a.>"], None, "q.>", "a.b", True),
+    ([">"], ["> z"], "q", "z", False),
+    ([">"], ["> z"], "q", "y", True),
+    ([">"], ["foo.> z.*"], "foo.bar", "z.1", False),
+    ([">"], ["foo.> z.*"], "foo.bar", "z.*", False),
+    ([">"], ["foo.> z.*"], "foo.bar", "z", True),
 ]
 
 
