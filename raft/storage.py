@@ -1,0 +1,570 @@
+"""The node's Raft log on disk: one write-ahead log shared by every group.
+
+All groups append to the same segmented WAL (`wal-<seq>.log`), so one
+`fsync` in `sync()` makes every record buffered since the previous sync
+durable, whatever group it belongs to (group commit). Writes are buffered in
+memory until `sync()`; reads see buffered records too (the driver only tells
+the core about entries after the sync, so this is just convenience).
+
+Memory stays bounded: per group we keep compact arrays (term, segment,
+offset, length, type per index) and a small shared byte-bounded cache of
+recent entries; older payloads are read back with `os.pread`.
+
+Record format and recovery rules: `raft/wal.py` and docs/raft.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import mmap
+import os
+import re
+from array import array
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from raft.log import ENTRY_OVERHEAD
+from raft.types import (
+    CompactedError,
+    ConfState,
+    Entry,
+    EntryType,
+    HardState,
+    Snapshot,
+    SnapshotMeta,
+    UnavailableError,
+)
+from raft.wal import (
+    CorruptLogError,
+    Record,
+    RecordType,
+    Scanner,
+    decode_conf_state,
+    decode_vote,
+    encode,
+    encode_conf_state,
+    encode_hard_state,
+    header_len,
+)
+
+log = logging.getLogger(__name__)
+
+_SEGMENT_RE = re.compile(r"^wal-(\d{16})\.log$")
+CACHE_BYTES = 8 << 20  # recent entries kept decoded in memory, across all groups
+
+__all__ = ["CorruptLogError", "GroupLog", "NodeLog", "WalStats"]
+
+
+def segment_name(seq: int) -> str:
+    return f"wal-{seq:016d}.log"
+
+
+@dataclass(slots=True)
+class WalStats:
+    fsyncs: int = 0  # incremented exactly where os.fsync is called
+    syncs: int = 0
+    bytes_written: int = 0
+    records: int = 0
+    segments_deleted: int = 0
+    torn_bytes_truncated: int = 0
+
+
+@dataclass(slots=True)
+class _Chunk:
+    """Bytes buffered for one segment, starting at file offset `start`."""
+
+    seg: int
+    start: int
+    buf: bytearray = field(default_factory=bytearray)
+
+
+class _GroupState:
+    """In-memory index of one group's log. Pure: no I/O.
+
+    Entry `i` lives at position `i - snap.index - 1` of the arrays.
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.key = name.encode("ascii")
+        self.hs = HardState()
+        self.snap = SnapshotMeta()
+        self.hole = 0  # replay only: entries <= hole were never seen; a later COMPACT must cover
+        self.terms = array("Q")
+        self.segs = array("I")
+        self.offs = array("Q")
+        self.lens = array("I")
+        self.types = array("B")
+
+    def last_index(self) -> int:
+        return self.snap.index + len(self.terms)
+
+    def truncate_from(self, index: int) -> None:
+        """Forget entries >= index (index > snap.index)."""
+        del self.terms[index - self.snap.index - 1 :]
+        del self.segs[index - self.snap.index - 1 :]
+        del self.offs[index - self.snap.index - 1 :]
+        del self.lens[index - self.snap.index - 1 :]
+        del self.types[index - self.snap.index - 1 :]
+
+    def put(self, term: int, index: int, etype: int, seg: int, off: int, n: int) -> None:
+        if index > self.last_index() + 1:
+            raise ValueError(f"{self.name}: gap, entry {index} after {self.last_index()}")
+        if index <= self.last_index():
+            self.truncate_from(index)
+        self.terms.append(term)
+        self.segs.append(seg)
+        self.offs.append(off)
+        self.lens.append(n)
+        self.types.append(etype)
+
+    def compact_to(self, index: int, term: int, conf: ConfState | None) -> None:
+        """Drop entries <= index; the snapshot now ends at (index, term)."""
+        if index < self.snap.index or (index == self.snap.index and not self.hole):
+            return
+        if index >= self.last_index():
+            self.truncate_from(self.snap.index + 1)
+        else:
+            drop = index - self.snap.index
+            for arr in (self.terms, self.segs, self.offs, self.lens, self.types):
+                del arr[:drop]
+        cs = conf if conf is not None else self.snap.conf_state
+        self.snap = SnapshotMeta(index=index, term=term, conf_state=cs)
+        if index >= self.hole:
+            self.hole = 0
+
+    def install(self, meta: SnapshotMeta) -> None:
+        """A snapshot from the leader replaces the whole log."""
+        self.truncate_from(self.snap.index + 1)
+        self.snap = SnapshotMeta(meta.index, meta.term, meta.conf_state)
+        if meta.index >= self.hole:
+            self.hole = 0
+
+
+class _EntryCache:
+    """Recently appended entries, bounded by payload bytes."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self._max = max_bytes
+        self._bytes = 0
+        self._items: OrderedDict[tuple[str, int], Entry] = OrderedDict()
+
+    def put(self, group: str, e: Entry) -> None:
+        if len(e.data) > self._max // 4:
+            return  # one huge entry would flush everything useful
+        old = self._items.pop((group, e.index), None)
+        if old is not None:
+            self._bytes -= len(old.data)
+        self._items[(group, e.index)] = e
+        self._bytes += len(e.data)
+        while self._bytes > self._max:
+            _, ev = self._items.popitem(last=False)
+            self._bytes -= len(ev.data)
+
+    def get(self, group: str, index: int) -> Entry | None:
+        return self._items.get((group, index))
+
+    def drop(self, group: str, lo: int, hi: int) -> None:
+        for i in range(lo, hi):
+            old = self._items.pop((group, i), None)
+            if old is not None:
+                self._bytes -= len(old.data)
+
+
+class GroupLog:
+    """One group's view of the node log; implements `raft.types.Storage`."""
+
+    def __init__(self, node: NodeLog, state: _GroupState) -> None:
+        self._node = node
+        self._g = state
+
+    @property
+    def name(self) -> str:
+        return self._g.name
+
+    def initial_state(self) -> tuple[HardState, ConfState]:
+        hs = self._g.hs
+        return HardState(hs.term, hs.vote, hs.commit), self._g.snap.conf_state
+
+    def first_index(self) -> int:
+        return self._g.snap.index + 1
+
+    def last_index(self) -> int:
+        return self._g.last_index()
+
+    def term(self, index: int) -> int:
+        g = self._g
+        if index == g.snap.index:
+            return g.snap.term
+        if index < g.snap.index:
+            raise CompactedError(f"{g.name}: index {index} compacted (<= {g.snap.index})")
+        if index > g.last_index():
+            raise UnavailableError(f"{g.name}: index {index} > last {g.last_index()}")
+        return g.terms[index - g.snap.index - 1]
+
+    def entries(self, lo: int, hi: int, max_bytes: int | None = None) -> list[Entry]:
+        g = self._g
+        if lo <= g.snap.index:
+            raise CompactedError(f"{g.name}: entries from {lo} compacted (<= {g.snap.index})")
+        if hi > g.last_index() + 1:
+            raise UnavailableError(f"{g.name}: entries up to {hi - 1} > last {g.last_index()}")
+        out: list[Entry] = []
+        size = 0
+        for i in range(lo, hi):
+            pos = i - g.snap.index - 1
+            size += g.lens[pos] + ENTRY_OVERHEAD  # same measure as raft.log.entry_size
+            if out and max_bytes is not None and size > max_bytes:
+                break
+            out.append(self._node._load(g, i))
+        return out
+
+    def snapshot(self) -> Snapshot:
+        """Metadata only: snapshot data lives in the state machine (LMDB)."""
+        s = self._g.snap
+        return Snapshot(meta=SnapshotMeta(s.index, s.term, s.conf_state))
+
+
+class NodeLog:
+    """All groups' Raft logs of one node in one segmented, CRC-checked WAL.
+
+    `repair=False` (default): a corrupt record anywhere but the tail of the
+    last segment raises CorruptLogError (fsynced data was lost: the operator
+    decides). `repair=True` keeps the valid prefix and drops the rest.
+    """
+
+    def __init__(
+        self,
+        dir: str,
+        segment_bytes: int = 64 << 20,
+        *,
+        cache_bytes: int = CACHE_BYTES,
+        repair: bool = False,
+    ) -> None:
+        self.dir = dir
+        self.stats = WalStats()
+        self._segment_bytes = segment_bytes
+        self._groups: dict[str, _GroupState] = {}
+        self._views: dict[str, GroupLog] = {}
+        self._fds: dict[int, int] = {}  # segment seq -> fd (O_RDWR)
+        self._seg_max: dict[int, dict[str, int]] = {}  # seg -> group -> highest entry index
+        self._pending: list[_Chunk] = []
+        self._inflight: list[_Chunk] = []
+        self._cache = _EntryCache(cache_bytes)
+        self._cur_seg = 0
+        self._cur_size = 0
+        self._rolling = False
+        self._dir_dirty = False
+        self._sync_lock = asyncio.Lock()
+        os.makedirs(dir, exist_ok=True)
+        self._recover(repair)
+
+    # ---- group access ------------------------------------------------
+
+    def group(self, group: str) -> GroupLog:
+        view = self._views.get(group)
+        if view is None:
+            state = self._state(group)
+            view = self._views[group] = GroupLog(self, state)
+        return view
+
+    def groups(self) -> list[str]:
+        return list(self._groups)
+
+    def _state(self, group: str) -> _GroupState:
+        g = self._groups.get(group)
+        if g is None:
+            g = self._groups[group] = _GroupState(group)
+        return g
+
+    # ---- buffered writes -----------------------------------------------
+
+    def append(self, group: str, entries: list[Entry]) -> None:
+        """Append entries; an entry at index i supersedes this group's entries >= i."""
+        g = self._state(group)
+        for e in entries:
+            if e.index <= g.snap.index:
+                continue  # already covered by the snapshot
+            if e.index > g.last_index() + 1:
+                raise ValueError(f"{group}: gap, entry {e.index} after {g.last_index()}")
+            if e.index <= g.last_index():
+                self._cache.drop(group, e.index, g.last_index() + 1)
+                self._clamp_seg_max(group, e.index - 1)
+            rec = encode(RecordType.ENTRY, g.key, e.term, e.index, e.type, e.data)
+            seg, off = self._emit(rec)
+            g.put(e.term, e.index, e.type, seg, off + header_len(g.key), len(e.data))
+            per_seg = self._seg_max.setdefault(seg, {})
+            per_seg[group] = max(per_seg.get(group, 0), e.index)
+            self._cache.put(group, Entry(e.term, e.index, e.type, bytes(e.data)))
+
+    def set_hard_state(self, group: str, hs: HardState) -> None:
+        g = self._state(group)
+        self._emit(encode_hard_state(g.key, hs))
+        g.hs = HardState(hs.term, hs.vote, hs.commit)
+
+    def apply_snapshot(self, group: str, meta: SnapshotMeta) -> bool:
+        """Install a snapshot received from the leader: the log restarts after it.
+
+        Returns False (and writes nothing) for a snapshot older than ours.
+        """
+        g = self._state(group)
+        if meta.index <= g.snap.index:
+            return False
+        payload = encode_conf_state(meta.conf_state)
+        self._emit(encode(RecordType.SNAPSHOT_META, g.key, meta.term, meta.index, 0, payload))
+        self._cache.drop(group, g.snap.index + 1, g.last_index() + 1)
+        self._clamp_seg_max(group, 0)
+        g.install(meta)
+        return True
+
+    def compact(self, group: str, index: int, conf_state: ConfState | None = None) -> None:
+        """Drop entries <= index after the state machine snapshotted them.
+
+        `conf_state` is the membership as of `index` (None keeps the known one).
+        """
+        g = self._state(group)
+        if index <= g.snap.index:
+            return
+        if index > g.last_index():
+            raise UnavailableError(f"{group}: compact {index} > last {g.last_index()}")
+        term = self.group(group).term(index)
+        payload = encode_conf_state(conf_state)
+        self._emit(encode(RecordType.COMPACT, g.key, term, index, 0, payload))
+        g.compact_to(index, term, conf_state)
+
+    def _clamp_seg_max(self, group: str, keep: int) -> None:
+        # Entries above `keep` are superseded: they no longer pin their segments.
+        for per_seg in self._seg_max.values():
+            if per_seg.get(group, 0) > keep:
+                per_seg[group] = keep
+
+    def _emit(self, rec: bytes) -> tuple[int, int]:
+        """Buffer one record; returns its (segment, offset)."""
+        if self._cur_size >= self._segment_bytes and not self._rolling:
+            self._roll()
+        if not self._pending or self._pending[-1].seg != self._cur_seg:
+            self._pending.append(_Chunk(self._cur_seg, self._cur_size))
+        off = self._cur_size
+        self._pending[-1].buf += rec
+        self._cur_size += len(rec)
+        self.stats.records += 1
+        return self._cur_seg, off
+
+    def _roll(self) -> None:
+        """Start a new segment, opening it with a checkpoint of every group.
+
+        The checkpoint (COMPACT + HARD_STATE per group) lets older segments be
+        deleted as a prefix without losing any group's snapshot or vote.
+        """
+        self._open_segment(self._cur_seg + 1)
+        self._rolling = True
+        try:
+            for g in self._groups.values():
+                if g.snap.index or g.snap.conf_state != ConfState():
+                    cs = encode_conf_state(g.snap.conf_state)
+                    self._emit(encode(RecordType.COMPACT, g.key, g.snap.term, g.snap.index, 0, cs))
+                if g.hs != HardState():
+                    self._emit(encode_hard_state(g.key, g.hs))
+        finally:
+            self._rolling = False
+
+    def _open_segment(self, seq: int) -> None:
+        path = os.path.join(self.dir, segment_name(seq))
+        self._fds[seq] = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        self._seg_max.setdefault(seq, {})
+        self._cur_seg, self._cur_size = seq, 0
+        self._dir_dirty = True
+
+    # ---- durability ----------------------------------------------------
+
+    def sync(self) -> int:
+        """Write everything buffered and fsync once; returns bytes written."""
+        if self._inflight:
+            raise RuntimeError("sync() while sync_async() is in flight")
+        batch = self._take()
+        try:
+            n = self._write(batch)
+        finally:
+            self._inflight = []
+        self._after_sync()
+        return n
+
+    async def sync_async(self) -> int:
+        """Like sync(), but the write+fsync runs in a thread; the loop keeps serving.
+
+        Records buffered meanwhile go to the next sync.
+        """
+        async with self._sync_lock:
+            batch = self._take()
+            try:
+                n = await asyncio.to_thread(self._write, batch)
+            finally:
+                self._inflight = []
+            self._after_sync()
+            return n
+
+    def _take(self) -> list[_Chunk]:
+        batch, self._pending = self._pending, []
+        self._inflight = batch
+        return batch
+
+    def _write(self, batch: list[_Chunk]) -> int:
+        """pwrite every chunk, then fsync each touched segment (normally one)."""
+        written = 0
+        touched: list[int] = []
+        for ch in batch:
+            fd = self._fds[ch.seg]
+            view = memoryview(ch.buf)
+            pos = 0
+            while pos < len(view):
+                pos += os.pwrite(fd, view[pos:], ch.start + pos)
+            written += len(view)
+            if ch.seg not in touched:
+                touched.append(ch.seg)
+        if self._dir_dirty:
+            self._fsync_dir()
+        for seg in touched:
+            os.fsync(self._fds[seg])
+            self.stats.fsyncs += 1
+        self.stats.syncs += 1
+        self.stats.bytes_written += written
+        return written
+
+    def _fsync_dir(self) -> None:
+        self._dir_dirty = False
+        fd = os.open(self.dir, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            self.stats.fsyncs += 1
+        finally:
+            os.close(fd)
+
+    # ---- segment garbage collection --------------------------------------
+
+    def pinning_groups(self) -> list[str]:
+        """Groups whose unsnapshotted entries keep the oldest segment alive."""
+        segs = sorted(self._fds)
+        if len(segs) < 2:
+            return []
+        per_seg = self._seg_max.get(segs[0], {})
+        return [name for name, top in per_seg.items() if top > self._groups[name].snap.index]
+
+    def segments(self) -> list[int]:
+        return sorted(self._fds)
+
+    def _after_sync(self) -> None:
+        # Delete oldest-first only: recovery relies on the survivors being a
+        # suffix that starts with a checkpoint. Runs after the fsync so the
+        # COMPACT records that justify the deletion are already durable.
+        deleted = False
+        while len(self._fds) > 1 and not self.pinning_groups():
+            seq = min(self._fds)
+            if seq == self._cur_seg:
+                break
+            os.close(self._fds.pop(seq))
+            self._seg_max.pop(seq, None)
+            os.unlink(os.path.join(self.dir, segment_name(seq)))
+            self.stats.segments_deleted += 1
+            deleted = True
+        if deleted:
+            self._fsync_dir()
+
+    # ---- reads -----------------------------------------------------------
+
+    def _load(self, g: _GroupState, index: int) -> Entry:
+        e = self._cache.get(g.name, index)
+        if e is not None:
+            return e
+        pos = index - g.snap.index - 1
+        data = self._read(g.segs[pos], g.offs[pos], g.lens[pos])
+        return Entry(g.terms[pos], index, EntryType(g.types[pos]), data)
+
+    def _read(self, seg: int, off: int, n: int) -> bytes:
+        for ch in (*self._inflight, *self._pending):
+            if ch.seg == seg and ch.start <= off < ch.start + len(ch.buf):
+                return bytes(ch.buf[off - ch.start : off - ch.start + n])
+        data = os.pread(self._fds[seg], n, off)
+        if len(data) != n:
+            raise CorruptLogError(f"short read in {segment_name(seg)} at {off}")
+        return data
+
+    # ---- recovery ----------------------------------------------------------
+
+    def _recover(self, repair: bool) -> None:
+        seqs = sorted(
+            int(m.group(1)) for name in os.listdir(self.dir) if (m := _SEGMENT_RE.match(name))
+        )
+        for k, seq in enumerate(seqs):
+            path = os.path.join(self.dir, segment_name(seq))
+            end, error = self._replay_segment(seq, path)
+            self._fds[seq] = os.open(path, os.O_RDWR)
+            self._cur_seg, self._cur_size = seq, end
+            if error is None:
+                continue
+            if k != len(seqs) - 1 and not repair:
+                raise CorruptLogError(f"{path}: {error} (not the last segment; see repair=True)")
+            self._truncate_tail(seq, path, end, error)
+            for later in seqs[k + 1 :]:
+                os.unlink(os.path.join(self.dir, segment_name(later)))
+                log.error("wal: dropped segment %s after corruption", segment_name(later))
+            break
+        holes = [g.name for g in self._groups.values() if g.hole]
+        if holes:
+            raise CorruptLogError(f"groups with missing log prefix: {holes[:5]}")
+        if not self._fds:
+            self._open_segment(1)
+            self._fsync_dir()
+
+    def _replay_segment(self, seq: int, path: str) -> tuple[int, str | None]:
+        size = os.path.getsize(path)
+        self._seg_max.setdefault(seq, {})
+        if size == 0:
+            return 0, None
+        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+            scanner = Scanner(mm, entry_payloads=False)
+            try:
+                for rec in scanner:
+                    self._replay(seq, rec)
+            finally:
+                scanner.close()  # the mmap cannot close while views into it exist
+        return scanner.end, scanner.error
+
+    def _replay(self, seq: int, rec: Record) -> None:
+        g = self._state(rec.group)
+        if rec.type is RecordType.ENTRY:
+            if rec.index <= g.snap.index:
+                return
+            if rec.index > g.last_index() + 1:
+                # Older segments were deleted; a later COMPACT must cover this.
+                g.install(SnapshotMeta(rec.index - 1, 0, g.snap.conf_state))
+                g.hole = rec.index - 1
+            if rec.index <= g.last_index():
+                self._clamp_seg_max(g.name, rec.index - 1)
+            hl = rec.payload_offset - rec.offset
+            g.put(rec.term, rec.index, rec.entry_type, seq, rec.offset + hl, rec.payload_len)
+            per_seg = self._seg_max[seq]
+            per_seg[g.name] = max(per_seg.get(g.name, 0), rec.index)
+        elif rec.type is RecordType.HARD_STATE:
+            g.hs = HardState(rec.term, decode_vote(rec.payload), rec.index)
+        elif rec.type is RecordType.SNAPSHOT_META:
+            conf = decode_conf_state(rec.payload) or ConfState()
+            g.install(SnapshotMeta(rec.index, rec.term, conf))
+            self._clamp_seg_max(g.name, 0)
+        elif rec.type is RecordType.COMPACT:
+            g.compact_to(rec.index, rec.term, decode_conf_state(rec.payload))
+
+    def _truncate_tail(self, seq: int, path: str, end: int, error: str) -> None:
+        size = os.path.getsize(path)
+        log.warning("wal: %s: %s; truncating %d bytes of torn tail", path, error, size - end)
+        os.ftruncate(self._fds[seq], end)
+        os.fsync(self._fds[seq])
+        self.stats.fsyncs += 1
+        self.stats.torn_bytes_truncated += size - end
+
+    def close(self) -> None:
+        """Flush what is buffered, then release the files."""
+        if self._pending:
+            self.sync()
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
