@@ -1,0 +1,420 @@
+"""Raft messages between nodes over gRPC (grpc.aio), all groups multiplexed.
+
+One bidirectional `Raft` stream per peer pair: the node with the lower id
+dials and keeps redialing with backoff; the other side accepts. After a
+`hello` exchange both directions carry `Batch`es. Everything `send()` gets
+for a peer during one event-loop turn becomes one Batch (heartbeats
+coalesced by `raft/codec.py`), queued on a bounded per-peer queue drained by
+one writer task, so per-pair order is kept. A message that cannot be queued
+(peer disconnected, queue full) is dropped and reported to `on_messages` as a
+local UNREACHABLE message, which the driver steps into the group.
+
+Snapshots use their own `Snapshot` RPC on a separate channel (own TCP
+connection), streamed in chunks with every write awaited, so a large transfer
+never delays heartbeats on the Raft stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+
+from proto import cluster_pb2 as pb
+from proto import cluster_pb2_grpc as pb_grpc
+from raft.codec import decode_batch, encode_batch, message_from_pb, message_size, message_to_pb
+from raft.types import Message, MsgType
+
+log = logging.getLogger(__name__)
+
+OnMessages = Callable[[list[Message]], None]
+OnSnapshot = Callable[[Message, AsyncIterator[bytes]], Awaitable[bool]]
+SnapshotSource = Callable[[Message], AsyncIterator[bytes]]
+TlsFiles = tuple[str | bytes, str | bytes, str | bytes]  # cert, key, ca: PEM bytes or file paths
+
+MAX_GRPC_MESSAGE = 64 << 20
+BATCH_SPLIT_BYTES = 4 << 20  # start a new Batch past this many payload bytes
+QUEUE_BATCHES = 256  # per peer; beyond it messages are dropped (Raft retries)
+CHUNK_BYTES = 256 << 10
+HANDSHAKE_TIMEOUT = 3.0
+BACKOFF_MIN, BACKOFF_MAX = 0.05, 2.0
+
+_CHANNEL_OPTIONS = [
+    ("grpc.max_send_message_length", MAX_GRPC_MESSAGE),
+    ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE),
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 2000),
+    ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.keepalive_timeout_ms", 5_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
+]
+_SERVER_OPTIONS = [
+    ("grpc.max_send_message_length", MAX_GRPC_MESSAGE),
+    ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
+]
+
+
+def _pem(x: str | bytes) -> bytes:
+    if isinstance(x, bytes):
+        return x
+    with open(x, "rb") as f:
+        return f.read()
+
+
+@dataclass(eq=False)
+class _Link:
+    """State of the connection to one peer."""
+
+    peer: int
+    addr: str
+    queue: asyncio.Queue[tuple[pb.Batch, set[str]]]
+    stream: Any = None  # the live call (dialer) or servicer context (acceptor)
+    pending: list[Message] = field(default_factory=list)
+    liveness: bool = False
+    last_seen: float = 0.0
+    channel: grpc.aio.Channel | None = None
+    snap_channel: grpc.aio.Channel | None = None
+
+
+class GrpcTransport:
+    def __init__(
+        self,
+        node_id: int,
+        listen_addr: str,
+        peers: dict[int, str],
+        on_messages: OnMessages,
+        on_snapshot: OnSnapshot | None = None,
+        tls: TlsFiles | None = None,
+        *,
+        snapshot_source: SnapshotSource | None = None,
+        on_liveness: Callable[[int], None] | None = None,
+        queue_batches: int = QUEUE_BATCHES,
+        chunk_bytes: int = CHUNK_BYTES,
+    ) -> None:
+        self.node_id = node_id
+        self.listen_addr = listen_addr
+        self.port = 0
+        self._on_messages = on_messages
+        self._on_snapshot = on_snapshot
+        self._on_liveness = on_liveness
+        self._snapshot_source = snapshot_source
+        self._tls = tuple(_pem(x) for x in tls) if tls else None
+        self._chunk = chunk_bytes
+        self._links = {
+            p: _Link(p, a, asyncio.Queue(queue_batches)) for p, a in peers.items() if p != node_id
+        }
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._server: grpc.aio.Server | None = None
+        self._flush_scheduled = False
+        self._closing = False
+        self.dropped = 0  # messages reported UNREACHABLE
+
+    # ---- lifecycle ---------------------------------------------------------
+
+    async def start(self) -> None:
+        self._server = grpc.aio.server(options=_SERVER_OPTIONS)
+        pb_grpc.add_ClusterServicer_to_server(_Servicer(self), self._server)
+        if self._tls:
+            cert, key, ca = self._tls
+            creds = grpc.ssl_server_credentials(
+                [(key, cert)], root_certificates=ca, require_client_auth=True
+            )
+            self.port = self._server.add_secure_port(self.listen_addr, creds)
+        else:
+            self.port = self._server.add_insecure_port(self.listen_addr)
+        await self._server.start()
+        for link in self._links.values():
+            self._spawn(self._writer(link))
+            if self.node_id < link.peer:
+                self._spawn(self._dial_loop(link))
+
+    async def stop(self) -> None:
+        self._closing = True
+        for t in list(self._tasks):
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._server is not None:
+            await self._server.stop(grace=0.2)
+        for link in self._links.values():
+            for ch in (link.channel, link.snap_channel):
+                if ch is not None:
+                    await ch.close()
+
+    def _spawn(self, coro: Awaitable[Any]) -> asyncio.Task[Any]:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    def connected(self, peer: int) -> bool:
+        return self._links[peer].stream is not None
+
+    async def wait_connected(self, timeout: float = 10.0) -> None:
+        """Until every peer's Raft stream is up (tests, startup)."""
+        async with asyncio.timeout(timeout):
+            while not all(link.stream is not None for link in self._links.values()):
+                await asyncio.sleep(0.02)
+
+    def last_seen(self, peer: int) -> float:
+        """Loop time of the last Batch received from `peer` (0.0 = never)."""
+        return self._links[peer].last_seen
+
+    # ---- sending -------------------------------------------------------------
+
+    def send(self, msgs: list[Message]) -> None:
+        """Queue messages; never blocks. Flushed as one Batch per peer this loop turn."""
+        for m in msgs:
+            link = self._links.get(m.to)
+            if link is None:
+                log.warning("transport: message for unknown node %d dropped", m.to)
+                continue
+            if m.type == MsgType.SNAP and self._snapshot_source is not None:
+                self._spawn(self._snapshot_task(m))
+                continue
+            link.pending.append(m)
+        self._schedule_flush()
+
+    def beat(self) -> None:
+        """Send a node-level liveness beat to every peer (with the next flush)."""
+        for link in self._links.values():
+            link.liveness = True
+        self._schedule_flush()
+
+    def _schedule_flush(self) -> None:
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        for link in self._links.values():
+            msgs, link.pending = link.pending, []
+            liveness, link.liveness = link.liveness, False
+            if not msgs and not liveness:
+                continue
+            if link.stream is None:
+                self._unreachable(link.peer, {m.group for m in msgs})
+                continue
+            for batch_msgs in self._split(msgs) or [[]]:
+                batch = encode_batch(self.node_id, link.peer, batch_msgs, liveness=liveness)
+                groups = {m.group for m in batch_msgs}
+                try:
+                    link.queue.put_nowait((batch, groups))
+                except asyncio.QueueFull:
+                    self._unreachable(link.peer, groups)
+
+    @staticmethod
+    def _split(msgs: list[Message]) -> list[list[Message]]:
+        out: list[list[Message]] = []
+        size = BATCH_SPLIT_BYTES
+        for m in msgs:
+            n = message_size(m)
+            if size + n > BATCH_SPLIT_BYTES and (not out or out[-1]):
+                out.append([])
+                size = 0
+            out[-1].append(m)
+            size += n
+        return out
+
+    def _unreachable(self, peer: int, groups: set[str]) -> None:
+        if not groups:
+            return
+        self.dropped += len(groups)
+        reports = [Message(MsgType.UNREACHABLE, g, frm=peer, to=self.node_id) for g in groups]
+        # Deliver on a later turn: the driver may be inside send() right now.
+        asyncio.get_running_loop().call_soon(self._on_messages, reports)
+
+    async def _writer(self, link: _Link) -> None:
+        while True:
+            batch, groups = await link.queue.get()
+            stream = link.stream
+            if stream is None:
+                self._unreachable(link.peer, groups)
+                continue
+            try:
+                await stream.write(batch)
+            except Exception as exc:  # any failure means this stream is dead
+                log.info("transport: write to node %d failed: %r", link.peer, exc)
+                self._detach(link, stream)
+                self._unreachable(link.peer, groups)
+
+    # ---- the Raft stream -------------------------------------------------------
+
+    def _attach(self, link: _Link, stream: Any) -> None:
+        link.stream = stream
+        log.info("transport: node %d connected to node %d", self.node_id, link.peer)
+
+    def _detach(self, link: _Link, stream: Any) -> None:
+        if link.stream is not stream or stream is None:
+            return
+        link.stream = None
+        while not link.queue.empty():  # queued for a dead stream: report, do not send later
+            _, groups = link.queue.get_nowait()
+            self._unreachable(link.peer, groups)
+
+    def _on_batch(self, link: _Link, batch: pb.Batch) -> None:
+        link.last_seen = asyncio.get_running_loop().time()
+        if batch.liveness and self._on_liveness is not None:
+            self._on_liveness(link.peer)
+        msgs = decode_batch(batch)
+        if msgs:
+            self._on_messages(msgs)
+
+    def _channel(self, link: _Link, *, separate: bool = False) -> grpc.aio.Channel:
+        options = list(_CHANNEL_OPTIONS)
+        if separate:  # its own TCP connection, not shared with the Raft stream
+            options.append(("grpc.use_local_subchannel_pool", 1))
+        if self._tls:
+            cert, key, ca = self._tls
+            creds = grpc.ssl_channel_credentials(ca, private_key=key, certificate_chain=cert)
+            return grpc.aio.secure_channel(link.addr, creds, options=options)
+        return grpc.aio.insecure_channel(link.addr, options=options)
+
+    async def _dial_loop(self, link: _Link) -> None:
+        backoff = BACKOFF_MIN
+        while not self._closing:
+            if link.channel is None:
+                link.channel = self._channel(link)
+            call = pb_grpc.ClusterStub(link.channel).Raft(wait_for_ready=True)
+            try:
+                hello = pb.Batch(from_node=self.node_id, to_node=link.peer, hello=True)
+                async with asyncio.timeout(HANDSHAKE_TIMEOUT):
+                    await call.write(hello)
+                    reply = await call.read()
+                if reply is grpc.aio.EOF or not reply.hello or reply.from_node != link.peer:
+                    raise ConnectionError(f"bad hello from {link.addr}")
+                self._attach(link, call)
+                backoff = BACKOFF_MIN
+                await self._read_loop(link, call.read)
+            except (grpc.aio.AioRpcError, TimeoutError, ConnectionError) as exc:
+                log.debug("transport: node %d -> %d: %r", self.node_id, link.peer, exc)
+            finally:
+                self._detach(link, call)
+                call.cancel()
+            await asyncio.sleep(backoff * (0.5 + random.random()))
+            backoff = min(backoff * 2, BACKOFF_MAX)
+
+    async def _read_loop(self, link: _Link, read: Callable[[], Awaitable[Any]]) -> None:
+        while True:
+            batch = await read()
+            if batch is grpc.aio.EOF:
+                return
+            self._on_batch(link, batch)
+
+    async def _accept(self, context: grpc.aio.ServicerContext) -> None:
+        hello = await context.read()
+        if hello is grpc.aio.EOF:
+            return
+        link = self._links.get(hello.from_node)
+        if not hello.hello or hello.to_node != self.node_id or link is None:
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, "unknown peer or wrong node")
+        await context.write(pb.Batch(from_node=self.node_id, to_node=link.peer, hello=True))
+        self._attach(link, context)  # a redial replaces an older stream
+        try:
+            await self._read_loop(link, context.read)
+        finally:
+            self._detach(link, context)
+
+    # ---- snapshots ----------------------------------------------------------------
+
+    async def send_snapshot(self, msg: Message, data: AsyncIterator[bytes]) -> bool:
+        """Stream one snapshot to msg.to; True once the receiver acknowledged it."""
+        link = self._links[msg.to]
+        if link.snap_channel is None:
+            link.snap_channel = self._channel(link, separate=True)
+        call = pb_grpc.ClusterStub(link.snap_channel).Snapshot(wait_for_ready=True)
+        try:
+            await call.write(pb.SnapshotChunk(header=message_to_pb(msg)))
+            offset = 0
+            async for piece in _rechunk(data, self._chunk):
+                await call.write(pb.SnapshotChunk(data=piece, offset=offset))
+                offset += len(piece)
+            await call.write(pb.SnapshotChunk(offset=offset, done=True))
+            await call.done_writing()
+            ack = await call
+        except grpc.aio.AioRpcError as exc:
+            log.warning("transport: snapshot %s to node %d failed: %r", msg.group, msg.to, exc)
+            return False
+        if not ack.ok:
+            log.warning("transport: node %d refused snapshot %s: %s", msg.to, msg.group, ack.error)
+        return ack.ok
+
+    async def _snapshot_task(self, msg: Message) -> None:
+        assert self._snapshot_source is not None
+        try:
+            ok = await self.send_snapshot(msg, self._snapshot_source(msg))
+        except Exception:
+            log.exception("transport: snapshot source for %s failed", msg.group)
+            ok = False
+        status = Message(MsgType.SNAP_STATUS, msg.group, frm=msg.to, to=self.node_id, reject=not ok)
+        self._on_messages([status])
+
+    async def _receive_snapshot(self, context: grpc.aio.ServicerContext) -> pb.SnapshotAck:
+        first = await context.read()
+        if first is grpc.aio.EOF or not first.HasField("header"):
+            return pb.SnapshotAck(ok=False, error="no header")
+        if self._on_snapshot is None:
+            return pb.SnapshotAck(ok=False, error="snapshots not accepted")
+        header = message_from_pb(first.header)
+        rx = _ChunkReader(context)
+        try:
+            ok = bool(await self._on_snapshot(header, rx.data()))
+        except Exception as exc:
+            log.warning("transport: snapshot %s from %d failed: %r", header.group, header.frm, exc)
+            return pb.SnapshotAck(ok=False, error=repr(exc), bytes=rx.received)
+        if ok and not rx.done:
+            return pb.SnapshotAck(ok=False, error="receiver stopped early", bytes=rx.received)
+        return pb.SnapshotAck(ok=ok, bytes=rx.received)
+
+
+class _ChunkReader:
+    """Data chunks of one Snapshot call, checked for order and completeness."""
+
+    def __init__(self, context: grpc.aio.ServicerContext) -> None:
+        self._ctx = context
+        self.received = 0
+        self.done = False
+
+    async def data(self) -> AsyncIterator[bytes]:
+        while not self.done:
+            chunk = await self._ctx.read()
+            if chunk is grpc.aio.EOF:
+                raise ConnectionError("snapshot stream ended before its last chunk")
+            if chunk.offset != self.received:
+                raise ConnectionError(f"snapshot chunk at {chunk.offset}, want {self.received}")
+            self.done = chunk.done
+            if chunk.data:
+                self.received += len(chunk.data)
+                yield chunk.data
+
+
+async def _rechunk(data: AsyncIterator[bytes], size: int) -> AsyncIterator[bytes]:
+    """Re-cut an arbitrary byte stream into pieces of at most `size` bytes."""
+    buf = bytearray()
+    async for piece in data:
+        buf += piece
+        while len(buf) >= size:
+            yield bytes(buf[:size])
+            del buf[:size]
+    if buf:
+        yield bytes(buf)
+
+
+class _Servicer(pb_grpc.ClusterServicer):
+    def __init__(self, transport: GrpcTransport) -> None:
+        self._t = transport
+
+    async def Raft(self, request_iterator, context):  # noqa: N802 (gRPC method name)
+        await self._t._accept(context)
+
+    async def Snapshot(self, request_iterator, context):  # noqa: N802
+        return await self._t._receive_snapshot(context)
