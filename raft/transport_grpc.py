@@ -58,6 +58,8 @@ _CHANNEL_OPTIONS = [
 _SERVER_OPTIONS = [
     ("grpc.max_send_message_length", MAX_GRPC_MESSAGE),
     ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE),
+    ("grpc.keepalive_time_ms", 10_000),  # also detects dead dialers behind a partition
+    ("grpc.keepalive_timeout_ms", 5_000),
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
 ]
@@ -267,7 +269,10 @@ class GrpcTransport:
             self._on_liveness(link.peer)
         msgs = decode_batch(batch)
         if msgs:
-            self._on_messages(msgs)
+            try:
+                self._on_messages(msgs)
+            except Exception:  # a driver bug must not tear down the peer's stream
+                log.exception("transport: on_messages failed for a batch from %d", link.peer)
 
     def _channel(self, link: _Link, *, separate: bool = False) -> grpc.aio.Channel:
         options = list(_CHANNEL_OPTIONS)
@@ -297,6 +302,8 @@ class GrpcTransport:
                 await self._read_loop(link, call.read)
             except (grpc.aio.AioRpcError, TimeoutError, ConnectionError) as exc:
                 log.debug("transport: node %d -> %d: %r", self.node_id, link.peer, exc)
+            except Exception:  # keep redialing whatever happened
+                log.exception("transport: node %d -> %d: stream failed", self.node_id, link.peer)
             finally:
                 self._detach(link, call)
                 call.cancel()

@@ -6,7 +6,10 @@ import asyncio
 import os
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
+from raft.memstorage import MemoryStorage
 from raft.storage import NodeLog, segment_name
 from raft.types import (
     CompactedError,
@@ -14,6 +17,7 @@ from raft.types import (
     Entry,
     EntryType,
     HardState,
+    Snapshot,
     SnapshotMeta,
     UnavailableError,
 )
@@ -224,4 +228,55 @@ def test_large_entry_costs_its_size_on_disk(tmp_path):
     wal.close()
     wal = NodeLog(str(tmp_path), cache_bytes=0)  # force a read from the file
     assert wal.group("BIG").entries(1, 2)[0].data == payload
+    wal.close()
+
+
+# ---- same reads as the in-memory twin (raft/memstorage.py) ---------------------------
+
+ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("append"), st.integers(0, 6), st.integers(1, 5), st.integers(0, 40)),
+        st.tuples(st.just("compact"), st.integers(0, 8)),
+        st.tuples(st.just("snapshot"), st.integers(1, 10)),
+        st.tuples(st.just("reopen")),
+    ),
+    max_size=25,
+)
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(script=ops)
+def test_reads_match_memory_storage(tmp_path_factory, script):
+    d = str(tmp_path_factory.mktemp("diff"))
+    wal, mem, term = NodeLog(d, segment_bytes=512), MemoryStorage(), 1
+    for op in script:
+        if op[0] == "append":  # may overwrite a suffix: start up to `back` entries before the end
+            _, back, n, size = op
+            term += 1
+            lo = max(mem.first_index(), mem.last_index() + 1 - back)
+            batch = [Entry(term, i, data=bytes([i % 256]) * size) for i in range(lo, lo + n)]
+            wal.append("G", batch)
+            mem.append(batch)
+        elif op[0] == "compact" and mem.last_index() >= mem.first_index():
+            idx = min(mem.last_index(), mem.first_index() - 1 + op[1] + 1)
+            wal.compact("G", idx)
+            mem.compact(idx)
+        elif op[0] == "snapshot":
+            meta = SnapshotMeta(mem.last_index() + op[1], term)
+            wal.apply_snapshot("G", meta)
+            mem.apply_snapshot(Snapshot(meta))
+        elif op[0] == "reopen":
+            wal.sync()
+            wal.close()
+            wal = NodeLog(d, segment_bytes=512)
+        g = wal.group("G")
+        lo, hi = mem.first_index(), mem.last_index()
+        assert (g.first_index(), g.last_index()) == (lo, hi)
+        span = range(lo - 1, hi + 1)
+        assert [g.term(i) for i in span] == [mem.term(i) for i in span]
+        assert g.entries(lo, hi + 1) == mem.entries(lo, hi + 1)
+        assert g.entries(lo, hi + 1, max_bytes=60) == mem.entries(lo, hi + 1, max_bytes=60)
+    wal.sync()
     wal.close()
