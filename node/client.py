@@ -1,0 +1,518 @@
+"""One client connection: parser events in, routed messages out.
+
+`ClientConnection` is an `asyncio.Protocol` that only uses the small
+transport surface a WebSocket adapter can also offer (write, close,
+is_closing, get_write_buffer_size, get_extra_info), so TCP, TLS and
+WebSocket connections share this code.
+
+Hot path (a PUB): parser event -> `route()` -> the server's sublist match
+(cached inside the sublist) -> for each subscriber `deliver()` appends three
+pre-built byte pieces to that subscriber's output bytearray.  Each output
+buffer is flushed once per event-loop turn, so a burst of messages becomes
+one `transport.write`.  A subscriber whose pending output exceeds
+`max_pending` is closed as a slow consumer; nobody ever waits for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from typing import TYPE_CHECKING, Any
+
+from node import tls
+from node.protocol import writer
+from node.protocol.events import Connect, HPub, Ping, Pong, Pub, Sub, Unsub
+from node.protocol.parser import Parser, ProtocolError
+from node.subject import subject_matches, valid_literal_subject, valid_queue_name, valid_subject
+
+if TYPE_CHECKING:
+    from node.server import Server
+
+AUTH_VIOLATION = "Authorization Violation"
+AUTH_TIMEOUT = "Authentication Timeout"
+STALE_CONNECTION = "Stale Connection"
+MAX_CONNECTIONS = "maximum connections exceeded"
+INVALID_SUBJECT = "Invalid Subject"
+INVALID_PUB_SUBJECT = "Invalid Publish Subject"
+INVALID_QUEUE = "Invalid Queue Name"
+NO_RESPONDERS_NEEDS_HEADERS = "no responders requires headers support"
+
+_CRLF = b"\r\n"
+_OK = b"+OK\r\n"
+_PONG = b"PONG\r\n"
+_PING = b"PING\r\n"
+# The no-responders status nats-server sends back on the request's reply subject.
+_NO_RESPONDERS_HDR = b"NATS/1.0 503\r\n"
+# CONNECT defaults of a client that never said otherwise, as nats-server has them.
+_DEFAULT_OPTS = {"verbose": True, "pedantic": True, "echo": True}
+
+
+class Subscription:
+    """A SUB of one client (or an internal one); stored in the sublist."""
+
+    __slots__ = ("subject", "queue", "sid", "client", "sid_sp", "max_msgs", "delivered", "dead")
+
+    def __init__(self, subject: str, queue: str | None, sid: str, client: Any) -> None:
+        self.subject = subject
+        self.queue = queue
+        self.sid = sid
+        self.client = client
+        self.sid_sp = sid.encode() + b" "  # pre-encoded for every MSG line
+        self.max_msgs = 0  # 0: no auto-unsubscribe
+        self.delivered = 0
+        self.dead = False
+
+
+class Message:
+    """One published message, framed once and shared by all its deliveries.
+
+    MSG  <subject> <sid> [reply] <len>\\r\\n<payload>\\r\\n
+    HMSG <subject> <sid> [reply] <hdr len> <total len>\\r\\n<hdr><payload>\\r\\n
+    `head` is everything before the sid, `tail` everything after it.
+    """
+
+    __slots__ = ("subject", "reply", "headers", "payload", "head", "tail", "plain_head",
+                 "plain_tail", "size")
+
+    def __init__(self, subject: str, reply: str | None, headers: bytes | None,
+                 payload: bytes) -> None:
+        self.subject = subject
+        self.reply = reply
+        self.headers = headers
+        self.payload = payload
+        subj = subject.encode()
+        rep = reply.encode() + b" " if reply else b""
+        n = len(payload)
+        self.plain_head = b"MSG " + subj + b" "
+        self.plain_tail = rep + b"%d\r\n" % n + payload + _CRLF
+        if headers is None:
+            self.head, self.tail, self.size = self.plain_head, self.plain_tail, n
+        else:
+            h = len(headers)
+            self.head = b"HMSG " + subj + b" "
+            self.tail = rep + b"%d %d\r\n" % (h, h + n) + headers + payload + _CRLF
+            self.size = h + n
+
+
+def route(server: Server, publisher: Any, msg: Message) -> int:
+    """Deliver `msg` to every interested subscription; returns deliveries."""
+    result = server.sublist.match(msg.subject)
+    skip = publisher if (publisher is not None and not publisher.echo) else None
+    count = 0
+    for sub in result.psubs:
+        if sub.dead or sub.client is skip:
+            continue
+        sub.client.deliver(sub, msg)
+        count += 1
+    if result.qsubs:
+        for members in result.qsubs.values():
+            if _deliver_queue(members, skip, msg):
+                count += 1
+    server.reap()
+    return count
+
+
+def _deliver_queue(members: list, skip: Any, msg: Message) -> bool:
+    """One member per queue group gets the message, chosen at random."""
+    n = len(members)
+    start = random.randrange(n) if n > 1 else 0
+    for i in range(n):
+        sub = members[(start + i) % n]
+        if sub.dead or sub.client is skip:
+            continue
+        sub.client.deliver(sub, msg)
+        return True
+    return False
+
+
+class ClientConnection(asyncio.Protocol):
+    """Protocol state of one NATS client connection."""
+
+    def __init__(self, server: Server, kind: str = "CLIENT") -> None:
+        self.server = server
+        self.kind = kind
+        self.cid = server.next_cid()
+        self.transport: Any = None
+        self.loop = asyncio.get_running_loop()
+        opts = server.options
+        self.parser = Parser(opts.max_payload, opts.max_control_line, headers=True)
+        self.max_pending = opts.max_pending
+        self.subs: dict[str, Subscription] = {}
+        self.out = bytearray()
+        self.tpending = 0  # transport buffer size seen at the last flush
+        self.closed = False
+        self.close_reason = ""
+        self.connected = False  # CONNECT received
+        self.opts: dict[str, Any] = dict(_DEFAULT_OPTS)
+        self.verbose = True
+        self.pedantic = True
+        self.echo = True
+        self.headers = False
+        self.no_responders = False
+        self.perms: Any = None
+        self.user: str | None = None
+        self.nonce: str | None = None
+        self.in_msgs = self.in_bytes = self.out_msgs = self.out_bytes = 0
+        self.start = time.time()
+        self.last_activity = self.start
+        self.pings_out = 0
+        self.rtt = 0.0
+        self._ping_sent_at = 0.0
+        self._active = False  # inbound traffic since the last ping tick
+        self._ping_timer: asyncio.TimerHandle | None = None
+        self._auth_timer: asyncio.TimerHandle | None = None
+        self.host, self.port = "", 0
+        self.upgrading = False
+
+    # ------------------------------------------------------------------ transport
+
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+        peer = transport.get_extra_info("peername")
+        if isinstance(peer, tuple) and len(peer) >= 2:
+            self.host, self.port = peer[0], peer[1]
+        server = self.server
+        if not server.register(self):
+            self._send_info()
+            self.send_err(MAX_CONNECTIONS, close=True)
+            return
+        auth = server.auth
+        if auth is not None and auth.required:
+            self.nonce = auth.new_nonce()
+            self._auth_timer = self.loop.call_later(auth.auth_timeout, self._auth_timeout)
+        self._send_info()
+        if self.kind == "CLIENT" and server.tls_ctx is not None and not server.tls_first:
+            self.upgrading = True  # output waits for the handshake
+            timeout = server.options.tls.timeout if server.options.tls else 2.0
+            tls.start_upgrade(transport, self, server.tls_ctx, timeout, self._tls_done)
+        self._schedule_ping(min(server.options.ping_interval, 2.0))
+
+    def _send_info(self) -> None:
+        info = self.server.info_for(self)
+        if self.nonce:
+            info["nonce"] = self.nonce
+        self.transport.write(writer.info(info))
+
+    def _tls_done(self, transport: Any) -> None:
+        self.upgrading = False
+        if transport is None:
+            self.server.log.error(f"{self.host}:{self.port} - cid:{self.cid} - "
+                                  "TLS handshake error")
+            self._teardown("TLS Handshake Failure")
+            return
+        self.transport = transport
+        self.flush()
+
+    def data_received(self, data: bytes) -> None:
+        if self.closed:
+            return
+        self._active = True
+        self.last_activity = time.time()
+        try:
+            events = self.parser.feed(data)
+        except ProtocolError as err:
+            self._process(err.events)
+            if self.closed:
+                return
+            self.server.log.debug(f"{self.host}:{self.port} - cid:{self.cid} - "
+                                  f"protocol error: {err}")
+            if getattr(err, "send_err", True):
+                self.send_err(err.message, close=err.fatal)
+            elif err.fatal:
+                self.close("Protocol Violation")
+            return
+        self._process(events)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._teardown(self.close_reason or "Client Closed")
+
+    def pause_writing(self) -> None:
+        pass  # we never wait for a client: max_pending bounds its buffer instead
+
+    def resume_writing(self) -> None:
+        pass
+
+    # ------------------------------------------------------------------ events
+
+    def _process(self, events: list) -> None:
+        for ev in events:
+            if self.closed:
+                return
+            t = type(ev)
+            if t is Pub:
+                self._on_pub(ev.subject, ev.reply, None, ev.payload)
+            elif t is HPub:
+                self._on_pub(ev.subject, ev.reply, ev.headers, ev.payload)
+            elif not self.connected and t is not Connect and self._auth_required():
+                self.send_err(AUTH_VIOLATION, close=True)
+            elif t is Sub:
+                self._on_sub(ev)
+            elif t is Unsub:
+                self._on_unsub(ev)
+            elif t is Ping:
+                self.write(_PONG)
+            elif t is Pong:
+                self._on_pong()
+            elif t is Connect:
+                self._on_connect(ev.options)
+
+    def _auth_required(self) -> bool:
+        auth = self.server.auth
+        return auth is not None and auth.required
+
+    def _on_connect(self, options: dict[str, Any]) -> None:
+        if options.get("no_responders") and not options.get("headers"):
+            self.send_err(NO_RESPONDERS_NEEDS_HEADERS, close=True)
+            return
+        if self.connected:
+            pass  # a second CONNECT only updates options, as in nats-server
+        elif not self._authenticate(options):
+            return
+        self.connected = True
+        self.opts = {**_DEFAULT_OPTS, **options}
+        o = self.opts
+        self.verbose = bool(o.get("verbose"))
+        self.pedantic = bool(o.get("pedantic"))
+        self.echo = bool(o.get("echo", True))
+        self.headers = bool(o.get("headers"))
+        self.no_responders = bool(o.get("no_responders"))
+        if self.verbose:
+            self.write(_OK)
+
+    def _authenticate(self, options: dict[str, Any]) -> bool:
+        auth = self.server.auth
+        if auth is None:
+            return True
+        cert = tls.peer_cert(self.transport) if self.server.tls_ctx is not None else None
+        identity = auth.authenticate(options, self.nonce, cert)
+        if identity is None:
+            self.server.log.error(f"{self.host}:{self.port} - cid:{self.cid} - "
+                                  f'"{options.get("user") or ""}" - authentication error')
+            self.send_err(AUTH_VIOLATION, close=True)
+            return False
+        if self._auth_timer is not None:
+            self._auth_timer.cancel()
+        self.user = identity.name
+        self.perms = identity.permissions
+        return True
+
+    def _on_pub(self, subject: str, reply: str | None, headers: bytes | None,
+                payload: bytes) -> None:
+        if not self.connected and self._auth_required():
+            self.send_err(AUTH_VIOLATION, close=True)
+            return
+        self.in_msgs += 1
+        self.in_bytes += len(payload) + (len(headers) if headers else 0)
+        if self.pedantic and not valid_literal_subject(subject):
+            self.send_err(INVALID_PUB_SUBJECT)  # nats-server still routes it
+        perms = self.perms
+        if perms is not None and not perms.can_publish(subject, time.monotonic()):
+            self.send_err(f'Permissions Violation for Publish to "{subject}"')
+            return
+        if self.verbose:
+            self.write(_OK)
+        msg = Message(subject, reply, headers, payload)
+        if route(self.server, self, msg) == 0 and reply and self.no_responders:
+            self._send_no_responders(subject, reply)
+
+    def _send_no_responders(self, subject: str, reply: str) -> None:
+        """503 status to the requester's own subscription on the reply subject."""
+        for sub in self.subs.values():
+            if subject_matches(sub.subject, reply):
+                hdr = _NO_RESPONDERS_HDR + b"Nats-Subject: " + subject.encode() + b"\r\n\r\n"
+                self.deliver(sub, Message(reply, None, hdr, b""))
+                self.server.reap()
+                return
+
+    def _on_sub(self, ev: Sub) -> None:
+        subject, queue, sid = ev.subject, ev.queue, ev.sid
+        if not valid_subject(subject):
+            self.send_err(INVALID_SUBJECT)
+            return
+        if queue is not None and not valid_queue_name(queue):
+            self.send_err(INVALID_QUEUE)
+            return
+        perms = self.perms
+        if perms is not None and not perms.can_subscribe(subject, queue):
+            self.send_err(_sub_violation(subject, queue))
+            return
+        if sid not in self.subs:  # a duplicate sid keeps the first subscription
+            sub = Subscription(subject, queue or None, sid, self)
+            self.subs[sid] = sub
+            self.server.add_sub(sub)
+        if self.verbose:
+            self.write(_OK)
+
+    def _on_unsub(self, ev: Unsub) -> None:
+        sub = self.subs.get(ev.sid)
+        if sub is not None:
+            if ev.max_msgs and ev.max_msgs > sub.delivered:
+                sub.max_msgs = ev.max_msgs
+            else:
+                self.remove_sub(sub)
+        if self.verbose:
+            self.write(_OK)
+
+    def _on_pong(self) -> None:
+        if self.pings_out and self._ping_sent_at:
+            self.rtt = time.monotonic() - self._ping_sent_at
+        self.pings_out = 0
+
+    def remove_sub(self, sub: Subscription) -> None:
+        if sub.dead:
+            return
+        sub.dead = True
+        self.subs.pop(sub.sid, None)
+        self.server.remove_sub(sub)
+
+    # ------------------------------------------------------------------ output
+
+    def deliver(self, sub: Subscription, msg: Message) -> None:
+        """Queue `msg` for `sub`. Called on the publisher's path: never blocks."""
+        if self.closed:
+            return
+        perms = self.perms
+        if perms is not None and not self._may_receive(perms, msg):
+            return
+        out = self.out
+        if not out:
+            self.loop.call_soon(self.flush)
+        if msg.headers is None or self.headers:
+            out += msg.head
+            out += sub.sid_sp
+            out += msg.tail
+        else:  # clients that did not ask for headers get the payload only
+            out += msg.plain_head
+            out += sub.sid_sp
+            out += msg.plain_tail
+        self.out_msgs += 1
+        self.out_bytes += msg.size
+        sub.delivered += 1
+        if sub.max_msgs and sub.delivered >= sub.max_msgs:
+            self.server.expire(sub)
+        if len(out) + self.tpending > self.max_pending:
+            self.slow_consumer()
+
+    def _may_receive(self, perms: Any, msg: Message) -> bool:
+        if not perms.can_deliver(msg.subject):
+            return False
+        if msg.reply and perms.tracks_replies:
+            perms.note_reply(msg.reply, time.monotonic())
+        return True
+
+    def write(self, data: bytes) -> None:
+        """Queue protocol bytes; flushed with everything else this loop turn."""
+        if self.closed:
+            return
+        out = self.out
+        if not out:
+            self.loop.call_soon(self.flush)
+        out += data
+
+    def flush(self) -> None:
+        out = self.out
+        if not out or self.transport is None or self.upgrading:
+            return
+        transport = self.transport
+        if transport.is_closing():
+            out.clear()
+            return
+        transport.write(bytes(out))
+        out.clear()
+        self.tpending = transport.get_write_buffer_size()
+        if self.tpending > self.max_pending:
+            self.slow_consumer()
+
+    def send_err(self, text: str, close: bool = False) -> None:
+        self.write(writer.err(text))
+        if close:
+            self.close(text)
+
+    def slow_consumer(self) -> None:
+        if self.closed:
+            return
+        self.server.slow_consumers += 1
+        self.server.log.info(f"{self.host}:{self.port} - cid:{self.cid} - "
+                             f"Slow Consumer Detected: MaxPending of {self.max_pending} Exceeded")
+        self.out.clear()
+        self._abort("Slow Consumer (Pending Bytes)")
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def close(self, reason: str) -> None:
+        """Flush what is queued, then close."""
+        if self.closed:
+            return
+        self.flush()
+        self.close_reason = reason
+        self._teardown(reason)
+        if self.transport is not None:
+            self.transport.close()
+
+    def _abort(self, reason: str) -> None:
+        """Close without flushing: the peer is not reading anyway."""
+        self.close_reason = reason
+        self._teardown(reason)
+        t = self.transport
+        if t is not None:
+            getattr(t, "abort", t.close)()
+
+    def _teardown(self, reason: str) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        for timer in (self._ping_timer, self._auth_timer):
+            if timer is not None:
+                timer.cancel()
+        subs = list(self.subs.values())
+        for sub in subs:
+            sub.dead = True
+        self.subs.clear()
+        self.server.unregister(self, subs, reason)
+
+    def _auth_timeout(self) -> None:
+        if not self.connected and not self.closed:
+            self.send_err(AUTH_TIMEOUT, close=True)
+
+    def _schedule_ping(self, delay: float) -> None:
+        if not self.closed and delay > 0:
+            self._ping_timer = self.loop.call_later(delay, self._ping_tick)
+
+    def _ping_tick(self) -> None:
+        """Keep-alive: PING on idle links, close after ping_max unanswered."""
+        if self.closed:
+            return
+        opts = self.server.options
+        if self.pings_out + 1 > opts.ping_max:
+            self.server.stale_connections += 1
+            self.server.log.debug(f"{self.host}:{self.port} - cid:{self.cid} - "
+                                  "Stale Client Connection - Closing")
+            self.send_err(STALE_CONNECTION, close=True)
+            return
+        if not (self._active and self.pings_out == 0 and self.rtt):
+            self.pings_out += 1
+            self._ping_sent_at = time.monotonic()
+            self.write(_PING)
+        self._active = False
+        self._schedule_ping(opts.ping_interval)
+
+    def send_lame_duck_info(self) -> None:
+        """Tell clients that understand async INFO to go elsewhere."""
+        if self.closed or int(self.opts.get("protocol") or 0) < 1:
+            return
+        info = self.server.info_for(self)
+        info["ldm"] = True
+        self.write(writer.info(info))
+
+    def describe(self) -> dict[str, Any]:
+        """Fields for /connz (nats-server names)."""
+        return {"name": self.opts.get("name") or "", "lang": self.opts.get("lang") or "",
+                "version": self.opts.get("version") or ""}
+
+
+def _sub_violation(subject: str, queue: str | None) -> str:
+    if queue:
+        return f'Permissions Violation for Subscription to "{subject}" using queue "{queue}"'
+    return f'Permissions Violation for Subscription to "{subject}"'
+

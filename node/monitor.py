@@ -1,0 +1,277 @@
+"""HTTP monitoring: /varz /connz /subsz /healthz /metrics.
+
+A deliberately tiny HTTP/1.1 server on asyncio streams (GET only, one
+request per connection turn, keep-alive honoured) so monitoring adds no
+dependency.  JSON field names are nats-server's, so existing dashboards
+and `nats server` tooling read them; every key we emit also exists in
+nats-server's output (a test checks this against the real server).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qs, urlsplit
+
+if TYPE_CHECKING:
+    from node.client import ClientConnection
+    from node.server import Server
+
+_MAX_REQUEST = 16 * 1024
+CONNZ_DEFAULT_LIMIT = 1024
+
+
+def rfc3339(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).isoformat().replace("+00:00", "Z")
+
+
+def go_duration(seconds: float) -> str:
+    """Uptime the way nats-server prints it: 1d2h3m4s, 5m0s, 12s."""
+    s = int(seconds)
+    days, s = divmod(s, 86400)
+    hours, s = divmod(s, 3600)
+    minutes, s = divmod(s, 60)
+    if days:
+        return f"{days}d{hours}h{minutes}m{s}s"
+    if hours:
+        return f"{hours}h{minutes}m{s}s"
+    if minutes:
+        return f"{minutes}m{s}s"
+    return f"{s}s"
+
+
+def _rtt(seconds: float) -> str:
+    if seconds >= 1:
+        return f"{seconds:.3f}s"
+    if seconds >= 0.001:
+        return f"{seconds * 1000:.3f}ms"
+    return f"{seconds * 1e6:.0f}µs"
+
+
+def _mem_rss() -> int:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def varz(server: Server) -> dict[str, Any]:
+    o = server.options
+    now = time.time()
+    v: dict[str, Any] = {
+        "server_id": server.server_id, "server_name": server.server_name,
+        "version": _version(), "proto": 1, "go": "python3.11", "host": o.host,
+        "port": server.port, "max_connections": o.max_connections,
+        "ping_interval": int(o.ping_interval * 1e9), "ping_max": o.ping_max,
+        "http_host": o.http_host, "http_port": server.http_port, "https_port": 0,
+        "auth_timeout": o.auth_timeout, "max_control_line": o.max_control_line,
+        "max_payload": o.max_payload, "max_pending": o.max_pending,
+        "tls_timeout": o.tls.timeout if o.tls else 2, "write_deadline": int(o.write_deadline * 1e9),
+        "start": rfc3339(server.start_time), "now": rfc3339(now),
+        "uptime": go_duration(now - server.start_time), "mem": _mem_rss(),
+        "cores": os.cpu_count() or 1, "cpu": _cpu_percent(),
+        "connections": len(server.clients), "total_connections": server.total_connections,
+        "routes": 0, "remotes": 0, "leafnodes": 0,
+        "slow_consumers": server.slow_consumers, "stale_connections": server.stale_connections,
+        "subscriptions": server.sublist.count(), "http_req_stats": dict(server.http_req_stats),
+        "config_load_time": rfc3339(server.start_time),
+    }
+    totals = server.totals()
+    v.update(totals)
+    v["in_client_msgs"], v["in_client_bytes"] = totals["in_msgs"], totals["in_bytes"]
+    v["out_client_msgs"], v["out_client_bytes"] = totals["out_msgs"], totals["out_bytes"]
+    if o.cluster.name:
+        v["cluster"] = {"name": o.cluster.name, "port": o.cluster.port}
+    if server.auth is not None and server.auth.required:
+        v["auth_required"] = True
+    if o.jetstream.enabled:
+        v["jetstream"] = {"config": {"store_dir": o.jetstream.store_dir}}
+    return v
+
+
+def _version() -> str:
+    from node.server import VERSION
+
+    return VERSION
+
+
+_cpu_last = [time.monotonic(), time.process_time()]
+
+
+def _cpu_percent() -> float:
+    """Process CPU use since the previous /varz call."""
+    wall, cpu = time.monotonic(), time.process_time()
+    dw, dc = wall - _cpu_last[0], cpu - _cpu_last[1]
+    _cpu_last[0], _cpu_last[1] = wall, cpu
+    return round(100.0 * dc / dw, 1) if dw > 0 else 0.0
+
+
+def _conn_info(c: ClientConnection, now: float, subs: str | None) -> dict[str, Any]:
+    d: dict[str, Any] = {
+        "cid": c.cid, "kind": "Client",
+        "type": "websocket" if c.kind == "WEBSOCKET" else "nats",
+        "ip": c.host, "port": c.port, "start": rfc3339(c.start),
+        "last_activity": rfc3339(c.last_activity), "rtt": _rtt(c.rtt),
+        "uptime": go_duration(now - c.start), "idle": go_duration(now - c.last_activity),
+        "pending_bytes": len(c.out) + c.tpending, "in_msgs": c.in_msgs, "out_msgs": c.out_msgs,
+        "in_bytes": c.in_bytes, "out_bytes": c.out_bytes, "subscriptions": len(c.subs),
+    }
+    d.update({k: v for k, v in c.describe().items() if v})
+    if c.user:
+        d["authorized_user"] = c.user
+    if subs == "detail":
+        d["subscriptions_list_detail"] = [
+            {"subject": s.subject, **({"qgroup": s.queue} if s.queue else {}), "sid": s.sid,
+             "msgs": s.delivered, **({"max": s.max_msgs} if s.max_msgs else {}), "cid": c.cid}
+            for s in c.subs.values()]
+    elif subs and subs not in ("0", "false"):
+        d["subscriptions_list"] = [s.subject for s in c.subs.values()]
+    return d
+
+
+def connz(server: Server, query: dict[str, str]) -> dict[str, Any]:
+    offset = max(_int(query.get("offset"), 0), 0)
+    limit = _int(query.get("limit"), CONNZ_DEFAULT_LIMIT)
+    if limit <= 0:
+        limit = CONNZ_DEFAULT_LIMIT
+    clients = sorted(server.clients.values(), key=lambda c: c.cid)
+    now = time.time()
+    page = clients[offset:offset + limit]
+    subs = query.get("subs")
+    return {"server_id": server.server_id, "now": rfc3339(now), "num_connections": len(page),
+            "total": len(clients), "offset": offset, "limit": limit,
+            "connections": [_conn_info(c, now, subs) for c in page]}
+
+
+def subsz(server: Server, query: dict[str, str]) -> dict[str, Any]:
+    st = dict(server.sublist.stats())
+    out: dict[str, Any] = {"server_id": server.server_id, "now": rfc3339(time.time())}
+    keys = ("num_subscriptions", "num_cache", "num_inserts", "num_removes", "num_matches",
+            "cache_hit_rate", "max_fanout", "avg_fanout")
+    for k in keys:
+        if k in st:
+            out[k] = st[k]
+    out.setdefault("num_subscriptions", server.sublist.count())
+    out.update({"total": 0, "offset": 0, "limit": CONNZ_DEFAULT_LIMIT})
+    if query.get("subs") not in (None, "0", "false"):
+        subs = [{"subject": s.subject, **({"qgroup": s.queue} if s.queue else {}),
+                 "sid": s.sid, "msgs": s.delivered, "cid": getattr(s.client, "cid", 0)}
+                for s in server.sublist.all_subscriptions()]
+        out["total"] = len(subs)
+        out["subscriptions_list"] = subs
+    return out
+
+
+def _int(s: str | None, default: int) -> int:
+    try:
+        return int(s) if s is not None else default
+    except ValueError:
+        return default
+
+
+# Prometheus: our own names, plus the prometheus-nats-exporter ("gnatsd_varz_*")
+# names so existing NATS dashboards work unchanged.
+_METRICS = [
+    ("connections", "gauge", "Current client connections"),
+    ("total_connections", "counter", "Client connections since start"),
+    ("subscriptions", "gauge", "Current subscriptions"),
+    ("in_msgs", "counter", "Messages received from clients"),
+    ("out_msgs", "counter", "Messages sent to clients"),
+    ("in_bytes", "counter", "Payload bytes received from clients"),
+    ("out_bytes", "counter", "Payload bytes sent to clients"),
+    ("slow_consumers", "counter", "Clients closed as slow consumers"),
+    ("stale_connections", "counter", "Clients closed as stale"),
+    ("mem", "gauge", "Resident memory in bytes"),
+]
+
+
+def metrics(server: Server) -> str:
+    v = varz(server)
+    lines: list[str] = []
+    for key, kind, help_text in _METRICS:
+        name = f"jetraft_{key}" + ("_total" if kind == "counter" else "")
+        lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}", f"{name} {v[key]}"]
+    up = time.time() - server.start_time
+    lines += ["# HELP jetraft_uptime_seconds Seconds since start",
+              "# TYPE jetraft_uptime_seconds gauge", f"jetraft_uptime_seconds {up:.3f}"]
+    for key, kind, help_text in _METRICS:
+        name = f"gnatsd_varz_{key}"
+        lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}",
+                  f'{name}{{server_id="{server.server_id}"}} {v[key]}']
+    return "\n".join(lines) + "\n"
+
+
+def handle(server: Server, path: str, query: dict[str, str]) -> tuple[int, str, str]:
+    """(status, content type, body) for one GET."""
+    if path in ("", "/"):
+        body = "\n".join(["/varz", "/connz", "/subsz", "/healthz", "/metrics"]) + "\n"
+        return 200, "text/plain; charset=utf-8", body
+    routes = {
+        "/varz": lambda: varz(server),
+        "/connz": lambda: connz(server, query),
+        "/subsz": lambda: subsz(server, query),
+        "/subscriptionsz": lambda: subsz(server, query),
+        "/healthz": lambda: {"status": "ok"},
+    }
+    if path == "/metrics":
+        return 200, "text/plain; version=0.0.4; charset=utf-8", metrics(server)
+    fn = routes.get(path)
+    if fn is None:
+        return 404, "text/plain; charset=utf-8", "404 page not found\n"
+    server.http_req_stats[path] = server.http_req_stats.get(path, 0) + 1
+    if path == "/healthz":
+        return 200, "application/json", json.dumps(fn(), separators=(",", ":"))
+    return 200, "application/json", json.dumps(fn(), indent=2)
+
+
+_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed"}
+
+
+async def _serve_conn(server: Server, reader: asyncio.StreamReader,
+                      writer: asyncio.StreamWriter) -> None:
+    try:
+        while True:
+            try:
+                head = await reader.readuntil(b"\r\n\r\n")
+            except (asyncio.IncompleteReadError, asyncio.LimitOverrunError):
+                return
+            status, ctype, body, keep = _respond(server, head)
+            data = body.encode()
+            writer.write(
+                f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}\r\n"
+                f"Content-Type: {ctype}\r\nContent-Length: {len(data)}\r\n"
+                f"Connection: {'keep-alive' if keep else 'close'}\r\n\r\n".encode() + data)
+            await writer.drain()
+            if not keep:
+                return
+    except (ConnectionError, OSError):
+        return
+    finally:
+        writer.close()
+
+
+def _respond(server: Server, head: bytes) -> tuple[int, str, str, bool]:
+    lines = head.decode("latin-1").split("\r\n")
+    parts = lines[0].split()
+    if len(parts) != 3:
+        return 400, "text/plain", "bad request\n", False
+    method, target, version = parts
+    keep = version == "HTTP/1.1" and not any(
+        ln.lower().startswith("connection:") and "close" in ln.lower() for ln in lines[1:])
+    if method not in ("GET", "HEAD"):
+        return 405, "text/plain", "method not allowed\n", keep
+    url = urlsplit(target)
+    query = {k: v[-1] for k, v in parse_qs(url.query).items()}
+    path = url.path.rstrip("/") or "/"
+    status, ctype, body = handle(server, path, query)
+    return status, ctype, body, keep
+
+
+async def start_monitor(server: Server, host: str, port: int) -> asyncio.AbstractServer:
+    return await asyncio.start_server(
+        lambda r, w: _serve_conn(server, r, w), host, port, limit=_MAX_REQUEST)

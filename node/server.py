@@ -1,0 +1,400 @@
+"""The node's asyncio server: listeners, the client registry, signals.
+
+Only socket, timer and signal code lives here.  Protocol handling is in
+`node/client.py`; the subscription index is `node/sublist.py`.  `run()` is
+what `jetraft serve` calls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import secrets
+import signal
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from node import tls
+from node.client import ClientConnection, Message, Subscription, route
+from node.log import Logger
+from node.options import Options
+from node.sublist import SubList
+
+VERSION = "2.15.1-jetraft"
+GO_VERSION = "python3.11"
+_ID_ALPHABET = "ABCDEFGHIJKLMNOPQRSTUVWXYZ234567"  # base32, like nkeys server ids
+
+
+def new_server_id() -> str:
+    """56 characters starting with N, shaped like a nats-server id."""
+    return "N" + "".join(secrets.choice(_ID_ALPHABET) for _ in range(55))
+
+
+def _optional_auth(options: Options) -> Any:
+    try:
+        from node.auth import Authenticator
+    except ImportError:
+        return None
+    return Authenticator(options)
+
+
+def _optional_tls(options: Options) -> Any:
+    if options.tls is None or not options.tls.cert_file:
+        return None
+    return tls.server_context(options.tls)
+
+
+class InternalClient:
+    """A subscriber inside the server (JetStream API, system services).
+
+    `callback(sub, subject, reply, headers, payload)` runs synchronously on
+    the publisher's path: it must not block (schedule a task for real work).
+    """
+
+    echo = True
+    closed = False
+
+    def __init__(self, name: str, callback: Callable[..., None]) -> None:
+        self.name = name
+        self.callback = callback
+
+    def deliver(self, sub: Subscription, msg: Message) -> None:
+        sub.delivered += 1
+        self.callback(sub, msg.subject, msg.reply, msg.headers, msg.payload)
+
+
+class Server:
+    """One node: accepts clients, routes core NATS messages."""
+
+    def __init__(self, options: Options) -> None:
+        self.options = options
+        self.server_id = new_server_id()
+        self.server_name = options.server_name or self.server_id
+        self.log = Logger(options.debug, options.trace, options.log_file)
+        self.sublist = SubList()
+        self.clients: dict[int, ClientConnection] = {}
+        self._cid = 0
+        self._expired: list[Subscription] = []
+        self.auth = _optional_auth(options)
+        self.tls_ctx = _optional_tls(options)
+        self.tls_first = bool(options.tls and options.tls.handshake_first)
+        self.start_time = time.time()
+        self.total_connections = 0
+        self.slow_consumers = 0
+        self.stale_connections = 0
+        # Counters of connections already gone, so totals survive closes.
+        self.closed_stats = [0, 0, 0, 0]  # in_msgs, in_bytes, out_msgs, out_bytes
+        self.internal_stats = [0, 0]  # in_msgs, in_bytes published by the server
+        self.http_req_stats: dict[str, int] = {}
+        self.port = 0
+        self.http_port = 0
+        self.ws_port = 0
+        self.lame_duck = False
+        self.shutting_down = False
+        self._listeners: list[asyncio.AbstractServer] = []
+        self._monitor: asyncio.AbstractServer | None = None
+        self._done: asyncio.Future[int] | None = None
+        self._ports_file: str | None = None
+        self.services: list[Any] = []  # objects with async stop(), closed at shutdown
+
+    # ------------------------------------------------------------------ registry
+
+    def next_cid(self) -> int:
+        self._cid += 1
+        return self._cid
+
+    def register(self, client: ClientConnection) -> bool:
+        """False when the connection must be refused (limit reached)."""
+        if len(self.clients) >= self.options.max_connections:
+            return False
+        self.clients[client.cid] = client
+        self.total_connections += 1
+        return True
+
+    def unregister(self, client: ClientConnection, subs: list[Subscription], reason: str) -> None:
+        if self.clients.pop(client.cid, None) is None:
+            return
+        if subs:
+            self.sublist.remove_batch(subs)
+        st = self.closed_stats
+        st[0] += client.in_msgs
+        st[1] += client.in_bytes
+        st[2] += client.out_msgs
+        st[3] += client.out_bytes
+        self.log.debug(f"{client.host}:{client.port} - cid:{client.cid} - "
+                       f'"{reason}" - connection closed')
+
+    def make_client_protocol(self, kind: str = "CLIENT") -> ClientConnection:
+        """A fresh protocol object per connection (TCP, TLS or WebSocket)."""
+        return ClientConnection(self, kind)
+
+    def add_sub(self, sub: Subscription) -> None:
+        self.sublist.insert(sub)
+
+    def remove_sub(self, sub: Subscription) -> None:
+        self.sublist.remove(sub)
+
+    def expire(self, sub: Subscription) -> None:
+        """Auto-unsubscribe reached: removed after the current routing loop,
+        because the loop may be iterating the very list holding `sub`."""
+        sub.dead = True
+        self._expired.append(sub)
+
+    def reap(self) -> None:
+        if not self._expired:
+            return
+        expired, self._expired = self._expired, []
+        for sub in expired:
+            owner = sub.client
+            subs = getattr(owner, "subs", None)
+            if subs is not None and subs.get(sub.sid) is sub:
+                del subs[sub.sid]
+            self.sublist.remove(sub)
+
+    # ------------------------------------------------------------------ internal API
+
+    def subscribe_internal(self, subject: str, callback: Callable[..., None],
+                           queue: str | None = None, name: str = "internal") -> Subscription:
+        sub = Subscription(subject, queue, f"i{self.next_cid()}", InternalClient(name, callback))
+        self.sublist.insert(sub)
+        return sub
+
+    def unsubscribe_internal(self, sub: Subscription) -> None:
+        if not sub.dead:
+            sub.dead = True
+            self.sublist.remove(sub)
+
+    def publish_internal(self, subject: str, reply: str | None, payload: bytes,
+                         headers: bytes | None = None) -> int:
+        """Route a message originated by the server; returns deliveries."""
+        self.internal_stats[0] += 1
+        self.internal_stats[1] += len(payload)
+        return route(self, None, Message(subject, reply, headers, payload))
+
+    # ------------------------------------------------------------------ INFO
+
+    def info_for(self, client: ClientConnection) -> dict[str, Any]:
+        o = self.options
+        info: dict[str, Any] = {
+            "server_id": self.server_id, "server_name": self.server_name,
+            "version": VERSION, "proto": 1, "go": GO_VERSION, "host": o.host,
+            "port": self.port, "headers": True, "max_payload": o.max_payload,
+        }
+        if self.auth is not None and self.auth.required:
+            info["auth_required"] = True
+        if self.tls_ctx is not None:
+            if client.kind == "CLIENT":
+                info.update(tls.info_fields(o.tls))
+            else:
+                info["tls_available"] = True
+        if o.jetstream.enabled:
+            info["jetstream"] = True
+        info["client_id"] = client.cid
+        if client.host:
+            info["client_ip"] = client.host
+        return info
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        """Bind every listener; raises OSError when one cannot be bound."""
+        o = self.options
+        self.log.info("Starting jetraft")
+        self.log.info(f"  Version:  {VERSION}")
+        self.log.info(f"  Name:     {self.server_name}")
+        self.log.info(f"  ID:       {self.server_id}")
+        if o.config_file:
+            self.log.info(f"Using configuration file: {o.config_file}")
+        for block in o.unsupported:
+            self.log.warn(f"Configuration block {block!r} is not supported by jetraft; ignored")
+        if o.pid_file:
+            with open(o.pid_file, "w") as f:
+                f.write(str(os.getpid()))
+        if o.http_port:
+            await self._start_monitor()
+        await self._start_clients()
+        if o.websocket is not None and o.websocket.port:
+            await self._start_websocket()
+        self._write_ports_file()
+        self.log.info("Server is ready")
+
+    async def _start_monitor(self) -> None:
+        from node.monitor import start_monitor
+
+        o = self.options
+        port = 0 if o.http_port < 0 else o.http_port
+        self.log.info(f"Starting http monitor on {o.http_host}:{port or '...'}")
+        try:
+            self._monitor = await start_monitor(self, o.http_host, port)
+        except OSError as err:
+            msg = f'Error listening on monitor port: {o.http_host}:{port}, "{err}"'
+            raise OSError(msg) from err
+        self.http_port = self._monitor.sockets[0].getsockname()[1]
+
+    async def _start_clients(self) -> None:
+        o = self.options
+        loop = asyncio.get_running_loop()
+        port = 0 if o.port < 0 else o.port
+        ssl = self.tls_ctx if self.tls_first else None
+        try:
+            srv = await loop.create_server(
+                lambda: ClientConnection(self, "CLIENT"), o.host, port,
+                reuse_address=True, backlog=1024, ssl=ssl)
+        except OSError as err:
+            raise OSError(f"Error listening on port: {o.host}:{port}, \"{err}\"") from err
+        self._listeners.append(srv)
+        self.port = srv.sockets[0].getsockname()[1]
+        self.log.info(f"Listening for client connections on {o.host}:{self.port}")
+
+    async def _start_websocket(self) -> None:
+        from node.websocket import start_websocket
+
+        ws = self.options.websocket
+        srv = await start_websocket(self, ws)
+        self._listeners.append(srv)
+        self.ws_port = srv.sockets[0].getsockname()[1]
+
+    def _write_ports_file(self) -> None:
+        d = self.options.ports_file_dir
+        if not d:
+            return
+        host = self.options.host
+        if host in ("0.0.0.0", "::", ""):
+            host = "127.0.0.1"  # the only address we hand out
+        ports: dict[str, list[str]] = {"nats": [f"nats://{host}:{self.port}"]}
+        if self.http_port:
+            ports["monitoring"] = [f"http://{host}:{self.http_port}"]
+        if self.ws_port:
+            ports["websocket"] = [f"ws://{host}:{self.ws_port}"]
+        exe = os.path.basename(sys.argv[0]) or "jetraft"
+        path = os.path.join(d, f"{exe}_{os.getpid()}.ports")
+        tmp = path + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(ports, f)
+        os.replace(tmp, path)  # readers never see a half-written file
+        self._ports_file = path
+
+    async def serve(self) -> int:
+        """Start, then block until shutdown. Returns the exit code."""
+        loop = asyncio.get_running_loop()
+        self._done = loop.create_future()
+        try:
+            await self.start()
+        except (OSError, ValueError) as err:
+            self.log.fatal(str(err))
+            await self._close_everything()
+            return 1
+        self._install_signals(loop)
+        code = await self._done
+        await self._close_everything()
+        self.log.info("Server Exiting..")
+        self.log.close()
+        return code
+
+    def _install_signals(self, loop: asyncio.AbstractEventLoop) -> None:
+        names = {signal.SIGTERM: "terminated", signal.SIGINT: "interrupt"}
+        for sig, name in names.items():
+            loop.add_signal_handler(sig, self._on_stop_signal, name)
+        loop.add_signal_handler(signal.SIGUSR2, self._on_ldm_signal)
+
+    def _on_stop_signal(self, name: str) -> None:
+        self.log.info(f'Trapped "{name}" signal')
+        self.shutdown()
+
+    def _on_ldm_signal(self) -> None:
+        self.log.info('Trapped "user defined signal 2" signal')
+        if not self.lame_duck:
+            asyncio.get_running_loop().create_task(self.lame_duck_mode())
+
+    def shutdown(self, code: int = 0) -> None:
+        if self._done is not None and not self._done.done():
+            self.log.info("Initiating Shutdown...")
+            self._done.set_result(code)
+
+    async def lame_duck_mode(self) -> None:
+        """Stop accepting, tell clients, then close them gradually."""
+        o = self.options
+        self.lame_duck = True
+        self.log.info("Entering lame duck mode, stop accepting new clients")
+        self._close_listeners()
+        for client in list(self.clients.values()):
+            client.send_lame_duck_info()
+        grace = min(o.lame_duck_grace_period, o.lame_duck_duration)
+        await asyncio.sleep(grace)
+        clients = list(self.clients.values())
+        self.log.info("Closing existing clients")
+        spread = max(o.lame_duck_duration - grace, 0.0)
+        if clients:
+            await self._close_gradually(clients, spread)
+        self.shutdown()
+
+    async def _close_gradually(self, clients: list[ClientConnection], spread: float) -> None:
+        # One batch per millisecond at most; asyncio cannot sleep finer.
+        steps = max(1, min(len(clients), int(spread * 1000)))
+        batch = math.ceil(len(clients) / steps)
+        pause = spread / steps
+        for i in range(0, len(clients), batch):
+            for client in clients[i:i + batch]:
+                client.close("Server Shutdown")
+            await asyncio.sleep(pause)
+
+    def _close_listeners(self) -> None:
+        for srv in self._listeners:
+            srv.close()
+        self._listeners.clear()
+
+    async def _close_everything(self) -> None:
+        self.shutting_down = True
+        self._close_listeners()
+        for service in self.services:
+            try:
+                await service.stop()
+            except Exception as err:  # noqa: BLE001 - shutdown must go on
+                self.log.error(f"Error stopping {service!r}: {err}")
+        for client in list(self.clients.values()):
+            client.close("Server Shutdown")
+        if self._monitor is not None:
+            self._monitor.close()
+        await asyncio.sleep(0.05)  # let transports hand their last bytes to the kernel
+        if self._ports_file:
+            try:
+                os.remove(self._ports_file)
+            except OSError:
+                pass
+
+    # ------------------------------------------------------------------ stats
+
+    def totals(self) -> dict[str, int]:
+        """Message counters over all connections, live and closed."""
+        in_msgs, in_bytes, out_msgs, out_bytes = self.closed_stats
+        for c in self.clients.values():
+            in_msgs += c.in_msgs
+            in_bytes += c.in_bytes
+            out_msgs += c.out_msgs
+            out_bytes += c.out_bytes
+        return {"in_msgs": in_msgs + self.internal_stats[0],
+                "in_bytes": in_bytes + self.internal_stats[1],
+                "out_msgs": out_msgs, "out_bytes": out_bytes}
+
+
+def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop
+
+
+def run(options: Options) -> int:
+    """Run a node until it is told to stop; returns the process exit code."""
+    with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+        try:
+            server = Server(options)
+        except (OSError, ValueError) as err:
+            Logger().fatal(str(err))
+            return 1
+        return runner.run(server.serve())
