@@ -24,7 +24,6 @@ from array import array
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from raft.log import ENTRY_OVERHEAD
 from raft.types import (
     CompactedError,
     ConfState,
@@ -51,7 +50,10 @@ from raft.wal import (
 log = logging.getLogger(__name__)
 
 _SEGMENT_RE = re.compile(r"^wal-(\d{16})\.log$")
-CACHE_BYTES = 8 << 20  # recent entries kept decoded in memory, across all groups
+CACHE_BYTES = 8 << 20
+# Per-entry size overhead for `max_bytes`, equal to raft.log.ENTRY_OVERHEAD (not imported to keep
+# storage independent of the core); tests/raft/test_storage.py checks both agree.
+ENTRY_OVERHEAD = 16  # recent entries kept decoded in memory, across all groups
 
 __all__ = ["CorruptLogError", "GroupLog", "NodeLog", "WalStats"]
 
