@@ -1,0 +1,565 @@
+"""Pure parser for the NATS client protocol: the bytes a client sends to a server.
+
+`Parser.feed(bytes)` returns the complete events (`node/protocol/events.py`) in order
+and keeps partial frames for the next call. No sockets, no clocks, no awaits.
+
+Behaviour follows nats-server 2.15 as observed over raw sockets (see the
+differential tests in tests/unit/test_parser.py):
+
+* op names are case-insensitive; arguments are separated by any run of spaces or tabs;
+  a control line ends at LF, and one CR right before it is dropped;
+* PING, PONG and +OK ignore whatever follows them on the line; INFO from a client is
+  accepted and ignored (it must still be JSON); MSG/HMSG/-ERR from a client are errors;
+* a payload must be followed by exactly CRLF;
+* sizes are 1-9 ASCII digits, anything else is "Bad or Missing Size";
+* malformed framing gets -ERR 'Unknown Protocol Operation', an oversized control line
+  -ERR 'maximum control line exceeded', a too-large payload -ERR 'Maximum Payload
+  Violation'; bad PUB/SUB/UNSUB/HPUB arguments and bad CONNECT JSON close the connection
+  WITHOUT any -ERR (`ProtocolError.send_err` is False). Every parser error is fatal.
+
+Deliberate differences: nats-server checks the control-line limit only on lines split
+across socket reads (its own comment calls the check "not exact"); we check every line,
+so the result never depends on how TCP chunks the stream. The PUB fast path and SUB/UNSUB
+use bytes.split(), which also splits on VT/FF (and, for PUB, on a CR inside the line);
+nats-server would keep those bytes inside a token.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from .events import Connect, Event, HPub, Ping, Pong, Pub, Sub, Unsub
+
+ERR_UNKNOWN_OP = "Unknown Protocol Operation"
+ERR_MAX_PAYLOAD = "Maximum Payload Violation"
+ERR_MAX_CONTROL_LINE = "maximum control line exceeded"
+ERR_HEADERS = "message headers not supported"
+
+_MAX_SIZE_DIGITS = 9  # nats-server refuses sizes with more digits (its 999 MB cap)
+_SNIPPET = 32
+_SEP = b" \t"
+_PING = Ping()
+_PONG = Pong()
+
+# Build Pub/HPub without the frozen-dataclass __init__ (object.__setattr__ per field
+# costs more than the rest of the parse): the slot descriptors write the fields directly.
+_new = object.__new__
+_pub_subject = Pub.subject.__set__
+_pub_reply = Pub.reply.__set__
+_pub_payload = Pub.payload.__set__
+
+# Op words a line may start with. A word with a separator needs a space/tab after it
+# (nats-server: "PUB\r\n" and "PUBX" are unknown ops); the others take anything.
+_OPS: tuple[tuple[bytes, bool], ...] = (
+    (b"PUB", True),
+    (b"HPUB", True),
+    (b"SUB", True),
+    (b"UNSUB", True),
+    (b"-ERR", True),
+    (b"PING", False),
+    (b"PONG", False),
+    (b"+OK", False),
+    (b"CONNECT", False),
+    (b"INFO", False),
+)
+_SKIP_OPS = {b"PING": _PING, b"PONG": _PONG, b"+OK": None}
+
+
+class ProtocolError(Exception):
+    """A client broke the protocol.
+
+    message:  the text nats-server sends in -ERR '<message>' (when send_err is True);
+              otherwise the reason nats-server logs before closing silently.
+    send_err: whether nats-server sends -ERR before closing.
+    fatal:    whether the connection must be closed (always True for parser errors).
+    detail:   state, stream offset and a quoted snippet of the offending bytes, for logs.
+    events:   events completed in the same feed() call before the error.
+    """
+
+    def __init__(
+        self, message: str, detail: str = "", *, send_err: bool = True, fatal: bool = True
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.detail = detail or message
+        self.send_err = send_err
+        self.fatal = fatal
+        self.events: list[Event] = []
+
+    def __str__(self) -> str:
+        return self.detail
+
+
+def _quote(arg: bytes) -> str:
+    # Mirrors Go's %q closely enough for a log line.
+    return json.dumps(arg.decode("utf-8", "replace"))
+
+
+def _size(digits: bytes) -> int:
+    """nats-server's parseSize: 1-9 ASCII digits, else -1."""
+    if 0 < len(digits) <= _MAX_SIZE_DIGITS and digits.isdigit():
+        return int(digits)
+    return -1
+
+
+def _text(raw: bytes) -> str:
+    # Subjects, sids and queues are str in events; invalid UTF-8 must not crash anyone
+    # downstream, so it is replaced (both a publisher and a subscriber map it alike).
+    try:
+        return raw.decode()
+    except UnicodeDecodeError:
+        return raw.decode("utf-8", "replace")
+
+
+def _op_prefix_ok(head: bytes) -> bool:
+    """Could an upper-cased, not yet terminated line still become a valid op?"""
+    for word, needs_sep in _OPS:
+        k = min(len(head), len(word))
+        if head[:k] != word[:k]:
+            continue
+        if needs_sep and len(head) > len(word) and head[len(word)] not in _SEP:
+            continue
+        return True
+    return False
+
+
+def _split_pub(arg: bytes) -> list[bytes]:
+    """nats-server splits PUB/HPUB arguments on spaces and tabs only (a CR stays put)."""
+    return [a for a in arg.replace(b"\t", b" ").split(b" ") if a]
+
+
+def _line_end(data: bytes, pos: int, nl: int) -> int:
+    """End of the control line's content: the LF, minus one CR right before it."""
+    return nl - 1 if nl > pos and data[nl - 1] == 13 else nl
+
+
+class _BadJson(Exception):
+    """CONNECT/INFO JSON nats-server would refuse; the text is what it logs."""
+
+
+# CONNECT fields nats-server decodes into typed Go fields (ClientOpts); a value of the
+# wrong JSON type makes it close the connection. Unknown fields are ignored by it.
+_BOOL_FIELDS = frozenset(
+    {"echo", "verbose", "pedantic", "tls_required", "new_account", "headers", "no_responders"}
+)
+_STR_FIELDS = frozenset(
+    {"nkey", "jwt", "sig", "auth_token", "user", "pass", "name", "lang", "version",
+     "account", "remote_account"}
+)
+_INT_FIELDS = frozenset({"protocol"})
+_PERM_FIELDS = frozenset({"import", "export"})
+_KNOWN_FIELDS = _BOOL_FIELDS | _STR_FIELDS | _INT_FIELDS | _PERM_FIELDS
+_GO_INT = 1 << 63
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"invalid character {name[0]!r} looking for beginning of value")
+
+
+def _loads(arg: bytes) -> Any:
+    # Go replaces invalid UTF-8 with U+FFFD rather than failing; so do we.
+    try:
+        return json.loads(arg.decode("utf-8", "replace"), parse_constant=_reject_constant)
+    except (ValueError, RecursionError) as exc:
+        raise _BadJson(str(exc) or "invalid JSON") from None
+
+
+def _json_kind(value: Any) -> str:
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, int | float):
+        return "number"
+    return {dict: "object", list: "array", str: "string"}.get(type(value), "value")
+
+
+def _clean_str(value: str) -> str:
+    # json.loads keeps lone surrogates ("\ud800"); Go turns them into U+FFFD, and a lone
+    # surrogate would make any later .encode() raise.
+    try:
+        value.encode()
+        return value
+    except UnicodeEncodeError:
+        return value.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+
+
+def _canonical(key: str) -> str | None:
+    # Go's encoding/json matches field names case-insensitively.
+    if key in _KNOWN_FIELDS:
+        return key
+    low = key.lower()
+    return low if key.isascii() and low in _KNOWN_FIELDS else None
+
+
+def _check_perm(name: str, value: Any) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise _BadJson(f"json: cannot unmarshal {_json_kind(value)} into Go struct field "
+                       f"ClientOpts.{name} of type server.SubjectPermission")
+    out: dict[str, Any] = {}
+    for key, items in value.items():
+        low = key.lower() if key.isascii() else key
+        if low not in ("allow", "deny") or items is None:
+            continue
+        if not isinstance(items, list) or not all(
+            isinstance(i, str) or i is None for i in items
+        ):
+            raise _BadJson(f"json: cannot unmarshal {_json_kind(items)} into Go struct field "
+                           f"ClientOpts.{name}.{low} of type []string")
+        out[low] = [_clean_str(i) if i is not None else "" for i in items]
+    return out
+
+
+def _check_field(name: str, value: Any) -> Any:
+    """Type-check one known CONNECT field the way Go's json.Unmarshal would."""
+    if name in _BOOL_FIELDS:
+        ok, gotype = isinstance(value, bool), "bool"
+    elif name in _STR_FIELDS:
+        ok, gotype = isinstance(value, str), "string"
+        if ok:
+            value = _clean_str(value)
+    elif name in _INT_FIELDS:
+        ok, gotype = type(value) is int and -_GO_INT <= value < _GO_INT, "int"
+    else:
+        return _check_perm(name, value)
+    if not ok:
+        raise _BadJson(f"json: cannot unmarshal {_json_kind(value)} into Go struct field "
+                       f"ClientOpts.{name} of type {gotype}")
+    return value
+
+
+def decode_connect(arg: bytes) -> dict[str, Any]:
+    """CONNECT's JSON as a dict with known fields type-checked and named canonically.
+
+    null values are dropped (Go leaves the field unset); unknown fields pass through.
+    """
+    value = _loads(arg)
+    if value is None:
+        return {}  # Go accepts "CONNECT null" as an empty options object
+    if not isinstance(value, dict):
+        raise _BadJson(f"json: cannot unmarshal {_json_kind(value)} into Go value of type "
+                       "server.ClientOpts")
+    options: dict[str, Any] = {}
+    for key, item in value.items():
+        name = _canonical(key)
+        if name is None:
+            options[key] = item
+        elif item is not None:
+            options[name] = _check_field(name, item)
+    return options
+
+
+def decode_info(arg: bytes) -> None:
+    """A client may send INFO; nats-server only checks that it is a JSON object."""
+    value = _loads(arg)
+    if value is not None and not isinstance(value, dict):
+        raise _BadJson(f"json: cannot unmarshal {_json_kind(value)} into Go value of type "
+                       "server.Info")
+
+
+class Parser:
+    """Incremental parser of client->server NATS protocol bytes (see module docstring)."""
+
+    def __init__(
+        self, max_payload: int = 1048576, max_control_line: int = 4096, headers: bool = True
+    ) -> None:
+        self.max_payload = max_payload  # mutable: the server may change it after CONNECT
+        self.max_control_line = max_control_line
+        self.headers = headers  # does the server support headers at all
+        self._client_headers = False  # did the client's CONNECT ask for headers
+        self._tail = b""  # an unterminated control line
+        self._chunks: list[bytes] = []  # a frame whose payload is still arriving
+        self._have = 0  # bytes in _chunks
+        self._need = 0  # total bytes of that frame
+        self._skip: Event | bool | None = None  # after a long PING/PONG/+OK: drop to LF
+        self._consumed = 0  # stream offset of the first byte still held, for error details
+        self._dead = False
+
+    @property
+    def buffered(self) -> int:
+        """Bytes held for an incomplete frame (bounded by the limits)."""
+        return len(self._tail) + self._have
+
+    def feed(self, data: bytes) -> list[Event]:
+        """Consume bytes; return all complete events, in order (see module docstring)."""
+        if self._dead:
+            raise ProtocolError("parser closed", "parser closed after a fatal error",
+                                send_err=False)
+        events: list[Event] = []
+        try:
+            data = self._resume(bytes(data), events)
+            if data:
+                pos = self._parse(data, events)
+                if pos < len(data):
+                    self._hold(data, pos)
+                else:
+                    self._consumed += pos
+        except ProtocolError as err:
+            self._dead = err.fatal
+            err.events = events
+            raise
+        return events
+
+    def _resume(self, data: bytes, events: list[Event]) -> bytes:
+        """Merge new bytes with what was held; return what is ready to parse ('' if none)."""
+        if self._skip is not None:
+            nl = data.find(b"\n")
+            if nl < 0:
+                self._consumed += len(data)
+                return b""
+            if self._skip is not True:
+                events.append(self._skip)  # type: ignore[arg-type]
+            self._skip = None
+            self._consumed += nl + 1
+            data = data[nl + 1 :]
+        if self._chunks:
+            self._chunks.append(data)
+            self._have += len(data)
+            if self._have < self._need:
+                if self._have == self._need - 1 and data and data[-1] != 13:
+                    raise self._error(ERR_UNKNOWN_OP, data, len(data) - 1, "payload end")
+                return b""
+            data = b"".join(self._chunks)
+            self._chunks = []
+            self._have = self._need = 0
+        elif self._tail:
+            if b"\n" not in data:
+                self._tail += data
+                self._check_partial()
+                return b""
+            data = self._tail + data
+            self._tail = b""
+        return data
+
+    def _hold(self, data: bytes, pos: int) -> None:
+        """Keep the incomplete frame starting at pos for the next feed()."""
+        self._consumed += pos
+        rest = data[pos:]
+        if self._need:
+            self._chunks = [rest]
+            self._have = len(rest)
+        else:
+            self._tail = rest
+            self._check_partial()
+
+    def _check_partial(self) -> None:
+        """Validate an unterminated line early, like nats-server's byte-wise parser."""
+        tail = self._tail
+        head = tail[:8].upper()
+        if not _op_prefix_ok(head):
+            raise self._error(ERR_UNKNOWN_OP, tail, 0, "op")
+        for word, event in _SKIP_OPS.items():
+            if head.startswith(word):
+                # nats-server ignores the rest of these lines without buffering it.
+                self._skip = True if event is None else event
+                self._consumed += len(tail)
+                self._tail = b""
+                return
+        word = next(w for w, _ in _OPS if head.startswith(w) or w.startswith(head))
+        size = len(tail) - len(word) - 1 - (1 if tail.endswith(b"\r") else 0)
+        if size > self.max_control_line:
+            raise self._error(ERR_MAX_CONTROL_LINE, tail, 0, "control line")
+
+    def _error(self, message: str, data: bytes, at: int, state: str, *,
+               send_err: bool = True, reason: str = "") -> ProtocolError:
+        snippet = data[at : at + _SNIPPET]
+        detail = (f"{reason or message}: state={state} offset={self._consumed + at} "
+                  f"proto={snippet!r}")
+        return ProtocolError(message if send_err else (reason or message), detail,
+                             send_err=send_err)
+
+    def _parse(self, data: bytes, events: list[Event]) -> int:
+        """Parse complete frames from data; return where the first incomplete one starts."""
+        pos = 0
+        n = len(data)
+        find = data.find
+        startswith = data.startswith
+        append = events.append
+        mcl = self.max_control_line
+        max_payload = self.max_payload
+        if max_payload < 0:
+            max_payload = 1 << 62  # negative means no limit
+        while pos < n:
+            nl = find(b"\n", pos)
+            if nl < 0:
+                return pos
+            if startswith(b"PUB ", pos):
+                # Fast path for the hottest frame; the slow path handles every variant
+                # and produces the errors.
+                end = nl - 1 if data[nl - 1] == 13 else nl
+                args = data[pos + 4 : end].split()
+                nargs = len(args)
+                if nargs == 2:
+                    subject, digits = args
+                    reply = None
+                elif nargs == 3:
+                    subject, reply, digits = args
+                else:
+                    digits = b""
+                if (
+                    end - pos - 4 > mcl
+                    or data[end - 1] == 13  # "1\r\r\n": nats-server keeps that CR
+                    or not digits.isdigit()
+                    or len(digits) > _MAX_SIZE_DIGITS
+                    or (size := int(digits)) > max_payload
+                ):
+                    pos = self._slow(data, pos, nl, events)
+                    continue  # _slow raised; not reached
+                start = nl + 1
+                stop = start + size
+                if stop + 2 > n:
+                    return self._incomplete(data, pos, stop)
+                if data[stop] != 13 or data[stop + 1] != 10:
+                    raise self._error(ERR_UNKNOWN_OP, data, stop, "MSG_END")
+                event = _new(Pub)
+                try:
+                    _pub_subject(event, subject.decode())
+                    _pub_reply(event, reply and reply.decode())
+                except UnicodeDecodeError:
+                    _pub_subject(event, _text(subject))
+                    _pub_reply(event, reply and _text(reply))
+                _pub_payload(event, data[start:stop])
+                append(event)
+                pos = stop + 2
+            elif startswith(b"PING", pos):
+                append(_PING)
+                pos = nl + 1
+            else:
+                pos = self._slow(data, pos, nl, events)
+                if pos < 0:
+                    return -pos - 1
+        return pos
+
+    def _incomplete(self, data: bytes, pos: int, stop: int) -> int:
+        """A frame whose payload has not fully arrived: remember its size, stop parsing."""
+        if stop < len(data) and data[stop] != 13:
+            raise self._error(ERR_UNKNOWN_OP, data, stop, "MSG_END")
+        self._need = stop + 2 - pos
+        return pos
+
+    def _arg_error(self, reason: str, data: bytes, pos: int, end: int) -> ProtocolError:
+        arg_start = pos
+        while arg_start < end and data[arg_start] not in _SEP:
+            arg_start += 1
+        arg = data[arg_start:end].lstrip(_SEP)
+        return self._error("", data, pos, "ARG", send_err=False,
+                           reason=f"{reason}: {_quote(arg)}")
+
+    def _payload_error(self, size: int, data: bytes, pos: int) -> ProtocolError:
+        return self._error(ERR_MAX_PAYLOAD, data, pos, "ARG",
+                           reason=f"maximum payload exceeded: {size} vs {self.max_payload}")
+
+    def _slow(self, data: bytes, pos: int, nl: int, events: list[Event]) -> int:
+        """Every line but the fast paths. Returns the next pos, or -(pos+1) if incomplete."""
+        end = _line_end(data, pos, nl)
+        head = data[pos : pos + 8].upper()
+        for word, event in _SKIP_OPS.items():
+            if head.startswith(word):
+                if event is not None:
+                    events.append(event)
+                return nl + 1
+        if head.startswith(b"CONNECT"):
+            options = self._json(decode_connect, self._arg(data, pos, end, 7, False), data, pos)
+            if "headers" in options:
+                self._client_headers = bool(options["headers"])
+            events.append(Connect(options))
+            return nl + 1
+        if head.startswith(b"INFO"):
+            self._json(decode_info, self._arg(data, pos, end, 4, False), data, pos)
+            return nl + 1
+        if head.startswith(b"PUB"):
+            return self._pub(data, pos, nl, self._arg(data, pos, end, 3), events)
+        if head.startswith(b"HPUB"):
+            return self._hpub(data, pos, nl, self._arg(data, pos, end, 4), events)
+        if head.startswith(b"SUB"):
+            events.append(self._sub(self._arg(data, pos, end, 3), data, pos, end))
+            return nl + 1
+        if head.startswith(b"UNSUB"):
+            events.append(self._unsub(self._arg(data, pos, end, 5), data, pos, end))
+            return nl + 1
+        if head.startswith(b"-ERR"):
+            arg = self._arg(data, pos, end, 4)
+            raise self._error("", data, pos, "MINUS_ERR_ARG", send_err=False,
+                              reason=f"Client Error {arg.strip(_SEP).decode('utf-8', 'replace')}")
+        raise self._error(ERR_UNKNOWN_OP, data, pos, "OP_START")
+
+    def _arg(self, data: bytes, pos: int, end: int, oplen: int, sep: bool = True) -> bytes:
+        """The argument part of a line after its op word, with the limit checks."""
+        if sep and (pos + oplen >= end or data[pos + oplen] not in _SEP):
+            raise self._error(ERR_UNKNOWN_OP, data, pos, "OP")
+        if end - pos - oplen - 1 > self.max_control_line:
+            raise self._error(ERR_MAX_CONTROL_LINE, data, pos, "ARG")
+        return data[pos + oplen : end]
+
+    def _json(self, decode: Any, arg: bytes, data: bytes, pos: int) -> Any:
+        try:
+            return decode(arg)
+        except _BadJson as exc:
+            raise self._error("", data, pos, "JSON_ARG", send_err=False, reason=str(exc)) from None
+
+    def _pub(self, data: bytes, pos: int, nl: int, arg: bytes, events: list[Event]) -> int:
+        end = _line_end(data, pos, nl)
+        args = _split_pub(arg)
+        if len(args) not in (2, 3):
+            raise self._arg_error("processPub Parse Error", data, pos, end)
+        size = _size(args[-1])
+        if size < 0:
+            raise self._arg_error("processPub Bad or Missing Size", data, pos, end)
+        if size > self.max_payload >= 0:
+            raise self._payload_error(size, data, pos)
+        start = nl + 1
+        stop = start + size
+        if stop + 2 > len(data):
+            return -self._incomplete(data, pos, stop) - 1
+        if data[stop : stop + 2] != b"\r\n":
+            raise self._error(ERR_UNKNOWN_OP, data, stop, "MSG_END")
+        reply = _text(args[1]) if len(args) == 3 else None
+        events.append(Pub(_text(args[0]), reply, data[start:stop]))
+        return stop + 2
+
+    def _hpub(self, data: bytes, pos: int, nl: int, arg: bytes, events: list[Event]) -> int:
+        end = _line_end(data, pos, nl)
+        if not (self.headers and self._client_headers):
+            raise self._error("", data, pos, "HPUB_ARG", send_err=False, reason=ERR_HEADERS)
+        args = _split_pub(arg)
+        if len(args) not in (3, 4):
+            raise self._arg_error("processHeaderPub Parse Error", data, pos, end)
+        hdr = _size(args[-2])
+        if hdr < 0:
+            raise self._arg_error("processHeaderPub Bad or Missing Header Size", data, pos, end)
+        total = _size(args[-1])
+        if total < 0:
+            raise self._arg_error("processHeaderPub Bad or Missing Total Size", data, pos, end)
+        if hdr > total:
+            raise self._arg_error("processHeaderPub Header Size larger then TotalSize",
+                                  data, pos, end)
+        if total > self.max_payload >= 0:
+            raise self._payload_error(total, data, pos)
+        start = nl + 1
+        stop = start + total
+        if stop + 2 > len(data):
+            return -self._incomplete(data, pos, stop) - 1
+        if data[stop : stop + 2] != b"\r\n":
+            raise self._error(ERR_UNKNOWN_OP, data, stop, "MSG_END")
+        reply = _text(args[1]) if len(args) == 4 else None
+        events.append(HPub(_text(args[0]), reply, data[start : start + hdr],
+                           data[start + hdr : stop]))
+        return stop + 2
+
+    def _sub(self, arg: bytes, data: bytes, pos: int, end: int) -> Sub:
+        args = arg.split()
+        if len(args) == 2:
+            return Sub(_text(args[0]), None, _text(args[1]))
+        if len(args) == 3:
+            return Sub(_text(args[0]), _text(args[1]), _text(args[2]))
+        raise self._arg_error("processSub Parse Error", data, pos, end)
+
+    def _unsub(self, arg: bytes, data: bytes, pos: int, end: int) -> Unsub:
+        args = arg.split()
+        if len(args) == 1:
+            return Unsub(_text(args[0]), None)
+        if len(args) == 2:
+            # nats-server treats a missing, unparsable or non-positive max alike:
+            # unsubscribe now. None carries all three.
+            limit = _size(args[1])
+            return Unsub(_text(args[0]), limit if limit > 0 else None)
+        raise self._arg_error("processUnsub Parse Error", data, pos, end)
