@@ -145,7 +145,7 @@ def parse_size(text: str) -> int:
 
 _BLANK = " \t\r"
 _WORD_END = " \t\r\n,;}]"
-_KEY_END = " \t\r\n:={}[]"
+_KEY_END = " \t\r\n:="  # nats-server: "a{" is a key; only blanks, : and = end one
 _ESCAPES = {"t": "\t", "n": "\n", "r": "\r", '"': '"', "\\": "\\", "/": "/"}
 _VAR_NAME_RE = re.compile(r"[A-Za-z0-9_]+")
 
@@ -220,20 +220,15 @@ class _Parser:
     # ---- document and blocks
 
     def document(self, into: ConfigMap, scopes: list[ConfigMap]) -> None:
-        self.skip_space()
-        # A top-level brace (the JSON form) wraps the body without nesting it.
-        if self.peek() == "{":
-            self.pos += 1
-            self.body(into, scopes, closer="}", top=True)
-            self.skip_space()
-            if self.pos < len(self.text):
-                raise self.error(f"unexpected {self._describe()} after the closing '}}'")
-        else:
-            self.body(into, scopes, closer=None, top=True)
+        self.body(into, scopes, closer=None)
 
-    def body(self, m: ConfigMap, scopes: list[ConfigMap], closer: str | None, top: bool) -> None:
+    def body(self, m: ConfigMap, scopes: list[ConfigMap], closer: str | None) -> None:
+        """Entries up to `closer`, or to the end of the file when it is None.
+
+        At a file's top level nats-server skips braces, which is what makes
+        the JSON form (one object wrapping everything) a valid config."""
         while True:
-            self.skip_space(also=",;")
+            self.skip_space(also="{}" if closer is None else "")
             c = self.peek()
             if not c:
                 if closer is not None:
@@ -242,14 +237,18 @@ class _Parser:
             if c == closer:
                 self.pos += 1
                 return
-            if c in "}]":
+            if c in "}],;":
                 raise self.error(f"unexpected {c!r}")
-            self.entry(m, scopes, closer, top)
+            self.entry(m, scopes, closer)
 
-    def entry(self, m: ConfigMap, scopes: list[ConfigMap], closer: str | None, top: bool) -> None:
+    def entry(self, m: ConfigMap, scopes: list[ConfigMap], closer: str | None) -> None:
         key_pos = self.pos
         key, quoted = self.key()
         blanks = self.skip_blanks()
+        # nats-server lets plain whitespace, new lines included, separate a key and its value.
+        while self.peek() == "\n":
+            self.pos += 1
+            blanks = self.skip_blanks() or True
         if not quoted and key.lower() == "include" and blanks and self.peek() not in ":=":
             self.include(m, scopes)
         else:
@@ -263,12 +262,17 @@ class _Parser:
                 raise self.error(f"expected a value for {key!r}, found {self._describe()}")
             m[key] = self.value(scopes)
             m.where[key] = self.where(key_pos)
-        self.end_of_entry(closer, top)
+        self.end_of_entry(closer)
 
-    def end_of_entry(self, closer: str | None, top: bool) -> None:
+    def end_of_entry(self, closer: str | None) -> None:
+        """A value ends at a new line, a comment, one ',' or ';', or the
+        block's closing brace (any brace at top level)."""
         self.skip_blanks()
         c = self.peek()
-        if not c or c in "\n,;" or self.at_comment() or (closer is not None and c == closer):
+        if c in (",", ";"):
+            self.pos += 1
+            return
+        if not c or c == "\n" or self.at_comment() or c == (closer or "}"):
             return
         what = "a top-level value" if closer is None else "a block entry"
         raise self.error(f"expected {what} to end with a new line, ',', ';' or comment, "
@@ -300,7 +304,7 @@ class _Parser:
             raise self.error(msg, where) from None
         sub = _Parser(text, path, self.env, self.read_file, self.depth + 1)
         # The included file's keys land in the including block, in its scope.
-        sub.body(m, scopes, closer=None, top=True)
+        sub.body(m, scopes, closer=None)
 
     # ---- values
 
@@ -310,7 +314,7 @@ class _Parser:
         if c == "{":
             self.pos += 1
             child = ConfigMap()
-            self.body(child, [*scopes, child], closer="}", top=False)
+            self.body(child, [*scopes, child], closer="}")
             return child
         if c == "[":
             return self.array(scopes)
@@ -329,6 +333,8 @@ class _Parser:
     def word(self) -> str:
         start = self.pos
         while self.pos < len(self.text) and self.text[self.pos] not in _WORD_END:
+            if self.text[self.pos] == "'":
+                raise self.error("unexpected ' inside an unquoted value")
             self.pos += 1
         return self.text[start : self.pos]
 
@@ -342,6 +348,8 @@ class _Parser:
                 return items
             if not self.peek():
                 raise self.error("unexpected end of file inside an array, expected ']'")
+            if self.peek() == ",":
+                raise self.error("unexpected ',' in an array")
             items.append(self.value(scopes))
             self.skip_blanks()
             c = self.peek()
@@ -414,7 +422,7 @@ class _Parser:
         sub = _Parser(f"v={self.env[name]}", f"${name}", self.env, self.read_file, self.depth + 1)
         holder = ConfigMap()
         try:
-            sub.body(holder, [holder], closer=None, top=True)
+            sub.body(holder, [holder], closer=None)
         except ConfigError as e:
             raise self.error(f"environment variable {name}: {e}", start) from None
         return holder.get("v", "")
@@ -441,7 +449,10 @@ def parse_config_file(path: str, env: Mapping[str, str] | None = None) -> Config
         text = _read_text_file(path)
     except OSError as e:
         raise ConfigError(f"error opening config file {path!r}: {e.strerror or e}") from None
-    return parse_config(text, path, env)
+    parsed = parse_config(text, path, env)
+    if not parsed:
+        raise ConfigError(f"{path}: config has no values or is empty")
+    return parsed
 
 # --------------------------------------------------------------------------
 # Mapping onto Options
