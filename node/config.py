@@ -258,7 +258,8 @@ class _Parser:
                 self.skip_blanks()
             elif not blanks and c not in "{[":
                 raise self.error(f"expected ':', '=' or a blank after key {key!r}")
-            if self.peek() in ("", "\n") or self.at_comment():
+            # Where a value is due, '#' and '//' start it ("#abc"), not a comment.
+            if self.peek() in ("", "\n"):
                 raise self.error(f"expected a value for {key!r}, found {self._describe()}")
             m[key] = self.value(scopes)
             m.where[key] = self.where(key_pos)

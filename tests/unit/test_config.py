@@ -362,3 +362,64 @@ def _wait_for_port(directory: Path, pid: int) -> int:
                 pass
         time.sleep(0.05)
     raise AssertionError("nats-server did not write its ports file")
+
+
+# ---- differential fuzzing: generated configs, accepted or rejected alike
+
+
+_SEPARATORS = [": ", " = ", " ", ":", "=", " : ", "\t", "\n  "]
+_TERMINATORS = ["\n", ", ", "; ", " # c\n", " // c\n", "\n\n", ",\n", ";"]
+_VALUES = {
+    "int": ["4222", "-1", "1K", "1MB", "0", "12", "$V"],
+    "bool": ["true", "false", "yes", "no", "on", "off", "TRUE"],
+    "str": ["abc", '"abc"', "'abc'", "a.b.c", "'a b'", '"a\\tb"', "x-1", "nats://a:1"],
+}
+_KEYS = [("port", "int"), ("debug", "bool"), ("trace", "bool"), ("server_name", "str"),
+         ("server_tags", "list"), ("max_payload", "int"), ("ping_max", "int")]
+_NOISE = list("{}[],;:=\"'#/ \n$")
+
+
+def _gen_value(rnd, kind: str) -> str:
+    if kind != "list":
+        return rnd.choice(_VALUES[kind])
+    items = [rnd.choice(_VALUES["str"]) for _ in range(rnd.randint(0, 3))]
+    body = "".join(i + rnd.choice([", ", ",", "\n", ",\n", " ,"]) for i in items)
+    if body and rnd.random() < 0.5:
+        body = body.rstrip(",\n ")
+    return "[" + rnd.choice(["", " ", "\n"]) + body + rnd.choice(["", " ", "\n"]) + "]"
+
+
+def _gen_entry(rnd) -> str:
+    if rnd.random() < 0.2:
+        inner = "".join(rnd.choice(["user", "password"]) + rnd.choice(_SEPARATORS[:6])
+                        + _gen_value(rnd, "str") + rnd.choice(_TERMINATORS)
+                        for _ in range(rnd.randint(0, 2)))
+        return "authorization" + rnd.choice([" ", " = ", ": ", ""]) + "{" + inner + "}"
+    key, kind = rnd.choice(_KEYS)
+    return key + rnd.choice(_SEPARATORS) + _gen_value(rnd, kind)
+
+
+def _gen_config(rnd) -> str:
+    text = "V: 7\nmax_connections: $V\n" if rnd.random() < 0.3 else ""
+    text += "".join(_gen_entry(rnd) + rnd.choice(_TERMINATORS) for _ in range(rnd.randint(1, 5)))
+    if rnd.random() < 0.3:  # one stray character anywhere
+        i = rnd.randrange(len(text) + 1)
+        text = text[:i] + rnd.choice(_NOISE) + text[i:]
+    return text
+
+
+@pytest.mark.skipif(NATS_SERVER is None, reason="nats-server not installed")
+def test_generated_configs_agree_with_nats_server(tmp_path: Path) -> None:
+    import random
+
+    rnd = random.Random(20261121)
+    disagreements = []
+    for n in range(150):
+        text = _gen_config(rnd)
+        path = tmp_path / f"g{n}.conf"
+        path.write_text(text)
+        theirs, their_msg = _nats_accepts(path)
+        ours, our_msg = _we_accept(path)
+        if theirs != ours:
+            disagreements.append((text, their_msg.strip(), our_msg))
+    assert disagreements == []
