@@ -218,8 +218,9 @@ def options_from_flags(values: dict[str, Any], env: dict[str, str] | None = None
         if name in _SIMPLE:
             _SIMPLE[name](opts, value)
         elif _BY_NAME[name] in IGNORED_FLAGS:
-            opts.unsupported.append(f"--{name}")
-            opts.extra[f"--{name}"] = value
+            long_name = f"--{_BY_NAME[name].names[-1]}"
+            opts.unsupported.append(long_name)
+            opts.extra[long_name] = value
     _apply_tls(opts, values)
     _apply_cluster(opts, values)
     return opts

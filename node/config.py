@@ -941,3 +941,15 @@ def validate_options(opts: Options) -> None:
     if opts.websocket and opts.websocket.port and not opts.websocket.no_tls \
             and opts.websocket.tls is None:
         raise ConfigError("websocket requires TLS configuration unless no_tls is true")
+    for tls in (opts.tls, opts.websocket.tls if opts.websocket else None):
+        _check_tls_files(tls)
+
+
+def _check_tls_files(tls: TLSOptions | None) -> None:
+    # nats-server loads the certificates while reading the config; fail as early.
+    if tls is None:
+        return
+    for name in ("cert_file", "key_file", "ca_file"):
+        path = getattr(tls, name)
+        if path and not os.path.isfile(path):
+            raise ConfigError(f"tls {name} {path!r}: no such file")

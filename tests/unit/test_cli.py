@@ -119,7 +119,8 @@ def test_cluster_flags() -> None:
 
 def test_ignored_nats_server_flags_are_recorded() -> None:
     opts = opts_for("-T=false", "--client_advertise", "x:1")
-    assert opts.unsupported == ["--T", "--client_advertise"]
+    assert opts.unsupported == ["--logtime", "--client_advertise"]
+    assert opts.extra["--logtime"] is False
 
 
 @pytest.mark.parametrize(

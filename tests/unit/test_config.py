@@ -274,6 +274,16 @@ def test_validate_options() -> None:
     validate_options(options("websocket { port: 8080, no_tls: true }\n"))
 
 
+def test_validate_options_checks_tls_files_exist(tmp_path: Path) -> None:
+    cert, key = tmp_path / "c.pem", tmp_path / "k.pem"
+    cert.write_text("x")
+    text = f"tls {{ cert_file: {cert}, key_file: {key} }}\n"
+    with pytest.raises(ConfigError, match="key_file"):
+        validate_options(options(text))
+    key.write_text("x")
+    validate_options(options(text))
+
+
 # ---- differential: the same files through nats-server -t
 
 
