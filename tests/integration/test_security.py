@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import shutil
 import socket
@@ -16,8 +17,11 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import bcrypt
 import nats
+import nkeys
 import pytest
+from nacl.signing import SigningKey
 
 from node import tls
 from node.auth import CompiledPermissions, PermissionSet
@@ -43,11 +47,13 @@ def jetraft_cmd(conf: Path) -> list[str]:
     return [sys.executable, "-m", "node.cli", "serve", "-c", str(conf)]
 
 
+@functools.cache
 def jetraft_available() -> bool:
     """The serve command and the client module land in parallel: skip the
-    jetraft side of the differential until they exist."""
-    root = Path(__file__).resolve().parents[2]
-    return (root / "node" / "cli.py").exists() and (root / "node" / "client.py").exists()
+    jetraft side of the differential until the server imports cleanly."""
+    probe = subprocess.run([sys.executable, "-c", "import node.server, node.cli"],
+                           capture_output=True, timeout=60)
+    return probe.returncode == 0
 
 
 IMPLS = [
@@ -286,3 +292,149 @@ def test_tls_context_rules(pki):
     assert tls.info_fields(tls_opts(pki, verify=True)) == {"tls_required": True, "tls_verify": True}
     with pytest.raises(ValueError):
         tls.server_context(TLSOptions())
+
+
+# ----------------------------------------------------------------------- differential
+
+
+def make_nkey() -> tuple[str, str]:
+    seed = nkeys.encode_seed(bytes(SigningKey.generate()), nkeys.PREFIX_BYTE_USER)
+    return nkeys.from_seed(bytearray(seed)).public_key.decode(), seed.decode()
+
+
+async def connect(port: int, **kw):
+    errors: list[Exception] = []
+
+    async def on_error(e: Exception) -> None:
+        errors.append(e)
+
+    nc = await nats.connect(f"nats://{HOST}:{port}", allow_reconnect=False, connect_timeout=10,
+                            max_reconnect_attempts=0, error_cb=on_error, **kw)
+    return nc, errors
+
+
+async def refused(port: int, **kw) -> bool:
+    try:
+        nc, _ = await connect(port, **kw)
+    except Exception:  # noqa: BLE001 - nats-py raises several types for a refused CONNECT
+        return True
+    await nc.close()
+    return False
+
+
+def raw_connect(port: int, connect: dict) -> list[str]:
+    raw = Raw(port)
+    try:
+        raw.info()
+        raw.send(f"CONNECT {json.dumps({'verbose': False, **connect})}\r\nPING\r\n")
+        lines = []
+        with contextlib.suppress(EOFError, OSError):
+            while (line := raw.line()) != "PONG":
+                lines.append(line)
+            lines.append("PONG")
+        return lines
+    finally:
+        raw.close()
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+async def test_users_plain_and_bcrypt(impl, tmp_path):
+    hashed = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(rounds=6)).decode()
+    users = [{"user": "alice", "password": "pw"}, {"user": "bob", "password": hashed}]
+    with server(impl, tmp_path, f"authorization {{ users: {json.dumps(users)} }}\n") as port:
+        assert Raw(port).info()["auth_required"] is True
+        nc, _ = await connect(port, user="alice", password="pw")
+        await nc.flush(timeout=5)
+        await nc.close()
+        nc, _ = await connect(port, user="bob", password="s3cret")
+        await nc.close()
+        assert await refused(port, user="alice", password="nope")
+        assert await refused(port, user="bob", password=hashed)
+        assert await refused(port)
+        assert raw_connect(port, {"user": "x", "pass": "y"}) == ["-ERR 'Authorization Violation'"]
+        assert raw_connect(port, {"user": "alice", "pass": "pw"}) == ["PONG"]
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+async def test_token(impl, tmp_path):
+    with server(impl, tmp_path, "authorization { token: t0ken }\n") as port:
+        nc, _ = await connect(port, token="t0ken")
+        await nc.close()
+        assert await refused(port, token="wrong")
+        assert raw_connect(port, {"auth_token": "t0ken"}) == ["PONG"]
+        assert raw_connect(port, {"auth_token": "x"}) == ["-ERR 'Authorization Violation'"]
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+async def test_nkey_users(impl, tmp_path):
+    public, seed = make_nkey()
+    _, other_seed = make_nkey()
+    with server(impl, tmp_path, f"authorization {{ users: [{{nkey: {public}}}] }}\n") as port:
+        info = Raw(port).info()
+        assert info["auth_required"] is True and len(info["nonce"]) >= 11
+        nc, _ = await connect(port, nkeys_seed_str=seed)
+        await nc.flush(timeout=5)
+        await nc.close()
+        assert await refused(port, nkeys_seed_str=other_seed)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+async def test_auth_timeout(impl, tmp_path):
+    with server(impl, tmp_path, "authorization { user: a, password: b, timeout: 0.5 }\n") as port:
+        raw = Raw(port)
+        raw.info()
+        assert raw.line() == "-ERR 'Authentication Timeout'"
+        with pytest.raises((EOFError, OSError)):
+            raw.line()
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+async def test_permissions_violations_reach_the_error_callback(impl, tmp_path):
+    perms = {"publish": {"allow": ["ok.>", "_INBOX.>"], "deny": ["ok.secret"]},
+             "subscribe": {"allow": ["_INBOX.>", "ok.>", "jobs q1"]}}
+    users = [{"user": "u", "password": "p", "permissions": perms}]
+    with server(impl, tmp_path, f"authorization {{ users: {json.dumps(users)} }}\n") as port:
+        nc, errors = await connect(port, user="u", password="p")
+        got = []
+
+        async def on_msg(msg) -> None:
+            got.append(msg.subject)
+
+        sub = await nc.subscribe("ok.>", cb=on_msg)
+        await nc.publish("ok.a", b"1")
+        await nc.publish("ok.secret", b"2")
+        await nc.publish("nope", b"3")
+        await nc.subscribe("forbidden")
+        await nc.subscribe("jobs", queue="q2")
+        await nc.subscribe("jobs", queue="q1")
+        await nc.flush(timeout=5)
+        deadline = time.monotonic() + 10
+        while len(errors) < 4 and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        texts = sorted(str(e).lower() for e in errors)
+        await sub.unsubscribe()
+        await nc.close()
+    assert got == ["ok.a"]
+    assert texts == sorted(t.lower() for t in [
+        'nats: permissions violation for publish to "ok.secret"',
+        'nats: permissions violation for publish to "nope"',
+        'nats: permissions violation for subscription to "forbidden"',
+        'nats: permissions violation for subscription to "jobs" using queue "q2"',
+    ])
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("first", [False, True], ids=["after-info", "handshake-first"])
+async def test_tls_listener(impl, first, tmp_path, pki):
+    body = (f"tls {{ cert_file: {json.dumps(str(pki.server_cert))}, "
+            f"key_file: {json.dumps(str(pki.server_key))}, ca_file: {json.dumps(str(pki.ca))}, "
+            f"verify: true, handshake_first: {str(first).lower()} }}\n")
+    good = tls.client_context(str(pki.ca), str(pki.client_cert), str(pki.client_key))
+    with server(impl, tmp_path, body) as port:
+        nc = await nats_tls_connect(port, good, tls_handshake_first=first)
+        await nc.flush(timeout=5)
+        await nc.close()
+        with pytest.raises(Exception):  # noqa: B017 - no client certificate
+            nc = await nats_tls_connect(port, tls.client_context(str(pki.ca)),
+                                        tls_handshake_first=first)
+            await nc.flush(timeout=5)
