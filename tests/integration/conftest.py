@@ -170,6 +170,12 @@ class Servers:
         """One of each with the same config, for differential tests."""
         return {"nats-server": self.nats_server(config), "jetraft": self.jetraft(config)}
 
+    def jetraft_argv(self, port: int, args: list[str] | None = None) -> list[str]:
+        """The command line `jetraft()` would run, for tests that run it themselves."""
+        return jetraft_argv(port, free_port(), self.workdir, None, args or [], None)
+
+    free_port = staticmethod(free_port)
+
     def _start(self, name: str, argv: list[str], port: int, http_port: int) -> ServerProc:
         proc = ServerProc(name, argv, port, http_port, self.workdir)
         self.started.append(proc)
