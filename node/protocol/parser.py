@@ -402,8 +402,11 @@ class Parser:
                     or len(digits) > _MAX_SIZE_DIGITS
                     or (size := int(digits)) > max_payload
                 ):
+                    # Errors, and lines nats-server splits differently: the slow path.
                     pos = self._slow(data, pos, nl, events)
-                    continue  # _slow raised; not reached
+                    if pos < 0:
+                        return -pos - 1
+                    continue
                 start = nl + 1
                 stop = start + size
                 if stop + 2 > n:

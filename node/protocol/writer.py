@@ -34,8 +34,9 @@ def go_json(value: Any) -> str:
 
 
 def info(d: dict[str, Any]) -> bytes:
-    """INFO {json}\\r\\n, compact like nats-server."""
-    return b"INFO " + go_json(d).encode() + CRLF
+    """INFO {json} \\r\\n: compact JSON, and the space before CRLF that nats-server sends
+    (it joins "INFO", the JSON and CRLF with spaces)."""
+    return b"INFO " + go_json(d).encode() + b" \r\n"
 
 
 def msg(subject: str | bytes, sid: str | bytes, reply: str | bytes | None,
