@@ -48,6 +48,21 @@ _NO_RESPONDERS_HDR = b"NATS/1.0 503\r\n"
 _DEFAULT_OPTS = {"verbose": True, "pedantic": True, "echo": True}
 
 
+_valid_pub_cache: dict[str, bool] = {}
+_VALID_PUB_CACHE_MAX = 4096
+
+
+def _valid_pub_subject(subject: str) -> bool:
+    """valid_literal_subject, memoised: pedantic clients re-validate every PUB."""
+    ok = _valid_pub_cache.get(subject)
+    if ok is None:
+        ok = valid_literal_subject(subject)
+        if len(_valid_pub_cache) >= _VALID_PUB_CACHE_MAX:
+            _valid_pub_cache.clear()
+        _valid_pub_cache[subject] = ok
+    return ok
+
+
 class Subscription:
     """A SUB of one client (or an internal one); stored in the sublist."""
 
@@ -95,21 +110,28 @@ class Message:
             self.size = h + n
 
 
-def route(server: Server, publisher: Any, msg: Message) -> int:
-    """Deliver `msg` to every interested subscription; returns deliveries."""
-    result = server.sublist.match(msg.subject)
+def route(server: Server, publisher: Any, subject: str, reply: str | None,
+          headers: bytes | None, payload: bytes) -> int:
+    """Deliver a message to every interested subscription; returns deliveries.
+    The message is framed only once, and only if someone wants it."""
+    result = server.sublist.match(subject)
+    psubs, qsubs = result.psubs, result.qsubs
+    if not psubs and not qsubs:
+        return 0
+    msg = Message(subject, reply, headers, payload)
     skip = publisher if (publisher is not None and not publisher.echo) else None
     count = 0
-    for sub in result.psubs:
+    for sub in psubs:
         if sub.dead or sub.client is skip:
             continue
         sub.client.deliver(sub, msg)
         count += 1
-    if result.qsubs:
-        for members in result.qsubs.values():
+    if qsubs:
+        for members in qsubs.values():
             if _deliver_queue(members, skip, msg):
                 count += 1
-    server.reap()
+    if server.expired:
+        server.reap()
     return count
 
 
@@ -304,7 +326,7 @@ class ClientConnection(asyncio.Protocol):
             return
         self.in_msgs += 1
         self.in_bytes += len(payload) + (len(headers) if headers else 0)
-        if self.pedantic and not valid_literal_subject(subject):
+        if self.pedantic and not _valid_pub_subject(subject):
             self.send_err(INVALID_PUB_SUBJECT)  # nats-server still routes it
         perms = self.perms
         if perms is not None and not perms.can_publish(subject, time.monotonic()):
@@ -312,8 +334,8 @@ class ClientConnection(asyncio.Protocol):
             return
         if self.verbose:
             self.write(_OK)
-        msg = Message(subject, reply, headers, payload)
-        if route(self.server, self, msg) == 0 and reply and self.no_responders:
+        if route(self.server, self, subject, reply, headers, payload) == 0 and reply \
+                and self.no_responders:
             self._send_no_responders(subject, reply)
 
     def _send_no_responders(self, subject: str, reply: str) -> None:
@@ -322,7 +344,8 @@ class ClientConnection(asyncio.Protocol):
             if subject_matches(sub.subject, reply):
                 hdr = _NO_RESPONDERS_HDR + b"Nats-Subject: " + subject.encode() + b"\r\n\r\n"
                 self.deliver(sub, Message(reply, None, hdr, b""))
-                self.server.reap()
+                if self.server.expired:
+                    self.server.reap()
                 return
 
     def _on_sub(self, ev: Sub) -> None:

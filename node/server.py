@@ -78,7 +78,7 @@ class Server:
         self.sublist = SubList()
         self.clients: dict[int, ClientConnection] = {}
         self._cid = 0
-        self._expired: list[Subscription] = []
+        self.expired: list[Subscription] = []
         self.auth = _optional_auth(options)
         self.tls_ctx = _optional_tls(options)
         self.tls_first = bool(options.tls and options.tls.handshake_first)
@@ -142,12 +142,12 @@ class Server:
         """Auto-unsubscribe reached: removed after the current routing loop,
         because the loop may be iterating the very list holding `sub`."""
         sub.dead = True
-        self._expired.append(sub)
+        self.expired.append(sub)
 
     def reap(self) -> None:
-        if not self._expired:
+        if not self.expired:
             return
-        expired, self._expired = self._expired, []
+        expired, self.expired = self.expired, []
         for sub in expired:
             owner = sub.client
             subs = getattr(owner, "subs", None)
@@ -173,7 +173,7 @@ class Server:
         """Route a message originated by the server; returns deliveries."""
         self.internal_stats[0] += 1
         self.internal_stats[1] += len(payload)
-        return route(self, None, Message(subject, reply, headers, payload))
+        return route(self, None, subject, reply, headers, payload)
 
     # ------------------------------------------------------------------ INFO
 
