@@ -257,6 +257,8 @@ class Server:
         srv = await start_websocket(self, ws)
         self._listeners.append(srv)
         self.ws_port = srv.sockets[0].getsockname()[1]
+        scheme = "ws" if ws.no_tls or ws.tls is None else "wss"
+        self.log.info(f"Listening for websocket clients on {scheme}://{ws.host}:{self.ws_port}")
 
     def _write_ports_file(self) -> None:
         d = self.options.ports_file_dir
