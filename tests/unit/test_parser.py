@@ -72,6 +72,8 @@ VALID = [
     (b"PUB foo 0\r\n\r\n", [Pub("foo", None, b"")]),
     (b"PUB foo 000000004\r\n\r\n\r\n\r\n", [Pub("foo", None, b"\r\n\r\n")]),
     (b"PUB caf\xc3\xa9 1\r\nx\r\n", [Pub("caf\u00e9", None, b"x")]),
+    (b"PUB foo\rbar 1\r\nx\r\n", [Pub("foo\rbar", None, b"x")]),  # only SP/TAB split PUB
+    (b"SUB foo 1\rx\r\n", [Sub("foo", "1", "x")]),  # ...but SUB splits on CR too
     (b"SUB foo 1\r\n", [Sub("foo", None, "1")]),
     (b"sub foo q 1\r\n", [Sub("foo", "q", "1")]),
     (b"SUB\tfoo  \t 1 \r\n", [Sub("foo", None, "1")]),
@@ -281,7 +283,6 @@ ERR_LINE = re.compile(rb"-ERR '([^']*)'\r\n")
 DIFF_VALID = [d for d, _ in VALID] + [
     b"PUB foo 1\r\nx\r\n" * 3,
     HDR_CONNECT + b"HPUB foo 5 5\r\nabcde\r\n",
-    b"SUB foo 1\rx\r\n",
     b"UNSUB 1 1234567890\r\n",
     b'CONNECT {"name":"\xff\xfe"}\r\n',
     b"PING " + b"x" * 10000 + b"\r\n",
