@@ -1,0 +1,341 @@
+"""The subscription index: a trie of subject tokens with a bounded match cache.
+
+Pure data structure, no I/O.  Each trie node stands for one token position;
+it has literal children by token, plus at most one ``*`` child and one ``>``
+child, and holds the subscriptions whose subject ends there.  Matching walks
+the literal and ``*`` branches token by token and collects every ``>`` child
+passed on the way, so cost grows with the number of wildcard branches
+actually hit, never with the number of subscriptions.
+
+Subscriptions are the caller's own objects (anything with ``.subject``,
+``.queue``, ``.sid`` and ``.client``); they are stored and removed by
+identity, so two equal-looking subscriptions stay distinct.  A
+subscription's ``subject`` and ``queue`` must not change while it is
+inserted.  A ``queue`` of ``None`` or ``""`` means a plain subscription.
+
+Results of `match` are cached per published subject.  The cache holds at most
+`cache_max` entries; when full, the oldest entries are swept down to
+`cache_sweep` (nats-server does the same with 1024/256).  An insert or
+removal drops only the cached subjects the changed subscription matches, so
+the cache is never stale.  Returned `MatchResult` objects are shared with
+the cache: callers must treat them as read-only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from itertools import islice
+from typing import Any, Protocol
+
+from node.subject import FWC, PWC, SEP, compile_matcher, valid_queue_name, valid_subject
+
+CACHE_MAX = 1024
+CACHE_SWEEP = 256
+
+
+class Subscription(Protocol):
+    subject: str
+    queue: str | None
+    sid: str
+    client: Any
+
+
+@dataclass(slots=True)
+class MatchResult:
+    psubs: list = field(default_factory=list)  # plain subscriptions: each gets the message
+    qsubs: dict[str, list] = field(default_factory=dict)  # queue -> members; pick one per group
+
+    def fanout(self) -> int:
+        """Deliveries one message causes: one per plain sub, one per queue group."""
+        return len(self.psubs) + len(self.qsubs)
+
+    def __bool__(self) -> bool:
+        return bool(self.psubs or self.qsubs)
+
+
+class _Node:
+    """One token position.  Containers are created lazily to keep the
+    million-subscription case small: most nodes are only on the way."""
+
+    __slots__ = ("children", "pwc", "fwc", "psubs", "qsubs")
+
+    def __init__(self) -> None:
+        self.children: dict[str, _Node] | None = None
+        self.pwc: _Node | None = None
+        self.fwc: _Node | None = None
+        self.psubs: dict[int, Any] | None = None  # id(sub) -> sub
+        self.qsubs: dict[str, dict[int, Any]] | None = None  # queue -> id(sub) -> sub
+
+    def child(self, token: str) -> _Node | None:
+        if token == PWC:
+            return self.pwc
+        if token == FWC:
+            return self.fwc
+        return self.children.get(token) if self.children else None
+
+    def add_child(self, token: str) -> _Node:
+        node = _Node()
+        if token == PWC:
+            self.pwc = node
+        elif token == FWC:
+            self.fwc = node
+        else:
+            if self.children is None:
+                self.children = {}
+            self.children[token] = node
+        return node
+
+    def drop_child(self, token: str) -> None:
+        if token == PWC:
+            self.pwc = None
+        elif token == FWC:
+            self.fwc = None
+        elif self.children is not None:
+            del self.children[token]
+            if not self.children:
+                self.children = None
+
+    def is_empty(self) -> bool:
+        return (
+            self.children is None
+            and self.pwc is None
+            and self.fwc is None
+            and self.psubs is None
+            and self.qsubs is None
+        )
+
+    def has_subs(self) -> bool:
+        return self.psubs is not None or self.qsubs is not None
+
+    def add_to(self, result: MatchResult) -> None:
+        if self.psubs is not None:
+            result.psubs.extend(self.psubs.values())
+        if self.qsubs is not None:
+            groups = result.qsubs
+            for queue, members in self.qsubs.items():
+                if queue in groups:
+                    groups[queue].extend(members.values())
+                else:
+                    groups[queue] = list(members.values())
+
+
+class SubList:
+    def __init__(self, cache_max: int = CACHE_MAX, cache_sweep: int = CACHE_SWEEP) -> None:
+        if not 0 <= cache_sweep < cache_max:
+            raise ValueError("need 0 <= cache_sweep < cache_max")
+        self._root = _Node()
+        self._nodes = 0  # trie nodes below the root, to prove pruning works
+        self._count = 0
+        self._cache: dict[str, MatchResult] = {}
+        self._cache_max = cache_max
+        self._cache_sweep = cache_sweep
+        self._inserts = 0
+        self._removes = 0
+        self._matches = 0
+        self._hits = 0
+
+    # -- mutation -----------------------------------------------------------
+
+    def insert(self, sub: Subscription) -> None:
+        """Index `sub`.  Inserting the same object twice is a no-op."""
+        subject = sub.subject
+        queue = sub.queue or None
+        if not valid_subject(subject):
+            raise ValueError(f"invalid subject {subject!r}")
+        if queue is not None and not valid_queue_name(queue):
+            raise ValueError(f"invalid queue name {queue!r}")
+        node = self._root
+        for token in subject.split(SEP):
+            nxt = node.child(token)
+            if nxt is None:
+                nxt = node.add_child(token)
+                self._nodes += 1
+            node = nxt
+        if not self._attach(node, sub, queue):
+            return
+        self._count += 1
+        self._inserts += 1
+        self._invalidate(subject)
+
+    @staticmethod
+    def _attach(node: _Node, sub: Any, queue: str | None) -> bool:
+        key = id(sub)
+        if queue is None:
+            if node.psubs is None:
+                node.psubs = {}
+            bucket = node.psubs
+        else:
+            if node.qsubs is None:
+                node.qsubs = {}
+            bucket = node.qsubs.setdefault(queue, {})
+        if key in bucket:
+            return False
+        bucket[key] = sub
+        return True
+
+    def remove(self, sub: Subscription) -> bool:
+        """Un-index `sub`; False if this very object was not inserted."""
+        if not self._detach(sub):
+            return False
+        self._invalidate(sub.subject)
+        return True
+
+    def remove_batch(self, subs: list[Subscription]) -> int:
+        """Remove many (a client going away) with one cache flush, not one
+        cache scan per subscription.  Returns how many were removed."""
+        removed = sum(1 for sub in subs if self._detach(sub))
+        if removed:
+            self._cache.clear()
+        return removed
+
+    def _detach(self, sub: Any) -> bool:
+        path: list[tuple[_Node, str]] = []
+        node = self._root
+        for token in sub.subject.split(SEP):
+            nxt = node.child(token)
+            if nxt is None:
+                return False
+            path.append((node, token))
+            node = nxt
+        if not self._unlink(node, sub, sub.queue or None):
+            return False
+        self._count -= 1
+        self._removes += 1
+        self._prune(path, node)
+        return True
+
+    @staticmethod
+    def _unlink(node: _Node, sub: Any, queue: str | None) -> bool:
+        key = id(sub)
+        if queue is None:
+            bucket = node.psubs
+        else:
+            bucket = node.qsubs.get(queue) if node.qsubs is not None else None
+        if bucket is None or bucket.get(key) is not sub:
+            return False
+        del bucket[key]
+        if bucket:
+            return True
+        if queue is None:
+            node.psubs = None
+        else:
+            del node.qsubs[queue]
+            if not node.qsubs:
+                node.qsubs = None
+        return True
+
+    def _prune(self, path: list[tuple[_Node, str]], leaf: _Node) -> None:
+        """Drop the now-empty tail of `path`, deepest first."""
+        node = leaf
+        for parent, token in reversed(path):
+            if not node.is_empty():
+                return
+            parent.drop_child(token)
+            self._nodes -= 1
+            node = parent
+
+    # -- cache ----------------------------------------------------------------
+
+    def _invalidate(self, pattern: str) -> None:
+        cache = self._cache
+        if not cache:
+            return
+        matches = compile_matcher(pattern)
+        stale = [subject for subject in cache if matches(subject)]
+        for subject in stale:
+            del cache[subject]
+
+    def _remember(self, subject: str, result: MatchResult) -> None:
+        cache = self._cache
+        if len(cache) >= self._cache_max:
+            # Dicts keep insertion order, so this drops the oldest entries.
+            excess = len(cache) - self._cache_sweep
+            for old in list(islice(cache, excess)):
+                del cache[old]
+        cache[subject] = result
+
+    # -- queries --------------------------------------------------------------
+
+    def match(self, subject: str) -> MatchResult:
+        """Every subscription interested in a message published to `subject`."""
+        self._matches += 1
+        cached = self._cache.get(subject)
+        if cached is not None:
+            self._hits += 1
+            return cached
+        result = MatchResult()
+        for node in self._walk(subject, result):
+            node.add_to(result)
+        self._remember(subject, result)
+        return result
+
+    def _walk(self, subject: str, result: MatchResult) -> list[_Node]:
+        """Follow `subject` down the trie.  Adds every ``>`` node passed into
+        `result` and returns the nodes where the subject ends exactly."""
+        tokens = subject.split(SEP)
+        if "" in tokens:
+            return []  # nats-server delivers nothing for empty tokens
+        level = [self._root]
+        for token in tokens:
+            nxt: list[_Node] = []
+            for node in level:
+                if node.fwc is not None:
+                    node.fwc.add_to(result)
+                if node.pwc is not None:
+                    nxt.append(node.pwc)
+                if node.children is not None:
+                    child = node.children.get(token)
+                    if child is not None:
+                        nxt.append(child)
+            if not nxt:
+                return nxt
+            level = nxt
+        return level
+
+    def has_interest(self, subject: str) -> bool:
+        """Would a message on `subject` reach anyone?  Does not fill the cache."""
+        cached = self._cache.get(subject)
+        if cached is not None:
+            return bool(cached)
+        probe = MatchResult()
+        ends = self._walk(subject, probe)
+        return bool(probe) or any(node.has_subs() for node in ends)
+
+    def count(self) -> int:
+        return self._count
+
+    def node_count(self) -> int:
+        """Trie nodes below the root; zero whenever the list is empty."""
+        return self._nodes
+
+    def all_subscriptions(self) -> list:
+        out: list = []
+        stack = [self._root]
+        while stack:
+            node = stack.pop()
+            if node.psubs is not None:
+                out.extend(node.psubs.values())
+            if node.qsubs is not None:
+                for members in node.qsubs.values():
+                    out.extend(members.values())
+            if node.children is not None:
+                stack.extend(node.children.values())
+            if node.pwc is not None:
+                stack.append(node.pwc)
+            if node.fwc is not None:
+                stack.append(node.fwc)
+        return out
+
+    def stats(self) -> dict[str, Any]:
+        """The counters nats-server shows on /subsz; fanout is over cached results."""
+        fanouts = [result.fanout() for result in self._cache.values()]
+        return {
+            "num_subscriptions": self._count,
+            "num_cache": len(self._cache),
+            "num_inserts": self._inserts,
+            "num_removes": self._removes,
+            "num_matches": self._matches,
+            "cache_hit_rate": self._hits / self._matches if self._matches else 0.0,
+            "max_fanout": max(fanouts, default=0),
+            "avg_fanout": sum(fanouts) / len(fanouts) if fanouts else 0.0,
+        }
