@@ -88,6 +88,8 @@ VALID = [
     (HDR_CONNECT + b"HPUB foo 12 14\r\nNATS/1.0\r\n\r\nhi\r\n",
      [HDR_EVENT, HPub("foo", None, b"NATS/1.0\r\n\r\n", b"hi")]),
     (HDR_CONNECT + b"hpub foo bar 0 0\r\n\r\n", [HDR_EVENT, HPub("foo", "bar", b"", b"")]),
+    (b'CONNECT {"Headers":true}\r\nCONNECT null\r\nHPUB a 0 0\r\n\r\n',
+     [Connect({"headers": True}), Connect({}), HPub("a", None, b"", b"")]),
     (b"PING\r\nPUB a 1\r\nx\r\nSUB a 9\r\nPONG\r\n",
      [Ping(), Pub("a", None, b"x"), Sub("a", None, "9"), Pong()]),
 ]
