@@ -21,6 +21,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from node import tls
+from node.auth import AUTH_TIMEOUT, AUTH_VIOLATION, pub_violation, sub_violation
 from node.protocol import writer
 from node.protocol.events import Connect, HPub, Ping, Pong, Pub, Sub, Unsub
 from node.protocol.parser import Parser, ProtocolError
@@ -29,8 +30,6 @@ from node.subject import subject_matches, valid_literal_subject, valid_queue_nam
 if TYPE_CHECKING:
     from node.server import Server
 
-AUTH_VIOLATION = "Authorization Violation"
-AUTH_TIMEOUT = "Authentication Timeout"
 STALE_CONNECTION = "Stale Connection"
 MAX_CONNECTIONS = "maximum connections exceeded"
 INVALID_SUBJECT = "Invalid Subject"
@@ -200,8 +199,10 @@ class ClientConnection(asyncio.Protocol):
             self.send_err(MAX_CONNECTIONS, close=True)
             return
         auth = server.auth
-        if auth is not None and auth.required:
+        if auth is not None:
+            # no_auth_user leaves auth optional, but nkey users still need the nonce to sign.
             self.nonce = auth.new_nonce()
+        if auth is not None and auth.required:
             self._auth_timer = self.loop.call_later(auth.auth_timeout, self._auth_timeout)
         self._send_info()
         if self.kind == "CLIENT" and server.tls_ctx is not None and not server.tls_first:
@@ -330,7 +331,7 @@ class ClientConnection(asyncio.Protocol):
             self.send_err(INVALID_PUB_SUBJECT)  # nats-server still routes it
         perms = self.perms
         if perms is not None and not perms.can_publish(subject, time.monotonic()):
-            self.send_err(f'Permissions Violation for Publish to "{subject}"')
+            self.send_err(pub_violation(subject))
             return
         if self.verbose:
             self.write(_OK)
@@ -358,7 +359,7 @@ class ClientConnection(asyncio.Protocol):
             return
         perms = self.perms
         if perms is not None and not perms.can_subscribe(subject, queue):
-            self.send_err(_sub_violation(subject, queue))
+            self.send_err(sub_violation(subject, queue))
             return
         if sid not in self.subs:  # a duplicate sid keeps the first subscription
             sub = Subscription(subject, queue or None, sid, self)
@@ -532,10 +533,3 @@ class ClientConnection(asyncio.Protocol):
         """Fields for /connz (nats-server names)."""
         return {"name": self.opts.get("name") or "", "lang": self.opts.get("lang") or "",
                 "version": self.opts.get("version") or ""}
-
-
-def _sub_violation(subject: str, queue: str | None) -> str:
-    if queue:
-        return f'Permissions Violation for Subscription to "{subject}" using queue "{queue}"'
-    return f'Permissions Violation for Subscription to "{subject}"'
-

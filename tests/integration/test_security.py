@@ -379,6 +379,19 @@ async def test_nkey_users(impl, tmp_path):
 
 
 @pytest.mark.parametrize("impl", IMPLS)
+async def test_nkey_user_beside_no_auth_user(impl, tmp_path):
+    # Auth is optional here (no_auth_user), yet the nkey user still needs a nonce to sign.
+    public, seed = make_nkey()
+    body = (f"authorization {{ users: [{{user: anon, password: pw}}, {{nkey: {public}}}] }}\n"
+            "no_auth_user: anon\n")
+    with server(impl, tmp_path, body) as port:
+        assert len(Raw(port).info()["nonce"]) >= 11
+        nc, _ = await connect(port, nkeys_seed_str=seed)
+        await nc.flush(timeout=5)
+        await nc.close()
+
+
+@pytest.mark.parametrize("impl", IMPLS)
 async def test_auth_timeout(impl, tmp_path):
     with server(impl, tmp_path, "authorization { user: a, password: b, timeout: 0.5 }\n") as port:
         raw = Raw(port)
