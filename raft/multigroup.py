@@ -1,0 +1,742 @@
+"""The multi-group Raft driver: many pure cores on one asyncio loop.
+
+`MultiRaft` owns every group of a node. It does the I/O the pure core
+(`raft/core.py`) leaves out, following the core's driver contract:
+
+* **One ready loop with group commit.** Any input (a message, a proposal, a
+  tick) marks its group dirty. One drain pass collects the `Ready` of every
+  dirty group, buffers all hard states, snapshots and entries into the
+  node's single WAL, and makes them durable with ONE `sync_async()` (write +
+  fsync in a thread, so the loop keeps serving; inputs arriving meanwhile
+  accumulate in the cores and form the next batch). Then, per group: step
+  STORAGE_APPEND_RESP, send messages, apply committed entries, `advance()`.
+* **Leader appends leave before the local fsync.** A leader's APP and
+  HEARTBEAT depend only on its term, which is already durable (it was
+  fsynced before the votes that elected it were requested); Raft allows the
+  leader to write its log in parallel with replication (thesis §10.2.1). The
+  leader still counts itself toward commit only after its own fsync. Every
+  other message (votes, APP_RESP, ...) leaves after the fsync.
+* **Event-driven timers.** One loop-level ticker ticks only the groups that
+  are not quiesced. Idle leaders quiesce; the transport's node-level
+  liveness beat replaces per-group heartbeats, and when a peer node goes
+  silent the quiesced groups it leads are woken so they can elect.
+* **Snapshots.** After `snapshot_every` applied entries (and for groups that
+  pin old WAL segments) the state machine's snapshot is saved
+  (`raft/snapfile.py`) and the log compacted behind it; lagging or new
+  members receive it over the transport's snapshot stream.
+
+State machine protocol (duck-typed; see `StateMachine`): `apply(index,
+data)` in log order on every member (leader no-ops, which are empty, are not
+passed; empty proposals are refused), `snapshot()`, `restore(data)`,
+`on_leader_change(leader_id, term)` (leader_id 0 = leadership lost), and
+optionally `on_conf_change(index, ConfChange)`. After a restart the driver
+restores the last snapshot and re-applies the committed entries after it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from raft import snapfile
+from raft.core import Config, Raft, StateType, decode_conf_change, storage_append_resp
+from raft.storage import NodeLog
+from raft.types import (
+    NONE,
+    ConfChange,
+    ConfChangeType,
+    ConfState,
+    Entry,
+    EntryType,
+    HardState,
+    Message,
+    MsgType,
+    Ready,
+    SnapshotMeta,
+)
+
+log = logging.getLogger(__name__)
+
+_EARLY = frozenset({MsgType.APP, MsgType.HEARTBEAT})  # leader messages that need only the term
+
+
+class NotLeader(Exception):
+    """This node does not lead the group; `leader_id` is the known leader (0 = none)."""
+
+    def __init__(self, leader_id: int) -> None:
+        super().__init__(f"not leader (leader is {leader_id or 'unknown'})")
+        self.leader_id = leader_id
+
+
+class ProposalDropped(Exception):
+    """The proposal was not committed (overwritten by a new leader, busy, or node stopping)."""
+
+
+class StateMachine(Protocol):
+    def apply(self, index: int, data: bytes) -> None: ...
+    def snapshot(self) -> bytes: ...
+    def restore(self, data: bytes) -> None: ...
+    def on_leader_change(self, leader_id: int, term: int) -> None: ...
+
+
+@dataclass
+class DriverStats:
+    drains: int = 0  # drain passes that handled at least one Ready
+    syncs: int = 0  # drain passes that fsynced (one sync_async each)
+    readies: int = 0  # group Readies handled
+    synced_readies: int = 0  # Readies covered by those syncs
+    max_groups_per_sync: int = 0
+    entries_persisted: int = 0
+    entries_applied: int = 0
+    snapshots_taken: int = 0
+    snapshots_installed: int = 0
+    ticks: int = 0
+    wakes_for_dead_peer: int = 0
+
+
+@dataclass(eq=False)
+class _Group:
+    name: str
+    core: Raft
+    sm: Any
+    snap: tuple[SnapshotMeta, bytes] | None = None
+    pending: dict[int, tuple[int, asyncio.Future[int]]] = field(default_factory=dict)
+    props: list[tuple[bytes, asyncio.Future[int]]] = field(default_factory=list)
+    reads: dict[bytes, asyncio.Future[None]] = field(default_factory=dict)
+    read_waits: list[tuple[int, asyncio.Future[None]]] = field(default_factory=list)
+    leader_waiters: list[asyncio.Future[None]] = field(default_factory=list)
+    incoming: tuple[SnapshotMeta, bytes] | None = None
+    lead_seen: tuple[int, int] = (NONE, 0)
+    durable_tv: tuple[int, int] = (0, NONE)  # term and vote known fsynced
+    idle_ticks: int = 0
+    snapshotting: bool = False
+
+
+class MultiRaft:
+    def __init__(
+        self,
+        node_id: int,
+        node_log: NodeLog,
+        transport: Any = None,
+        *,
+        tick_interval_s: float = 0.1,
+        election_tick: int = 10,
+        heartbeat_tick: int = 1,
+        snapshot_every: int = 10_000,
+        snap_dir: str | None = None,
+        quiesce_after_ticks: int = 3,
+        dead_after_ticks: int | None = None,
+        max_uncommitted_entries: int = 16384,
+        seed: int | None = None,
+    ) -> None:
+        self.node_id = node_id
+        self.node_log = node_log
+        self.transport = transport
+        self.tick_interval_s = tick_interval_s
+        self.election_tick = election_tick
+        self.heartbeat_tick = heartbeat_tick
+        self.snapshot_every = snapshot_every
+        self.snap_dir = snap_dir or node_log.dir.rstrip("/") + ".snap"
+        self.quiesce_after_ticks = quiesce_after_ticks
+        self.dead_after_s = (dead_after_ticks or election_tick) * tick_interval_s
+        self.max_uncommitted_entries = max_uncommitted_entries
+        self.stats = DriverStats()
+        self._seed = seed if seed is not None else node_id * 7919
+        self._groups: dict[str, _Group] = {}
+        self._dirty: set[str] = set()
+        self._active: set[str] = set()  # groups the ticker ticks (not quiesced)
+        self._kick = asyncio.Event()
+        self._force_sync = False
+        self._peers: dict[int, bool] = {}  # peer -> believed alive
+        self._ctx = itertools.count(1)
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._running = False
+
+    # ---- wiring --------------------------------------------------------------
+
+    def bind_transport(self, transport: Any) -> None:
+        self.transport = transport
+
+    def transport_callbacks(self) -> dict[str, Any]:
+        """Keyword arguments for `GrpcTransport(...)` that route into this driver."""
+        return {
+            "on_messages": self.on_messages,
+            "on_snapshot": self.on_snapshot,
+            "snapshot_source": self.snapshot_source,
+            "on_liveness": self.on_liveness,
+        }
+
+    async def start(self) -> None:
+        if self.transport is not None and not self._running:
+            await self.transport.start()
+        self._running = True
+        self._drain_task = self._spawn(self._drain_loop())
+        self._tick_task = self._spawn(self._tick_loop())
+
+    async def stop(self) -> None:
+        """Stop ticking and draining, fail waiters, stop the transport, close the log."""
+        self._running = False
+        self._tick_task.cancel()
+        self._kick.set()  # the drain loop finishes its pass (and its fsync) and exits
+        # Snapshot tasks and the drain pass may be inside a sync thread: let
+        # them finish rather than close the log under them.
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for g in self._groups.values():
+            self._fail_all(g, ProposalDropped("node stopping"))
+        if self.transport is not None:
+            await self.transport.stop()
+        self.node_log.close()
+
+    def _spawn(self, coro: Any) -> asyncio.Task[Any]:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+        return task
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("multiraft %d: task failed", self.node_id, exc_info=task.exception())
+
+    # ---- groups ----------------------------------------------------------------
+
+    def add_group(
+        self, group: str, voters: Iterable[int], learners: Iterable[int] = (), *,
+        state_machine: Any,
+    ) -> None:
+        """Host `group`. A fresh log is bootstrapped when this node is in the
+        initial configuration; otherwise the node joins empty and waits for
+        the leader's snapshot (add it with `add_member` on the leader)."""
+        if group in self._groups:
+            raise ValueError(f"group {group!r} exists")
+        voters, learners = sorted(set(voters)), sorted(set(learners))
+        gl = self.node_log.group(group)
+        hs, cs = gl.initial_state()
+        fresh = gl.last_index() == 0 and gl.first_index() == 1 and hs == HardState()
+        snap: tuple[SnapshotMeta, bytes] | None = None
+        if fresh and self.node_id in (*voters, *learners):
+            # Every initial member installs the same index-1 snapshot holding
+            # the configuration; its data is the empty state machine.
+            meta = SnapshotMeta(1, 1, ConfState(tuple(voters), tuple(learners)))
+            self.node_log.apply_snapshot(group, meta)
+            self._force_sync = True
+            snap = (meta, _as_bytes(state_machine.snapshot()))
+        elif not fresh:
+            snap = self._recover_snapshot(group, state_machine)
+        applied = snap[0].index if snap else 0
+        cfg = Config(
+            id=self.node_id, group=group, election_tick=self.election_tick,
+            heartbeat_tick=self.heartbeat_tick, applied=applied,
+            max_uncommitted_entries=self.max_uncommitted_entries,
+        )
+        cfg.rng.seed(hash((self._seed, group)))
+        g = _Group(group, Raft(cfg, gl), state_machine, snap=snap)
+        g.durable_tv = (hs.term, hs.vote)
+        self._groups[group] = g
+        for nid in g.core.prs:
+            if nid != self.node_id:
+                self._peers.setdefault(nid, True)
+        self._active.add(group)
+        self._mark(group)
+
+    def _recover_snapshot(self, group: str, sm: Any) -> tuple[SnapshotMeta, bytes] | None:
+        gl = self.node_log.group(group)
+        stored = snapfile.load(self.snap_dir, group)
+        log_snap = gl.snapshot().meta
+        if stored is None:
+            if log_snap.index > 1:
+                raise snapfile.SnapshotFileError(
+                    f"{group}: log compacted to {log_snap.index} but no snapshot file")
+            return (log_snap, _as_bytes(sm.snapshot())) if log_snap.index == 1 else None
+        meta, data = stored
+        if meta.index > gl.last_index():
+            self.node_log.apply_snapshot(group, meta)
+            self._force_sync = True
+        elif meta.index > log_snap.index:
+            # Crash between saving the file and the COMPACT record: redo it.
+            self.node_log.compact(group, meta.index, meta.conf_state)
+        sm.restore(data)
+        return meta, data
+
+    def remove_group(self, group: str) -> None:
+        g = self._groups.pop(group, None)
+        if g is None:
+            return
+        self._active.discard(group)
+        self._dirty.discard(group)
+        self._fail_all(g, ProposalDropped("group removed"))
+        last = self.node_log.group(group).last_index()
+        if last > self.node_log.group(group).first_index() - 1:
+            # Release the WAL segments the group's entries pin.
+            self.node_log.compact(group, last)
+        snapfile.remove(self.snap_dir, group)
+
+    def groups(self) -> list[str]:
+        return list(self._groups)
+
+    def _group(self, group: str) -> _Group:
+        g = self._groups.get(group)
+        if g is None:
+            raise KeyError(f"unknown group {group!r}")
+        return g
+
+    # ---- public API --------------------------------------------------------------
+
+    async def propose(self, group: str, data: bytes) -> int:
+        """Index of `data` once committed (fsynced by a quorum) and applied here."""
+        if not data:
+            raise ValueError("empty proposals are reserved for leader no-ops")
+        g = self._group(group)
+        if g.core.state is not StateType.LEADER:
+            raise NotLeader(g.core.lead)
+        fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        g.props.append((bytes(data), fut))
+        self._mark(group)
+        return await fut
+
+    async def read_index(self, group: str) -> None:
+        """Linearizable read barrier: returns once the local state machine has
+        applied everything committed before the call."""
+        g = self._group(group)
+        if g.core.lead == NONE:
+            raise NotLeader(NONE)
+        ctx = b"r" + next(self._ctx).to_bytes(8, "big")
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        g.reads[ctx] = fut
+        g.core.read_index(ctx)
+        self._mark(group)
+        try:
+            await fut
+        finally:
+            g.reads.pop(ctx, None)
+
+    async def transfer_leader(self, group: str, to: int, timeout: float = 10.0) -> None:
+        g = self._group(group)
+        async with asyncio.timeout(timeout):
+            while g.core.lead != to:
+                g.core.transfer_leader(to)
+                self._mark(group)
+                fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+                g.leader_waiters.append(fut)
+                try:
+                    await asyncio.wait_for(asyncio.shield(fut), self.dead_after_s)
+                except TimeoutError:
+                    pass
+
+    async def wait_leader(self, group: str, timeout: float = 10.0) -> int:
+        """Until the group has a leader (tests, startup); returns its id."""
+        g = self._group(group)
+        async with asyncio.timeout(timeout):
+            while g.core.lead == NONE:
+                fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+                g.leader_waiters.append(fut)
+                await fut
+        return g.core.lead
+
+    async def add_member(self, group: str, node: int, learner: bool = False) -> int:
+        kind = ConfChangeType.ADD_LEARNER if learner else ConfChangeType.ADD_VOTER
+        self._peers.setdefault(node, True)
+        return await self._conf_change(group, ConfChange(kind, node))
+
+    async def remove_member(self, group: str, node: int) -> int:
+        return await self._conf_change(group, ConfChange(ConfChangeType.REMOVE, node))
+
+    async def _conf_change(self, group: str, cc: ConfChange) -> int:
+        g = self._group(group)
+        idx = g.core.propose_conf_change(cc)
+        if idx is None:
+            if g.core.state is not StateType.LEADER:
+                raise NotLeader(g.core.lead)
+            raise ProposalDropped("a membership change is already in flight")
+        fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        g.pending[idx] = (g.core.term, fut)
+        self._mark(group)
+        return await fut
+
+    def leader(self, group: str) -> int:
+        return self._group(group).core.lead
+
+    def status(self, group: str) -> dict[str, Any]:
+        g = self._group(group)
+        c = g.core
+        cs = c.conf_state
+        return {
+            "id": self.node_id, "group": group, "state": c.state.name.lower(),
+            "term": c.term, "leader": c.lead, "commit": c.commit, "applied": c.applied,
+            "last_index": c.log.last_index(), "first_index": c.log.first_index(),
+            "quiesced": c.quiesced, "voters": list(cs.voters), "learners": list(cs.learners),
+            "match": {nid: p.match for nid, p in c.prs.items()} if c.state is StateType.LEADER
+            else {},
+        }
+
+    # ---- inputs from the transport ---------------------------------------------------
+
+    def on_messages(self, msgs: list[Message]) -> None:
+        for m in msgs:
+            g = self._groups.get(m.group)
+            if g is None:
+                continue  # not (yet) hosted here
+            try:
+                g.core.step(m)
+            except Exception:
+                log.exception("multiraft %d: step %s failed in %s", self.node_id, m.type, m.group)
+                raise
+            self._mark(m.group)
+
+    def on_liveness(self, peer: int) -> None:
+        if not self._peers.get(peer, False):
+            self._peers[peer] = True
+
+    async def on_snapshot(self, header: Message, chunks: AsyncIterator[bytes]) -> bool:
+        """A leader streams a snapshot: keep its data, step its SNAP message."""
+        g = self._groups.get(header.group)
+        if g is None or header.snapshot is None:
+            return False
+        parts = [c async for c in chunks]
+        g.incoming = (header.snapshot.meta, b"".join(parts))
+        g.core.step(header)
+        self._mark(header.group)
+        return True
+
+    async def snapshot_source(self, msg: Message) -> AsyncIterator[bytes]:
+        """Data of the snapshot a SNAP message announces (the transport streams it)."""
+        g = self._groups.get(msg.group)
+        want = msg.snapshot.meta.index if msg.snapshot else -1
+        if g is None or g.snap is None or g.snap[0].index != want:
+            raise RuntimeError(f"{msg.group}: no snapshot data at index {want}")
+        yield g.snap[1]
+
+    # ---- the ready loop ------------------------------------------------------------------
+
+    def _mark(self, group: str) -> None:
+        self._dirty.add(group)
+        self._kick.set()
+
+    async def _drain_loop(self) -> None:
+        while self._running:
+            await self._kick.wait()
+            self._kick.clear()
+            if self._running:
+                await self._drain_once()
+
+    async def _drain_once(self) -> None:
+        dirty, self._dirty = self._dirty, set()
+        work: list[tuple[_Group, Ready]] = []
+        early: list[Message] = []
+        need_sync, self._force_sync = self._force_sync, False
+        installs: list[tuple[_Group, SnapshotMeta, bytes]] = []
+        for name in dirty:
+            g = self._groups.get(name)
+            if g is None:
+                continue
+            self._flush_proposals(g)
+            if not g.core.has_ready():
+                self._after(g)
+                continue
+            rd = g.core.ready()
+            need_sync |= self._persist(g, rd, installs)
+            early.extend(self._take_early(g, rd))
+            work.append((g, rd))
+        if early:
+            self.transport.send(early)
+        if not work and not need_sync:
+            return
+        for g, meta, data in installs:
+            await asyncio.to_thread(snapfile.save, self.snap_dir, g.name, meta, data)
+        if need_sync:
+            await self.node_log.sync_async()
+            self._count_sync(len(work))
+        self.stats.drains += 1
+        self.stats.readies += len(work)
+        self._finish(work, installs)
+
+    def _count_sync(self, groups: int) -> None:
+        s = self.stats
+        s.syncs += 1
+        s.synced_readies += groups
+        s.max_groups_per_sync = max(s.max_groups_per_sync, groups)
+
+    def _finish(self, work: list[tuple[_Group, Ready]], installs: list) -> None:
+        out: list[Message] = []
+        for g, meta, data in installs:
+            self._install(g, meta, data)
+        for g, rd in work:
+            if rd.hard_state is not None:
+                g.durable_tv = (rd.hard_state.term, rd.hard_state.vote)
+            resp = storage_append_resp(rd)
+            if resp is not None:
+                g.core.step(resp)
+            out.extend(rd.messages)
+            self._apply(g, rd)
+            g.core.advance(rd)
+            self._after(g)
+        if out:
+            self.transport.send(out)
+
+    def _flush_proposals(self, g: _Group) -> None:
+        """Step queued proposals as one PROP: one append and one APP per follower."""
+        if not g.props:
+            return
+        props, g.props = g.props, []
+        core = g.core
+        if core.state is not StateType.LEADER:
+            for _, fut in props:
+                _fail(fut, NotLeader(core.lead))
+            return
+        before = core.log.last_index()
+        core.step(Message(MsgType.PROP, frm=self.node_id,
+                          entries=[Entry(0, 0, EntryType.NORMAL, d) for d, _ in props]))
+        if core.log.last_index() != before + len(props) or core.state is not StateType.LEADER:
+            err: Exception = (NotLeader(core.lead) if core.state is not StateType.LEADER
+                              else ProposalDropped("too many uncommitted entries or transfer"))
+            for _, fut in props:
+                _fail(fut, err)
+            return
+        for i, (_, fut) in enumerate(props, start=before + 1):
+            g.pending[i] = (core.term, fut)
+
+    def _persist(self, g: _Group, rd: Ready, installs: list) -> bool:
+        """Buffer the Ready's durable parts; True if they need an fsync now."""
+        if rd.snapshot is not None:
+            meta = rd.snapshot.meta
+            inc = g.incoming
+            if inc is None or inc[0].index != meta.index:
+                raise RuntimeError(f"{g.name}: snapshot {meta.index} without its data")
+            installs.append((g, meta, inc[1]))
+            g.incoming = None
+            self.node_log.apply_snapshot(g.name, meta)
+        if rd.entries:
+            self.node_log.append(g.name, rd.entries)
+            self.stats.entries_persisted += len(rd.entries)
+        if rd.hard_state is not None:
+            self.node_log.set_hard_state(g.name, rd.hard_state)
+        return rd.must_sync or rd.snapshot is not None
+
+    def _take_early(self, g: _Group, rd: Ready) -> list[Message]:
+        """Split off leader messages that may leave before our fsync."""
+        hs = rd.hard_state
+        if g.core.state is not StateType.LEADER or rd.snapshot is not None:
+            return []
+        if hs is not None and (hs.term, hs.vote) != g.durable_tv:
+            return []  # the term itself is not durable yet
+        early = [m for m in rd.messages if m.type in _EARLY]
+        if early:
+            rd.messages = [m for m in rd.messages if m.type not in _EARLY]
+        return early
+
+    def _install(self, g: _Group, meta: SnapshotMeta, data: bytes) -> None:
+        g.sm.restore(data)
+        g.snap = (meta, data)
+        self.stats.snapshots_installed += 1
+        for idx in [i for i in g.pending if i <= meta.index]:
+            _, fut = g.pending.pop(idx)
+            _fail(fut, ProposalDropped("outcome unknown: replaced by a snapshot"))
+
+    def _apply(self, g: _Group, rd: Ready) -> None:
+        sm = g.sm
+        for e in rd.committed_entries:
+            if e.type is EntryType.NORMAL:
+                if e.data:
+                    sm.apply(e.index, e.data)
+            else:
+                hook = getattr(sm, "on_conf_change", None)
+                if hook is not None:
+                    hook(e.index, decode_conf_change(e.data))
+            p = g.pending.pop(e.index, None)
+            if p is not None and not p[1].done():
+                if p[0] == e.term:
+                    p[1].set_result(e.index)
+                else:
+                    p[1].set_exception(ProposalDropped("overwritten by a new leader"))
+        self.stats.entries_applied += len(rd.committed_entries)
+        for rs in rd.read_states:
+            fut = g.reads.pop(rs.context, None)
+            if fut is not None:
+                g.read_waits.append((rs.index, fut))
+
+    def _after(self, g: _Group) -> None:
+        """Bookkeeping once a group's Ready is done (or it had none)."""
+        core = g.core
+        applied = core.applied
+        if g.read_waits:
+            keep = []
+            for idx, fut in g.read_waits:
+                if idx <= applied:
+                    if not fut.done():
+                        fut.set_result(None)
+                else:
+                    keep.append((idx, fut))
+            g.read_waits = keep
+        self._notice_leader(g)
+        if core.quiesced:
+            self._active.discard(g.name)
+        else:
+            self._active.add(g.name)
+        if core.has_ready() or g.props:
+            self._mark(g.name)
+        snap_index = core.log.first_index() - 1
+        if not g.snapshotting and applied - snap_index >= self.snapshot_every:
+            self._snapshot(g)
+
+    def _notice_leader(self, g: _Group) -> None:
+        cur = (g.core.lead, g.core.term)
+        if cur == g.lead_seen:
+            return
+        lost = g.lead_seen[0] != cur[0]
+        g.lead_seen = cur
+        if lost:
+            for fut in g.reads.values():
+                _fail(fut, NotLeader(cur[0]))
+            g.reads.clear()
+        try:
+            g.sm.on_leader_change(cur[0], cur[1])
+        except Exception:
+            log.exception("multiraft %d: on_leader_change failed in %s", self.node_id, g.name)
+        waiters, g.leader_waiters = g.leader_waiters, []
+        for fut in waiters:
+            if not fut.done():
+                fut.set_result(None)
+
+    def _fail_all(self, g: _Group, exc: Exception) -> None:
+        for _, fut in g.pending.values():
+            _fail(fut, exc)
+        for _, fut in g.props:
+            _fail(fut, exc)
+        for fut in g.reads.values():
+            _fail(fut, exc)
+        for _, fut in g.read_waits:
+            _fail(fut, exc)
+        g.pending.clear()
+        g.props.clear()
+        g.reads.clear()
+        g.read_waits.clear()
+
+    # ---- snapshots and compaction ----------------------------------------------------
+
+    def _snapshot(self, g: _Group) -> None:
+        core = g.core
+        meta = SnapshotMeta(core.applied, core.log.term(core.applied), core.conf_state)
+        data = g.sm.snapshot()  # captured now: consistent with `applied`
+        g.snapshotting = True
+        self._spawn(self._save_and_compact(g, meta, data))
+
+    async def _save_and_compact(self, g: _Group, meta: SnapshotMeta, data: Any) -> None:
+        try:
+            if not isinstance(data, (bytes, bytearray)):
+                data = b"".join([c async for c in data])
+            # The hard state whose commit covers `meta.index` was buffered
+            # before the entries were applied: make it durable before the
+            # snapshot file can claim that index.
+            await self.node_log.sync_async()
+            await asyncio.to_thread(snapfile.save, self.snap_dir, g.name, meta, bytes(data))
+            gl = self.node_log.group(g.name)
+            if self._groups.get(g.name) is not g or meta.index <= gl.first_index() - 1:
+                return  # removed, or a newer snapshot was installed meanwhile
+            g.snap = (meta, bytes(data))
+            self.node_log.compact(g.name, meta.index, meta.conf_state)
+            self.stats.snapshots_taken += 1
+        finally:
+            g.snapshotting = False
+
+    def snapshot_now(self, group: str) -> None:
+        """Snapshot and compact `group` at its applied index (operators, tests)."""
+        g = self._group(group)
+        if not g.snapshotting and g.core.applied > g.core.log.first_index() - 1:
+            self._snapshot(g)
+
+    def _snapshot_pinning(self) -> None:
+        for name in self.node_log.pinning_groups():
+            g = self._groups.get(name)
+            if g is not None and not g.snapshotting:
+                if g.core.applied > g.core.log.first_index() - 1:
+                    self._snapshot(g)
+
+    # ---- ticks, quiescence, liveness --------------------------------------------------
+
+    async def _tick_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        next_at = loop.time()
+        while True:
+            next_at += self.tick_interval_s
+            await asyncio.sleep(max(0.0, next_at - loop.time()))
+            if loop.time() - next_at > self.tick_interval_s * 5:
+                next_at = loop.time()  # fell far behind (overloaded): don't burst ticks
+            self._on_tick()
+
+    def _on_tick(self) -> None:
+        self.stats.ticks += 1
+        if self.transport is not None and self._peers:
+            self.transport.beat()
+            self._check_peers()
+        for name in list(self._active):
+            g = self._groups.get(name)
+            if g is None:
+                self._active.discard(name)
+                continue
+            self._tick_group(g)
+        if self.stats.ticks % 50 == 0:
+            self._snapshot_pinning()
+
+    def _tick_group(self, g: _Group) -> None:
+        core = g.core
+        core.tick()
+        if core.state is StateType.LEADER and core.can_quiesce():
+            g.idle_ticks += 1
+            if g.idle_ticks >= self.quiesce_after_ticks:
+                core.quiesce()
+                g.idle_ticks = 0
+        else:
+            g.idle_ticks = 0
+        if core.quiesced:
+            self._active.discard(g.name)
+        if core.has_ready():
+            self._mark(g.name)
+
+    def _check_peers(self) -> None:
+        now = asyncio.get_running_loop().time()
+        for peer, alive in self._peers.items():
+            try:
+                seen = self.transport.last_seen(peer)
+            except KeyError:
+                continue
+            is_alive = seen > 0 and now - seen <= self.dead_after_s
+            if alive and not is_alive:
+                self._wake_led_by(peer)
+            self._peers[peer] = is_alive
+
+    def _wake_led_by(self, peer: int) -> None:
+        """A peer node went silent: its quiesced groups must be able to elect."""
+        for g in self._groups.values():
+            if g.core.quiesced and g.core.lead == peer:
+                g.core.wake()
+                self._active.add(g.name)
+                self._mark(g.name)
+                self.stats.wakes_for_dead_peer += 1
+
+
+def _fail(fut: asyncio.Future[Any], exc: Exception) -> None:
+    if not fut.done():
+        fut.set_exception(exc)
+
+
+def _as_bytes(data: Any) -> bytes:
+    if not isinstance(data, (bytes, bytearray)):
+        raise TypeError("snapshot() of an empty state machine must return bytes")
+    return bytes(data)
+
+
+def create(
+    node_id: int, dir: str, listen: str, peers: dict[int, str], **kw: Any
+) -> MultiRaft:
+    """A MultiRaft with a NodeLog in `dir`/wal and a GrpcTransport on `listen`."""
+    from raft.transport_grpc import GrpcTransport  # grpc is heavy: only when wanted
+
+    tls = kw.pop("tls", None)
+    node_log = NodeLog(f"{dir}/wal", **kw.pop("log_options", {}))
+    mr = MultiRaft(node_id, node_log, snap_dir=f"{dir}/snap", **kw)
+    mr.bind_transport(GrpcTransport(node_id, listen, peers, tls=tls, **mr.transport_callbacks()))
+    return mr
