@@ -27,7 +27,15 @@ from dataclasses import dataclass, field
 from itertools import islice
 from typing import Any, Protocol
 
-from node.subject import FWC, PWC, SEP, compile_matcher, valid_queue_name, valid_subject
+from node.subject import (
+    FWC,
+    PWC,
+    SEP,
+    compile_matcher,
+    is_literal,
+    valid_queue_name,
+    valid_subject,
+)
 
 CACHE_MAX = 1024
 CACHE_SWEEP = 256
@@ -239,6 +247,9 @@ class SubList:
     def _invalidate(self, pattern: str) -> None:
         cache = self._cache
         if not cache:
+            return
+        if is_literal(pattern):
+            cache.pop(pattern, None)  # a literal only ever matches itself
             return
         matches = compile_matcher(pattern)
         stale = [subject for subject in cache if matches(subject)]

@@ -15,11 +15,12 @@ from hypothesis.stateful import (
     RuleBasedStateMachine,
     consumes,
     invariant,
+    multiple,
     precondition,
     rule,
 )
 
-from node.subject import subject_matches
+from node.subject import subject_matches, valid_subject
 from node.sublist import MatchResult, SubList
 
 
@@ -141,6 +142,11 @@ def test_cache_is_invalidated_by_insert_and_remove() -> None:
     assert sl.stats()["num_cache"] == 2
     sl.remove(wild)
     assert sl.match("foo.bar").psubs == []
+    exact = Sub("foo.bar")
+    sl.insert(exact)
+    assert sl.match("foo.bar").psubs == [exact]
+    sl.remove(exact)
+    assert sl.match("foo.bar").psubs == []
 
 
 def test_cache_is_bounded() -> None:
@@ -208,8 +214,9 @@ patterns = st.builds(
     st.lists(st.sampled_from(["a", "b", "c", "*"]), min_size=1, max_size=3),
     st.sampled_from([[], [], [">"]]),
 ) | st.just(">")
-published = st.lists(st.sampled_from(["a", "b", "c", "d", "*", ">", ""]), min_size=1,
-                     max_size=5).map(".".join)
+# Mostly well-formed subjects, so that they are often subscribed to later too.
+published = st.lists(st.sampled_from(["a", "a", "b", "b", "c", "d", "*", ">", ""]), min_size=1,
+                     max_size=4).map(".".join)
 queues = st.sampled_from([None, None, "q1", "q2"])
 
 
@@ -231,6 +238,14 @@ class SubListMachine(RuleBasedStateMachine):
         self.sl.insert(sub)
         self.model.append(sub)
         return sub
+
+    @rule(target=live, subject=seen, queue=queues)
+    def insert_seen(self, subject: str, queue: str | None) -> Sub:
+        """Subscribe to a subject that is probably cached (any wildcard in it
+        is then a real one, which is fine too)."""
+        if not valid_subject(subject):
+            return multiple()
+        return self.insert(subject, queue)
 
     @rule(sub=live)
     def insert_again(self, sub: Sub) -> None:
