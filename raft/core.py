@@ -278,10 +278,11 @@ class Raft:
         self.state = StateType.LEADER
         self.prs[self.id].become_replicate()
         self.prs[self.id].match = self.log.stable_last_index()
-        # No conf change until everything up to the no-op is applied: the
-        # previous leader's change may still be in flight (§4.1 bug fix).
-        self.pending_conf_index = self.log.last_index()
         self._append_entries([Entry(term=0, index=0)], force=True)
+        # No conf change until the no-op is applied, i.e. until an entry of
+        # this term committed: a change of an earlier leader may be in flight
+        # (Ongaro's single-server membership bug fix).
+        self.pending_conf_index = self.log.last_index()
 
     # -- ticks -----------------------------------------------------------------------
     def tick(self) -> None:

@@ -18,6 +18,9 @@ from raft.core import Config, Raft, StateType, storage_append_resp
 from raft.memstorage import MemoryStorage
 from raft.types import ConfState, Entry, Message, MsgType, ReadState, Ready
 
+# Leader messages that do not depend on the leader's own pending fsync.
+_EARLY = frozenset({MsgType.APP, MsgType.HEARTBEAT, MsgType.SNAP})
+
 EntryKey = tuple[int, int, bytes]  # (term, type, data): identity of an entry
 
 
@@ -122,8 +125,12 @@ class Network:
         max_inflight: int = 256,
         max_size_per_msg: int = 1 << 20,
         extra: tuple[int, ...] | list[int] = (),
+        leader_sends_early: bool = False,
+        hold_while_pending: bool = True,
     ) -> None:
         self.rng = random.Random(seed)
+        self.leader_sends_early = leader_sends_early
+        self.hold_while_pending = hold_while_pending
         self.cfg_kw = dict(election_tick=election_tick, pre_vote=pre_vote,
                            check_quorum=check_quorum, max_inflight_msgs=max_inflight,
                            max_size_per_msg=max_size_per_msg)
@@ -172,7 +179,14 @@ class Network:
         n = self.nodes[nid]
         if n.raft is None or n.pending is not None or not n.raft.has_ready():
             return False
-        n.pending = n.raft.ready()
+        n.pending = rd = n.raft.ready()
+        if self.leader_sends_early and n.raft.state is StateType.LEADER:
+            # Thesis §10.2.1: a leader may replicate in parallel with its own
+            # fsync; its entries still count for it only on STORAGE_APPEND_RESP.
+            early = [m for m in rd.messages if m.type in _EARLY]
+            rd.messages = [m for m in rd.messages if m.type not in _EARLY]
+            self.sent.extend(early)
+            self.queue.extend(early)
         return True
 
     def _fsync(self, n: SimNode, rd: Ready) -> None:
@@ -268,7 +282,9 @@ class Network:
     def deliverable(self, i: int) -> bool:
         m = self.queue[i]
         n = self.nodes.get(m.to)
-        return n is None or n.pending is None  # a busy member reads after its Ready
+        # A member whose Ready is being fsynced keeps stepping input (as the
+        # multigroup driver does) unless the network is told to hold it.
+        return n is None or n.pending is None or not self.hold_while_pending
 
     def deliver(self, i: int = 0, duplicate: bool = False) -> Message | None:
         m = self.queue[i] if duplicate else self.queue.pop(i)
@@ -288,7 +304,7 @@ class Network:
         sender = self.nodes.get(m.frm)
         if m.type is not MsgType.SNAP or sender is None or sender.raft is None:
             return
-        if sender.pending is None:
+        if sender.pending is None or not self.hold_while_pending:
             sender.raft.step(Message(MsgType.SNAP_STATUS, frm=m.to, reject=failed))
 
     def drop(self, i: int = 0) -> None:
@@ -323,7 +339,7 @@ class Network:
         for _ in range(n):
             for x in [nid] if nid is not None else list(self.nodes):
                 node = self.nodes[x]
-                if node.raft is not None and node.pending is None:
+                if node.raft is not None and (node.pending is None or not self.hold_while_pending):
                     node.raft.tick()
 
     def elect(self, nid: int) -> None:
@@ -333,6 +349,6 @@ class Network:
 
     def propose(self, nid: int, data: bytes) -> int | None:
         n = self.nodes[nid]
-        if n.raft is None or n.pending is not None:
+        if n.raft is None or (n.pending is not None and self.hold_while_pending):
             return None
         return n.raft.propose(data)

@@ -62,9 +62,15 @@ actions = st.lists(
 class Sim:
     def __init__(self, seed: int) -> None:
         self.net = Network(VOTERS, seed=seed, election_tick=4, max_inflight=4,
-                           max_size_per_msg=64, extra=EXTRA)
+                           max_size_per_msg=64, extra=EXTRA, leader_sends_early=seed % 2 == 1,
+                           hold_while_pending=seed % 4 < 2)
         self.removed: set[int] = set()
         self.nprop = 0
+
+    def usable(self, nid: int) -> bool:
+        """Alive, and free to take input (see Network.hold_while_pending)."""
+        n = self.net.nodes[nid]
+        return n.alive and (n.pending is None or not self.net.hold_while_pending)
 
     def pick_node(self, arg: int) -> int:
         return ALL[arg % len(ALL)]
@@ -155,7 +161,7 @@ class Sim:
 
     def do_conf(self, arg: int) -> None:
         lead = self._leader()
-        if lead is None or self.net.nodes[lead].pending is not None:
+        if lead is None or not self.usable(lead):
             return
         r = self.net.raft(lead)
         target = self.pick_node(arg >> 3)
@@ -176,27 +182,27 @@ class Sim:
 
     def do_transfer(self, arg: int) -> None:
         nid = self.pick_node(arg)
-        if self.net.nodes[nid].alive and self.net.nodes[nid].pending is None:
+        if self.usable(nid):
             self.net.raft(nid).transfer_leader(self.pick_node(arg >> 3))
 
     def do_read(self, arg: int) -> None:
         nid = self.pick_node(arg)
-        if self.net.nodes[nid].alive and self.net.nodes[nid].pending is None:
+        if self.usable(nid):
             self.net.raft(nid).read_index(b"r%d" % arg)
 
     def do_campaign(self, arg: int) -> None:
         nid = self.pick_node(arg)
-        if self.net.nodes[nid].alive and self.net.nodes[nid].pending is None:
+        if self.usable(nid):
             self.net.raft(nid).campaign()
 
     def do_quiesce(self, arg: int) -> None:
         lead = self._leader()
-        if lead is not None and self.net.nodes[lead].pending is None:
+        if lead is not None and self.usable(lead):
             self.net.raft(lead).quiesce()
 
     def do_wake(self, arg: int) -> None:
         nid = self.pick_node(arg)
-        if self.net.nodes[nid].alive and self.net.nodes[nid].pending is None:
+        if self.usable(nid):
             self.net.raft(nid).wake()
 
     # -- liveness ------------------------------------------------------------------------
