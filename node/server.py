@@ -216,9 +216,10 @@ class Server:
                 f.write(str(os.getpid()))
         if o.http_port:
             await self._start_monitor()
-        await self._start_clients()
         if o.websocket is not None and o.websocket.port:
             await self._start_websocket()
+        # Clients last: once the client port answers, every other listener is up too.
+        await self._start_clients()
         self._write_ports_file()
         self.log.info("Server is ready")
 
