@@ -76,8 +76,9 @@ def wait_port(port: int, proc: subprocess.Popen, timeout: float = 30.0) -> None:
 
 
 @contextlib.contextmanager
-def server(impl: str, tmp: Path, body: str) -> Iterator[int]:
-    """Run `impl` with a config file made of `body` plus a listen line."""
+def server(impl: str, tmp: Path, body: str, also: tuple[int, ...] = ()) -> Iterator[int]:
+    """Run `impl` with a config file made of `body` plus a listen line; wait for its client port
+    and the `also` ports (listeners the server may open after the client one)."""
     port = free_port()
     conf = tmp / f"{impl}-{port}.conf"
     store = tmp / f"store-{port}"
@@ -87,7 +88,8 @@ def server(impl: str, tmp: Path, body: str) -> Iterator[int]:
     log = open(tmp / f"{impl}-{port}.log", "wb")  # noqa: SIM115 - closed below
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     try:
-        wait_port(port, proc)
+        for p in (port, *also):
+            wait_port(p, proc)
         yield port
     finally:
         proc.terminate()

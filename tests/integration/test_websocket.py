@@ -34,7 +34,7 @@ async def recv_until(ws, needle: bytes, timeout: float = 10.0) -> bytes:
 @pytest.mark.parametrize("compression", [False, True], ids=["plain", "deflate"])
 async def test_pub_sub_over_websocket(impl, compression, tmp_path):
     wport = free_port()
-    with server(impl, tmp_path, ws_conf(wport, compression)):
+    with server(impl, tmp_path, ws_conf(wport, compression), also=(wport,)):
         async with websockets.connect(f"ws://{HOST}:{wport}", max_size=None) as ws:
             if compression:
                 assert ws.protocol.extensions, "permessage-deflate was not negotiated"
@@ -56,7 +56,7 @@ async def test_pub_sub_over_websocket(impl, compression, tmp_path):
 @pytest.mark.parametrize("impl", IMPLS)
 async def test_websocket_ping_and_close(impl, tmp_path):
     wport = free_port()
-    with server(impl, tmp_path, ws_conf(wport, False)):
+    with server(impl, tmp_path, ws_conf(wport, False), also=(wport,)):
         ws = await websockets.connect(f"ws://{HOST}:{wport}")
         await recv_until(ws, b"\r\n")
         pong = await ws.ping(b"hi")
@@ -69,7 +69,7 @@ async def test_websocket_ping_and_close(impl, tmp_path):
 @pytest.mark.parametrize("impl", IMPLS)
 async def test_websocket_rejects_plain_http(impl, tmp_path):
     wport = free_port()
-    with server(impl, tmp_path, ws_conf(wport, False)):
+    with server(impl, tmp_path, ws_conf(wport, False), also=(wport,)):
         reader, writer = await asyncio.open_connection(HOST, wport)
         writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
         async with asyncio.timeout(10):
@@ -83,7 +83,7 @@ async def test_websocket_and_tcp_clients_see_each_other(impl, tmp_path):
     import nats
 
     wport = free_port()
-    with server(impl, tmp_path, ws_conf(wport, True)) as port:
+    with server(impl, tmp_path, ws_conf(wport, True), also=(wport,)) as port:
         nc = await nats.connect(f"nats://{HOST}:{port}", allow_reconnect=False)
         async with websockets.connect(f"ws://{HOST}:{wport}") as ws:
             await recv_until(ws, b"\r\n")
