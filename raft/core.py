@@ -278,11 +278,12 @@ class Raft:
         self.state = StateType.LEADER
         self.prs[self.id].become_replicate()
         self.prs[self.id].match = self.log.stable_last_index()
-        self._append_entries([Entry(term=0, index=0)], force=True)
-        # No conf change until the no-op is applied, i.e. until an entry of
-        # this term committed: a change of an earlier leader may be in flight
-        # (Ongaro's single-server membership bug fix).
+        # No conf change until everything in the log at election time is
+        # applied: a change proposed by an earlier leader may still be in
+        # flight (etcd's pendingConfIndex; with changes taking effect on
+        # apply this is the single-server-change safety condition).
         self.pending_conf_index = self.log.last_index()
+        self._append_entries([Entry(term=0, index=0)], force=True)
 
     # -- ticks -----------------------------------------------------------------------
     def tick(self) -> None:

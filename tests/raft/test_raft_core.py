@@ -348,18 +348,31 @@ def test_one_membership_change_at_a_time() -> None:
     assert r.propose_conf_change(ConfChange(ConfChangeType.ADD_VOTER, 5)) is not None
 
 
-def test_new_leader_waits_for_its_no_op_before_conf_change() -> None:
-    """Ongaro's single-server fix: no change until an entry of this term commits."""
-    net = Network([1, 2, 3], seed=15)
-    net.raft(1).campaign()
-    for _ in range(6):  # deliver votes but keep the no-op uncommitted
-        for nid in (1, 2, 3):
+def test_new_leader_applies_earlier_entries_before_conf_change() -> None:
+    """A change of an earlier leader may be in flight: the new leader proposes
+    one only after applying everything its log held when it was elected."""
+    net = Network([1, 2, 3], extra=[4], seed=15, check_quorum=False)
+    net.elect(1)
+    net.raft(1).propose_conf_change(ConfChange(ConfChangeType.ADD_LEARNER, 4))
+    net.process(1)
+    for m in [m for m in net.queue if m.to == 2]:
+        net.raft(2).step(m)  # 2 holds the change; nobody has committed it
+    net.queue.clear()
+    net.process(2)
+    net.queue.clear()
+    net.crash(1)
+    net.raft(2).campaign()
+    for _ in range(6):  # elect 2 but keep its no-op uncommitted
+        for nid in (2, 3):
             net.process(nid)
         net.deliver_all({MsgType.PRE_VOTE, MsgType.PRE_VOTE_RESP, MsgType.VOTE,
                          MsgType.VOTE_RESP})
-    r = net.raft(1)
-    assert r.state is StateType.LEADER and r.applied < r.log.last_index()
-    assert r.propose_conf_change(ConfChange(ConfChangeType.ADD_LEARNER, 9)) is None
+    r = net.raft(2)
+    assert r.state is StateType.LEADER and r.applied < r.pending_conf_index
+    assert r.propose_conf_change(ConfChange(ConfChangeType.ADD_VOTER, 4)) is None
+    net.stabilize()
+    assert r.conf_state.learners == (4,)
+    assert r.propose_conf_change(ConfChange(ConfChangeType.ADD_VOTER, 4)) is not None
 
 
 def test_learner_receives_log_but_does_not_vote_or_count() -> None:
