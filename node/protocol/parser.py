@@ -26,6 +26,7 @@ bytes.split(), which also splits on VT/FF; nats-server would keep those inside a
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from .events import Connect, Event, HPub, Ping, Pong, Pub, Sub, Unsub
@@ -67,6 +68,9 @@ _OPS: tuple[tuple[bytes, bool], ...] = (
     (b"INFO", False),
 )
 _SKIP_OPS = {b"PING": _PING, b"PONG": _PONG, b"+OK": None}
+
+OnPub = Callable[[str, "str | None", bytes], Any]  # feed_into's PUB callback
+OnEvent = Callable[[Event], Any]  # feed_into's callback for every other event
 
 
 class ProtocolError(Exception):
@@ -286,25 +290,46 @@ class Parser:
 
     def feed(self, data: bytes) -> list[Event]:
         """Consume bytes; return all complete events, in order (see module docstring)."""
+        events: list[Event] = []
+        append = events.append
+
+        def on_pub(subject: str, reply: str | None, payload: bytes) -> None:
+            event = _new(Pub)
+            _pub_subject(event, subject)
+            _pub_reply(event, reply)
+            _pub_payload(event, payload)
+            append(event)
+
+        try:
+            self.feed_into(data, on_pub, append)
+        except ProtocolError as err:
+            err.events = events
+            raise
+        return events
+
+    def feed_into(self, data: bytes, on_pub: OnPub, on_event: OnEvent) -> None:
+        """Like feed(), for the hot path: each PUB becomes `on_pub(subject, reply, payload)`
+        and every other event `on_event(event)`, in stream order, with no Pub object built.
+
+        The callbacks are the caller's; the parser stays pure. A ProtocolError is raised
+        after the callbacks of the frames before it have run (its `events` is empty).
+        """
         if self._dead:
             raise ProtocolError("parser closed", "parser closed after a fatal error",
                                 send_err=False)
-        events: list[Event] = []
         try:
-            data = self._resume(bytes(data), events)
+            data = self._resume(bytes(data), on_event)
             if data:
-                pos = self._parse(data, events)
+                pos = self._parse(data, on_pub, on_event)
                 if pos < len(data):
                     self._hold(data, pos)
                 else:
                     self._consumed += pos
         except ProtocolError as err:
             self._dead = err.fatal
-            err.events = events
             raise
-        return events
 
-    def _resume(self, data: bytes, events: list[Event]) -> bytes:
+    def _resume(self, data: bytes, emit: OnEvent) -> bytes:
         """Merge new bytes with what was held; return what is ready to parse ('' if none)."""
         if self._skip is not None:
             nl = data.find(b"\n")
@@ -312,7 +337,7 @@ class Parser:
                 self._consumed += len(data)
                 return b""
             if self._skip is not True:
-                events.append(self._skip)  # type: ignore[arg-type]
+                emit(self._skip)  # type: ignore[arg-type]
             self._skip = None
             self._consumed += nl + 1
             data = data[nl + 1 :]
@@ -372,71 +397,87 @@ class Parser:
         return ProtocolError(message if send_err else (reason or message), detail,
                              send_err=send_err)
 
-    def _parse(self, data: bytes, events: list[Event]) -> int:
+    def _parse(self, data: bytes, on_pub: OnPub, emit: OnEvent) -> int:
         """Parse complete frames from data; return where the first incomplete one starts."""
         pos = 0
         n = len(data)
         find = data.find
         startswith = data.startswith
-        append = events.append
         mcl = self.max_control_line
         max_payload = self.max_payload
         if max_payload < 0:
             max_payload = 1 << 62  # negative means no limit
+        # Publishers repeat the same control line ("PUB subj 128\r\n") frame after frame:
+        # when the bytes at pos are exactly the last PUB line, its parse is reused and a
+        # frame costs one startswith(). The line holds a single LF (its last byte), so a
+        # match also means the same line boundary. Kept per call: limits may change.
+        line: bytes | tuple[()] = ()  # startswith(()) is always False: no line yet
+        ll = size = 0
+        subject = ""
+        reply: str | None = None
         while pos < n:
-            nl = find(b"\n", pos)
-            if nl < 0:
-                return pos
-            if startswith(b"PUB ", pos):
-                # Fast path for the hottest frame; the slow path handles every variant
-                # and produces the errors.
-                end = nl - 1 if data[nl - 1] == 13 else nl
-                line = data[pos + 4 : end]
-                args = line.split()
-                nargs = len(args)
-                if nargs == 2:
-                    subject, digits = args
-                    reply = None
-                elif nargs == 3:
-                    subject, reply, digits = args
-                else:
-                    digits = b""
-                if (
-                    end - pos - 4 > mcl
-                    or 13 in line  # nats-server keeps a CR inside a token
-                    or not digits.isdigit()
-                    or len(digits) > _MAX_SIZE_DIGITS
-                    or (size := int(digits)) > max_payload
-                ):
-                    # Errors, and lines nats-server splits differently: the slow path.
-                    pos = self._slow(data, pos, nl, events)
-                    if pos < 0:
-                        return -pos - 1
-                    continue
-                start = nl + 1
+            if startswith(line, pos):
+                start = pos + ll
                 stop = start + size
                 if stop + 2 > n:
                     return self._incomplete(data, pos, stop)
                 if data[stop] != 13 or data[stop + 1] != 10:
                     raise self._error(ERR_UNKNOWN_OP, data, stop, "MSG_END")
-                event = _new(Pub)
-                try:
-                    _pub_subject(event, subject.decode())
-                    _pub_reply(event, reply and reply.decode())
-                except UnicodeDecodeError:
-                    _pub_subject(event, _text(subject))
-                    _pub_reply(event, reply and _text(reply))
-                _pub_payload(event, data[start:stop])
-                append(event)
+                on_pub(subject, reply, data[start:stop])
                 pos = stop + 2
+                continue
+            nl = find(b"\n", pos)
+            if nl < 0:
+                return pos
+            if startswith(b"PUB ", pos):
+                # First PUB with this line: the slow path handles every variant and
+                # produces the errors; this handles the usual shape.
+                parsed = self._pub_line(data, pos, nl, mcl, max_payload)
+                if parsed is None:
+                    pos = self._slow(data, pos, nl, on_pub, emit)
+                    if pos < 0:
+                        return -pos - 1
+                    continue
+                subject, reply, size = parsed
+                ll = nl + 1 - pos
+                line = data[pos : nl + 1]
             elif startswith(b"PING", pos):
-                append(_PING)
+                emit(_PING)
                 pos = nl + 1
             else:
-                pos = self._slow(data, pos, nl, events)
+                pos = self._slow(data, pos, nl, on_pub, emit)
                 if pos < 0:
                     return -pos - 1
         return pos
+
+    @staticmethod
+    def _pub_line(
+        data: bytes, pos: int, nl: int, mcl: int, max_payload: int
+    ) -> tuple[str, str | None, int] | None:
+        """(subject, reply, size) of a well-formed "PUB " line; None for the slow path."""
+        end = nl - 1 if data[nl - 1] == 13 else nl
+        line = data[pos + 4 : end]
+        args = line.split()
+        nargs = len(args)
+        if nargs == 2:
+            subject, digits = args
+            reply = None
+        elif nargs == 3:
+            subject, reply, digits = args
+        else:
+            return None
+        if (
+            end - pos - 4 > mcl
+            or 13 in line  # nats-server keeps a CR inside a token
+            or not digits.isdigit()
+            or len(digits) > _MAX_SIZE_DIGITS
+            or (size := int(digits)) > max_payload
+        ):
+            return None  # errors, and lines nats-server splits differently
+        try:
+            return subject.decode(), reply and reply.decode(), size
+        except UnicodeDecodeError:
+            return _text(subject), reply and _text(reply), size
 
     def _incomplete(self, data: bytes, pos: int, stop: int) -> int:
         """A frame whose payload has not fully arrived: remember its size, stop parsing."""
@@ -457,30 +498,30 @@ class Parser:
         return self._error(ERR_MAX_PAYLOAD, data, pos, "ARG",
                            reason=f"maximum payload exceeded: {size} vs {self.max_payload}")
 
-    def _slow(self, data: bytes, pos: int, nl: int, events: list[Event]) -> int:
+    def _slow(self, data: bytes, pos: int, nl: int, on_pub: OnPub, emit: OnEvent) -> int:
         """Every line but the fast paths. Returns the next pos, or -(pos+1) if incomplete."""
         end = _line_end(data, pos, nl)
         head = data[pos : pos + 8].upper()
         if head.startswith(b"PUB"):
-            return self._pub(data, pos, nl, self._arg(data, pos, end, 3), events)
+            return self._pub(data, pos, nl, self._arg(data, pos, end, 3), on_pub)
         if head.startswith(b"HPUB"):
-            return self._hpub(data, pos, nl, self._arg(data, pos, end, 4), events)
+            return self._hpub(data, pos, nl, self._arg(data, pos, end, 4), emit)
         if head.startswith(b"SUB"):
-            events.append(self._sub(self._arg(data, pos, end, 3), data, pos, end))
+            emit(self._sub(self._arg(data, pos, end, 3), data, pos, end))
             return nl + 1
         if head.startswith(b"UNSUB"):
-            events.append(self._unsub(self._arg(data, pos, end, 5), data, pos, end))
+            emit(self._unsub(self._arg(data, pos, end, 5), data, pos, end))
             return nl + 1
         for word, event in _SKIP_OPS.items():
             if head.startswith(word):
                 if event is not None:
-                    events.append(event)
+                    emit(event)
                 return nl + 1
         if head.startswith(b"CONNECT"):
             options = self._json(decode_connect, self._arg(data, pos, end, 7, False), data, pos)
             if "headers" in options:
                 self._client_headers = bool(options["headers"])
-            events.append(Connect(options))
+            emit(Connect(options))
             return nl + 1
         if head.startswith(b"INFO"):
             self._json(decode_info, self._arg(data, pos, end, 4, False), data, pos)
@@ -505,7 +546,7 @@ class Parser:
         except _BadJson as exc:
             raise self._error("", data, pos, "JSON_ARG", send_err=False, reason=str(exc)) from None
 
-    def _pub(self, data: bytes, pos: int, nl: int, arg: bytes, events: list[Event]) -> int:
+    def _pub(self, data: bytes, pos: int, nl: int, arg: bytes, on_pub: OnPub) -> int:
         end = _line_end(data, pos, nl)
         args = _split_pub(arg)
         if len(args) not in (2, 3):
@@ -522,10 +563,10 @@ class Parser:
         if data[stop : stop + 2] != b"\r\n":
             raise self._error(ERR_UNKNOWN_OP, data, stop, "MSG_END")
         reply = _text(args[1]) if len(args) == 3 else None
-        events.append(Pub(_text(args[0]), reply, data[start:stop]))
+        on_pub(_text(args[0]), reply, data[start:stop])
         return stop + 2
 
-    def _hpub(self, data: bytes, pos: int, nl: int, arg: bytes, events: list[Event]) -> int:
+    def _hpub(self, data: bytes, pos: int, nl: int, arg: bytes, emit: OnEvent) -> int:
         end = _line_end(data, pos, nl)
         if not (self.headers and self._client_headers):
             raise self._error("", data, pos, "HPUB_ARG", send_err=False, reason=ERR_HEADERS)
@@ -554,7 +595,7 @@ class Parser:
         _hpub_reply(event, _text(args[1]) if len(args) == 4 else None)
         _hpub_headers(event, data[start : start + hdr])
         _hpub_payload(event, data[start + hdr : stop])
-        events.append(event)
+        emit(event)
         return stop + 2
 
     def _sub(self, arg: bytes, data: bytes, pos: int, end: int) -> Sub:

@@ -1,0 +1,82 @@
+"""Parser.feed_into (the callback API of the hot path) against Parser.feed.
+
+feed() itself is built on feed_into, so the differential and fuzz tests of
+test_parser.py cover the shared code; these check what only the callback form has:
+the order of PUB callbacks relative to other events, the reuse of a repeated PUB
+control line (including its edge cases), and errors raised after earlier callbacks.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from node.protocol.events import Ping, Pub, Sub
+from node.protocol.parser import Parser, ProtocolError
+
+
+def collect(parser: Parser, chunks: list[bytes]) -> list:
+    out: list = []
+    for chunk in chunks:
+        parser.feed_into(chunk, lambda s, r, p: out.append(Pub(s, r, p)), out.append)
+    return out
+
+
+def split(data: bytes, rng: random.Random) -> list[bytes]:
+    cuts = sorted(rng.sample(range(1, len(data)), min(len(data) - 1, rng.randint(0, 12))))
+    return [data[a:b] for a, b in zip([0, *cuts], [*cuts, len(data)], strict=True)]
+
+
+def test_pubs_and_other_events_keep_stream_order() -> None:
+    data = (b"PUB a 1\r\nx\r\nSUB a 1\r\nPUB a 1\r\ny\r\nPING\r\n"
+            b"PUB a r 2\r\nzz\r\nPUB a 1\r\nq\r\n")
+    assert collect(Parser(), [data]) == [
+        Pub("a", None, b"x"), Sub("a", None, "1"), Pub("a", None, b"y"), Ping(),
+        Pub("a", "r", b"zz"), Pub("a", None, b"q")]
+
+
+def test_repeated_line_matches_feed_under_any_chunking() -> None:
+    rng = random.Random(7)
+    frames = [b"PUB s 3\r\nabc\r\n", b"PUB s 3\r\nxyz\r\n", b"PUB s 4\r\nabcd\r\n",
+              b"PUB s r 3\r\nabc\r\n", b"PUB s 3\r\n\r\n\r\r\n", b"PING\r\n",
+              b"PUB  s 3\r\nabc\r\n", b"PUB s 3\nabc\r\n"]
+    for _ in range(300):
+        data = b"".join(rng.choice(frames) for _ in range(rng.randint(1, 30)))
+        expected = Parser().feed(data)
+        assert collect(Parser(), split(data, rng)) == expected
+
+
+def test_repeated_line_still_checks_the_payload_end() -> None:
+    parser = Parser()
+    with pytest.raises(ProtocolError) as info:
+        collect(parser, [b"PUB a 1\r\nx\r\nPUB a 1\r\nxy\r\n"])
+    assert info.value.message == "Unknown Protocol Operation"
+
+
+def test_nul_at_frame_start_is_an_unknown_op_not_a_cached_pub() -> None:
+    with pytest.raises(ProtocolError) as info:
+        collect(Parser(), [b"\x00\r\n"])
+    assert info.value.message == "Unknown Protocol Operation"
+    assert "state=OP_START offset=0" in info.value.detail
+
+
+def test_cached_line_respects_a_lowered_max_payload_on_the_next_call() -> None:
+    parser = Parser()
+    assert collect(parser, [b"PUB a 4\r\nabcd\r\n"]) == [Pub("a", None, b"abcd")]
+    parser.max_payload = 3
+    with pytest.raises(ProtocolError) as info:
+        collect(parser, [b"PUB a 4\r\nabcd\r\n"])
+    assert info.value.message == "Maximum Payload Violation"
+
+
+def test_callbacks_before_an_error_have_run_and_the_parser_is_dead() -> None:
+    parser = Parser()
+    seen: list = []
+    with pytest.raises(ProtocolError) as info:
+        parser.feed_into(b"PUB a 1\r\nx\r\nPING\r\nBAD\r\n",
+                         lambda s, r, p: seen.append(p), seen.append)
+    assert seen == [b"x", Ping()]
+    assert info.value.events == []
+    with pytest.raises(ProtocolError):
+        parser.feed_into(b"PING\r\n", seen.append, seen.append)
