@@ -893,10 +893,29 @@ class Raft:
             last = rd.entries[-1]
             self.log.unstable.stable_to(last.index, last.term)
         if rd.committed_entries:
+            invariant(rd.committed_entries[0].index == self.log.applied + 1,
+                      "raft: committed entries not contiguous with applied",
+                      first=rd.committed_entries[0].index, applied=self.log.applied)
             for e in rd.committed_entries:
                 self.log.applied_to(e.index)
                 if e.type is EntryType.CONF_CHANGE:
                     self.apply_conf_change(decode_conf_change(e.data))
+        self.check_invariants()
+
+    def check_invariants(self) -> None:
+        """Cheap always-on checks, run at every advance."""
+        log = self.log
+        invariant(log.applied <= log.committed <= log.last_index(),
+                  "raft: applied <= commit <= last violated", applied=log.applied,
+                  commit=log.committed, last=log.last_index())
+        invariant(self.vote == NONE or self.term > 0, "raft: vote without term",
+                  vote=self.vote, term=self.term)
+        if self.state is StateType.LEADER:
+            invariant(self.lead == self.id, "raft: leader does not lead itself",
+                      lead=self.lead, id=self.id)
+            invariant(self.prs[self.id].match <= log.last_index(),
+                      "raft: leader self match past its log", match=self.prs[self.id].match,
+                      last=log.last_index())
 
 
 _LOCAL = frozenset({

@@ -24,9 +24,7 @@ from tests.raft.network import Network
 
 EXAMPLES = int(os.environ.get("RAFT_SIM_EXAMPLES", "1000"))
 STRUCTURED_EXAMPLES = max(EXAMPLES // 10, 50)
-VOTERS = (1, 2, 3)
-EXTRA = (4,)
-ALL = VOTERS + EXTRA
+ALL = (1, 2, 3, 4, 5)
 
 # Weighted action table: common things appear several times.
 KINDS = (
@@ -61,8 +59,11 @@ actions = st.lists(
 
 class Sim:
     def __init__(self, seed: int) -> None:
-        self.net = Network(VOTERS, seed=seed, election_tick=4, max_inflight=4,
-                           max_size_per_msg=64, extra=EXTRA, leader_sends_early=seed % 2 == 1,
+        # Three founding voters (4 and 5 may join) or five founding voters.
+        voters = ALL if seed % 3 == 0 else ALL[:3]
+        extra = [n for n in ALL if n not in voters]
+        self.net = Network(voters, seed=seed, election_tick=4, max_inflight=4,
+                           max_size_per_msg=64, extra=extra, leader_sends_early=seed % 2 == 1,
                            hold_while_pending=seed % 4 < 2)
         self.removed: set[int] = set()
         self.nprop = 0
