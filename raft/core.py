@@ -10,7 +10,12 @@ Driver contract, per group, strictly in this order:
      fsync may cover many groups).
   3. Step `storage_append_resp(rd)` into the core if it is not None.
   4. Send `rd.messages`. They may depend on step 2 (a vote, a term, an
-     APP_RESP acknowledging entries), so they must never leave earlier.
+     APP_RESP acknowledging entries), so they must not leave earlier. One
+     exception: a leader's APP, HEARTBEAT and SNAP depend only on its term,
+     durable since its election, so they may leave before the fsync
+     (thesis §10.2.1); the leader still counts itself only at step 3.
+  Input may keep arriving (`step`, `tick`) while the fsync runs; it lands
+  in the next Ready. Never call `ready()` again before `advance()`.
   5. Apply `rd.committed_entries`, hand out `rd.read_states`.
   6. `core.advance(rd)`.
 
@@ -816,7 +821,12 @@ class Raft:
         return True
 
     def wake(self) -> None:
-        """Leave quiescence; a follower treats its leader lease as expired."""
+        """Leave quiescence because the leader may be gone (the driver's
+        node-level liveness lost its node): a follower treats its lease as
+        expired, so it grants votes and campaigns after a randomized timeout."""
+        self._wake(expire_lease=True)
+
+    def _wake(self, expire_lease: bool) -> None:
         if not self.quiesced:
             return
         self.quiesced = False
@@ -827,9 +837,7 @@ class Raft:
                 pr.recent_active = True
             self._bcast_heartbeat(b"")
         else:
-            # Woken by someone other than the leader (or by the driver, which
-            # suspects the leader's node): don't let a stale lease block votes.
-            self.election_elapsed = self.cfg.election_tick
+            self.election_elapsed = self.cfg.election_tick if expire_lease else 0
 
     def _maybe_wake_for(self, m: Message) -> None:
         if not self.quiesced or m.type is MsgType.STORAGE_APPEND_RESP:
@@ -839,7 +847,10 @@ class Raft:
         if self.state is not StateType.LEADER and m.frm == self.lead and m.term == self.term:
             self.quiesced = False  # the leader speaks: its message resets the timer
             return
-        self.wake()
+        # A (pre)vote means a peer believes the leader is gone: let it be
+        # judged on its log, not on a lease that stopped being renewed. Any
+        # other input (a local read, a stray message) just restarts the timer.
+        self._wake(expire_lease=m.type in (MsgType.VOTE, MsgType.PRE_VOTE, MsgType.HUP))
 
     # -- public API ------------------------------------------------------------------------
     def propose(self, data: bytes) -> int | None:

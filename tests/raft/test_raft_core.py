@@ -580,3 +580,27 @@ def test_conf_change_entry_roundtrip() -> None:
     t, ty, data = net.nodes[1].sm[idx]
     assert ty == EntryType.CONF_CHANGE and decode_conf_change(data) == cc
     assert key(net.raft(1).log.slice(idx, idx + 1)[0]) == (t, ty, data)
+
+
+def test_follower_read_on_quiesced_group_does_not_disturb_the_leader() -> None:
+    net = Network([1, 2, 3], seed=27)
+    net.elect(1)
+    net.raft(1).quiesce()
+    net.stabilize()
+    term = net.raft(1).term
+    net.raft(2).read_index(b"idle-read")
+    assert not net.raft(2).quiesced and not net.raft(2).past_lease()  # timer restarted
+    settle(net, 30)
+    assert net.leader() == 1 and net.raft(2).term == term
+    assert [rs.context for rs in net.nodes[2].read_states] == [b"idle-read"]
+
+
+def test_quiesced_follower_grants_prevote_to_a_peer_that_lost_the_leader() -> None:
+    net = Network([1, 2, 3], seed=28)
+    net.elect(1)
+    net.raft(1).quiesce()
+    net.stabilize()
+    net.crash(1)
+    net.raft(2).campaign()  # 2's driver saw node 1 die; 3 has not noticed yet
+    net.stabilize()
+    assert net.leader() == 2
