@@ -137,8 +137,10 @@ class _ReadRequest:
 class Raft:
     def __init__(self, cfg: Config, storage: Storage) -> None:
         invariant(cfg.id != NONE, "raft: id must be nonzero", id=cfg.id)
-        invariant(cfg.heartbeat_tick < cfg.election_tick, "raft: heartbeat >= election tick",
+        invariant(0 < cfg.heartbeat_tick < cfg.election_tick, "raft: need 0 < heartbeat < election",
                   heartbeat=cfg.heartbeat_tick, election=cfg.election_tick)
+        invariant(cfg.max_inflight_msgs > 0, "raft: max_inflight_msgs must be positive",
+                  max_inflight_msgs=cfg.max_inflight_msgs)
         self.cfg = cfg
         self.id = cfg.id
         self.group = cfg.group

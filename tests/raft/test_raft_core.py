@@ -604,3 +604,26 @@ def test_quiesced_follower_grants_prevote_to_a_peer_that_lost_the_leader() -> No
     net.raft(2).campaign()  # 2's driver saw node 1 die; 3 has not noticed yet
     net.stabilize()
     assert net.leader() == 2
+
+
+def test_unreachable_peer_drops_back_to_probe() -> None:
+    net = Network([1, 2, 3], seed=29)
+    net.elect(1)
+    net.propose(1, b"x")
+    net.stabilize()
+    pr = net.raft(1).prs[2]
+    assert pr.state is ProgressState.REPLICATE
+    net.raft(1).step(Message(MsgType.UNREACHABLE, frm=2))
+    assert pr.state is ProgressState.PROBE and pr.next == pr.match + 1
+
+
+def test_pending_reads_are_bounded() -> None:
+    from raft.core import MAX_PENDING_READS
+
+    net = Network([1, 2, 3], seed=30)
+    net.elect(1)
+    net.isolate(1)
+    r = net.raft(1)
+    for i in range(MAX_PENDING_READS + 50):
+        r.read_index(b"r%d" % i)
+    assert len(r.reads) == MAX_PENDING_READS
