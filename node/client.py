@@ -65,7 +65,8 @@ def _valid_pub_subject(subject: str) -> bool:
 class Subscription:
     """A SUB of one client (or an internal one); stored in the sublist."""
 
-    __slots__ = ("subject", "queue", "sid", "client", "sid_sp", "max_msgs", "delivered", "dead")
+    __slots__ = ("subject", "queue", "sid", "client", "sid_sp", "max_msgs", "delivered", "dead",
+                 "direct")
 
     def __init__(self, subject: str, queue: str | None, sid: str, client: Any) -> None:
         self.subject = subject
@@ -76,6 +77,9 @@ class Subscription:
         self.max_msgs = 0  # 0: no auto-unsubscribe
         self.delivered = 0
         self.dead = False
+        # A plain TCP/TLS/WebSocket client: the single-subscriber fast path may write
+        # straight into its buffer (see ClientConnection._on_pub_plain).
+        self.direct = type(client) is ClientConnection
 
 
 _heads: dict[str, bytes] = {}  # subject -> b"MSG <subject> ", reused across messages
@@ -216,6 +220,7 @@ class ClientConnection(asyncio.Protocol):
         self.host, self.port = "", 0
         self.upgrading = False
         self._fast = False  # see _update_fast
+        self._match = server.sublist.match
         # Bound once: the parser calls these for every frame.
         self._pub_cb = self._on_pub_plain
         self._event_cb = self._on_event
@@ -290,16 +295,33 @@ class ClientConnection(asyncio.Protocol):
     # ------------------------------------------------------------------ events
 
     def _on_pub_plain(self, subject: str, reply: str | None, payload: bytes) -> None:
-        """The parser's PUB callback (see `_update_fast`); the hottest code in the node."""
-        if self._fast:
-            # A connected client with no per-message checks to make.
-            self.in_msgs += 1
-            self.in_bytes += len(payload)
-            if route(self.server, self, subject, reply, None, payload) == 0 and reply \
-                    and self.no_responders:
-                self._send_no_responders(subject, reply)
-        elif not self.closed:
-            self._on_pub(subject, reply, None, payload)
+        """The parser's PUB callback; the hottest code in the node.
+
+        With no per-message checks to make (`_update_fast`) and exactly one plain
+        subscriber, the MSG is appended straight to that client's buffer: no Message
+        object, no route() frame. Everything else goes through route().
+        """
+        if not self._fast:
+            if not self.closed:
+                self._on_pub(subject, reply, None, payload)
+            return
+        self.in_msgs += 1
+        self.in_bytes += len(payload)
+        result = self._match(subject)
+        psubs = result.psubs
+        if not result.qsubs:
+            if len(psubs) == 1:
+                sub = psubs[0]
+                if sub.direct and not sub.dead and (self.echo or sub.client is not self):
+                    sub.client.deliver_direct(sub, subject, reply, payload)
+                    return
+            elif not psubs:
+                if reply and self.no_responders:
+                    self._send_no_responders(subject, reply)
+                return
+        if route(self.server, self, subject, reply, None, payload) == 0 and reply \
+                and self.no_responders:
+            self._send_no_responders(subject, reply)
 
     def _on_event(self, ev: Any) -> None:
         if self.closed:
@@ -463,6 +485,41 @@ class ClientConnection(asyncio.Protocol):
         sub.delivered += 1
         if sub.max_msgs and sub.delivered >= sub.max_msgs:
             self.server.expire(sub)
+        if len(out) + self.tpending > self.max_pending:
+            self.slow_consumer()
+
+    def deliver_direct(self, sub: Subscription, subject: str, reply: str | None,
+                       payload: bytes) -> None:
+        """deliver() of a header-less message without framing a shared Message.
+
+        Only for a single delivery outside any loop over subscriptions: an expired
+        auto-unsubscribe is reaped at once.
+        """
+        if self.closed:
+            return
+        if self.perms is not None:
+            self.deliver(sub, Message(subject, reply, None, payload))
+            if self.server.expired:
+                self.server.reap()
+            return
+        out = self.out
+        if not out:
+            self.loop.call_soon(self.flush)
+        out += _heads.get(subject) or _msg_head(subject)
+        out += sub.sid_sp
+        if reply:
+            out += reply.encode()
+            out += b" "
+        n = len(payload)
+        out += _size_lines.get(n) or _size_line(n)
+        out += payload
+        out += _CRLF
+        self.out_msgs += 1
+        self.out_bytes += n
+        sub.delivered += 1
+        if sub.max_msgs and sub.delivered >= sub.max_msgs:
+            self.server.expire(sub)
+            self.server.reap()
         if len(out) + self.tpending > self.max_pending:
             self.slow_consumer()
 
