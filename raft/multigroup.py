@@ -683,7 +683,8 @@ class MultiRaft:
 
     def _tick_group(self, g: _Group) -> None:
         core = g.core
-        core.tick()
+        # Quiesce *instead of* ticking: a tick would send a plain heartbeat whose
+        # responses, arriving after the QUIESCE round, would wake the leader again.
         if core.state is StateType.LEADER and core.can_quiesce():
             g.idle_ticks += 1
             if g.idle_ticks >= self.quiesce_after_ticks:
@@ -691,6 +692,8 @@ class MultiRaft:
                 g.idle_ticks = 0
         else:
             g.idle_ticks = 0
+        if not core.quiesced:
+            core.tick()
         if core.quiesced:
             self._active.discard(g.name)
         if core.has_ready():
