@@ -62,7 +62,10 @@ class Sim:
         # Three founding voters (4 and 5 may join) or five founding voters.
         voters = ALL if seed % 3 == 0 else ALL[:3]
         extra = [n for n in ALL if n not in voters]
-        self.net = Network(voters, seed=seed, election_tick=4, max_inflight=4,
+        # Safety must not depend on pre-vote or check-quorum: vary them too.
+        variant = (seed >> 3) % 4
+        self.net = Network(voters, seed=seed, election_tick=4, max_inflight=1 + seed % 4,
+                           pre_vote=variant != 1, check_quorum=variant != 2,
                            max_size_per_msg=64, extra=extra, leader_sends_early=seed % 2 == 1,
                            hold_while_pending=seed % 4 < 2)
         self.removed: set[int] = set()
