@@ -318,9 +318,9 @@ class Parser:
             raise ProtocolError("parser closed", "parser closed after a fatal error",
                                 send_err=False)
         try:
-            data = self._resume(bytes(data), on_event)
-            if data:
-                pos = self._parse(data, on_pub, on_event)
+            data, start = self._resume(bytes(data), on_pub, on_event)
+            if start >= 0:
+                pos = self._parse(data, on_pub, on_event, start)
                 if pos < len(data):
                     self._hold(data, pos)
                 else:
@@ -329,36 +329,54 @@ class Parser:
             self._dead = err.fatal
             raise
 
-    def _resume(self, data: bytes, emit: OnEvent) -> bytes:
-        """Merge new bytes with what was held; return what is ready to parse ('' if none)."""
+    def _resume(self, data: bytes, on_pub: OnPub, emit: OnEvent) -> tuple[bytes, int]:
+        """Finish what earlier feeds held. Returns the bytes to parse and where to start,
+        with `_consumed` then the stream offset of their byte 0; or start -1 when the new
+        bytes were all held or skipped (`_consumed` already accounts for them)."""
         if self._skip is not None:
             nl = data.find(b"\n")
             if nl < 0:
                 self._consumed += len(data)
-                return b""
+                return data, -1
             if self._skip is not True:
                 emit(self._skip)  # type: ignore[arg-type]
             self._skip = None
-            self._consumed += nl + 1
-            data = data[nl + 1 :]
+            return data, nl + 1  # nothing else is held while skipping
         if self._chunks:
-            self._chunks.append(data)
-            self._have += len(data)
-            if self._have < self._need:
-                if self._have == self._need - 1 and data and data[-1] != 13:
-                    raise self._error(ERR_UNKNOWN_OP, data, len(data) - 1, "payload end")
-                return b""
-            data = b"".join(self._chunks)
-            self._chunks = []
-            self._have = self._need = 0
-        elif self._tail:
+            return self._finish_frame(data, on_pub, emit)
+        if self._tail:
             if b"\n" not in data:
                 self._tail += data
                 self._check_partial()
-                return b""
+                return data, -1
             data = self._tail + data
             self._tail = b""
-        return data
+        return data, 0
+
+    def _finish_frame(self, data: bytes, on_pub: OnPub, emit: OnEvent) -> tuple[bytes, int]:
+        """Complete the held frame with the first bytes of data and parse it alone: the
+        rest of data is parsed in place instead of being copied behind the held part."""
+        have = self._have
+        k = self._need - have
+        if len(data) < k:
+            self._chunks.append(data)
+            self._have += len(data)
+            if self._have == self._need - 1 and data and data[-1] != 13:
+                raise self._error(ERR_UNKNOWN_OP, data, len(data) - 1, "payload end")
+            return data, -1
+        self._chunks.append(data[:k])
+        frame = b"".join(self._chunks)
+        self._chunks = []
+        self._have = self._need = 0
+        end = self._parse(frame, on_pub, emit, 0)
+        if end == len(frame):
+            self._consumed += have  # now the offset of data[0]
+            return data, k
+        # Not one whole frame after all (cannot happen with unchanged limits): fall back
+        # to parsing the remainder and the new bytes together.
+        self._consumed += end
+        self._need = 0
+        return frame[end:] + data[k:], 0
 
     def _hold(self, data: bytes, pos: int) -> None:
         """Keep the incomplete frame starting at pos for the next feed()."""
@@ -397,9 +415,9 @@ class Parser:
         return ProtocolError(message if send_err else (reason or message), detail,
                              send_err=send_err)
 
-    def _parse(self, data: bytes, on_pub: OnPub, emit: OnEvent) -> int:
-        """Parse complete frames from data; return where the first incomplete one starts."""
-        pos = 0
+    def _parse(self, data: bytes, on_pub: OnPub, emit: OnEvent, pos: int) -> int:
+        """Parse complete frames from data[pos:]; return where the first incomplete one
+        starts."""
         n = len(data)
         find = data.find
         startswith = data.startswith

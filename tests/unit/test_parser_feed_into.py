@@ -80,3 +80,24 @@ def test_callbacks_before_an_error_have_run_and_the_parser_is_dead() -> None:
     assert info.value.events == []
     with pytest.raises(ProtocolError):
         parser.feed_into(b"PING\r\n", seen.append, seen.append)
+
+
+def test_error_offsets_do_not_depend_on_chunking() -> None:
+    # Frames completed across feeds are parsed apart from the rest of the chunk; the
+    # stream offset in an error's detail must not notice.
+    rng = random.Random(1)
+    good = b"PUB a 5\r\nhello\r\nPING pad\r\nPUB bb r 2\r\nhi\r\n+OK\r\n"
+    for _ in range(1500):
+        data = good * rng.randint(1, 4) + b"XBAD\r\n"
+        with pytest.raises(ProtocolError) as whole:
+            Parser().feed(data)
+        parser = Parser()
+        with pytest.raises(ProtocolError) as chunked:
+            for chunk in split(data, rng):
+                parser.feed(chunk)
+        assert _offset(chunked.value) == _offset(whole.value)
+
+
+def _offset(err: ProtocolError) -> str:
+    # An unterminated bad line is refused early (state "op"): only the offset is common.
+    return err.detail.split(" offset=")[1].split()[0]
