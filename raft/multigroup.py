@@ -348,10 +348,16 @@ class MultiRaft:
     async def _conf_change(self, group: str, cc: ConfChange) -> int:
         g = self._group(group)
         idx = g.core.propose_conf_change(cc)
+        # A leader takes one change at a time, and none until it has applied its own
+        # election's entries: wait out that barrier (a few election timeouts) before giving up.
+        deadline = asyncio.get_running_loop().time() + 3 * self.election_tick * self.tick_interval_s
+        while idx is None and g.core.state is StateType.LEADER:
+            if asyncio.get_running_loop().time() > deadline:
+                raise ProposalDropped("a membership change is already in flight")
+            await asyncio.sleep(self.tick_interval_s)
+            idx = g.core.propose_conf_change(cc)
         if idx is None:
-            if g.core.state is not StateType.LEADER:
-                raise NotLeader(g.core.lead)
-            raise ProposalDropped("a membership change is already in flight")
+            raise NotLeader(g.core.lead)
         fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         g.pending[idx] = (g.core.term, fut)
         self._mark(group)
