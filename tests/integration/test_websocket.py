@@ -1,6 +1,5 @@
-"""The WebSocket listener end to end, with the real `websockets` client,
-against nats-server (the oracle) and `jetraft serve`. (nats-py's ws://
-transport needs aiohttp, which is not installed, so it is not used here.)"""
+"""The WebSocket listener end to end, with the real `websockets` client and
+nats-py's ws:// transport, against nats-server (the oracle) and `jetraft serve`."""
 
 from __future__ import annotations
 
@@ -99,3 +98,28 @@ async def test_websocket_and_tcp_clients_see_each_other(impl, tmp_path):
             msg = await sub.next_msg(timeout=10)
             assert msg.data == b"from-w"
         await nc.close()
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("compression", [False, True], ids=["plain", "deflate"])
+async def test_nats_py_over_websocket(impl, compression, tmp_path):
+    import nats
+
+    wport = free_port()
+    with server(impl, tmp_path, ws_conf(wport, compression), also=(wport,)):
+        nc = await nats.connect(f"ws://{HOST}:{wport}", allow_reconnect=False)
+        try:
+            sub = await nc.subscribe("ws.>")
+            async def upper(m):
+                await m.respond(m.data.upper())
+
+            responder = await nc.subscribe("svc", cb=upper)
+            big = bytes(range(256)) * 300  # spans several frames
+            await nc.publish("ws.a", big, headers={"K": "v"})
+            msg = await sub.next_msg(timeout=10)
+            assert (msg.subject, msg.data, msg.headers) == ("ws.a", big, {"K": "v"})
+            reply = await nc.request("svc", b"ping", timeout=10)
+            assert reply.data == b"PING"
+            await responder.unsubscribe()
+        finally:
+            await nc.close()
