@@ -191,8 +191,8 @@ class Server:
                 info.update(tls.info_fields(o.tls))
             else:
                 info["tls_available"] = True
-        if o.jetstream.enabled:
-            info["jetstream"] = True
+        # No "jetstream" key until the JetStream API answers: a client that saw it would
+        # send $JS.API requests that nobody serves.
         info["client_id"] = client.cid
         if client.host:
             info["client_ip"] = client.host
@@ -209,6 +209,8 @@ class Server:
         self.log.info(f"  ID:       {self.server_id}")
         if o.config_file:
             self.log.info(f"Using configuration file: {o.config_file}")
+        if o.jetstream.enabled:
+            self.log.warn("JetStream is not available yet in this build: -js is ignored")
         for block in o.unsupported:
             self.log.warn(f"Configuration block {block!r} is not supported by jetraft; ignored")
         if o.pid_file:
