@@ -53,6 +53,14 @@ def test_unsupported_config_block_warns(servers):
     assert re.search(r"\[WRN\] .*leafnodes", proc.log_text())
 
 
+def test_js_flag_is_not_advertised_before_jetstream_exists(servers, tmp_path, raw):
+    # Until the JetStream API answers, INFO must not invite clients to use it.
+    proc = servers.jetraft(args=["-js", "-sd", str(tmp_path / "js")])
+    assert re.search(r"\[WRN\] JetStream is not available", proc.log_text())
+    info = raw(proc.port).info
+    assert info["server_name"] and "jetstream" not in info
+
+
 async def test_reconnect_after_restart_on_same_port(servers):
     first = servers.jetraft()
     reconnected = asyncio.Event()
