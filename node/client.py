@@ -66,7 +66,7 @@ class Subscription:
     """A SUB of one client (or an internal one); stored in the sublist."""
 
     __slots__ = ("subject", "queue", "sid", "client", "sid_sp", "max_msgs", "delivered", "dead",
-                 "direct")
+                 "direct", "last_subject", "last_size", "last_line")
 
     def __init__(self, subject: str, queue: str | None, sid: str, client: Any) -> None:
         self.subject = subject
@@ -80,6 +80,10 @@ class Subscription:
         # A plain TCP/TLS/WebSocket client: the single-subscriber fast path may write
         # straight into its buffer (see ClientConnection._on_pub_plain).
         self.direct = type(client) is ClientConnection
+        # deliver_direct's last "MSG <subject> <sid> <size>\r\n", reused while it fits.
+        self.last_subject = ""
+        self.last_size = -1
+        self.last_line = b""
 
 
 _heads: dict[str, bytes] = {}  # subject -> b"MSG <subject> ", reused across messages
@@ -505,13 +509,22 @@ class ClientConnection(asyncio.Protocol):
         out = self.out
         if not out:
             self.loop.call_soon(self.flush)
-        out += _heads.get(subject) or _msg_head(subject)
-        out += sub.sid_sp
+        n = len(payload)
         if reply:
+            out += _heads.get(subject) or _msg_head(subject)
+            out += sub.sid_sp
             out += reply.encode()
             out += b" "
-        n = len(payload)
-        out += _size_lines.get(n) or _size_line(n)
+            out += _size_lines.get(n) or _size_line(n)
+        else:
+            # A stream of same-size messages on one subject has a constant MSG line.
+            line = sub.last_line
+            if n != sub.last_size or subject != sub.last_subject:
+                line = sub.last_line = b"%b%b%d\r\n" % (
+                    _heads.get(subject) or _msg_head(subject), sub.sid_sp, n)
+                sub.last_subject = subject
+                sub.last_size = n
+            out += line
         out += payload
         out += _CRLF
         self.out_msgs += 1
