@@ -77,3 +77,32 @@ def test_burst_delivers_every_frame_in_order(pair, raw):
     out = _INFO.sub(b"", raw(pair["jetraft"].port).exchange(_burst()))
     bodies = re.findall(rb"MSG b\.x 5 3\r\n(\d{3})\r\n", out)
     assert [int(b) for b in bodies] == list(range(300))
+
+
+_PERMS_CONF = """
+authorization {
+  users = [
+    {user: free, password: pw}
+    {user: lim, password: pw, permissions: {subscribe: {allow: ["a.>"], deny: ["a.secret"]}}}
+  ]
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def perms_pair(module_servers):
+    return module_servers.both(_PERMS_CONF)
+
+
+def test_subscriber_permissions_filter_fast_path_deliveries(perms_pair, raw):
+    # The publisher takes the fast path; the single subscriber's permissions still decide.
+    got = {}
+    for label, srv in perms_pair.items():
+        sub = raw(srv.port)
+        sub.exchange(_connect(b',"user":"lim","pass":"pw"') + b"SUB a.> 1\r\n")
+        pub = raw(srv.port)
+        pub.exchange(_connect(b',"user":"free","pass":"pw"')
+                     + b"PUB a.x 1\r\n1\r\nPUB a.secret 1\r\n2\r\nPUB a.y 1\r\n3\r\n")
+        got[label] = _INFO.sub(b"", sub.exchange(b""))
+    assert got["jetraft"] == got["nats-server"]
+    assert got["jetraft"] == b"MSG a.x 1 1\r\n1\r\nMSG a.y 1 1\r\n3\r\n"
