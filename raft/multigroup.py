@@ -20,17 +20,20 @@
   are not quiesced. Idle leaders quiesce; the transport's node-level
   liveness beat replaces per-group heartbeats, and when a peer node goes
   silent the quiesced groups it leads are woken so they can elect.
-* **Snapshots.** After `snapshot_every` applied entries (and for groups that
-  pin old WAL segments) the state machine's snapshot is saved
-  (`raft/snapfile.py`) and the log compacted behind it; lagging or new
-  members receive it over the transport's snapshot stream.
+* **Snapshots are files.** After `snapshot_every` applied entries (and for
+  groups that pin old WAL segments) the state machine writes an image of
+  itself to a file in a worker thread (`snapshot_to`), the driver commits it
+  (`raft/snapfile.py`) and compacts the log behind it; lagging or new members
+  receive it streamed from disk in chunks, and the receiver writes it to
+  disk in chunks. No image is ever held whole in memory.
 
 State machine protocol (duck-typed; see `StateMachine`): `apply(index,
 data)` in log order on every member (leader no-ops, which are empty, are not
-passed; empty proposals are refused), `snapshot()`, `restore(data)`,
-`on_leader_change(leader_id, term)` (leader_id 0 = leadership lost), and
-optionally `on_conf_change(index, ConfChange)`. After a restart the driver
-restores the last snapshot and re-applies the committed entries after it.
+passed; empty proposals are refused), `snapshot_to(path) -> index`,
+`restore_from(path)`, `on_leader_change(leader_id, term)` (leader_id 0 =
+leadership lost), and optionally `on_conf_change(index, ConfChange)`. After
+a restart the driver restores the last snapshot and re-applies the committed
+entries after it.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import os
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -78,8 +82,22 @@ class ProposalDropped(Exception):
 
 class StateMachine(Protocol):
     def apply(self, index: int, data: bytes) -> None: ...
-    def snapshot(self) -> bytes: ...
-    def restore(self, data: bytes) -> None: ...
+
+    def snapshot_to(self, path: str) -> int:
+        """Write a consistent image of the state to the new file `path` and
+        return the index of the last entry `apply` had put in that image (0 if
+        none; the driver knows no-ops and membership changes). Runs in a worker
+        thread while `apply` goes on in the loop: the state machine makes that
+        safe (LMDB: copy from one read transaction that also reads the applied
+        index). The driver never runs it together with `restore_from`."""
+        ...
+
+    def restore_from(self, path: str) -> None:
+        """Replace the whole state by the image in `path` (a file the driver
+        keeps: copy it, do not move it). A 0-byte image is the empty state.
+        May run in a worker thread; no `apply` of the group runs meanwhile."""
+        ...
+
     def on_leader_change(self, leader_id: int, term: int) -> None: ...
 
 
@@ -94,6 +112,9 @@ class DriverStats:
     entries_applied: int = 0
     snapshots_taken: int = 0
     snapshots_installed: int = 0
+    snapshots_discarded: int = 0  # images dropped (raced a membership change or an install)
+    snapshot_bytes_sent: int = 0
+    snapshot_bytes_received: int = 0
     ticks: int = 0
     wakes_for_dead_peer: int = 0
 
@@ -103,17 +124,20 @@ class _Group:
     name: str
     core: Raft
     sm: Any
-    snap: tuple[SnapshotMeta, bytes] | None = None
+    snap: snapfile.Stored | None = None
     pending: dict[int, tuple[int, asyncio.Future[int]]] = field(default_factory=dict)
     props: list[tuple[bytes, asyncio.Future[int]]] = field(default_factory=list)
     reads: dict[bytes, asyncio.Future[None]] = field(default_factory=dict)
     read_waits: list[tuple[int, asyncio.Future[None]]] = field(default_factory=list)
     leader_waiters: list[asyncio.Future[None]] = field(default_factory=list)
-    incoming: tuple[SnapshotMeta, bytes] | None = None
+    incoming: snapfile.Stored | None = None  # received, sealed, not yet stepped in
     lead_seen: tuple[int, int] = (NONE, 0)
     durable_tv: tuple[int, int] = (0, NONE)  # term and vote known fsynced
     idle_ticks: int = 0
     snapshotting: bool = False
+    snap_task: asyncio.Task[Any] | None = None
+    installing: bool = False  # a received snapshot is being committed / restored
+    conf_applied: list[int] = field(default_factory=list)  # conf changes during snapshotting
 
 
 class MultiRaft:
@@ -217,17 +241,18 @@ class MultiRaft:
         gl = self.node_log.group(group)
         hs, cs = gl.initial_state()
         fresh = gl.last_index() == 0 and gl.first_index() == 1 and hs == HardState()
-        snap: tuple[SnapshotMeta, bytes] | None = None
+        snap: snapfile.Stored | None = None
         if fresh and self.node_id in (*voters, *learners):
             # Every initial member installs the same index-1 snapshot holding
-            # the configuration; its data is the empty state machine.
+            # the configuration; its data is the empty state (no file).
             meta = SnapshotMeta(1, 1, ConfState(tuple(voters), tuple(learners)))
             self.node_log.apply_snapshot(group, meta)
             self._force_sync = True
-            snap = (meta, _as_bytes(state_machine.snapshot()))
+            state_machine.restore_from(self._empty_image())
+            snap = snapfile.Stored(meta, None)
         elif not fresh:
             snap = self._recover_snapshot(group, state_machine)
-        applied = snap[0].index if snap else 0
+        applied = snap.meta.index if snap else 0
         cfg = Config(
             id=self.node_id, group=group, election_tick=self.election_tick,
             heartbeat_tick=self.heartbeat_tick, applied=applied,
@@ -243,7 +268,7 @@ class MultiRaft:
         self._active.add(group)
         self._mark(group)
 
-    def _recover_snapshot(self, group: str, sm: Any) -> tuple[SnapshotMeta, bytes] | None:
+    def _recover_snapshot(self, group: str, sm: Any) -> snapfile.Stored | None:
         gl = self.node_log.group(group)
         stored = snapfile.load(self.snap_dir, group)
         log_snap = gl.snapshot().meta
@@ -251,16 +276,27 @@ class MultiRaft:
             if log_snap.index > 1:
                 raise snapfile.SnapshotFileError(
                     f"{group}: log compacted to {log_snap.index} but no snapshot file")
-            return (log_snap, _as_bytes(sm.snapshot())) if log_snap.index == 1 else None
-        meta, data = stored
+            if log_snap.index == 0:
+                return None
+            sm.restore_from(self._empty_image())  # the bootstrap snapshot: empty state
+            return snapfile.Stored(log_snap, None)
+        meta = stored.meta
         if meta.index > gl.last_index():
             self.node_log.apply_snapshot(group, meta)
             self._force_sync = True
         elif meta.index > log_snap.index:
             # Crash between saving the file and the COMPACT record: redo it.
             self.node_log.compact(group, meta.index, meta.conf_state)
-        sm.restore(data)
-        return meta, data
+        sm.restore_from(stored.path or self._empty_image())
+        return stored
+
+    def _empty_image(self) -> str:
+        """A 0-byte image: what `restore_from` takes as the empty state."""
+        path = os.path.join(self.snap_dir, "empty.image")
+        if not os.path.exists(path):
+            os.makedirs(self.snap_dir, exist_ok=True)
+            open(path, "wb").close()
+        return path
 
     def remove_group(self, group: str) -> None:
         g = self._groups.pop(group, None)
@@ -398,23 +434,52 @@ class MultiRaft:
             self._peers[peer] = True
 
     async def on_snapshot(self, header: Message, chunks: AsyncIterator[bytes]) -> bool:
-        """A leader streams a snapshot: keep its data, step its SNAP message."""
+        """A leader streams a snapshot: write it to a `.part` file chunk by
+        chunk, fsync and check it, then step its SNAP message."""
         g = self._groups.get(header.group)
         if g is None or header.snapshot is None:
             return False
-        parts = [c async for c in chunks]
-        g.incoming = (header.snapshot.meta, b"".join(parts))
+        rx = snapfile.Receiver(self.snap_dir, header.group)
+        try:
+            async for piece in chunks:
+                await asyncio.to_thread(rx.feed, piece)
+                self.stats.snapshot_bytes_received += len(piece)
+            await asyncio.to_thread(rx.finish)
+        except BaseException:
+            rx.close()
+            snapfile.discard(rx.path)
+            raise
+        if rx.meta != header.snapshot.meta or self._groups.get(header.group) is not g:
+            snapfile.discard(rx.path)
+            return False
+        if g.incoming is not None:
+            snapfile.discard(g.incoming.path)
+        g.incoming = snapfile.Stored(rx.meta, rx.path, rx.size, rx.crc)
         g.core.step(header)
         self._mark(header.group)
         return True
 
     async def snapshot_source(self, msg: Message) -> AsyncIterator[bytes]:
-        """Data of the snapshot a SNAP message announces (the transport streams it)."""
+        """The snapshot a SNAP message announces, as the transport streams it:
+        the snapfile head, then the data file read from disk chunk by chunk."""
         g = self._groups.get(msg.group)
         want = msg.snapshot.meta.index if msg.snapshot else -1
-        if g is None or g.snap is None or g.snap[0].index != want:
+        stored = g.snap if g is not None else None
+        if stored is None or stored.meta.index != want:
             raise RuntimeError(f"{msg.group}: no snapshot data at index {want}")
-        yield g.snap[1]
+        yield snapfile.encode_head(stored.meta, stored.size, stored.crc)
+        if stored.path is None:
+            return
+        # A newer snapshot may delete the file once it is open: the fd keeps it
+        # readable. (Deleted before that: the transfer fails and Raft retries.)
+        fd = os.open(stored.path, os.O_RDONLY)
+        try:
+            pieces = snapfile.read_chunks(fd, stored.size)
+            while (piece := await asyncio.to_thread(next, pieces, None)) is not None:
+                self.stats.snapshot_bytes_sent += len(piece)
+                yield piece
+        finally:
+            os.close(fd)
 
     # ---- the ready loop ------------------------------------------------------------------
 
@@ -434,7 +499,7 @@ class MultiRaft:
         work: list[tuple[_Group, Ready]] = []
         early: list[Message] = []
         need_sync, self._force_sync = self._force_sync, False
-        installs: list[tuple[_Group, SnapshotMeta, bytes]] = []
+        installs: list[tuple[_Group, snapfile.Stored]] = []
         for name in dirty:
             g = self._groups.get(name)
             if g is None:
@@ -451,11 +516,13 @@ class MultiRaft:
             self.transport.send(early)
         if not work and not need_sync:
             return
-        for g, meta, data in installs:
-            await asyncio.to_thread(snapfile.save, self.snap_dir, g.name, meta, data)
+        await self._commit_installs(installs)
         if need_sync:
             await self.node_log.sync_async()
             self._count_sync(len(work))
+        for g, stored in installs:
+            # Off the loop: copying a large image must not stall other groups.
+            await asyncio.to_thread(g.sm.restore_from, stored.path or self._empty_image())
         self.stats.drains += 1
         self.stats.readies += len(work)
         self._finish(work, installs)
@@ -466,10 +533,23 @@ class MultiRaft:
         s.synced_readies += groups
         s.max_groups_per_sync = max(s.max_groups_per_sync, groups)
 
+    async def _commit_installs(self, installs: list[tuple[_Group, snapfile.Stored]]) -> None:
+        """Commit received snapshot files before the fsync of their
+        SNAPSHOT_META records, so the WAL never names a missing snapshot."""
+        for i, (g, inc) in enumerate(installs):
+            if g.snap_task is not None:
+                # Our own snapshot of the group is being written: let it finish
+                # first, so the received file is the last one committed and
+                # snapshot_to never overlaps restore_from.
+                await asyncio.gather(g.snap_task, return_exceptions=True)
+            g.snap = await asyncio.to_thread(
+                snapfile.commit, self.snap_dir, g.name, inc.meta, inc.path, inc.size, inc.crc)
+            installs[i] = (g, g.snap)
+
     def _finish(self, work: list[tuple[_Group, Ready]], installs: list) -> None:
         out: list[Message] = []
-        for g, meta, data in installs:
-            self._install(g, meta, data)
+        for g, stored in installs:
+            self._install(g, stored.meta)
         for g, rd in work:
             if rd.hard_state is not None:
                 g.durable_tv = (rd.hard_state.term, rd.hard_state.vote)
@@ -510,10 +590,11 @@ class MultiRaft:
         if rd.snapshot is not None:
             meta = rd.snapshot.meta
             inc = g.incoming
-            if inc is None or inc[0].index != meta.index:
+            if inc is None or inc.meta.index != meta.index:
                 raise RuntimeError(f"{g.name}: snapshot {meta.index} without its data")
-            installs.append((g, meta, inc[1]))
+            installs.append((g, inc))
             g.incoming = None
+            g.installing = True
             self.node_log.apply_snapshot(g.name, meta)
         if rd.entries:
             self.node_log.append(g.name, rd.entries)
@@ -534,9 +615,9 @@ class MultiRaft:
             rd.messages = [m for m in rd.messages if m.type not in _EARLY]
         return early
 
-    def _install(self, g: _Group, meta: SnapshotMeta, data: bytes) -> None:
-        g.sm.restore(data)
-        g.snap = (meta, data)
+    def _install(self, g: _Group, meta: SnapshotMeta) -> None:
+        """Bookkeeping once a received snapshot is committed and restored."""
+        g.installing = False
         self.stats.snapshots_installed += 1
         for idx in [i for i in g.pending if i <= meta.index]:
             _, fut = g.pending.pop(idx)
@@ -549,6 +630,8 @@ class MultiRaft:
                 if e.data:
                     sm.apply(e.index, e.data)
             else:
+                if g.snapshotting:
+                    g.conf_applied.append(e.index)
                 hook = getattr(sm, "on_conf_change", None)
                 if hook is not None:
                     hook(e.index, decode_conf_change(e.data))
@@ -624,29 +707,60 @@ class MultiRaft:
     # ---- snapshots and compaction ----------------------------------------------------
 
     def _snapshot(self, g: _Group) -> None:
+        if g.snapshotting or g.installing:
+            return  # never two images at once, nor an image during a restore
         core = g.core
-        meta = SnapshotMeta(core.applied, core.log.term(core.applied), core.conf_state)
-        data = g.sm.snapshot()  # captured now: consistent with `applied`
         g.snapshotting = True
-        self._spawn(self._save_and_compact(g, meta, data))
+        g.conf_applied = []
+        g.snap_task = self._spawn(self._save_and_compact(g, core.applied, core.conf_state))
 
-    async def _save_and_compact(self, g: _Group, meta: SnapshotMeta, data: Any) -> None:
+    async def _save_and_compact(self, g: _Group, start: int, conf: ConfState) -> None:
+        part = snapfile.new_part(self.snap_dir, g.name)
         try:
-            if not isinstance(data, (bytes, bytearray)):
-                data = b"".join([c async for c in data])
+            # The image is written in a thread while applies go on; it tells
+            # which applied index it holds (>= start).
+            index, size, crc = await asyncio.to_thread(_write_image, g.sm, part)
+            meta = self._image_meta(g, start, index, conf)
+            if meta is None:
+                self.stats.snapshots_discarded += 1
+                return
             # The hard state whose commit covers `meta.index` was buffered
             # before the entries were applied: make it durable before the
             # snapshot file can claim that index.
             await self.node_log.sync_async()
-            await asyncio.to_thread(snapfile.save, self.snap_dir, g.name, meta, bytes(data))
+            stored = await asyncio.to_thread(
+                snapfile.commit, self.snap_dir, g.name, meta, part, size, crc)
+            part = None
             gl = self.node_log.group(g.name)
             if self._groups.get(g.name) is not g or meta.index <= gl.first_index() - 1:
                 return  # removed, or a newer snapshot was installed meanwhile
-            g.snap = (meta, bytes(data))
+            g.snap = stored
             self.node_log.compact(g.name, meta.index, meta.conf_state)
             self.stats.snapshots_taken += 1
         finally:
+            snapfile.discard(part)
             g.snapshotting = False
+            g.snap_task = None
+
+    def _image_meta(self, g: _Group, start: int, index: int,
+                    conf: ConfState) -> SnapshotMeta | None:
+        """Metadata of an image holding entries up to `index`, or None if it
+        cannot be used: the group moved on under it (a snapshot installed,
+        the group removed) or a membership change applied after `start` is in
+        it, so `conf` would be wrong (the next trigger takes a new image)."""
+        core = g.core
+        if index > core.applied:
+            raise RuntimeError(f"{g.name}: image holds index {index}, applied {core.applied}")
+        # The state machine counts only entries it was given: no-ops and
+        # membership changes between its index and `start` do not change the
+        # state, so the image is also the state at `start`.
+        index = max(index, start)
+        if self._groups.get(g.name) is not g or index <= core.log.first_index() - 1:
+            return None
+        if any(start < c <= index for c in g.conf_applied):
+            return None
+        term = core.log.term_or_zero(index)
+        return SnapshotMeta(index, term, conf) if term else None
 
     def snapshot_now(self, group: str) -> None:
         """Snapshot and compact `group` at its applied index (operators, tests)."""
@@ -732,10 +846,14 @@ def _fail(fut: asyncio.Future[Any], exc: Exception) -> None:
         fut.set_exception(exc)
 
 
-def _as_bytes(data: Any) -> bytes:
-    if not isinstance(data, (bytes, bytearray)):
-        raise TypeError("snapshot() of an empty state machine must return bytes")
-    return bytes(data)
+def _write_image(sm: Any, part: str) -> tuple[int, int, int]:
+    """In a worker thread: the state machine writes its image, then it is
+    fsynced and checksummed. Returns (index, size, crc)."""
+    index = sm.snapshot_to(part)
+    if not isinstance(index, int):
+        raise TypeError("snapshot_to() must return the applied index of the image")
+    size, crc = snapfile.seal(part)
+    return index, size, crc
 
 
 def create(

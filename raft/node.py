@@ -6,7 +6,8 @@
 
 Hosts groups `g0`..`g<N-1>` (initial voters `--voters`, default every peer;
 a node not among them joins empty, to be added with `add_member`). Each group
-runs an append-log state machine. The control interface is newline-delimited
+runs an append-log state machine: in LMDB under `D/sm/g<k>` (`--sm full`),
+or a bare counter (`--sm count`, benchmarks). The control interface is newline-delimited
 JSON on 127.0.0.1:C; requests carry an `id`, are served concurrently, and
 each response echoes it:
 
@@ -23,54 +24,156 @@ import asyncio
 import json
 import logging
 import os
+import shutil
 import signal
 import struct
+import threading
 from typing import Any
+
+import lmdb
 
 from raft.multigroup import MultiRaft, NotLeader, ProposalDropped, create
 
 _LEN = struct.Struct(">I")
 
 
-class AppendLogSM:
-    """Keeps every applied entry (`full`) or only counts them (`count`, benchmarks)."""
+class LmdbSM:
+    """An append-log state machine in LMDB, one environment per group.
 
-    def __init__(self, keep: bool = True) -> None:
-        self.keep = keep
-        self.entries: list[tuple[int, bytes]] = []
-        self.count = 0
-        self.last = 0
+    Each apply writes the entry under its index and the `applied` key in one
+    write transaction. LMDB runs with `sync=False`: the Raft WAL is the
+    source of truth, and after a restart the driver restores the last
+    snapshot and re-applies the entries after it (an index at or below
+    `applied` is skipped, so re-applying is harmless either way).
+    """
+
+    MAP_SIZE = 1 << 32  # address space only; the file grows as needed
+
+    def __init__(self, dir: str) -> None:
+        self.dir = dir
+        self._env_dir = os.path.join(dir, "env")
+        # Guards the env handle: restore_from swaps it from a worker thread.
+        self._lock = threading.Lock()
+        shutil.rmtree(self._env_dir + ".new", ignore_errors=True)  # an interrupted restore
+        self.env = self._open(self._env_dir)
         self.leader = (0, 0)
 
+    def _open(self, path: str) -> lmdb.Environment:
+        os.makedirs(path, exist_ok=True)
+        return lmdb.open(path, map_size=self.MAP_SIZE, sync=False, metasync=False,
+                         readahead=False)
+
     def apply(self, index: int, data: bytes) -> None:
-        if index <= self.last:
-            raise AssertionError(f"apply {index} after {self.last}")
-        self.last = index
-        self.count += 1
-        if self.keep:
-            self.entries.append((index, data))
+        key = index.to_bytes(8, "big")
+        with self._lock, self.env.begin(write=True) as txn:
+            if index <= _index(txn.get(_APPLIED)):
+                return  # re-applied after a restart: already in the state
+            txn.put(_ENTRY + key, data)
+            txn.put(_APPLIED, key)
 
-    def snapshot(self) -> bytes:
-        head = struct.pack(">QQ", self.count, self.last)
-        return head + b"".join(struct.pack(">QI", i, len(d)) + d for i, d in self.entries)
+    def snapshot_to(self, path: str) -> int:
+        """A compacted copy of the environment taken from one read transaction;
+        the applied index read in that same transaction is exactly the image's."""
+        with self._lock:
+            env = self.env
+            txn = env.begin()
+        try:
+            applied = _index(txn.get(_APPLIED))
+            with open(path, "wb") as f:
+                env.copyfd(f.fileno(), compact=True, txn=txn)
+        finally:
+            txn.abort()
+        return applied
 
-    def restore(self, data: bytes) -> None:
-        self.count, self.last = struct.unpack_from(">QQ", data)
-        self.entries = []
-        pos = 16
-        while pos < len(data):
-            i, n = struct.unpack_from(">QI", data, pos)
-            self.entries.append((i, data[pos + 12 : pos + 12 + n]))
-            pos += 12 + n
+    def restore_from(self, path: str) -> None:
+        """Copy the image into a fresh environment directory (sendfile: no
+        buffering of the image), then swap it in."""
+        fresh = self._env_dir + ".new"
+        shutil.rmtree(fresh, ignore_errors=True)
+        os.makedirs(fresh)
+        if os.path.getsize(path):
+            shutil.copyfile(path, os.path.join(fresh, "data.mdb"))
+        with self._lock:
+            self.env.close()
+            shutil.rmtree(self._env_dir)
+            os.replace(fresh, self._env_dir)
+            self.env = self._open(self._env_dir)
 
     def on_leader_change(self, leader_id: int, term: int) -> None:
         self.leader = (leader_id, term)
+
+    def entries(self) -> list[tuple[int, bytes]]:
+        with self._lock, self.env.begin() as txn:
+            cur = txn.cursor()
+            out = []
+            if cur.set_range(_ENTRY):
+                for k, v in cur:
+                    if not k.startswith(_ENTRY):
+                        break
+                    out.append((int.from_bytes(k[1:], "big"), bytes(v)))
+            return out
+
+    @property
+    def count(self) -> int:
+        with self._lock, self.env.begin() as txn:
+            return txn.stat()["entries"] - (1 if txn.get(_APPLIED) is not None else 0)
+
+    @property
+    def applied(self) -> int:
+        with self._lock, self.env.begin() as txn:
+            return _index(txn.get(_APPLIED))
+
+    def close(self) -> None:
+        with self._lock:
+            self.env.close()
+
+
+_ENTRY = b"e"
+_APPLIED = b"m:applied"
+
+
+def _index(raw: bytes | None) -> int:
+    return int.from_bytes(raw, "big") if raw else 0
+
+
+class CountSM:
+    """Only counts applied entries (benchmarks); its image is 16 bytes."""
+
+    def __init__(self) -> None:
+        self.state = (0, 0)  # (count, last index): one tuple, read atomically by snapshot_to
+        self.leader = (0, 0)
+
+    def apply(self, index: int, data: bytes) -> None:
+        count, last = self.state
+        if index > last:
+            self.state = (count + 1, index)
+
+    def snapshot_to(self, path: str) -> int:
+        count, last = self.state
+        with open(path, "wb") as f:
+            f.write(struct.pack(">QQ", count, last))
+        return last
+
+    def restore_from(self, path: str) -> None:
+        with open(path, "rb") as f:
+            raw = f.read(16)
+        self.state = struct.unpack(">QQ", raw) if raw else (0, 0)
+
+    def on_leader_change(self, leader_id: int, term: int) -> None:
+        self.leader = (leader_id, term)
+
+    def entries(self) -> list[tuple[int, bytes]]:
+        return []
+
+    @property
+    def count(self) -> int:
+        return self.state[0]
 
 
 class Control:
     """The JSON-lines control server of one node."""
 
-    def __init__(self, mr: MultiRaft, sms: dict[str, AppendLogSM]) -> None:
+    def __init__(self, mr: MultiRaft, sms: dict[str, Any]) -> None:
         self.mr = mr
         self.sms = sms
 
@@ -105,7 +208,7 @@ class Control:
             return {"index": await mr.propose(group, req["data"].encode())}
         if op == "entries":
             sm = self.sms[group]
-            return {"entries": [[i, d.decode()] for i, d in sm.entries], "count": sm.count}
+            return {"entries": [[i, d.decode()] for i, d in sm.entries()], "count": sm.count}
         if op == "status":
             return {"status": mr.status(group)}
         if op == "stats":
@@ -146,7 +249,8 @@ async def run(args: argparse.Namespace) -> None:
                 snapshot_every=args.snapshot_every)
     sms = {}
     for k in range(args.groups):
-        sms[f"g{k}"] = AppendLogSM(keep=args.sm == "full")
+        sms[f"g{k}"] = (LmdbSM(os.path.join(args.dir, "sm", f"g{k}")) if args.sm == "full"
+                        else CountSM())
         mr.add_group(f"g{k}", voters, state_machine=sms[f"g{k}"])
     await mr.start()
     server = await asyncio.start_server(Control(mr, sms).serve, "127.0.0.1", args.control_port)
@@ -158,6 +262,9 @@ async def run(args: argparse.Namespace) -> None:
     await stop.wait()
     server.close()
     await mr.stop()
+    for sm in sms.values():
+        if isinstance(sm, LmdbSM):
+            sm.close()
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,27 +1,45 @@
-"""Snapshot data files of the driver: one file per group, written atomically.
+"""Snapshot files of the driver: a data file per group plus a small meta file.
 
-The WAL (`raft/storage.py`) keeps only snapshot *metadata*; the bytes a
-state machine returned from `snapshot()` (or received from a leader) live
-here, so a restarted node can `restore()` them and serve them to lagging
-members. Layout of `<dir>/<hex(group)>.snap`:
+The WAL (`raft/storage.py`) keeps only snapshot *metadata*; the image a
+state machine wrote with `snapshot_to(path)` (or a leader streamed to us)
+lives here as a plain file, so a restarted node can `restore_from()` it and
+serve it to lagging members by reading it in chunks. Nothing here holds an
+image in memory: data is copied and checksummed in fixed-size pieces.
 
-    magic b"JRSN" | u64 index | u64 term | u16 voters | u16 learners |
-    u64 ids... | u32 crc32(everything before it and the data) | data
+Files in `dir`, `<g>` the hex of the group id:
 
-Written to a temporary file, fsynced, renamed over the old one, directory
-fsynced: a crash leaves either the old or the new snapshot, never a mix.
+* `<g>.<nonce>.part` -- an image being written or received, not yet trusted.
+* `<g>.<nonce>.data` -- the committed image the meta file names.
+* `<g>.meta` -- the head below, then u16 name length and the data file name,
+  then u32 crc32 of everything before it.
+
+The head (also the first bytes of a streamed snapshot, so the receiver can
+check what it got end to end):
+
+    magic b"JRS2" | u64 index | u64 term | u16 voters | u16 learners |
+    u64 size | u32 crc32(data) | u64 ids...
+
+Commit order: data fsynced and renamed to `.data`, meta written to a tmp
+file, fsynced, renamed over `<g>.meta`, directory fsynced, then older data
+files deleted. A crash leaves the old or the new snapshot, never a mix.
+A 0-byte image is the empty state (the bootstrap snapshot at index 1).
 """
 
 from __future__ import annotations
 
 import os
+import secrets
 import struct
 import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
 
 from raft.types import ConfState, SnapshotMeta
 
-_MAGIC = b"JRSN"
-_HEAD = struct.Struct("<4sQQHH")
+CHUNK = 256 << 10
+_MAGIC = b"JRS2"
+_HEAD = struct.Struct("<4sQQHHQI")
+_U16 = struct.Struct("<H")
 _CRC = struct.Struct("<I")
 
 
@@ -29,48 +47,114 @@ class SnapshotFileError(Exception):
     """A snapshot file exists but cannot be trusted."""
 
 
-def _path(dir: str, group: str) -> str:
-    return os.path.join(dir, group.encode("ascii").hex() + ".snap")
+@dataclass(frozen=True)
+class Stored:
+    """A committed snapshot: its metadata and data file (None = empty state)."""
+
+    meta: SnapshotMeta
+    path: str | None
+    size: int = 0
+    crc: int = 0
 
 
-def encode(meta: SnapshotMeta, data: bytes) -> bytes:
+def _prefix(group: str) -> str:
+    return group.encode("ascii").hex()
+
+
+def _meta_path(dir: str, group: str) -> str:
+    return os.path.join(dir, _prefix(group) + ".meta")
+
+
+def new_part(dir: str, group: str) -> str:
+    """A fresh path for an image about to be written."""
+    os.makedirs(dir, exist_ok=True)
+    return os.path.join(dir, f"{_prefix(group)}.{secrets.token_hex(6)}.part")
+
+
+# ---- head encoding ---------------------------------------------------------------
+
+
+def encode_head(meta: SnapshotMeta, size: int, crc: int) -> bytes:
     cs = meta.conf_state
     ids = struct.pack(f"<{len(cs.voters) + len(cs.learners)}Q", *cs.voters, *cs.learners)
-    head = _HEAD.pack(_MAGIC, meta.index, meta.term, len(cs.voters), len(cs.learners)) + ids
-    return head + _CRC.pack(zlib.crc32(data, zlib.crc32(head))) + data
+    return _HEAD.pack(_MAGIC, meta.index, meta.term, len(cs.voters), len(cs.learners),
+                      size, crc) + ids
 
 
-def decode(buf: bytes) -> tuple[SnapshotMeta, bytes]:
+def parse_head(buf: bytes | bytearray) -> tuple[SnapshotMeta, int, int, int] | None:
+    """(meta, size, crc, head length), or None while `buf` is too short."""
     if len(buf) < _HEAD.size:
-        raise SnapshotFileError("short snapshot header")
-    magic, index, term, nv, nl = _HEAD.unpack_from(buf)
+        return None
+    magic, index, term, nv, nl, size, crc = _HEAD.unpack_from(buf)
     if magic != _MAGIC:
         raise SnapshotFileError("bad snapshot magic")
     end = _HEAD.size + 8 * (nv + nl)
-    if len(buf) < end + _CRC.size:
-        raise SnapshotFileError("short snapshot header")
+    if len(buf) < end:
+        return None
     ids = struct.unpack_from(f"<{nv + nl}Q", buf, _HEAD.size)
-    (crc,) = _CRC.unpack_from(buf, end)
-    data = bytes(buf[end + _CRC.size :])
-    if zlib.crc32(data, zlib.crc32(buf[:end])) != crc:
-        raise SnapshotFileError("snapshot checksum mismatch")
-    return SnapshotMeta(index, term, ConfState(tuple(ids[:nv]), tuple(ids[nv:]))), data
+    meta = SnapshotMeta(index, term, ConfState(tuple(ids[:nv]), tuple(ids[nv:])))
+    return meta, size, crc, end
 
 
-def save(dir: str, group: str, meta: SnapshotMeta, data: bytes) -> None:
-    """Durably replace the group's snapshot (blocking: run it in a thread)."""
+# ---- data files --------------------------------------------------------------------
+
+
+def seal(path: str) -> tuple[int, int]:
+    """fsync a written image and return its (size, crc32), read in chunks."""
+    crc, size = 0, 0
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        while piece := os.read(fd, CHUNK):
+            crc = zlib.crc32(piece, crc)
+            size += len(piece)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return size, crc
+
+
+def read_chunks(fd: int, size: int, chunk: int = CHUNK) -> Iterator[bytes]:
+    """Exactly `size` bytes of an open data file, `chunk` at a time."""
+    left = size
+    while left > 0:
+        piece = os.pread(fd, min(chunk, left), size - left)
+        if not piece:
+            raise SnapshotFileError("snapshot data file shorter than its meta says")
+        left -= len(piece)
+        yield piece
+
+
+def commit(dir: str, group: str, meta: SnapshotMeta, part: str | None,
+           size: int, crc: int) -> Stored:
+    """Make a sealed `.part` image (None = empty state) the group's snapshot.
+    Blocking (fsyncs): run it in a thread."""
     os.makedirs(dir, exist_ok=True)
-    path = _path(dir, group)
+    data = None
+    if part is not None:
+        data = part[: -len(".part")] + ".data"
+        os.replace(part, data)
+    name = os.path.basename(data).encode() if data else b""
+    body = encode_head(meta, size, crc) + _U16.pack(len(name)) + name
+    _write_durably(_meta_path(dir, group), body + _CRC.pack(zlib.crc32(body)))
+    _fsync_dir(dir)
+    _remove_files(dir, group, keep=data, suffixes=(".data",))
+    return Stored(meta, data, size, crc)
+
+
+def _write_durably(path: str, buf: bytes) -> None:
     tmp = path + ".tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        view = memoryview(encode(meta, data))
+        view = memoryview(buf)
         while view:
             view = view[os.write(fd, view) :]
         os.fsync(fd)
     finally:
         os.close(fd)
     os.replace(tmp, path)
+
+
+def _fsync_dir(dir: str) -> None:
     dfd = os.open(dir, os.O_RDONLY)
     try:
         os.fsync(dfd)
@@ -78,16 +162,102 @@ def save(dir: str, group: str, meta: SnapshotMeta, data: bytes) -> None:
         os.close(dfd)
 
 
-def load(dir: str, group: str) -> tuple[SnapshotMeta, bytes] | None:
+def _remove_files(dir: str, group: str, keep: str | None, suffixes: tuple[str, ...]) -> None:
+    head = _prefix(group) + "."
+    for name in os.listdir(dir):
+        path = os.path.join(dir, name)
+        if name.startswith(head) and name.endswith(suffixes) and path != keep:
+            discard(path)
+
+
+def discard(path: str | None) -> None:
+    if path is None:
+        return
     try:
-        with open(_path(dir, group), "rb") as f:
-            return decode(f.read())
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+# ---- loading -------------------------------------------------------------------------
+
+
+def load(dir: str, group: str, verify: bool = True) -> Stored | None:
+    """The group's committed snapshot (data checksummed unless `verify` is
+    False); leftover `.part` files of the group are deleted."""
+    try:
+        with open(_meta_path(dir, group), "rb") as f:
+            buf = f.read()
     except FileNotFoundError:
         return None
+    body = buf[: -_CRC.size]
+    if len(buf) < _CRC.size or zlib.crc32(body) != _CRC.unpack_from(buf, len(body))[0]:
+        raise SnapshotFileError(f"{group}: snapshot meta checksum mismatch")
+    head = parse_head(buf)
+    if head is None:
+        raise SnapshotFileError(f"{group}: short snapshot meta")
+    meta, size, crc, end = head
+    (n,) = _U16.unpack_from(buf, end)
+    name = buf[end + 2 : end + 2 + n].decode()
+    data = os.path.join(dir, name) if name else None
+    _remove_files(dir, group, keep=data, suffixes=(".part", ".data"))
+    if data is not None and verify:
+        try:
+            got = seal(data)
+        except FileNotFoundError:
+            raise SnapshotFileError(f"{group}: snapshot data file {name} missing") from None
+        if got != (size, crc):
+            raise SnapshotFileError(f"{group}: snapshot data {got} != meta {(size, crc)}")
+    return Stored(meta, data, size, crc)
 
 
 def remove(dir: str, group: str) -> None:
-    try:
-        os.unlink(_path(dir, group))
-    except FileNotFoundError:
-        pass
+    discard(_meta_path(dir, group))
+    if os.path.isdir(dir):
+        _remove_files(dir, group, keep=None, suffixes=(".part", ".data"))
+
+
+class Receiver:
+    """Writes one streamed snapshot (head + data) to a `.part` file, checking
+    size and CRC; `feed` and `finish` block on the disk (call them in a thread)."""
+
+    def __init__(self, dir: str, group: str) -> None:
+        self.path = new_part(dir, group)
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        self._head = bytearray()
+        self.meta: SnapshotMeta | None = None
+        self.size = self.crc = 0
+        self._want: tuple[int, int] = (0, 0)
+
+    def feed(self, piece: bytes) -> None:
+        if self.meta is None:
+            self._head += piece
+            parsed = parse_head(self._head)
+            if parsed is None:
+                return
+            self.meta, size, crc, end = parsed
+            self._want = (size, crc)
+            piece, self._head = bytes(self._head[end:]), bytearray()
+        self.crc = zlib.crc32(piece, self.crc)
+        self.size += len(piece)
+        if self.size > self._want[0]:
+            raise SnapshotFileError("snapshot stream longer than announced")
+        view = memoryview(piece)
+        while view:
+            view = view[os.write(self._fd, view) :]
+
+    def finish(self) -> None:
+        """fsync and check the image is complete and intact."""
+        try:
+            if self.meta is None or (self.size, self.crc) != self._want:
+                raise SnapshotFileError(
+                    f"snapshot stream incomplete or corrupt: {(self.size, self.crc)} "
+                    f"!= {self._want}")
+            os.fsync(self._fd)
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1

@@ -12,6 +12,13 @@ local UNREACHABLE message, which the driver steps into the group.
 Snapshots use their own `Snapshot` RPC on a separate channel (own TCP
 connection), streamed in chunks with every write awaited, so a large transfer
 never delays heartbeats on the Raft stream.
+
+With TLS, identity is bound to the certificate, not to what a peer claims:
+node N's certificate names `node-N` (or `tls_names[N]`) as a SAN DNS entry.
+A dialer verifies the acceptor's certificate against that name instead of the
+address (`ssl_target_name_override`); an acceptor refuses a hello or a
+snapshot whose sender id is not named by the client certificate (SAN DNS or
+subject CN).
 """
 
 from __future__ import annotations
@@ -101,6 +108,7 @@ class GrpcTransport:
         on_liveness: Callable[[int], None] | None = None,
         queue_batches: int = QUEUE_BATCHES,
         chunk_bytes: int = CHUNK_BYTES,
+        tls_names: dict[int, str] | None = None,
     ) -> None:
         self.node_id = node_id
         self.listen_addr = listen_addr
@@ -110,6 +118,7 @@ class GrpcTransport:
         self._on_liveness = on_liveness
         self._snapshot_source = snapshot_source
         self._tls = tuple(_pem(x) for x in tls) if tls else None
+        self._tls_names = dict(tls_names or {})
         self._chunk = chunk_bytes
         self._links = {
             p: _Link(p, a, asyncio.Queue(queue_batches)) for p, a in peers.items() if p != node_id
@@ -274,11 +283,26 @@ class GrpcTransport:
             except Exception:  # a driver bug must not tear down the peer's stream
                 log.exception("transport: on_messages failed for a batch from %d", link.peer)
 
+    def tls_name(self, node: int) -> str:
+        """The name node `node`'s certificate must carry."""
+        return self._tls_names.get(node, f"node-{node}")
+
+    def _identified(self, context: grpc.aio.ServicerContext, node: int) -> bool:
+        """Without TLS any claim goes; with it the client certificate must
+        name `node` (SAN DNS entry or subject CN)."""
+        if not self._tls:
+            return True
+        auth = context.auth_context()
+        names = {*auth.get("peer_dns", ()), *auth.get("x509_common_name", ())}
+        return self.tls_name(node).encode() in names
+
     def _channel(self, link: _Link, *, separate: bool = False) -> grpc.aio.Channel:
         options = list(_CHANNEL_OPTIONS)
         if separate:  # its own TCP connection, not shared with the Raft stream
             options.append(("grpc.use_local_subchannel_pool", 1))
         if self._tls:
+            # Verify the acceptor is node `link.peer`, whatever its address.
+            options.append(("grpc.ssl_target_name_override", self.tls_name(link.peer)))
             cert, key, ca = self._tls
             creds = grpc.ssl_channel_credentials(ca, private_key=key, certificate_chain=cert)
             return grpc.aio.secure_channel(link.addr, creds, options=options)
@@ -324,6 +348,11 @@ class GrpcTransport:
         link = self._links.get(hello.from_node)
         if not hello.hello or hello.to_node != self.node_id or link is None:
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, "unknown peer or wrong node")
+        if not self._identified(context, hello.from_node):
+            log.warning("transport: refused a stream claiming node %d: certificate does not "
+                        "name %s", hello.from_node, self.tls_name(hello.from_node))
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED,
+                                f"certificate does not name {self.tls_name(hello.from_node)}")
         await context.write(pb.Batch(from_node=self.node_id, to_node=link.peer, hello=True))
         self._attach(link, context)  # a redial replaces an older stream
         try:
@@ -372,6 +401,9 @@ class GrpcTransport:
         if self._on_snapshot is None:
             return pb.SnapshotAck(ok=False, error="snapshots not accepted")
         header = message_from_pb(first.header)
+        if not self._identified(context, header.frm):
+            log.warning("transport: refused a snapshot claiming node %d", header.frm)
+            return pb.SnapshotAck(ok=False, error="certificate does not name the sender")
         rx = _ChunkReader(context)
         try:
             ok = bool(await self._on_snapshot(header, rx.data()))

@@ -31,13 +31,18 @@ class AppendLog:
         assert not self.entries or index > self.entries[-1][0], "applied out of order"
         self.entries.append((index, data))
 
-    def snapshot(self) -> bytes:
-        return b"".join(len(d).to_bytes(4, "big") + i.to_bytes(8, "big") + d
-                        for i, d in self.entries)
+    def snapshot_to(self, path: str) -> int:
+        entries = list(self.entries)  # one C-level copy: consistent even beside apply()
+        with open(path, "wb") as f:
+            for i, d in entries:
+                f.write(len(d).to_bytes(4, "big") + i.to_bytes(8, "big") + d)
+        return entries[-1][0] if entries else 0
 
-    def restore(self, data: bytes) -> None:
+    def restore_from(self, path: str) -> None:
         self.restored += 1
         self.entries = []
+        with open(path, "rb") as f:
+            data = f.read()
         pos = 0
         while pos < len(data):
             n = int.from_bytes(data[pos:pos + 4], "big")

@@ -284,8 +284,10 @@ def _ca(d: Path, name: str) -> None:
 
 
 def _node_cert(d: Path, name: str, ca: str) -> None:
+    node = f",DNS:node-{name[1:]}" if name[1:].isdigit() else ""  # n2 is node 2 (docs/raft.md)
     (d / f"{name}.ext").write_text(
-        "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth,clientAuth\n"
+        f"subjectAltName=IP:127.0.0.1,DNS:localhost{node}\n"
+        "extendedKeyUsage=serverAuth,clientAuth\n"
     )
     _openssl(d, "req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
              "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", f"/CN={name}")
