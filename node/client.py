@@ -5,9 +5,11 @@ transport surface a WebSocket adapter can also offer (write, close,
 is_closing, get_write_buffer_size, get_extra_info), so TCP, TLS and
 WebSocket connections share this code.
 
-Hot path (a PUB): parser event -> `route()` -> the server's sublist match
-(cached inside the sublist) -> for each subscriber `deliver()` appends three
-pre-built byte pieces to that subscriber's output bytearray.  Each output
+Hot path (a PUB): the parser's `on_pub` callback (`_on_pub_plain`) -> the
+server's sublist match (cached inside the sublist) -> with exactly one plain
+subscriber, `deliver_direct()` appends the MSG straight to that client's
+output bytearray; otherwise `route()` frames one shared `Message` and each
+subscriber's `deliver()` appends three pre-built pieces of it.  Each output
 buffer is flushed once per event-loop turn, so a burst of messages becomes
 one `transport.write`.  A subscriber whose pending output exceeds
 `max_pending` is closed as a slow consumer; nobody ever waits for it.

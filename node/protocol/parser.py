@@ -2,6 +2,8 @@
 
 `Parser.feed(bytes)` returns the complete events (`node/protocol/events.py`) in order
 and keeps partial frames for the next call. No sockets, no clocks, no awaits.
+`Parser.feed_into(bytes, on_pub, on_event)` is the same parse for the server's hot path:
+a PUB becomes a callback with its fields, and no Pub object is built.
 
 Behaviour follows nats-server 2.15 as observed over raw sockets (see the
 differential tests in tests/unit/test_parser.py):
