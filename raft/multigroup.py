@@ -728,6 +728,8 @@ class MultiRaft:
             # before the entries were applied: make it durable before the
             # snapshot file can claim that index.
             await self.node_log.sync_async()
+            if self._groups.get(g.name) is not g:
+                return  # removed meanwhile: leave no meta file behind
             stored = await asyncio.to_thread(
                 snapfile.commit, self.snap_dir, g.name, meta, part, size, crc)
             part = None
