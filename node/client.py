@@ -223,6 +223,7 @@ class ClientConnection(asyncio.Protocol):
         self._active = False  # inbound traffic since the last ping tick
         self._ping_timer: asyncio.TimerHandle | None = None
         self._auth_timer: asyncio.TimerHandle | None = None
+        self._write_timer: asyncio.TimerHandle | None = None  # armed while the socket is full
         self.host, self.port = "", 0
         self.upgrading = False
         self._fast = False  # see _update_fast
@@ -293,10 +294,22 @@ class ClientConnection(asyncio.Protocol):
         self._teardown(self.close_reason or "Client Closed")
 
     def pause_writing(self) -> None:
-        pass  # we never wait for a client: max_pending bounds its buffer instead
+        # We never wait for a client (max_pending bounds its buffer), but one whose socket
+        # stays full past write_deadline is cut off as a slow consumer, as in nats-server.
+        if self._write_timer is None and not self.closed:
+            deadline = self.server.options.write_deadline
+            self._write_timer = self.loop.call_later(deadline, self._write_deadline_passed)
 
     def resume_writing(self) -> None:
-        pass
+        if self._write_timer is not None:
+            self._write_timer.cancel()
+            self._write_timer = None
+
+    def _write_deadline_passed(self) -> None:
+        self._write_timer = None
+        deadline = self.server.options.write_deadline
+        self.slow_consumer(f"WriteDeadline of {deadline:g}s Exceeded",
+                           "Slow Consumer (Write Deadline)")
 
     # ------------------------------------------------------------------ events
 
@@ -573,14 +586,15 @@ class ClientConnection(asyncio.Protocol):
         if close:
             self.close(text)
 
-    def slow_consumer(self) -> None:
+    def slow_consumer(self, why: str = "", reason: str = "Slow Consumer (Pending Bytes)") -> None:
         if self.closed:
             return
         self.server.slow_consumers += 1
+        why = why or f"MaxPending of {self.max_pending} Exceeded"
         self.server.log.info(f"{self.host}:{self.port} - cid:{self.cid} - "
-                             f"Slow Consumer Detected: MaxPending of {self.max_pending} Exceeded")
+                             f"Slow Consumer Detected: {why}")
         self.out.clear()
-        self._abort("Slow Consumer (Pending Bytes)")
+        self._abort(reason)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -607,7 +621,7 @@ class ClientConnection(asyncio.Protocol):
             return
         self.closed = True
         self._fast = False
-        for timer in (self._ping_timer, self._auth_timer):
+        for timer in (self._ping_timer, self._auth_timer, self._write_timer):
             if timer is not None:
                 timer.cancel()
         subs = list(self.subs.values())

@@ -167,3 +167,26 @@ async def test_slow_consumer_is_cut_off_others_unaffected(servers):
     slow.close()
     await pub.close()
     await fast.close()
+
+
+async def test_write_deadline_cuts_off_a_stuck_reader(servers):
+    # max_pending is far away: only the write deadline can end this client.
+    proc = servers.jetraft(config="write_deadline: \"1s\"\nmax_pending: 1GB\n")
+    stuck = socket.socket()
+    stuck.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    stuck.connect(("127.0.0.1", proc.port))
+    stuck.sendall(b'CONNECT {"verbose":false}\r\nSUB stuck 1\r\nPING\r\n')
+    pub = await nats.connect(proc.url, allow_reconnect=False)
+    await asyncio.sleep(0.2)
+    chunk = b"x" * 65536
+    deadline = time.monotonic() + 30
+    while "WriteDeadline of 1s Exceeded" not in proc.log_text():
+        assert time.monotonic() < deadline, "the stuck reader was never cut off"
+        for _ in range(16):
+            await pub.publish("stuck", chunk)
+        await pub.flush()
+        await asyncio.sleep(0.05)
+    assert varz(proc)["slow_consumers"] >= 1
+    assert pub.is_connected  # the publisher is not the one cut off
+    await pub.close()
+    stuck.close()
