@@ -93,6 +93,9 @@ class _GroupState:
         self.hs = HardState()
         self.snap = SnapshotMeta()
         self.hole = 0  # replay only: entries <= hole were never seen; a later COMPACT must cover
+        # Replay only: the last real compaction point seen. While a hole is open, `snap`
+        # is a placeholder at the hole and this is the true start of the log.
+        self.known = SnapshotMeta()
         self.terms = array("Q")
         self.segs = array("I")
         self.offs = array("Q")
@@ -123,6 +126,9 @@ class _GroupState:
 
     def compact_to(self, index: int, term: int, conf: ConfState | None) -> None:
         """Drop entries <= index; the snapshot now ends at (index, term)."""
+        cs = conf if conf is not None else self.snap.conf_state
+        if index >= self.known.index:
+            self.known = SnapshotMeta(index=index, term=term, conf_state=cs)
         if index < self.snap.index or (index == self.snap.index and not self.hole):
             return
         if index >= self.last_index():
@@ -131,7 +137,6 @@ class _GroupState:
             drop = index - self.snap.index
             for arr in (self.terms, self.segs, self.offs, self.lens, self.types):
                 del arr[:drop]
-        cs = conf if conf is not None else self.snap.conf_state
         self.snap = SnapshotMeta(index=index, term=term, conf_state=cs)
         if index >= self.hole:
             self.hole = 0
@@ -140,8 +145,24 @@ class _GroupState:
         """A snapshot from the leader replaces the whole log."""
         self.truncate_from(self.snap.index + 1)
         self.snap = SnapshotMeta(meta.index, meta.term, meta.conf_state)
+        self.known = self.snap
         if meta.index >= self.hole:
             self.hole = 0
+
+    def open_hole(self, index: int) -> None:
+        """Replay only: entries <= index sat in deleted segments; a later COMPACT covers them."""
+        self.truncate_from(self.snap.index + 1)
+        self.snap = SnapshotMeta(index, 0, self.snap.conf_state)
+        self.hole = index
+
+    def rewind(self, index: int) -> None:
+        """Replay only, hole open: an entry at `index` supersedes everything from there on,
+        placeholder range included. Only the part between the true start and it stays unseen."""
+        if index - 1 == self.known.index:
+            self.truncate_from(self.snap.index + 1)
+            self.snap, self.hole = self.known, 0
+        else:
+            self.open_hole(index - 1)
 
 
 class _EntryCache:
@@ -534,12 +555,14 @@ class NodeLog:
     def _replay(self, seq: int, rec: Record) -> None:
         g = self._state(rec.group)
         if rec.type is RecordType.ENTRY:
+            if g.hole and g.known.index < rec.index <= g.snap.index:
+                self._clamp_seg_max(g.name, rec.index - 1)
+                g.rewind(rec.index)
             if rec.index <= g.snap.index:
                 return
             if rec.index > g.last_index() + 1:
                 # Older segments were deleted; a later COMPACT must cover this.
-                g.install(SnapshotMeta(rec.index - 1, 0, g.snap.conf_state))
-                g.hole = rec.index - 1
+                g.open_hole(rec.index - 1)
             if rec.index <= g.last_index():
                 self._clamp_seg_max(g.name, rec.index - 1)
             hl = rec.payload_offset - rec.offset
