@@ -22,6 +22,8 @@ from typing import Any
 
 import pytest
 
+from tests.ports import free_port
+
 READY_TIMEOUT = 30.0
 STOP_TIMEOUT = 15.0
 
@@ -34,12 +36,6 @@ from node.server import run
 kw = json.loads(sys.argv[1])
 sys.exit(run(Options(**kw)))
 """
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _has_cli() -> bool:

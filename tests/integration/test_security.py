@@ -27,17 +27,12 @@ from node import tls
 from node.auth import CompiledPermissions, PermissionSet
 from node.options import Permissions, TLSOptions
 from tests import certs
+from tests.ports import free_port
 from tests.unit.test_auth import SUB_CASES
 
 HOST = "127.0.0.1"
 NATS_SERVER = shutil.which("nats-server")
 pytestmark = pytest.mark.timeout(120)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
 
 
 def jetraft_cmd(conf: Path) -> list[str]:

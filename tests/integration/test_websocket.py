@@ -9,7 +9,8 @@ import json
 import pytest
 import websockets
 
-from tests.integration.test_security import HOST, IMPLS, free_port, server
+from tests.integration.test_security import HOST, IMPLS, server
+from tests.ports import free_port
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -3,20 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 
 import pytest
 
 from raft import multigroup
 from raft.multigroup import MultiRaft, NotLeader
+from tests.ports import free_port
 
 pytestmark = pytest.mark.timeout(120)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class AppendLog:

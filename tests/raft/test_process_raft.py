@@ -10,7 +10,6 @@ import asyncio
 import itertools
 import json
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -18,15 +17,10 @@ from pathlib import Path
 import pytest
 
 from raft import wal
+from tests.ports import free_port
 
 pytestmark = pytest.mark.timeout(150)
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Conn:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 import threading
 import tracemalloc
 
@@ -15,14 +14,9 @@ from raft import multigroup, snapfile
 from raft.multigroup import MultiRaft, NotLeader, ProposalDropped
 from raft.node import CountSM, LmdbSM
 from raft.types import ConfState, SnapshotMeta
+from tests.ports import free_port
 
 pytestmark = pytest.mark.timeout(180)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # ---- the LMDB state machine and the snapshot files alone -------------------------------

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import shutil
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -18,14 +17,9 @@ from proto import cluster_pb2_grpc as pb_grpc
 from raft.codec import decode_batch, encode_batch, message_from_pb, message_to_pb
 from raft.transport_grpc import GrpcTransport
 from raft.types import ConfState, Entry, Message, MsgType, Snapshot, SnapshotMeta
+from tests.ports import free_port
 
 pytestmark = pytest.mark.timeout(90)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Inbox:
