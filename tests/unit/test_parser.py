@@ -9,10 +9,6 @@ from __future__ import annotations
 import asyncio
 import random
 import re
-import shutil
-import socket
-import subprocess
-import time
 
 import pytest
 
@@ -280,7 +276,6 @@ def test_error_offset_counts_earlier_feeds() -> None:
 
 # ---------------------------------------------------------------- differential
 
-NATS_SERVER = shutil.which("nats-server")
 ERR_LINE = re.compile(rb"-ERR '([^']*)'\r\n")
 DIFF_VALID = [d for d, _ in VALID] + [
     b"PUB foo 1\r\nx\r\n" * 3,
@@ -291,33 +286,6 @@ DIFF_VALID = [d for d, _ in VALID] + [
     b"+OK " + b"x" * 10000 + b"\r\n",
 ]
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def nats_port():
-    if NATS_SERVER is None:
-        pytest.skip("nats-server not installed")
-    port = _free_port()
-    proc = subprocess.Popen([NATS_SERVER, "-a", "127.0.0.1", "-p", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 20
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            break
-        except OSError:
-            if time.monotonic() > deadline or proc.poll() is not None:
-                proc.kill()
-                pytest.fail("nats-server did not start")
-            time.sleep(0.05)
-    yield port
-    proc.terminate()
-    proc.wait(10)
 
 
 async def _server_outcome(port: int, data: bytes, expect_open: bool) -> tuple[str, str]:

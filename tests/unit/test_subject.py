@@ -6,10 +6,7 @@ from __future__ import annotations
 import itertools
 import json
 import re
-import shutil
 import socket
-import subprocess
-import time
 
 import pytest
 from hypothesis import given, settings
@@ -163,35 +160,6 @@ def test_subset_cases(a: str, b: str, expected: bool) -> None:
 
 
 # -- differential tests against a real nats-server ---------------------------
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def nats_port():
-    binary = shutil.which("nats-server")
-    if binary is None:
-        pytest.skip("nats-server not installed")
-    port = _free_port()
-    proc = subprocess.Popen([binary, "-a", "127.0.0.1", "-p", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    raise
-                time.sleep(0.05)
-        yield port
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
 
 
 def _session(port: int, lines: list[str], pedantic: bool = False) -> bytes:

@@ -4,12 +4,8 @@ against the bytes a real nats-server sends for the same deliveries."""
 from __future__ import annotations
 
 import json
-import shutil
 import socket
-import subprocess
-import time
 
-import pytest
 from nats.protocol.parser import HMSG_RE, INFO_RE, MSG_RE
 
 from node.protocol import writer
@@ -58,35 +54,7 @@ def test_nats_py_regexes_accept_our_frames() -> None:
 
 # ---------------------------------------------------------------- differential
 
-NATS_SERVER = shutil.which("nats-server")
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def nats_port():
-    if NATS_SERVER is None:
-        pytest.skip("nats-server not installed")
-    port = _free_port()
-    proc = subprocess.Popen([NATS_SERVER, "-a", "127.0.0.1", "-p", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 20
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            break
-        except OSError:
-            if time.monotonic() > deadline or proc.poll() is not None:
-                proc.kill()
-                pytest.fail("nats-server did not start")
-            time.sleep(0.05)
-    yield port
-    proc.terminate()
-    proc.wait(10)
 
 
 def _read_until(sock: socket.socket, marker: bytes) -> bytes:
