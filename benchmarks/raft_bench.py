@@ -35,29 +35,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from raft import multigroup  # noqa: E402
+from raft.node import CountSM  # noqa: E402
 
 
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-class CountSM:
-    def __init__(self) -> None:
-        self.count = 0
-
-    def apply(self, index: int, data: bytes) -> None:
-        self.count += 1
-
-    def snapshot(self) -> bytes:
-        return self.count.to_bytes(8, "big")
-
-    def restore(self, data: bytes) -> None:
-        self.count = int.from_bytes(data[:8], "big")
-
-    def on_leader_change(self, leader_id: int, term: int) -> None:
-        pass
 
 
 class OurCluster:
@@ -208,8 +192,10 @@ def plan(args: argparse.Namespace) -> list[tuple[str, Any, Any]]:
         (f"16 KiB, window {args.window_16k} / pysyncobj {w}",
          lambda: ours("throughput", 1, 16384, 4000 // q, args.window_16k),
          lambda: pysyncobj("--size", "16384", "--count", str(4000 // q), "--window", w)),
-        (f"100 busy groups, 128 B, window {args.window}",
-         lambda: ours("throughput", 100, 128, 20000 // q, args.window), None),
+        (f"100 busy groups, 128 B, window {args.window} / pysyncobj {w}",
+         lambda: ours("throughput", 100, 128, 20000 // q, args.window),
+         lambda: pysyncobj("--groups", "100", "--size", "128", "--count", str(20000 // q),
+                           "--window", w)),
     ]
     for n in (1, 100, 1000):
         def py(n: int = n) -> dict[str, Any]:

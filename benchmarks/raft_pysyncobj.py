@@ -7,7 +7,8 @@ figures are "no-fsync" figures. Its commit latency is tick-bound (about 100 ms),
 throughput needs thousands of commands in flight: use --window 4096.
 
     python benchmarks/raft_pysyncobj.py --size 128 --count 20000 --window 256
-    python benchmarks/raft_pysyncobj.py --idle-groups 1000 --idle-seconds 10
+    python benchmarks/raft_pysyncobj.py --groups 100 --count 20000 --window 4096   # busy groups
+    python benchmarks/raft_pysyncobj.py --groups 1000 --idle-seconds 10
 
 Prints one JSON object per scenario.
 """
@@ -108,7 +109,8 @@ def wait_ready(nodes: list[AppendLog], timeout_s: float = 60.0) -> None:
             time.sleep(0.05)
 
 
-def throughput(node: AppendLog, size: int, count: int, window: int) -> dict:
+def throughput(nodes: list[AppendLog], size: int, count: int, window: int) -> dict:
+    """Commands round-robin over the groups, at most `window` in flight in total."""
     payload = os.urandom(size)
     sem = threading.Semaphore(window)
     lat: list[float] = []
@@ -131,9 +133,9 @@ def throughput(node: AppendLog, size: int, count: int, window: int) -> dict:
         return cb
 
     start = time.perf_counter()
-    for _ in range(count):
+    for k in range(count):
         sem.acquire()
-        node.append(payload, callback=make_cb(time.perf_counter()))
+        nodes[k % len(nodes)].append(payload, callback=make_cb(time.perf_counter()))
     done.wait(300)
     elapsed = time.perf_counter() - start
     lat.sort()
@@ -180,12 +182,13 @@ def main() -> None:
                     **idle_cost(procs, args.idle_seconds),
                 }
             else:
-                throughput(local[0], args.size, min(args.count, 2000), args.window)  # warm-up
+                throughput(local, args.size, min(args.count, 2000), args.window)  # warm-up
                 result = {
                     "scenario": "throughput",
+                    "groups": args.groups,
                     "size": args.size,
                     "window": args.window,
-                    **throughput(local[0], args.size, args.count, args.window),
+                    **throughput(local, args.size, args.count, args.window),
                 }
             print(json.dumps({"impl": "pysyncobj", **result}))
         finally:

@@ -235,3 +235,32 @@ async def test_membership_and_transfer(tmp_path):
         await c.propose("g", b"last")
     finally:
         await c.close()
+
+
+async def test_r1_group_commits_on_its_own_fsync_and_survives_restart(tmp_path):
+    # R1 streams use the same interface: one voter, quorum of one, still fsync before ack.
+    addr = {1: f"127.0.0.1:{free_port()}"}
+
+    async def start() -> tuple[MultiRaft, AppendLog]:
+        mr = multigroup.create(1, str(tmp_path / "n1"), addr[1], addr, tick_interval_s=0.05)
+        sm = AppendLog()
+        mr.add_group("r1", [1], state_machine=sm)
+        await mr.start()
+        return mr, sm
+
+    mr, sm = await start()
+    try:
+        acked = [await mr.propose("r1", b"m%d" % i) for i in range(20)]
+        assert acked == sorted(acked) and len(set(acked)) == 20
+        assert mr.node_log.stats.fsyncs >= 1  # committed only after its own fsync
+        assert sm.datas() == [b"m%d" % i for i in range(20)]
+    finally:
+        await mr.stop()
+    mr, sm = await start()
+    try:
+        async with asyncio.timeout(30):
+            while sm.datas() != [b"m%d" % i for i in range(20)]:
+                await asyncio.sleep(0.02)
+        assert await mr.propose("r1", b"after") > acked[-1]
+    finally:
+        await mr.stop()
