@@ -246,6 +246,7 @@ async def test_r1_group_commits_on_its_own_fsync_and_survives_restart(tmp_path):
         sm = AppendLog()
         mr.add_group("r1", [1], state_machine=sm)
         await mr.start()
+        assert await mr.wait_leader("r1", timeout=30) == 1
         return mr, sm
 
     mr, sm = await start()
