@@ -90,7 +90,10 @@ async def test_lame_duck_mode(servers):
 
     clients = [await nats.connect(proc.url, allow_reconnect=False, lame_duck_mode_cb=ldm)
                for _ in range(3)]
-    proc.send_signal(signal.SIGUSR2)
+    # The operator's way in: `jetraft signal ldm` sends SIGUSR2 to the node.
+    done = subprocess.run(["jetraft", "signal", "ldm", "--pid", str(proc.proc.pid)],
+                          capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
     await asyncio.wait_for(told.wait(), 10)
     proc.wait_for_log("Entering lame duck mode, stop accepting new clients", 10)
     with pytest.raises(OSError):
