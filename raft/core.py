@@ -849,10 +849,21 @@ class Raft:
         if self.state is not StateType.LEADER and m.frm == self.lead and m.term == self.term:
             self.quiesced = False  # the leader speaks: its message resets the timer
             return
+        if self._is_late_heartbeat_resp(m):
+            return
         # A (pre)vote means a peer believes the leader is gone: let it be
         # judged on its log, not on a lease that stopped being renewed. Any
         # other input (a local read, a stray message) just restarts the timer.
         self._wake(expire_lease=m.type in (MsgType.VOTE, MsgType.PRE_VOTE, MsgType.HUP))
+
+    def _is_late_heartbeat_resp(self, m: Message) -> bool:
+        """An answer to a heartbeat sent before quiescing, from a caught-up follower:
+        handling it sends nothing, so it must not wake the leader."""
+        if self.state is not StateType.LEADER or m.type is not MsgType.HEARTBEAT_RESP:
+            return False
+        pr = self.prs.get(m.frm)
+        return (m.term == self.term and not m.context and pr is not None
+                and pr.match == self.log.last_index())
 
     # -- public API ------------------------------------------------------------------------
     def propose(self, data: bytes) -> int | None:

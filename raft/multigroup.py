@@ -805,8 +805,8 @@ class MultiRaft:
 
     def _tick_group(self, g: _Group) -> None:
         core = g.core
-        # Quiesce *instead of* ticking: a tick would send a plain heartbeat whose
-        # responses, arriving after the QUIESCE round, would wake the leader again.
+        # Quiesce before ticking: a group that has just gone quiet needs no heartbeat.
+        # (Late answers to earlier heartbeats do not wake it: see Raft._is_late_heartbeat_resp.)
         if core.state is StateType.LEADER and core.can_quiesce():
             g.idle_ticks += 1
             if g.idle_ticks >= self.quiesce_after_ticks:

@@ -537,6 +537,22 @@ def test_quiesce_stops_heartbeats_and_election_ticks() -> None:
     assert any(m.context == QUIESCE for m in net.sent)
 
 
+def test_late_heartbeat_response_does_not_wake_a_quiesced_leader() -> None:
+    # A response to a heartbeat sent before quiescing may arrive after it; from a
+    # caught-up follower it carries nothing the leader must act on.
+    net = Network([1, 2, 3], seed=26)
+    net.elect(1)
+    net.propose(1, b"q")
+    net.stabilize()
+    r = net.raft(1)
+    assert r.quiesce()
+    net.stabilize()
+    r.step(Message(MsgType.HEARTBEAT_RESP, frm=2, to=1, term=r.term))
+    assert r.quiesced
+    r.step(Message(MsgType.HEARTBEAT_RESP, frm=2, to=1, term=r.term, context=b"read"))
+    assert not r.quiesced  # one that answers a read does need the leader awake
+
+
 def test_quiesce_refused_while_a_follower_lags() -> None:
     net = Network([1, 2, 3], seed=24)
     net.elect(1)
