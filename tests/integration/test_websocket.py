@@ -90,11 +90,11 @@ async def test_websocket_and_tcp_clients_see_each_other(impl, tmp_path):
             await ws.send(b'CONNECT {"verbose":false}\r\nSUB bar 7\r\nPING\r\n')
             await recv_until(ws, b"PONG\r\n")
             await nc.publish("bar", b"from-tcp")
-            await nc.flush(timeout=5)
+            await nc.flush(timeout=10)
             got = await recv_until(ws, b"from-tcp\r\n")
             assert b"MSG bar 7 8\r\nfrom-tcp\r\n" in got
             sub = await nc.subscribe("baz")
-            await nc.flush(timeout=5)
+            await nc.flush(timeout=10)
             await ws.send(b"PUB baz 6\r\nfrom-w\r\n")
             msg = await sub.next_msg(timeout=10)
             assert msg.data == b"from-w"

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-import socket
-import subprocess
 from pathlib import Path
 
 import grpc
@@ -21,27 +19,14 @@ from proto import cluster_pb2_grpc as pb_grpc
 from raft.codec import message_to_pb
 from raft.transport_grpc import GrpcTransport
 from raft.types import Entry, Message, MsgType, Snapshot, SnapshotMeta
+from tests import certs
+from tests.ports import free_port
 
 pytestmark = pytest.mark.timeout(90)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _openssl(d: Path, *args: str) -> None:
-    subprocess.run(["openssl", *args], cwd=d, check=True, capture_output=True)
-
-
-def _cert(d: Path, name: str, san: str) -> None:
-    (d / f"{name}.ext").write_text(
-        f"subjectAltName={san}\nextendedKeyUsage=serverAuth,clientAuth\n")
-    _openssl(d, "req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-             "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", f"/CN={name}")
-    _openssl(d, "x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
-             "-CAcreateserial", "-days", "2", "-out", f"{name}.pem", "-extfile", f"{name}.ext")
+def _node_ext(san: str) -> str:
+    return f"subjectAltName={san}\nextendedKeyUsage=serverAuth,clientAuth\n"
 
 
 @pytest.fixture(scope="module")
@@ -49,11 +34,10 @@ def pki(tmp_path_factory) -> Path:
     if shutil.which("openssl") is None:
         pytest.skip("openssl CLI not installed")
     d = tmp_path_factory.mktemp("pki-identity")
-    _openssl(d, "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
-             "-nodes", "-days", "2", "-keyout", "ca.key", "-out", "ca.pem", "-subj", "/CN=ca")
+    certs.make_ca(d, "ca")
     for i in (1, 2, 3):
-        _cert(d, f"node-{i}", f"DNS:node-{i}")
-    _cert(d, "orders-a", "DNS:orders-a")  # for the configured-name case
+        certs.make_leaf(d, f"node-{i}", _node_ext(f"DNS:node-{i}"))
+    certs.make_leaf(d, "orders-a", _node_ext("DNS:orders-a"))  # for the configured-name case
     return d
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import shutil
-import subprocess
 import time
 from pathlib import Path
 
@@ -17,6 +16,7 @@ from proto import cluster_pb2_grpc as pb_grpc
 from raft.codec import decode_batch, encode_batch, message_from_pb, message_to_pb
 from raft.transport_grpc import GrpcTransport
 from raft.types import ConfState, Entry, Message, MsgType, Snapshot, SnapshotMeta
+from tests import certs
 from tests.ports import free_port
 
 pytestmark = pytest.mark.timeout(90)
@@ -267,26 +267,10 @@ async def test_snapshot_via_send_reports_status_and_rejection():
 # ---- mutual TLS ---------------------------------------------------------------------
 
 
-def _openssl(d: Path, *args: str) -> None:
-    subprocess.run(["openssl", *args], cwd=d, check=True, capture_output=True)
-
-
-def _ca(d: Path, name: str) -> None:
-    _openssl(d, "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
-             "-nodes", "-days", "2", "-keyout", f"{name}.key", "-out", f"{name}.pem",
-             "-subj", f"/CN=test {name}")
-
-
-def _node_cert(d: Path, name: str, ca: str) -> None:
+def _node_ext(name: str) -> str:
     node = f",DNS:node-{name[1:]}" if name[1:].isdigit() else ""  # n2 is node 2 (docs/raft.md)
-    (d / f"{name}.ext").write_text(
-        f"subjectAltName=IP:127.0.0.1,DNS:localhost{node}\n"
-        "extendedKeyUsage=serverAuth,clientAuth\n"
-    )
-    _openssl(d, "req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-             "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", f"/CN={name}")
-    _openssl(d, "x509", "-req", "-in", f"{name}.csr", "-CA", f"{ca}.pem", "-CAkey", f"{ca}.key",
-             "-CAcreateserial", "-days", "2", "-out", f"{name}.pem", "-extfile", f"{name}.ext")
+    return (f"subjectAltName=IP:127.0.0.1,DNS:localhost{node}\n"
+            "extendedKeyUsage=serverAuth,clientAuth\n")
 
 
 @pytest.fixture(scope="module")
@@ -294,11 +278,11 @@ def pki(tmp_path_factory) -> Path:
     if shutil.which("openssl") is None:
         pytest.skip("openssl CLI not installed")
     d = tmp_path_factory.mktemp("pki")
-    _ca(d, "ca")
-    _ca(d, "rogue-ca")
+    certs.make_ca(d, "ca")
+    certs.make_ca(d, "rogue-ca")
     for n in ("n1", "n2", "n3"):
-        _node_cert(d, n, "ca")
-    _node_cert(d, "rogue", "rogue-ca")
+        certs.make_leaf(d, n, _node_ext(n))
+    certs.make_leaf(d, "rogue", _node_ext("rogue"), ca="rogue-ca")
     return d
 
 
