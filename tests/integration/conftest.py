@@ -197,6 +197,12 @@ def module_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Servers
 
 
 @pytest.fixture(scope="module")
+def pair(module_servers: Servers) -> dict[str, ServerProc]:
+    """nats-server and jetraft side by side, for differential tests."""
+    return module_servers.both()
+
+
+@pytest.fixture(scope="module")
 def jetraft(module_servers: Servers) -> ServerProc:
     """One jetraft node shared by a test module."""
     return module_servers.jetraft()

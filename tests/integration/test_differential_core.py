@@ -63,11 +63,6 @@ CLOSE_SCRIPTS = {
 }
 
 
-@pytest.fixture(scope="module")
-def pair(module_servers):
-    return module_servers.both()
-
-
 @pytest.mark.parametrize("name", sorted(PONG_SCRIPTS))
 def test_same_replies(pair, raw, name):
     script = PONG_SCRIPTS[name]

@@ -55,11 +55,6 @@ SCRIPTS = {
 _ANY_ORDER = {"two_subs_and_queue"}
 
 
-@pytest.fixture(scope="module")
-def pair(module_servers):
-    return module_servers.both()
-
-
 @pytest.mark.parametrize("name", sorted(SCRIPTS))
 def test_same_bytes_as_nats_server(pair, raw, name):
     script = SCRIPTS[name]
