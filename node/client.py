@@ -39,10 +39,7 @@ INVALID_PUB_SUBJECT = "Invalid Publish Subject"
 INVALID_QUEUE = "Invalid Queue Name"
 NO_RESPONDERS_NEEDS_HEADERS = "no responders requires headers support"
 
-_CRLF = b"\r\n"
-_OK = b"+OK\r\n"
-_PONG = b"PONG\r\n"
-_PING = b"PING\r\n"
+_CRLF, _OK, _PONG, _PING = writer.CRLF, writer.OK, writer.PONG, writer.PING  # module globals: fast
 # The no-responders status nats-server sends back on the request's reply subject.
 _NO_RESPONDERS_HDR = b"NATS/1.0 503\r\n"
 # CONNECT defaults of a client that never said otherwise, as nats-server has them.

@@ -94,7 +94,6 @@ class Server:
         self.http_port = 0
         self.ws_port = 0
         self.lame_duck = False
-        self.shutting_down = False
         self._listeners: list[asyncio.AbstractServer] = []
         self._monitor: asyncio.AbstractServer | None = None
         self._done: asyncio.Future[int] | None = None
@@ -353,7 +352,6 @@ class Server:
         self._listeners.clear()
 
     async def _close_everything(self) -> None:
-        self.shutting_down = True
         self._close_listeners()
         for service in self.services:
             try:
