@@ -18,12 +18,22 @@ one `transport.write`.  A subscriber whose pending output exceeds
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import time
 from typing import TYPE_CHECKING, Any
 
 from node import tls
-from node.auth import AUTH_TIMEOUT, AUTH_VIOLATION, pub_violation, sub_violation
+from node.auth import (
+    AUTH_TIMEOUT,
+    AUTH_VIOLATION,
+    CONN_STANDARD,
+    CONN_WEBSOCKET,
+    Identity,
+    SlowCheck,
+    pub_violation,
+    sub_violation,
+)
 from node.protocol import writer
 from node.protocol.events import Connect, HPub, Ping, Pong, Pub, Sub, Unsub
 from node.protocol.parser import Parser, ProtocolError
@@ -44,6 +54,15 @@ _CRLF, _OK, _PONG, _PING = writer.CRLF, writer.OK, writer.PONG, writer.PING  # m
 _NO_RESPONDERS_HDR = b"NATS/1.0 503\r\n"
 # CONNECT defaults of a client that never said otherwise, as nats-server has them.
 _DEFAULT_OPTS = {"verbose": True, "pedantic": True, "echo": True}
+
+
+_TRACE_PAYLOAD_MAX = 128  # payload bytes shown by -V
+
+
+def _redacted(options: dict[str, Any]) -> dict[str, Any]:
+    """CONNECT options fit for a log: secrets hidden, as nats-server does."""
+    return {k: ("[REDACTED]" if k in ("pass", "auth_token", "sig", "jwt") else v)
+            for k, v in options.items()}
 
 
 _valid_pub_cache: dict[str, bool] = {}
@@ -160,8 +179,8 @@ def route(server: Server, publisher: Any, subject: str, reply: str | None,
     for sub in psubs:
         if sub.dead or sub.client is skip:
             continue
-        sub.client.deliver(sub, msg)
-        count += 1
+        if sub.client.deliver(sub, msg):
+            count += 1
     if qsubs:
         for members in qsubs.values():
             if _deliver_queue(members, skip, msg):
@@ -172,15 +191,17 @@ def route(server: Server, publisher: Any, subject: str, reply: str | None,
 
 
 def _deliver_queue(members: list, skip: Any, msg: Message) -> bool:
-    """One member per queue group gets the message, chosen at random."""
+    """One member per queue group gets the message, chosen at random; a member
+    that may not receive it (closed, or its permissions deny the subject) passes
+    it on to the next, as in nats-server."""
     n = len(members)
     start = random.randrange(n) if n > 1 else 0
     for i in range(n):
         sub = members[(start + i) % n]
         if sub.dead or sub.client is skip:
             continue
-        sub.client.deliver(sub, msg)
-        return True
+        if sub.client.deliver(sub, msg):
+            return True
     return False
 
 
@@ -210,7 +231,11 @@ class ClientConnection(asyncio.Protocol):
         self.no_responders = False
         self.perms: Any = None
         self.user: str | None = None
+        self.identity: Identity | None = None
         self.nonce: str | None = None
+        # Events read while a bcrypt check runs off the loop (reading is paused meanwhile).
+        self._held: list[Any] | None = None
+        self.tracing = server.log.trace_enabled
         self.in_msgs = self.in_bytes = self.out_msgs = self.out_bytes = 0
         self.start = time.time()
         self.last_activity = self.start
@@ -245,14 +270,21 @@ class ClientConnection(asyncio.Protocol):
         if auth is not None:
             # no_auth_user leaves auth optional, but nkey users still need the nonce to sign.
             self.nonce = auth.new_nonce()
-        if auth is not None and auth.required:
-            self._auth_timer = self.loop.call_later(auth.auth_timeout, self._auth_timeout)
         self._send_info()
         if self.kind == "CLIENT" and server.tls_ctx is not None and not server.tls_first:
             self.upgrading = True  # output waits for the handshake
             timeout = server.options.tls.timeout if server.options.tls else 2.0
             tls.start_upgrade(transport, self, server.tls_ctx, timeout, self._tls_done)
+        else:
+            self._arm_auth_timer()
         self._schedule_ping(min(server.options.ping_interval, 2.0))
+
+    def _arm_auth_timer(self) -> None:
+        """The client has auth_timeout to authenticate, counted once TLS is up
+        (the handshake has its own timeout), as in nats-server."""
+        auth = self.server.auth
+        if auth is not None and auth.configured and not self.closed:
+            self._auth_timer = self.loop.call_later(auth.auth_timeout, self._auth_timeout)
 
     def _send_info(self) -> None:
         info = self.server.info_for(self)
@@ -268,6 +300,7 @@ class ClientConnection(asyncio.Protocol):
             self._teardown("TLS Handshake Failure")
             return
         self.transport = transport
+        self._arm_auth_timer()
         self.flush()
 
     def data_received(self, data: bytes) -> None:
@@ -282,7 +315,11 @@ class ClientConnection(asyncio.Protocol):
                 return
             self.server.log.debug(f"{self.host}:{self.port} - cid:{self.cid} - "
                                   f"protocol error: {err}")
-            if getattr(err, "send_err", True):
+            if self._awaiting_connect() and "state=JSON_ARG" not in err.detail \
+                    and self._no_auth_identity() is None:
+                # nats-server refuses anything but CONNECT first under auth (HPUB included).
+                self.send_err(AUTH_VIOLATION, close=True)
+            elif getattr(err, "send_err", True):
                 self.send_err(err.message, close=err.fatal)
             elif err.fatal:
                 self.close("Protocol Violation")
@@ -329,7 +366,9 @@ class ClientConnection(asyncio.Protocol):
             if len(psubs) == 1:
                 sub = psubs[0]
                 if sub.direct and not sub.dead and (self.echo or sub.client is not self):
-                    sub.client.deliver_direct(sub, subject, reply, payload)
+                    if not sub.client.deliver_direct(sub, subject, reply, payload) and reply \
+                            and self.no_responders:
+                        self._send_no_responders(subject, reply)
                     return
             elif not psubs:
                 if reply and self.no_responders:
@@ -342,13 +381,18 @@ class ClientConnection(asyncio.Protocol):
     def _on_event(self, ev: Any) -> None:
         if self.closed:
             return  # the rest of a chunk after a close is ignored
+        if self._held is not None:
+            self._held.append(ev)
+            return
+        if self.tracing:
+            self._trace_in(ev)
         t = type(ev)
         if t is Pub:
             self._on_pub(ev.subject, ev.reply, None, ev.payload)
         elif t is HPub:
             self._on_pub(ev.subject, ev.reply, ev.headers, ev.payload)
-        elif not self.connected and t is not Connect and self._auth_required():
-            self.send_err(AUTH_VIOLATION, close=True)
+        elif t is not Connect and not self.connected and not self._admit_before_connect():
+            return
         elif t is Sub:
             self._on_sub(ev)
         elif t is Unsub:
@@ -363,22 +407,75 @@ class ClientConnection(asyncio.Protocol):
     def _update_fast(self) -> None:
         """PUBs skip every per-message check only when none can apply."""
         self._fast = (self.connected and not self.closed and not self.verbose
-                      and not self.pedantic and self.perms is None)
+                      and not self.pedantic and self.perms is None and not self.tracing)
 
-    def _auth_required(self) -> bool:
+    # ------------------------------------------------------------------ authentication
+
+    def _conn_type(self) -> str:
+        return CONN_WEBSOCKET if self.kind == "WEBSOCKET" else CONN_STANDARD
+
+    def _awaiting_connect(self) -> bool:
+        """Authentication is configured and this client has not passed it yet.
+        Apart from INFO's auth_required, which no_auth_user turns off."""
         auth = self.server.auth
-        return auth is not None and auth.required
+        return not self.connected and auth is not None and auth.configured
+
+    def _no_auth_identity(self) -> Identity | None:
+        auth = self.server.auth
+        return auth.no_auth_identity(self._conn_type()) if auth is not None else None
+
+    def _admit_before_connect(self) -> bool:
+        """An operation other than CONNECT came first. Without auth it just runs;
+        with no_auth_user it runs as that user, with that user's permissions (as
+        nats-server does); otherwise the client is refused."""
+        if not self._awaiting_connect():
+            return True
+        identity = self._no_auth_identity()
+        if identity is None:
+            self.send_err(AUTH_VIOLATION, close=True)
+            return False
+        self._set_identity(identity)
+        self.connected = True
+        self._update_fast()
+        return True
+
+    def _set_identity(self, identity: Identity) -> None:
+        if self._auth_timer is not None:
+            self._auth_timer.cancel()
+            self._auth_timer = None
+        self.identity = identity
+        self.user = identity.user
+        self.perms = identity.permissions
 
     def _on_connect(self, options: dict[str, Any]) -> None:
         if options.get("no_responders") and not options.get("headers"):
             self.send_err(NO_RESPONDERS_NEEDS_HEADERS, close=True)
             return
-        if self.connected:
-            pass  # a second CONNECT only updates options, as in nats-server
-        elif not self._authenticate(options):
+        auth = self.server.auth
+        if auth is None:
+            self._apply_connect(options)
             return
+        # Every CONNECT is authenticated, a second one too, as in nats-server.
+        cert = tls.peer_cert(self.transport) if self.server.tls_ctx is not None else None
+        result = auth.begin(options, self.nonce, cert, self._conn_type())
+        if type(result) is SlowCheck:
+            self._check_off_loop(result, options)
+        else:
+            self._auth_done(options, result)  # type: ignore[arg-type]
+
+    def _auth_done(self, options: dict[str, Any], identity: Identity | None) -> None:
+        if identity is None:
+            self.server.log.error(f"{self.host}:{self.port} - cid:{self.cid} - "
+                                  f'"{options.get("user") or ""}" - authentication error')
+            self.send_err(AUTH_VIOLATION, close=True)
+            return
+        self._set_identity(identity)
+        self._apply_connect(options)
+
+    def _apply_connect(self, options: dict[str, Any]) -> None:
+        """Options a CONNECT leaves out keep their value (defaults at first)."""
         self.connected = True
-        self.opts = {**_DEFAULT_OPTS, **options}
+        self.opts = {**self.opts, **options}
         o = self.opts
         self.verbose = bool(o.get("verbose"))
         self.pedantic = bool(o.get("pedantic"))
@@ -389,28 +486,60 @@ class ClientConnection(asyncio.Protocol):
         if self.verbose:
             self.write(_OK)
 
-    def _authenticate(self, options: dict[str, Any]) -> bool:
-        auth = self.server.auth
-        if auth is None:
-            return True
-        cert = tls.peer_cert(self.transport) if self.server.tls_ctx is not None else None
-        identity = auth.authenticate(options, self.nonce, cert)
-        if identity is None:
-            self.server.log.error(f"{self.host}:{self.port} - cid:{self.cid} - "
-                                  f'"{options.get("user") or ""}" - authentication error')
-            self.send_err(AUTH_VIOLATION, close=True)
-            return False
-        if self._auth_timer is not None:
-            self._auth_timer.cancel()
-        self.user = identity.name
-        self.perms = identity.permissions
-        return True
+    def _check_off_loop(self, check: SlowCheck, options: dict[str, Any]) -> None:
+        """Run a bcrypt check in the server's auth workers. Until it ends, reading
+        pauses and what was already read waits in `_held`, in order."""
+        server = self.server
+        if not server.auth_throttle.admit(self.host, time.monotonic()):
+            server.log.error(f"{self.host}:{self.port} - cid:{self.cid} - "
+                             "too many authentication attempts")
+            self._auth_done(options, None)
+            return
+        self._held = []
+        pause = getattr(self.transport, "pause_reading", None)
+        if pause is not None:
+            pause()
+        future = self.loop.run_in_executor(server.auth_workers, check.run)
+        future.add_done_callback(lambda f: self._check_done(check, options, f))
+
+    def _check_done(self, check: SlowCheck, options: dict[str, Any],
+                    future: asyncio.Future[bool]) -> None:
+        ok = not future.cancelled() and future.exception() is None and bool(future.result())
+        server = self.server
+        server.auth_throttle.done(self.host, ok, time.monotonic())
+        identity = server.auth.finish(check, ok)
+        held, self._held = self._held or [], None
+        if self.closed:
+            return
+        self._auth_done(options, identity)
+        self._replay(held)
+
+    def _replay(self, held: list[Any]) -> None:
+        for i, item in enumerate(held):
+            if self.closed:
+                return
+            if self._held is not None:  # a held CONNECT went off the loop again
+                self._held.extend(held[i:])
+                return
+            if type(item) is tuple:
+                self._on_pub(*item)
+            else:
+                self._on_event(item)
+        resume = getattr(self.transport, "resume_reading", None)
+        if resume is not None and not self.closed:
+            resume()
+
+    # ------------------------------------------------------------------ publish
 
     def _on_pub(self, subject: str, reply: str | None, headers: bytes | None,
                 payload: bytes) -> None:
-        if not self.connected and self._auth_required():
-            self.send_err(AUTH_VIOLATION, close=True)
+        if self._held is not None:
+            self._held.append((subject, reply, headers, payload))
             return
+        if not self.connected and not self._admit_before_connect():
+            return
+        if self.tracing:
+            self._trace_pub(subject, reply, headers, payload)
         self.in_msgs += 1
         self.in_bytes += len(payload) + (len(headers) if headers else 0)
         if self.pedantic and not _valid_pub_subject(subject):
@@ -478,13 +607,16 @@ class ClientConnection(asyncio.Protocol):
 
     # ------------------------------------------------------------------ output
 
-    def deliver(self, sub: Subscription, msg: Message) -> None:
-        """Queue `msg` for `sub`. Called on the publisher's path: never blocks."""
+    def deliver(self, sub: Subscription, msg: Message) -> bool:
+        """Queue `msg` for `sub`; False when this client may not receive it.
+        Called on the publisher's path: never blocks."""
         if self.closed:
-            return
+            return False
         perms = self.perms
         if perms is not None and not self._may_receive(perms, msg):
-            return
+            return False
+        if self.tracing:
+            self._trace_msg(sub, msg)
         out = self.out
         if not out:
             self.loop.call_soon(self.flush)
@@ -503,21 +635,22 @@ class ClientConnection(asyncio.Protocol):
             self.server.expire(sub)
         if len(out) + self.tpending > self.max_pending:
             self.slow_consumer()
+        return True
 
     def deliver_direct(self, sub: Subscription, subject: str, reply: str | None,
-                       payload: bytes) -> None:
+                       payload: bytes) -> bool:
         """deliver() of a header-less message without framing a shared Message.
 
         Only for a single delivery outside any loop over subscriptions: an expired
         auto-unsubscribe is reaped at once.
         """
         if self.closed:
-            return
-        if self.perms is not None:
-            self.deliver(sub, Message(subject, reply, None, payload))
+            return False
+        if self.perms is not None or self.tracing:
+            ok = self.deliver(sub, Message(subject, reply, None, payload))
             if self.server.expired:
                 self.server.reap()
-            return
+            return ok
         out = self.out
         if not out:
             self.loop.call_soon(self.flush)
@@ -547,6 +680,7 @@ class ClientConnection(asyncio.Protocol):
             self.server.reap()
         if len(out) + self.tpending > self.max_pending:
             self.slow_consumer()
+        return True
 
     def _may_receive(self, perms: Any, msg: Message) -> bool:
         if not perms.can_deliver(msg.subject):
@@ -559,6 +693,8 @@ class ClientConnection(asyncio.Protocol):
         """Queue protocol bytes; flushed with everything else this loop turn."""
         if self.closed:
             return
+        if self.tracing:
+            self._trace(f"->> [{bytes(data).rstrip().decode(errors='replace').lstrip('+')}]")
         out = self.out
         if not out:
             self.loop.call_soon(self.flush)
@@ -660,6 +796,39 @@ class ClientConnection(asyncio.Protocol):
         info = self.server.info_for(self)
         info["ldm"] = True
         self.write(writer.info(info))
+
+    # ------------------------------------------------------------------ tracing (-V)
+
+    def _trace(self, text: str) -> None:
+        self.server.log.trace(f"{self.host}:{self.port} - cid:{self.cid} - {text}")
+
+    def _trace_in(self, ev: Any) -> None:
+        """`<<- [OP args]` in nats-server's trace format."""
+        t = type(ev)
+        if t is Pub or t is HPub:
+            return  # traced by _on_pub, which also sees fast-path publishes
+        if t is Sub:
+            line = " ".join(x for x in ("SUB", ev.subject, ev.queue, ev.sid) if x)
+        elif t is Unsub:
+            line = f"UNSUB {ev.sid}" + (f" {ev.max_msgs}" if ev.max_msgs else "")
+        elif t is Connect:
+            line = "CONNECT " + json.dumps(_redacted(ev.options), separators=(",", ":"))
+        else:
+            line = t.__name__.upper()
+        self._trace(f"<<- [{line}]")
+
+    def _trace_pub(self, subject: str, reply: str | None, headers: bytes | None,
+                   payload: bytes) -> None:
+        args = " ".join(x for x in (subject, reply) if x)
+        if headers is None:
+            self._trace(f"<<- [PUB {args} {len(payload)}]")
+        else:
+            self._trace(f"<<- [HPUB {args} {len(headers)} {len(headers) + len(payload)}]")
+        self._trace(f"<<- MSG_PAYLOAD: [{payload[:_TRACE_PAYLOAD_MAX]!r}]")
+
+    def _trace_msg(self, sub: Subscription, msg: Message) -> None:
+        args = " ".join(x for x in (msg.subject, sub.sid, msg.reply) if x)
+        self._trace(f"->> [MSG {args} {len(msg.payload)}]")
 
     def describe(self) -> dict[str, Any]:
         """Fields for /connz (nats-server names)."""

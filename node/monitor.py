@@ -14,8 +14,11 @@ import json
 import os
 import time
 from datetime import UTC, datetime
+from itertools import islice
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlsplit
+
+from node.version import GO_VERSION, VERSION
 
 if TYPE_CHECKING:
     from node.client import ClientConnection
@@ -65,10 +68,10 @@ def varz(server: Server) -> dict[str, Any]:
     now = time.time()
     v: dict[str, Any] = {
         "server_id": server.server_id, "server_name": server.server_name,
-        "version": _version(), "proto": 1, "go": "python3.11", "host": o.host,
+        "version": VERSION, "proto": 1, "go": GO_VERSION, "host": o.host,
         "port": server.port, "max_connections": o.max_connections,
         "ping_interval": int(o.ping_interval * 1e9), "ping_max": o.ping_max,
-        "http_host": o.http_host, "http_port": server.http_port, "https_port": 0,
+        "http_host": server.http_host(), "http_port": server.http_port, "https_port": 0,
         "auth_timeout": o.auth_timeout, "max_control_line": o.max_control_line,
         "max_payload": o.max_payload, "max_pending": o.max_pending,
         "tls_timeout": o.tls.timeout if o.tls else 2, "write_deadline": int(o.write_deadline * 1e9),
@@ -92,12 +95,6 @@ def varz(server: Server) -> dict[str, Any]:
     if o.jetstream.enabled:
         v["jetstream"] = {"config": {"store_dir": o.jetstream.store_dir}}
     return v
-
-
-def _version() -> str:
-    from node.server import VERSION
-
-    return VERSION
 
 
 _cpu_last = [time.monotonic(), time.process_time()]
@@ -157,14 +154,25 @@ def subsz(server: Server, query: dict[str, str]) -> dict[str, Any]:
         if k in st:
             out[k] = st[k]
     out.setdefault("num_subscriptions", server.sublist.count())
-    out.update({"total": 0, "offset": 0, "limit": CONNZ_DEFAULT_LIMIT})
+    offset = max(_int(query.get("offset"), 0), 0)
+    limit = _int(query.get("limit"), CONNZ_DEFAULT_LIMIT)
+    if limit <= 0:
+        limit = CONNZ_DEFAULT_LIMIT
+    out.update({"total": 0, "offset": offset, "limit": limit})
     if query.get("subs") not in (None, "0", "false"):
-        subs = [{"subject": s.subject, **({"qgroup": s.queue} if s.queue else {}),
-                 "sid": s.sid, "msgs": s.delivered, "cid": getattr(s.client, "cid", 0)}
-                for s in server.sublist.all_subscriptions()]
-        out["total"] = len(subs)
-        out["subscriptions_list"] = subs
+        # One page, never the whole sublist: this runs on the event loop.
+        page = islice(server.sublist.iter_subscriptions(), offset, offset + limit)
+        out["total"] = server.sublist.count()
+        out["subscriptions_list"] = [_sub_detail(s) for s in page]
     return out
+
+
+def _sub_detail(s: Any) -> dict[str, Any]:
+    d: dict[str, Any] = {"subject": s.subject}
+    if s.queue:
+        d["qgroup"] = s.queue
+    d.update({"sid": s.sid, "msgs": s.delivered, "cid": getattr(s.client, "cid", 0)})
+    return d
 
 
 def _int(s: str | None, default: int) -> int:

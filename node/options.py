@@ -31,6 +31,8 @@ class User:
     password: str | None = None  # plain text, or a bcrypt hash ("$2a$...")
     nkey: str | None = None  # public user nkey ("U...")
     permissions: Permissions | None = None
+    # STANDARD, WEBSOCKET, ...: the connection types this user may log in over (empty: all).
+    allowed_connection_types: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -41,6 +43,7 @@ class TLSOptions:
     verify: bool = False
     timeout: float = 2.0
     handshake_first: bool = False
+    min_version: str | None = None  # "1.2" or "1.3"
 
 
 @dataclass
@@ -74,7 +77,7 @@ class JetStreamOptions:
 class Options:
     host: str = "0.0.0.0"
     port: int = DEFAULT_PORT  # -1: a random port
-    http_host: str = "0.0.0.0"
+    http_host: str = ""  # "": the client host, as in nats-server
     http_port: int = 0  # 0: monitoring disabled
     server_name: str | None = None
     max_payload: int = DEFAULT_MAX_PAYLOAD
@@ -93,6 +96,7 @@ class Options:
     token: str | None = None
     users: list[User] = field(default_factory=list)
     no_auth_user: str | None = None
+    default_permissions: Permissions | None = None  # for listed users without their own
     auth_timeout: float = 2.0
 
     tls: TLSOptions | None = None
@@ -110,4 +114,7 @@ class Options:
 
     # Blocks accepted from a config file but not implemented: warned about at start.
     unsupported: list[str] = field(default_factory=list)
+    # Security settings accepted from a config file but not enforced yet: the node
+    # refuses to start ([FTL]) rather than run without them.
+    unenforced: list[str] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)

@@ -8,6 +8,7 @@ what `jetraft serve` calls.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import math
 import os
@@ -19,13 +20,16 @@ from collections.abc import Callable
 from typing import Any
 
 from node import tls
+from node.auth import Authenticator, AuthThrottle
 from node.client import ClientConnection, Message, Subscription, route
 from node.log import Logger
 from node.options import Options
 from node.sublist import SubList
+from node.version import GO_VERSION, VERSION
 
-VERSION = "2.15.1-jetraft"
-GO_VERSION = "python3.11"
+__all__ = ["GO_VERSION", "VERSION", "InternalClient", "Server", "run"]
+
+AUTH_WORKERS = 2  # threads for bcrypt checks: the event loop never hashes
 _ID_ALPHABET = "ABCDEFGHIJKLMNOPQRSTUVWXYZ234567"  # base32, like nkeys server ids
 
 
@@ -34,11 +38,7 @@ def new_server_id() -> str:
     return "N" + "".join(secrets.choice(_ID_ALPHABET) for _ in range(55))
 
 
-def _optional_auth(options: Options) -> Any:
-    try:
-        from node.auth import Authenticator
-    except ImportError:
-        return None
+def _optional_auth(options: Options) -> Authenticator | None:
     return Authenticator(options)
 
 
@@ -80,6 +80,9 @@ class Server:
         self._cid = 0
         self.expired: list[Subscription] = []
         self.auth = _optional_auth(options)
+        self.auth_throttle = AuthThrottle()
+        self.auth_workers = concurrent.futures.ThreadPoolExecutor(
+            AUTH_WORKERS, thread_name_prefix="auth")
         self.tls_ctx = _optional_tls(options)
         self.tls_first = bool(options.tls and options.tls.handshake_first)
         self.start_time = time.time()
@@ -208,10 +211,14 @@ class Server:
         self.log.info(f"  ID:       {self.server_id}")
         if o.config_file:
             self.log.info(f"Using configuration file: {o.config_file}")
+        self._refuse_unenforced()
         if o.jetstream.enabled:
             self.log.warn("JetStream is not available yet in this build: -js is ignored")
         for block in o.unsupported:
             self.log.warn(f"Configuration block {block!r} is not supported by jetraft; ignored")
+        if o.default_permissions is not None and (o.user or o.token):
+            self.log.warn("authorization permissions apply to the users list only: "
+                          "a single user or token gets none (as in nats-server)")
         if o.pid_file:
             with open(o.pid_file, "w") as f:
                 f.write(str(os.getpid()))
@@ -224,16 +231,29 @@ class Server:
         self._write_ports_file()
         self.log.info("Server is ready")
 
+    def _refuse_unenforced(self) -> None:
+        """Security settings fail closed: one we cannot enforce stops the node."""
+        unenforced = self.options.unenforced
+        if unenforced:
+            names = ", ".join(repr(k) for k in unenforced)
+            raise ValueError(f"security configuration not enforced by jetraft yet: {names}; "
+                             "refusing to start without it")
+
+    def http_host(self) -> str:
+        """The monitor listens where clients do unless told otherwise (nats-server)."""
+        return self.options.http_host or self.options.host
+
     async def _start_monitor(self) -> None:
         from node.monitor import start_monitor
 
         o = self.options
+        host = self.http_host()
         port = 0 if o.http_port < 0 else o.http_port
-        self.log.info(f"Starting http monitor on {o.http_host}:{port or '...'}")
+        self.log.info(f"Starting http monitor on {host}:{port or '...'}")
         try:
-            self._monitor = await start_monitor(self, o.http_host, port)
+            self._monitor = await start_monitor(self, host, port)
         except OSError as err:
-            msg = f'Error listening on monitor port: {o.http_host}:{port}, "{err}"'
+            msg = f'Error listening on monitor port: {host}:{port}, "{err}"'
             raise OSError(msg) from err
         self.http_port = self._monitor.sockets[0].getsockname()[1]
 
@@ -362,6 +382,7 @@ class Server:
             client.close("Server Shutdown")
         if self._monitor is not None:
             self._monitor.close()
+        self.auth_workers.shutdown(wait=False, cancel_futures=True)
         await asyncio.sleep(0.05)  # let transports hand their last bytes to the kernel
         if self._ports_file:
             try:

@@ -29,6 +29,8 @@ def server_context(tls: TLSOptions) -> ssl.SSLContext:
         raise ValueError("tls needs cert_file and key_file")
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    if tls.min_version == "1.3":
+        ctx.minimum_version = ssl.TLSVersion.TLSv1_3
     ctx.load_cert_chain(tls.cert_file, tls.key_file)
     if tls.ca_file:
         ctx.load_verify_locations(cafile=tls.ca_file)

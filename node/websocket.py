@@ -43,6 +43,9 @@ CLOSE_GOING_AWAY = 1001
 CLOSE_PROTOCOL_ERROR = 1002
 CLOSE_NO_STATUS = 1005
 CLOSE_TOO_BIG = 1009
+# Inflated size of one compressed message when the server does not say:
+# nats-server's default max_payload plus max_control_line and two CRLFs.
+DEFAULT_MAX_INFLATED = 1024 * 1024 + 4096 + 4
 _DEFLATE_TAIL = b"\x00\x00\xff\xff"
 
 
@@ -216,8 +219,12 @@ def close_payload(code: int, reason: str = "") -> bytes:
 class WsCodec:
     """Sans-IO WebSocket for the server side of one connection."""
 
-    def __init__(self, compress: bool = False) -> None:
+    def __init__(self, compress: bool = False, max_inflated: int = DEFAULT_MAX_INFLATED) -> None:
         self.compress = compress
+        # A compressed message may inflate to at most this many bytes: deflate reaches
+        # ~1000:1, so without a bound a small frame could claim gigabytes.
+        self.max_inflated = max_inflated
+        self._inflated = 0  # bytes inflated so far in the current message
         self._buf = bytearray()
         self._frame: _Frame | None = None
         self._in_message = False  # inside a fragmented data message
@@ -287,6 +294,7 @@ class WsCodec:
             raise WsError(CLOSE_PROTOCOL_ERROR, "unexpected reserved bits")
         if op != OP_CONT:
             self._inflating = compressed
+            self._inflated = 0
         self._in_message = not frame.fin
 
     def _consume(self, frame: _Frame, events: list[WsEvent]) -> bool:
@@ -313,22 +321,29 @@ class WsCodec:
 
     def _emit(self, chunk: bytes, events: list[WsEvent]) -> None:
         if self._inflating:
-            try:
-                chunk = self._inflater.decompress(chunk)
-            except zlib.error as err:
-                raise WsError(CLOSE_PROTOCOL_ERROR, f"bad compressed data: {err}") from err
+            chunk = self._inflate(chunk)
         if chunk:
             events.append(Data(chunk))
 
     def _emit_tail(self, events: list[WsEvent]) -> None:
         """End of a compressed message: the sender stripped the sync-flush tail."""
         self._inflating = False
-        try:
-            out = self._inflater.decompress(_DEFLATE_TAIL)
-        except zlib.error as err:
-            raise WsError(CLOSE_PROTOCOL_ERROR, f"bad compressed data: {err}") from err
+        out = self._inflate(_DEFLATE_TAIL)
         if out:
             events.append(Data(out))
+
+    def _inflate(self, chunk: bytes) -> bytes:
+        """Inflate, never producing more than the message's remaining budget."""
+        budget = self.max_inflated - self._inflated
+        try:
+            # One byte past the budget tells "exactly full" from "would overflow".
+            out = self._inflater.decompress(chunk, budget + 1)
+        except zlib.error as err:
+            raise WsError(CLOSE_PROTOCOL_ERROR, f"bad compressed data: {err}") from err
+        if len(out) > budget:
+            raise WsError(CLOSE_TOO_BIG, "compressed message exceeds maximum payload")
+        self._inflated += len(out)
+        return out
 
     def _control(self, opcode: int, payload: bytes) -> WsEvent:
         if opcode == OP_PING:
@@ -466,7 +481,9 @@ class WsProtocol(asyncio.Protocol):
             return
         if self._timer is not None:
             self._timer.cancel()
-        self._codec = WsCodec(result.compress)
+        opts = self._server.options
+        # One message carries at most a control line and a max_payload body.
+        self._codec = WsCodec(result.compress, opts.max_payload + opts.max_control_line + 4)
         self._adapter = WsTransport(self._transport, self._codec)
         self._inner = self._server.make_client_protocol("WEBSOCKET")
         self._inner.connection_made(self._adapter)
