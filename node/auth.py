@@ -31,6 +31,7 @@ import nacl.exceptions
 import nacl.signing
 import nkeys
 
+from node.account import GLOBAL_ACCOUNT
 from node.options import Options, Permissions, User
 
 # Error texts sent as `-ERR '<text>'`, identical to nats-server 2.x.
@@ -257,8 +258,6 @@ class PermissionSet:
 
 
 # --------------------------------------------------------------------------- identity
-
-GLOBAL_ACCOUNT = "$G"  # users outside any account live here, as in nats-server
 
 # Connection types a user may be limited to (`allowed_connection_types`).
 CONN_STANDARD = "STANDARD"

@@ -1,46 +1,62 @@
-"""One client connection: parser events in, routed messages out.
+"""One client of any kind: parser events in, its account's messages out.
 
-`ClientConnection` is an `asyncio.Protocol` that only uses the small
-transport surface a WebSocket adapter can also offer (write, close,
-is_closing, get_write_buffer_size, get_extra_info), so TCP, TLS and
-WebSocket connections share this code.
+`Client` has a `kind` (nats-server's names): CLIENT for a network connection,
+SYSTEM, JETSTREAM and ACCOUNT for clients inside the server, later ROUTE.
+A network client is an `asyncio.Protocol` that only uses the small transport
+surface a WebSocket adapter can also offer (write, close, is_closing,
+get_write_buffer_size, get_extra_info), so TCP, TLS and WebSocket
+connections share this code. An internal client has no transport: what it
+receives waits in its own bounded queue and its callbacks run from the
+event loop, never on the publisher's stack.
 
-Hot path (a PUB): the parser's `on_pub` callback (`_on_pub_plain`) -> the
-server's sublist match (cached inside the sublist) -> with exactly one plain
-subscriber, `deliver_direct()` appends the MSG straight to that client's
-output bytearray; otherwise `route()` frames one shared `Message` and each
-subscriber's `deliver()` appends three pre-built pieces of it.  Each output
-buffer is flushed once per event-loop turn, so a burst of messages becomes
-one `transport.write`.  A subscriber whose pending output exceeds
-`max_pending` is closed as a slow consumer; nobody ever waits for it.
+Hot path (a PUB): the parser's `on_pub` callback is made by the client's
+account (`Account.fast_publisher`): it counts the PUB and matches the
+account's sublist; with exactly one plain subscriber, `deliver_direct()`
+appends the MSG straight to that client's output bytearray; otherwise the
+account frames one shared `Message` and each subscriber's `deliver()`
+appends three pre-built pieces of it.  Each output buffer is flushed once
+per event-loop turn, so a burst of messages becomes one `transport.write`.
+A subscriber whose pending output exceeds `max_pending` is closed as a slow
+consumer; nobody ever waits for it.
+
+The client knows the server only through `ClientHost` (below), so this
+module imports neither the server nor the monitor.
 """
 
 from __future__ import annotations
 
 import asyncio
+import enum
 import json
-import random
 import time
-from typing import TYPE_CHECKING, Any
+from collections import deque
+from typing import Any, Protocol
 
 from node import tls
+from node.account import GLOBAL_ACCOUNT, Account
 from node.auth import (
     AUTH_TIMEOUT,
     AUTH_VIOLATION,
     CONN_STANDARD,
-    CONN_WEBSOCKET,
     Identity,
     SlowCheck,
     pub_violation,
     sub_violation,
 )
+from node.message import (
+    CRLF,
+    InternalCallback,
+    Message,
+    Subscription,
+    heads,
+    msg_head,
+    size_line,
+    size_lines,
+)
 from node.protocol import writer
 from node.protocol.events import Connect, HPub, Ping, Pong, Pub, Sub, Unsub
 from node.protocol.parser import Parser, ProtocolError
 from node.subject import subject_matches, valid_literal_subject, valid_queue_name, valid_subject
-
-if TYPE_CHECKING:
-    from node.server import Server
 
 STALE_CONNECTION = "Stale Connection"
 MAX_CONNECTIONS = "maximum connections exceeded"
@@ -49,7 +65,42 @@ INVALID_PUB_SUBJECT = "Invalid Publish Subject"
 INVALID_QUEUE = "Invalid Queue Name"
 NO_RESPONDERS_NEEDS_HEADERS = "no responders requires headers support"
 
-_CRLF, _OK, _PONG, _PING = writer.CRLF, writer.OK, writer.PONG, writer.PING  # module globals: fast
+_CRLF, _OK, _PONG, _PING = CRLF, writer.OK, writer.PONG, writer.PING  # module globals: fast
+_heads, _msg_head, _size_lines, _size_line = heads, msg_head, size_lines, size_line
+# What an internal client may hold undelivered; past it, messages to it are dropped
+# (and counted), as a slow consumer's would be.
+INTERNAL_QUEUE_MAX = 65536
+_INTERNAL_BATCH = 256  # callbacks per loop turn, so one busy client cannot hog the loop
+
+
+class Kind(enum.Enum):
+    """What a client is, with nats-server's names (shown by /connz)."""
+
+    CLIENT = "Client"
+    ROUTER = "Router"
+    SYSTEM = "System"
+    JETSTREAM = "JetStream"
+    ACCOUNT = "Account"
+
+
+class ClientHost(Protocol):
+    """What a client needs from the server that runs it."""
+
+    options: Any
+    log: Any
+    auth: Any
+    auth_throttle: Any
+    auth_workers: Any
+    tls_ctx: Any
+    tls_first: bool
+    slow_consumers: int
+    stale_connections: int
+
+    def next_cid(self) -> int: ...
+    def register(self, client: Client) -> bool: ...
+    def unregister(self, client: Client, reason: str) -> None: ...
+    def info_for(self, client: Client) -> dict[str, Any]: ...
+    def lookup_account(self, name: str) -> Account: ...
 # The no-responders status nats-server sends back on the request's reply subject.
 _NO_RESPONDERS_HDR = b"NATS/1.0 503\r\n"
 # CONNECT defaults of a client that never said otherwise, as nats-server has them.
@@ -80,137 +131,16 @@ def _valid_pub_subject(subject: str) -> bool:
     return ok
 
 
-class Subscription:
-    """A SUB of one client (or an internal one); stored in the sublist."""
+class Client(asyncio.Protocol):
+    """One client: a NATS connection, or a client inside the server."""
 
-    __slots__ = ("subject", "queue", "sid", "client", "sid_sp", "max_msgs", "delivered", "dead",
-                 "direct", "last_subject", "last_size", "last_line")
-
-    def __init__(self, subject: str, queue: str | None, sid: str, client: Any) -> None:
-        self.subject = subject
-        self.queue = queue
-        self.sid = sid
-        self.client = client
-        self.sid_sp = sid.encode() + b" "  # pre-encoded for every MSG line
-        self.max_msgs = 0  # 0: no auto-unsubscribe
-        self.delivered = 0
-        self.dead = False
-        # A plain TCP/TLS/WebSocket client: the single-subscriber fast path may write
-        # straight into its buffer (see ClientConnection._on_pub_plain).
-        self.direct = type(client) is ClientConnection
-        # deliver_direct's last "MSG <subject> <sid> <size>\r\n", reused while it fits.
-        self.last_subject = ""
-        self.last_size = -1
-        self.last_line = b""
-
-
-_heads: dict[str, bytes] = {}  # subject -> b"MSG <subject> ", reused across messages
-_HEADS_MAX = 4096
-
-
-def _msg_head(subject: str) -> bytes:
-    head = _heads.get(subject)
-    if head is None:
-        if len(_heads) >= _HEADS_MAX:
-            _heads.clear()
-        head = _heads[subject] = b"MSG %b " % subject.encode()
-    return head
-
-
-_size_lines: dict[int, bytes] = {}  # payload size -> b"<size>\r\n"
-
-
-def _size_line(n: int) -> bytes:
-    line = _size_lines.get(n)
-    if line is None:
-        if len(_size_lines) >= _HEADS_MAX:
-            _size_lines.clear()
-        line = _size_lines[n] = b"%d\r\n" % n
-    return line
-
-
-class Message:
-    """One published message, framed once and shared by all its deliveries.
-
-    MSG  <subject> <sid> [reply] <len>\\r\\n<payload>\\r\\n
-    HMSG <subject> <sid> [reply] <hdr len> <total len>\\r\\n<hdr><payload>\\r\\n
-    `head` is everything before the sid, `tail` everything after it.
-    """
-
-    __slots__ = ("subject", "reply", "headers", "payload", "head", "tail", "plain_head",
-                 "plain_tail", "size")
-
-    def __init__(self, subject: str, reply: str | None, headers: bytes | None,
-                 payload: bytes) -> None:
-        self.subject = subject
-        self.reply = reply
-        self.headers = headers
-        self.payload = payload
-        n = len(payload)
-        # Cached pieces and plain concatenation: cheaper than a %-format per frame.
-        size = _size_lines.get(n) or _size_line(n)
-        if reply:
-            tail = reply.encode() + b" " + size + payload + _CRLF
-        else:
-            tail = size + payload + _CRLF
-        head = self.plain_head = _msg_head(subject)
-        self.plain_tail = tail
-        if headers is None:
-            self.head, self.tail, self.size = head, tail, n
-        else:
-            h = len(headers)
-            rep = reply.encode() + b" " if reply else b""
-            self.head = b"H" + head
-            self.tail = b"%b%d %d\r\n%b%b\r\n" % (rep, h, h + n, headers, payload)
-            self.size = h + n
-
-
-def route(server: Server, publisher: Any, subject: str, reply: str | None,
-          headers: bytes | None, payload: bytes) -> int:
-    """Deliver a message to every interested subscription; returns deliveries.
-    The message is framed only once, and only if someone wants it."""
-    result = server.sublist.match(subject)
-    psubs, qsubs = result.psubs, result.qsubs
-    if not psubs and not qsubs:
-        return 0
-    msg = Message(subject, reply, headers, payload)
-    skip = publisher if (publisher is not None and not publisher.echo) else None
-    count = 0
-    for sub in psubs:
-        if sub.dead or sub.client is skip:
-            continue
-        if sub.client.deliver(sub, msg):
-            count += 1
-    if qsubs:
-        for members in qsubs.values():
-            if _deliver_queue(members, skip, msg):
-                count += 1
-    if server.expired:
-        server.reap()
-    return count
-
-
-def _deliver_queue(members: list, skip: Any, msg: Message) -> bool:
-    """One member per queue group gets the message, chosen at random; a member
-    that may not receive it (closed, or its permissions deny the subject) passes
-    it on to the next, as in nats-server."""
-    n = len(members)
-    start = random.randrange(n) if n > 1 else 0
-    for i in range(n):
-        sub = members[(start + i) % n]
-        if sub.dead or sub.client is skip:
-            continue
-        if sub.client.deliver(sub, msg):
-            return True
-    return False
-
-
-class ClientConnection(asyncio.Protocol):
-    """Protocol state of one NATS client connection."""
-
-    def __init__(self, server: Server, kind: str = "CLIENT") -> None:
+    def __init__(self, server: ClientHost, kind: Kind = Kind.CLIENT,
+                 conn_type: str = CONN_STANDARD, account: Account | None = None) -> None:
         self.server = server
         self.kind = kind
+        self.conn_type = conn_type  # STANDARD or WEBSOCKET (allowed_connection_types)
+        # Network clients only: the fast path may write into this client's buffer.
+        self.direct_ok = kind is Kind.CLIENT
         self.cid = server.next_cid()
         self.transport: Any = None
         self.loop = asyncio.get_running_loop()
@@ -248,11 +178,87 @@ class ClientConnection(asyncio.Protocol):
         self._write_timer: asyncio.TimerHandle | None = None  # armed while the socket is full
         self.host, self.port = "", 0
         self.upgrading = False
-        self._fast = False  # see _update_fast
-        self._match = server.sublist.match
-        # Bound once: the parser calls these for every frame.
-        self._pub_cb = self._on_pub_plain
+        # The account whose fast path may take this client's PUBs (see _update_fast);
+        # None while per-message checks apply.
+        self.fast_account: Account | None = None
+        # Until authentication says otherwise, the global account (nothing can be
+        # published or subscribed before that when auth is configured).
+        self.account = account or server.lookup_account(GLOBAL_ACCOUNT)
+        # Made once per account: the parser calls these for every frame.
+        self._pub_cb = self.account.fast_publisher(self)
         self._event_cb = self._on_event
+        self._inbox: deque[tuple[Subscription, Message]] | None = None
+        self.dropped = 0  # internal clients: messages dropped on a full inbox
+
+    # ------------------------------------------------------------------ internal clients
+
+    @classmethod
+    def internal(cls, server: ClientHost, kind: Kind, name: str,
+                 account: Account | None = None) -> Client:
+        """A client inside the server (system services, JetStream, account
+        imports): no transport, always connected, echo on."""
+        assert kind is not Kind.CLIENT, "internal clients have an internal kind"
+        client = cls(server, kind, account=account)
+        client.opts = {**client.opts, "name": name, "verbose": False, "pedantic": False}
+        client.verbose = client.pedantic = False
+        client.connected = True
+        client._inbox = deque()
+        client.deliver = client._deliver_internal  # type: ignore[method-assign]
+        return client
+
+    def subscribe_internal(self, subject: str, callback: InternalCallback,
+                           queue: str | None = None) -> Subscription:
+        """`callback(sub, subject, reply, headers, payload)` runs from the event
+        loop after the publisher's turn; it must not block."""
+        assert self._inbox is not None, "only internal clients subscribe with a callback"
+        sub = Subscription(subject, queue, f"i{self.server.next_cid()}", self, callback)
+        self.subs[sub.sid] = sub
+        self.account.subscribe(sub)
+        return sub
+
+    def publish(self, subject: str, reply: str | None, payload: bytes,
+                headers: bytes | None = None) -> int:
+        """Publish as this client, into its account; returns deliveries."""
+        self.in_msgs += 1
+        self.in_bytes += len(payload)
+        return self.account.publish(self, subject, reply, headers, payload)
+
+    def _deliver_internal(self, sub: Subscription, msg: Message) -> bool:
+        inbox = self._inbox
+        if self.closed or inbox is None:
+            return False
+        if len(inbox) >= INTERNAL_QUEUE_MAX:
+            self.dropped += 1
+            return False
+        if not inbox:
+            self.loop.call_soon(self._drain_inbox)
+        inbox.append((sub, msg))
+        self.out_msgs += 1
+        self.out_bytes += msg.size
+        sub.delivered += 1
+        if sub.max_msgs and sub.delivered >= sub.max_msgs:
+            self.account.expire(sub)
+        return True
+
+    def _drain_inbox(self) -> None:
+        inbox = self._inbox
+        if inbox is None:
+            return
+        for _ in range(min(len(inbox), _INTERNAL_BATCH)):
+            sub, msg = inbox.popleft()
+            if sub.callback is None or self.closed:
+                continue
+            try:
+                sub.callback(sub, msg.subject, msg.reply, msg.headers, msg.payload)
+            except Exception as err:  # noqa: BLE001 - one bad handler must not stop the rest
+                self.server.log.error(f"internal client {self.opts.get('name')!r}: "
+                                      f"handler for {sub.subject!r} failed: {err!r}")
+        if inbox:
+            self.loop.call_soon(self._drain_inbox)
+
+    def close_internal(self) -> None:
+        """Stop an internal client: its subscriptions leave the account."""
+        self._teardown("Server Shutdown")
 
     # ------------------------------------------------------------------ transport
 
@@ -271,7 +277,7 @@ class ClientConnection(asyncio.Protocol):
             # no_auth_user leaves auth optional, but nkey users still need the nonce to sign.
             self.nonce = auth.new_nonce()
         self._send_info()
-        if self.kind == "CLIENT" and server.tls_ctx is not None and not server.tls_first:
+        if self.conn_type == CONN_STANDARD and server.tls_ctx is not None and not server.tls_first:
             self.upgrading = True  # output waits for the handshake
             timeout = server.options.tls.timeout if server.options.tls else 2.0
             tls.start_upgrade(transport, self, server.tls_ctx, timeout, self._tls_done)
@@ -347,36 +353,11 @@ class ClientConnection(asyncio.Protocol):
 
     # ------------------------------------------------------------------ events
 
-    def _on_pub_plain(self, subject: str, reply: str | None, payload: bytes) -> None:
-        """The parser's PUB callback; the hottest code in the node.
-
-        With no per-message checks to make (`_update_fast`) and exactly one plain
-        subscriber, the MSG is appended straight to that client's buffer: no Message
-        object, no route() frame. Everything else goes through route().
-        """
-        if not self._fast:
-            if not self.closed:
-                self._on_pub(subject, reply, None, payload)
-            return
-        self.in_msgs += 1
-        self.in_bytes += len(payload)
-        result = self._match(subject)
-        psubs = result.psubs
-        if not result.qsubs:
-            if len(psubs) == 1:
-                sub = psubs[0]
-                if sub.direct and not sub.dead and (self.echo or sub.client is not self):
-                    if not sub.client.deliver_direct(sub, subject, reply, payload) and reply \
-                            and self.no_responders:
-                        self._send_no_responders(subject, reply)
-                    return
-            elif not psubs:
-                if reply and self.no_responders:
-                    self._send_no_responders(subject, reply)
-                return
-        if route(self.server, self, subject, reply, None, payload) == 0 and reply \
-                and self.no_responders:
-            self._send_no_responders(subject, reply)
+    def on_pub_checked(self, subject: str, reply: str | None, headers: bytes | None,
+                       payload: bytes) -> None:
+        """A PUB the account's fast path hands back: per-message checks apply."""
+        if not self.closed:
+            self._on_pub(subject, reply, headers, payload)
 
     def _on_event(self, ev: Any) -> None:
         if self.closed:
@@ -405,14 +386,13 @@ class ClientConnection(asyncio.Protocol):
             self._on_connect(ev.options)
 
     def _update_fast(self) -> None:
-        """PUBs skip every per-message check only when none can apply."""
-        self._fast = (self.connected and not self.closed and not self.verbose
-                      and not self.pedantic and self.perms is None and not self.tracing)
+        """PUBs skip every per-message check only when none can apply, and only
+        in the account the client is in now (a CONNECT may move it mid-read)."""
+        fast = (self.connected and not self.closed and not self.verbose
+                and not self.pedantic and self.perms is None and not self.tracing)
+        self.fast_account = self.account if fast else None
 
     # ------------------------------------------------------------------ authentication
-
-    def _conn_type(self) -> str:
-        return CONN_WEBSOCKET if self.kind == "WEBSOCKET" else CONN_STANDARD
 
     def _awaiting_connect(self) -> bool:
         """Authentication is configured and this client has not passed it yet.
@@ -422,7 +402,7 @@ class ClientConnection(asyncio.Protocol):
 
     def _no_auth_identity(self) -> Identity | None:
         auth = self.server.auth
-        return auth.no_auth_identity(self._conn_type()) if auth is not None else None
+        return auth.no_auth_identity(self.conn_type) if auth is not None else None
 
     def _admit_before_connect(self) -> bool:
         """An operation other than CONNECT came first. Without auth it just runs;
@@ -446,6 +426,19 @@ class ClientConnection(asyncio.Protocol):
         self.identity = identity
         self.user = identity.user
         self.perms = identity.permissions
+        account = self.server.lookup_account(identity.account)
+        if account is not self.account:
+            self._move_to(account)
+
+    def _move_to(self, account: Account) -> None:
+        """Bind to `account` (a later CONNECT may log in as another user)."""
+        subs = list(self.subs.values())
+        self.account.unsubscribe_all(subs)
+        self.account = account
+        self._pub_cb = account.fast_publisher(self)
+        self._update_fast()
+        for sub in subs:
+            account.subscribe(sub)
 
     def _on_connect(self, options: dict[str, Any]) -> None:
         if options.get("no_responders") and not options.get("headers"):
@@ -457,7 +450,7 @@ class ClientConnection(asyncio.Protocol):
             return
         # Every CONNECT is authenticated, a second one too, as in nats-server.
         cert = tls.peer_cert(self.transport) if self.server.tls_ctx is not None else None
-        result = auth.begin(options, self.nonce, cert, self._conn_type())
+        result = auth.begin(options, self.nonce, cert, self.conn_type)
         if type(result) is SlowCheck:
             self._check_off_loop(result, options)
         else:
@@ -550,18 +543,16 @@ class ClientConnection(asyncio.Protocol):
             return
         if self.verbose:
             self.write(_OK)
-        if route(self.server, self, subject, reply, headers, payload) == 0 and reply \
-                and self.no_responders:
-            self._send_no_responders(subject, reply)
+        self.account.publish(self, subject, reply, headers, payload)
 
-    def _send_no_responders(self, subject: str, reply: str) -> None:
+    def send_no_responders(self, subject: str, reply: str) -> None:
         """503 status to the requester's own subscription on the reply subject."""
         for sub in self.subs.values():
             if subject_matches(sub.subject, reply):
                 hdr = _NO_RESPONDERS_HDR + b"Nats-Subject: " + subject.encode() + b"\r\n\r\n"
                 self.deliver(sub, Message(reply, None, hdr, b""))
-                if self.server.expired:
-                    self.server.reap()
+                if self.account.expired:
+                    self.account.reap()
                 return
 
     def _on_sub(self, ev: Sub) -> None:
@@ -579,7 +570,7 @@ class ClientConnection(asyncio.Protocol):
         if sid not in self.subs:  # a duplicate sid keeps the first subscription
             sub = Subscription(subject, queue or None, sid, self)
             self.subs[sid] = sub
-            self.server.add_sub(sub)
+            self.account.subscribe(sub)
         if self.verbose:
             self.write(_OK)
 
@@ -603,7 +594,7 @@ class ClientConnection(asyncio.Protocol):
             return
         sub.dead = True
         self.subs.pop(sub.sid, None)
-        self.server.remove_sub(sub)
+        self.account.unsubscribe(sub)
 
     # ------------------------------------------------------------------ output
 
@@ -632,7 +623,7 @@ class ClientConnection(asyncio.Protocol):
         self.out_bytes += msg.size
         sub.delivered += 1
         if sub.max_msgs and sub.delivered >= sub.max_msgs:
-            self.server.expire(sub)
+            self.account.expire(sub)
         if len(out) + self.tpending > self.max_pending:
             self.slow_consumer()
         return True
@@ -648,8 +639,8 @@ class ClientConnection(asyncio.Protocol):
             return False
         if self.perms is not None or self.tracing:
             ok = self.deliver(sub, Message(subject, reply, None, payload))
-            if self.server.expired:
-                self.server.reap()
+            if self.account.expired:
+                self.account.reap()
             return ok
         out = self.out
         if not out:
@@ -676,8 +667,8 @@ class ClientConnection(asyncio.Protocol):
         self.out_bytes += n
         sub.delivered += 1
         if sub.max_msgs and sub.delivered >= sub.max_msgs:
-            self.server.expire(sub)
-            self.server.reap()
+            self.account.expire(sub)
+            self.account.reap()
         if len(out) + self.tpending > self.max_pending:
             self.slow_consumer()
         return True
@@ -753,7 +744,7 @@ class ClientConnection(asyncio.Protocol):
         if self.closed:
             return
         self.closed = True
-        self._fast = False
+        self.fast_account = None
         for timer in (self._ping_timer, self._auth_timer, self._write_timer):
             if timer is not None:
                 timer.cancel()
@@ -761,7 +752,12 @@ class ClientConnection(asyncio.Protocol):
         for sub in subs:
             sub.dead = True
         self.subs.clear()
-        self.server.unregister(self, subs, reason)
+        if subs:
+            self.account.unsubscribe_all(subs)
+        if self._inbox is not None:
+            self._inbox.clear()
+        else:
+            self.server.unregister(self, reason)
 
     def _auth_timeout(self) -> None:
         if not self.connected and not self.closed:
@@ -834,3 +830,7 @@ class ClientConnection(asyncio.Protocol):
         """Fields for /connz (nats-server names)."""
         return {"name": self.opts.get("name") or "", "lang": self.opts.get("lang") or "",
                 "version": self.opts.get("version") or ""}
+
+
+# The name the rest of the node used before clients had kinds.
+ClientConnection = Client

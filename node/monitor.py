@@ -15,14 +15,33 @@ import os
 import time
 from datetime import UTC, datetime
 from itertools import islice
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 from urllib.parse import parse_qs, urlsplit
 
 from node.version import GO_VERSION, VERSION
 
-if TYPE_CHECKING:
-    from node.client import ClientConnection
-    from node.server import Server
+
+class Server(Protocol):
+    """What the monitor reads from the server (which imports this module, never
+    the other way round)."""
+
+    options: Any
+    server_id: str
+    server_name: str
+    port: int
+    http_port: int
+    start_time: float
+    clients: dict[int, Any]
+    total_connections: int
+    slow_consumers: int
+    stale_connections: int
+    http_req_stats: dict[str, int]
+    auth: Any
+    sublist: Any
+
+    def http_host(self) -> str: ...
+    def totals(self) -> dict[str, int]: ...
+    def subscription_count(self) -> int: ...
 
 _MAX_REQUEST = 16 * 1024
 CONNZ_DEFAULT_LIMIT = 1024
@@ -81,7 +100,7 @@ def varz(server: Server) -> dict[str, Any]:
         "connections": len(server.clients), "total_connections": server.total_connections,
         "routes": 0, "remotes": 0, "leafnodes": 0,
         "slow_consumers": server.slow_consumers, "stale_connections": server.stale_connections,
-        "subscriptions": server.sublist.count(), "http_req_stats": dict(server.http_req_stats),
+        "subscriptions": server.subscription_count(), "http_req_stats": dict(server.http_req_stats),
         "config_load_time": rfc3339(server.start_time),
     }
     totals = server.totals()
@@ -108,10 +127,10 @@ def _cpu_percent() -> float:
     return round(100.0 * dc / dw, 1) if dw > 0 else 0.0
 
 
-def _conn_info(c: ClientConnection, now: float, subs: str | None) -> dict[str, Any]:
+def _conn_info(c: Any, now: float, subs: str | None) -> dict[str, Any]:
     d: dict[str, Any] = {
-        "cid": c.cid, "kind": "Client",
-        "type": "websocket" if c.kind == "WEBSOCKET" else "nats",
+        "cid": c.cid, "kind": c.kind.value,
+        "type": "websocket" if c.conn_type == "WEBSOCKET" else "nats",
         "ip": c.host, "port": c.port, "start": rfc3339(c.start),
         "last_activity": rfc3339(c.last_activity), "rtt": _rtt(c.rtt),
         "uptime": go_duration(now - c.start), "idle": go_duration(now - c.last_activity),

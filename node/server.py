@@ -1,8 +1,8 @@
-"""The node's asyncio server: listeners, the client registry, signals.
+"""The node's asyncio server: listeners, the client registry, the accounts, signals.
 
 Only socket, timer and signal code lives here.  Protocol handling is in
-`node/client.py`; the subscription index is `node/sublist.py`.  `run()` is
-what `jetraft serve` calls.
+`node/client.py`; publishes are processed by the client's account
+(`node/account.py`).  `run()` is what `jetraft serve` calls.
 """
 
 from __future__ import annotations
@@ -20,14 +20,16 @@ from collections.abc import Callable
 from typing import Any
 
 from node import tls
-from node.auth import Authenticator, AuthThrottle
-from node.client import ClientConnection, Message, Subscription, route
+from node.account import GLOBAL_ACCOUNT, Account
+from node.auth import CONN_STANDARD, CONN_WEBSOCKET, Authenticator, AuthThrottle
+from node.client import Client, Kind
 from node.log import Logger
+from node.message import InternalCallback, Subscription
 from node.options import Options
 from node.sublist import SubList
 from node.version import GO_VERSION, VERSION
 
-__all__ = ["GO_VERSION", "VERSION", "InternalClient", "Server", "run"]
+__all__ = ["GO_VERSION", "VERSION", "Server", "run"]
 
 AUTH_WORKERS = 2  # threads for bcrypt checks: the event loop never hashes
 _ID_ALPHABET = "ABCDEFGHIJKLMNOPQRSTUVWXYZ234567"  # base32, like nkeys server ids
@@ -48,23 +50,14 @@ def _optional_tls(options: Options) -> Any:
     return tls.server_context(options.tls)
 
 
-class InternalClient:
-    """A subscriber inside the server (JetStream API, system services).
+class _InternalClientService:
+    """Stops an internal client at shutdown, with the other services."""
 
-    `callback(sub, subject, reply, headers, payload)` runs synchronously on
-    the publisher's path: it must not block (schedule a task for real work).
-    """
+    def __init__(self, client: Client) -> None:
+        self.client = client
 
-    echo = True
-    closed = False
-
-    def __init__(self, name: str, callback: Callable[..., None]) -> None:
-        self.name = name
-        self.callback = callback
-
-    def deliver(self, sub: Subscription, msg: Message) -> None:
-        sub.delivered += 1
-        self.callback(sub, msg.subject, msg.reply, msg.headers, msg.payload)
+    async def stop(self) -> None:
+        self.client.close_internal()
 
 
 class Server:
@@ -75,10 +68,12 @@ class Server:
         self.server_id = new_server_id()
         self.server_name = options.server_name or self.server_id
         self.log = Logger(options.debug, options.trace, options.log_file)
-        self.sublist = SubList()
-        self.clients: dict[int, ClientConnection] = {}
+        # Every user lives in the global account until accounts are configured.
+        self.accounts: dict[str, Account] = {GLOBAL_ACCOUNT: Account(GLOBAL_ACCOUNT)}
+        self.global_account = self.accounts[GLOBAL_ACCOUNT]
+        self.clients: dict[int, Client] = {}  # network clients only
         self._cid = 0
-        self.expired: list[Subscription] = []
+        self._system_client: Client | None = None
         self.auth = _optional_auth(options)
         self.auth_throttle = AuthThrottle()
         self.auth_workers = concurrent.futures.ThreadPoolExecutor(
@@ -109,7 +104,27 @@ class Server:
         self._cid += 1
         return self._cid
 
-    def register(self, client: ClientConnection) -> bool:
+    def lookup_account(self, name: str) -> Account:
+        account = self.accounts.get(name)
+        if account is None:
+            # Authentication only names accounts the configuration defines.
+            raise KeyError(f"unknown account {name!r}")
+        return account
+
+    def register_account(self, account: Account) -> None:
+        """Add a configured account (its name must be new)."""
+        assert account.name not in self.accounts, f"account {account.name!r} registered twice"
+        self.accounts[account.name] = account
+
+    @property
+    def sublist(self) -> SubList:
+        """The global account's sublist (what /subsz shows today)."""
+        return self.global_account.sublist
+
+    def subscription_count(self) -> int:
+        return sum(a.subscription_count() for a in self.accounts.values())
+
+    def register(self, client: Client) -> bool:
         """False when the connection must be refused (limit reached)."""
         if len(self.clients) >= self.options.max_connections:
             return False
@@ -117,11 +132,9 @@ class Server:
         self.total_connections += 1
         return True
 
-    def unregister(self, client: ClientConnection, subs: list[Subscription], reason: str) -> None:
+    def unregister(self, client: Client, reason: str) -> None:
         if self.clients.pop(client.cid, None) is None:
             return
-        if subs:
-            self.sublist.remove_batch(subs)
         st = self.closed_stats
         st[0] += client.in_msgs
         st[1] += client.in_bytes
@@ -130,56 +143,44 @@ class Server:
         self.log.debug(f"{client.host}:{client.port} - cid:{client.cid} - "
                        f'"{reason}" - connection closed')
 
-    def make_client_protocol(self, kind: str = "CLIENT") -> ClientConnection:
+    def make_client_protocol(self, conn_type: str = CONN_STANDARD) -> Client:
         """A fresh protocol object per connection (TCP, TLS or WebSocket)."""
-        return ClientConnection(self, kind)
-
-    def add_sub(self, sub: Subscription) -> None:
-        self.sublist.insert(sub)
-
-    def remove_sub(self, sub: Subscription) -> None:
-        self.sublist.remove(sub)
-
-    def expire(self, sub: Subscription) -> None:
-        """Auto-unsubscribe reached: removed after the current routing loop,
-        because the loop may be iterating the very list holding `sub`."""
-        sub.dead = True
-        self.expired.append(sub)
-
-    def reap(self) -> None:
-        if not self.expired:
-            return
-        expired, self.expired = self.expired, []
-        for sub in expired:
-            owner = sub.client
-            subs = getattr(owner, "subs", None)
-            if subs is not None and subs.get(sub.sid) is sub:
-                del subs[sub.sid]
-            self.sublist.remove(sub)
+        assert conn_type in (CONN_STANDARD, CONN_WEBSOCKET), conn_type
+        return Client(self, Kind.CLIENT, conn_type)
 
     # ------------------------------------------------------------------ internal API
 
-    def subscribe_internal(self, subject: str, callback: Callable[..., None],
-                           queue: str | None = None, name: str = "internal") -> Subscription:
-        sub = Subscription(subject, queue, f"i{self.next_cid()}", InternalClient(name, callback))
-        self.sublist.insert(sub)
-        return sub
+    def internal_client(self, kind: Kind, name: str, account: str = GLOBAL_ACCOUNT) -> Client:
+        """A client inside the server (needs the running loop)."""
+        client = Client.internal(self, kind, name, self.lookup_account(account))
+        self.services.append(_InternalClientService(client))
+        return client
+
+    @property
+    def system_client(self) -> Client:
+        if self._system_client is None:
+            self._system_client = self.internal_client(Kind.SYSTEM, "system")
+        return self._system_client
+
+    def subscribe_internal(self, subject: str, callback: InternalCallback,
+                           queue: str | None = None) -> Subscription:
+        """Subscribe the system client; `callback` runs from the loop, after the
+        publisher's turn (see Client.subscribe_internal)."""
+        return self.system_client.subscribe_internal(subject, callback, queue)
 
     def unsubscribe_internal(self, sub: Subscription) -> None:
-        if not sub.dead:
-            sub.dead = True
-            self.sublist.remove(sub)
+        sub.client.remove_sub(sub)
 
     def publish_internal(self, subject: str, reply: str | None, payload: bytes,
                          headers: bytes | None = None) -> int:
-        """Route a message originated by the server; returns deliveries."""
+        """Publish as the server's system client; returns deliveries."""
         self.internal_stats[0] += 1
         self.internal_stats[1] += len(payload)
-        return route(self, None, subject, reply, headers, payload)
+        return self.system_client.publish(subject, reply, payload, headers)
 
     # ------------------------------------------------------------------ INFO
 
-    def info_for(self, client: ClientConnection) -> dict[str, Any]:
+    def info_for(self, client: Client) -> dict[str, Any]:
         o = self.options
         info: dict[str, Any] = {
             "server_id": self.server_id, "server_name": self.server_name,
@@ -189,7 +190,7 @@ class Server:
         if self.auth is not None and self.auth.required:
             info["auth_required"] = True
         if self.tls_ctx is not None:
-            if client.kind == "CLIENT":
+            if client.conn_type == CONN_STANDARD:
                 info.update(tls.info_fields(o.tls))
             else:
                 info["tls_available"] = True
@@ -264,7 +265,7 @@ class Server:
         ssl = self.tls_ctx if self.tls_first else None
         try:
             srv = await loop.create_server(
-                lambda: ClientConnection(self, "CLIENT"), o.host, port,
+                lambda: Client(self, Kind.CLIENT, CONN_STANDARD), o.host, port,
                 reuse_address=True, backlog=1024, ssl=ssl)
         except OSError as err:
             raise OSError(f"Error listening on port: {o.host}:{port}, \"{err}\"") from err
@@ -356,7 +357,7 @@ class Server:
             await self._close_gradually(clients, spread)
         self.shutdown()
 
-    async def _close_gradually(self, clients: list[ClientConnection], spread: float) -> None:
+    async def _close_gradually(self, clients: list[Client], spread: float) -> None:
         # One batch per millisecond at most; asyncio cannot sleep finer.
         steps = max(1, min(len(clients), int(spread * 1000)))
         batch = math.ceil(len(clients) / steps)
