@@ -492,7 +492,11 @@ class Client(asyncio.Protocol):
         pause = getattr(self.transport, "pause_reading", None)
         if pause is not None:
             pause()
-        future = self.loop.run_in_executor(server.auth_workers, check.run)
+        try:
+            future = self.loop.run_in_executor(server.auth_workers, check.run)
+        except RuntimeError:  # the workers stopped: the server is shutting down
+            future = self.loop.create_future()
+            future.set_result(False)
         future.add_done_callback(lambda f: self._check_done(check, options, f))
 
     def _check_done(self, check: SlowCheck, options: dict[str, Any],

@@ -518,3 +518,49 @@ def test_invoked_as_nats_server_it_serves(tmp_path):
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+# --------------------------------------------------------------------------- held while hashing
+
+
+def bcrypt_users(extra: str = "") -> str:
+    hashed = json.dumps(bcrypt.hashpw(b"pw", bcrypt.gensalt(rounds=8)).decode())
+    return (f"authorization {{ users: [{{user: u, password: {hashed}}}"
+            f"{extra}] }}\n")
+
+
+@pytest.mark.parametrize("impl", BOTH)
+def test_what_follows_a_bcrypt_connect_runs_after_it_in_order(servers, impl):
+    srv = start(servers, impl, bcrypt_users())
+    _, out = talk(srv.port, b'CONNECT {"verbose":true,"user":"u","pass":"pw"}\r\n'
+                  b"SUB a 1\r\nPUB a 2\r\nhi\r\nPING\r\n")
+    assert out == b"+OK\r\n+OK\r\n+OK\r\nMSG a 1 2\r\nhi\r\nPONG\r\n"
+    _, out = talk(srv.port, b'CONNECT {"verbose":false,"user":"u","pass":"no"}\r\n'
+                  b"SUB a 1\r\nPING\r\n")
+    assert out == b"-ERR 'Authorization Violation'\r\n<EOF>"
+
+
+@pytest.mark.parametrize("impl", BOTH)
+@pytest.mark.parametrize("user", ["u", "ws", "tcp"])
+async def test_websocket_logins_check_connection_types(servers, impl, user):
+    wport = free_port()
+    extra = (', {user: ws, password: pw, allowed_connection_types: ["WEBSOCKET"]}'
+             ', {user: tcp, password: pw, allowed_connection_types: ["STANDARD"]}')
+    conf = bcrypt_users(extra) + f'websocket {{ listen: "{HOST}:{wport}", no_tls: true }}\n'
+    start(servers, impl, conf)
+    async with websockets.connect(f"ws://{HOST}:{wport}", max_size=None) as ws:
+        await ws.recv()  # INFO
+        connect = json.dumps({"verbose": False, "user": user, "pass": "pw"}).encode()
+        await ws.send(b"CONNECT " + connect + b"\r\nSUB a 1\r\nPUB a 1\r\nx\r\nPING\r\n")
+        got = b""
+        try:
+            async with asyncio.timeout(10):
+                while b"PONG\r\n" not in got:
+                    frame = await ws.recv()
+                    got += frame if isinstance(frame, bytes) else frame.encode()
+        except websockets.ConnectionClosed:
+            pass
+    if user == "tcp":
+        assert got == b"-ERR 'Authorization Violation'\r\n"
+    else:
+        assert got == b"MSG a 1 1\r\nx\r\nPONG\r\n"
