@@ -272,6 +272,8 @@ class Client(asyncio.Protocol):
             self._send_info()
             self.send_err(MAX_CONNECTIONS, close=True)
             return
+        if server.tls_first and self.conn_type == CONN_STANDARD and not self._key_pinned(transport):
+            return
         auth = server.auth
         if auth is not None:
             # no_auth_user leaves auth optional, but nkey users still need the nonce to sign.
@@ -306,8 +308,21 @@ class Client(asyncio.Protocol):
             self._teardown("TLS Handshake Failure")
             return
         self.transport = transport
+        if not self._key_pinned(transport):
+            return
         self._arm_auth_timer()
         self.flush()
+
+    def _key_pinned(self, transport: Any) -> bool:
+        """tls { pinned_certs }: a client whose key is not listed is closed."""
+        tls_opts = self.server.options.tls
+        if tls_opts is None or tls.pinned_ok(transport, tls_opts.pinned_certs):
+            return True
+        self.server.log.error(f"{self.host}:{self.port} - cid:{self.cid} - "
+                              "TLS handshake error: client certificate not pinned")
+        self.out.clear()
+        self._abort("TLS Handshake Failure")
+        return False
 
     def data_received(self, data: bytes) -> None:
         if self.closed:

@@ -711,12 +711,13 @@ _TLS_HANDLERS: dict[str, Handler] = {
     "handshake_first": _setter("handshake_first",
                                lambda f: f.value if isinstance(f.value, bool) else bool(_str(f))),
     "min_version": _setter("min_version", lambda f: _tls_version(f)),
+    "pinned_certs": _setter("pinned_certs", lambda f: [p.lower() for p in _str_list(f)]),
 }
 _TLS_UNSUPPORTED = frozenset({"insecure", "certs", "handshake_first_fallback"})
 # Each restricts who may connect or how: ignoring one would let in what it keeps out.
 _TLS_UNENFORCED = frozenset({
     "verify_and_map", "verify_cert_and_check_known_urls", "cipher_suites", "curve_preferences",
-    "pinned_certs", "cert_store", "cert_match", "cert_match_by", "cert_match_skip_invalid",
+    "cert_store", "cert_match", "cert_match_by", "cert_match_skip_invalid",
     "ca_certs_match", "ocsp_peer", "connection_rate_limit",
 })
 
@@ -851,6 +852,8 @@ def _websocket(opts: Options, f: _Field) -> None:
         "username_cookie", "password_cookie", "token_cookie",
     })
     _apply_block(ws, _block(f), "websocket.", handlers, unsupported, opts, unenforced=unenforced)
+    if ws.tls is not None and ws.tls.pinned_certs:
+        opts.unenforced.append("websocket.tls.pinned_certs")  # checked on client TLS only
     opts.websocket = ws
 
 

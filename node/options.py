@@ -44,6 +44,9 @@ class TLSOptions:
     timeout: float = 2.0
     handshake_first: bool = False
     min_version: str | None = None  # "1.2" or "1.3"
+    # Hex SHA-256 of client certificates' public keys (SubjectPublicKeyInfo, DER):
+    # when set, a client must present one of these keys.
+    pinned_certs: list[str] = field(default_factory=list)
 
 
 @dataclass

@@ -25,9 +25,11 @@ from node.auth import CONN_STANDARD, CONN_WEBSOCKET, Authenticator, AuthThrottle
 from node.client import Client, Kind
 from node.log import Logger
 from node.message import InternalCallback, Subscription
+from node.monitor import start_monitor
 from node.options import Options
 from node.sublist import SubList
 from node.version import GO_VERSION, VERSION
+from node.websocket import start_websocket
 
 __all__ = ["GO_VERSION", "VERSION", "Server", "run"]
 
@@ -245,8 +247,6 @@ class Server:
         return self.options.http_host or self.options.host
 
     async def _start_monitor(self) -> None:
-        from node.monitor import start_monitor
-
         o = self.options
         host = self.http_host()
         port = 0 if o.http_port < 0 else o.http_port
@@ -274,8 +274,6 @@ class Server:
         self.log.info(f"Listening for client connections on {o.host}:{self.port}")
 
     async def _start_websocket(self) -> None:
-        from node.websocket import start_websocket
-
         ws = self.options.websocket
         srv = await start_websocket(self, ws)
         self._listeners.append(srv)

@@ -181,8 +181,8 @@ UNENFORCED = {
     "auth-callout": "authorization { users: [{user: a, password: a}], "
                     "auth_callout { issuer: x, auth_users: [a] } }\n",
     "verify-and-map": "tls { cert_file: {cert}, key_file: {key}, verify_and_map: true }\n",
-    "pinned-certs": "tls { cert_file: {cert}, key_file: {key}, verify: true, "
-                    "pinned_certs: [\"a\"] }\n",
+    "ws-pinned-certs": 'websocket { listen: "127.0.0.1:-1", tls { cert_file: {cert}, '
+                       'key_file: {key}, pinned_certs: ["a"] } }\n',
     "ws-authorization": 'websocket { listen: "127.0.0.1:-1", no_tls: true, '
                         "authorization { user: a, password: b } }\n",
     "ws-origins": 'websocket { listen: "127.0.0.1:-1", no_tls: true, same_origin: true }\n',
@@ -564,3 +564,52 @@ async def test_websocket_logins_check_connection_types(servers, impl, user):
         assert got == b"-ERR 'Authorization Violation'\r\n"
     else:
         assert got == b"MSG a 1 1\r\nx\r\nPONG\r\n"
+
+
+# --------------------------------------------------------------------------- pinned_certs
+
+
+def openssl_spki_pin(cert: Path) -> str:
+    """The oracle's way: DER public key of the certificate, then SHA-256."""
+    pub = subprocess.run(["openssl", "x509", "-in", str(cert), "-pubkey", "-noout"],
+                         capture_output=True, check=True).stdout
+    der = subprocess.run(["openssl", "pkey", "-pubin", "-outform", "DER"], input=pub,
+                         capture_output=True, check=True).stdout
+    import hashlib
+
+    return hashlib.sha256(der).hexdigest()
+
+
+def test_spki_pin_matches_openssl(pki):
+    import ssl
+
+    from node.tls import spki_sha256
+
+    for cert in (pki.client_cert, pki.server_cert, pki.ca):
+        der = ssl.PEM_cert_to_DER_cert(cert.read_text())
+        assert spki_sha256(der) == openssl_spki_pin(cert)
+
+
+@pytest.mark.parametrize("impl", BOTH)
+@pytest.mark.parametrize("pinned", [True, False], ids=["pinned", "not-pinned"])
+async def test_pinned_certs_are_enforced(servers, impl, pki, pinned):
+    from node import tls
+
+    pin = openssl_spki_pin(pki.client_cert if pinned else pki.server_cert)
+    config = (f"tls {{ cert_file: {json.dumps(str(pki.server_cert))}, "
+              f"key_file: {json.dumps(str(pki.server_key))}, ca_file: {json.dumps(str(pki.ca))}, "
+              f"verify: true, pinned_certs: [{json.dumps(pin.upper())}] }}\n")
+    srv = start(servers, impl, config)
+    ctx = tls.client_context(str(pki.ca), str(pki.client_cert), str(pki.client_key))
+
+    async def attempt() -> None:
+        nc = await nats.connect(srv.url, tls=ctx, allow_reconnect=False, connect_timeout=5,
+                                max_reconnect_attempts=0)
+        await nc.flush(timeout=5)
+        await nc.close()
+
+    if pinned:
+        await attempt()
+    else:
+        with pytest.raises(Exception):  # noqa: B017 - nats-py raises several types here
+            await attempt()
