@@ -408,6 +408,7 @@ class Authenticator:
         self.auth_timeout = options.auth_timeout
         self._token = options.token
         self._secrets = _SecretChecker()
+        self._tls_map = bool(options.tls and options.tls.verify and options.tls.verify_and_map)
         users = list(options.users)
         if options.user is not None:
             # nats-server ignores `permissions` for a single user or token: only listed
@@ -455,10 +456,35 @@ class Authenticator:
             return self._auth_nkey(nkey, connect.get("sig"), nonce, conn_type)
         if self._token is not None:
             return self._secrets.check(self._token, connect.get("auth_token"), None)
+        if self._tls_map and self._by_name:
+            # The verified certificate is the credential; a CONNECT that names
+            # another user is refused, as nats-server does.
+            identity = self._auth_cert(tls_peer_cert, conn_type)
+            given = connect.get("user")
+            if identity is not None and given and given != identity.user:
+                return None
+            return identity
         account = self._by_name.get(connect.get("user"))  # type: ignore[arg-type]
         if account is None or not account.allows(conn_type):
             return None
         return self._secrets.check(account.password, connect.get("pass"), account.identity())
+
+    def _auth_cert(self, cert: dict | None, conn_type: str) -> Identity | None:
+        """tls { verify_and_map }: the user named by the client certificate, as
+        nats-server looks it up: e-mail SANs, DNS SANs, URI SANs, then the subject."""
+        if not cert:
+            return None
+        for name in cert_user_names(cert):
+            account = self._by_name.get(name)
+            if account is not None:
+                return account.identity() if account.allows(conn_type) else None
+        subject = _subject_rdns(cert)
+        if subject is None:
+            return None
+        for name, account in self._by_name.items():
+            if name is not None and _parse_dn(name) == subject:
+                return account.identity() if account.allows(conn_type) else None
+        return None
 
     def finish(self, check: SlowCheck, ok: bool) -> Identity | None:
         """The outcome of a SlowCheck whose `run()` returned `ok`."""
@@ -483,6 +509,97 @@ class Authenticator:
         if not account.allows(conn_type) or not verify_nkey(nkey, nonce, sig):
             return None
         return account.identity()
+
+
+# Attribute names as `ssl.getpeercert()` gives them -> the short names nats-server
+# (Go's pkix) writes in a subject string.
+_DN_NAMES = {
+    "commonName": "CN", "organizationName": "O", "organizationalUnitName": "OU",
+    "countryName": "C", "localityName": "L", "stateOrProvinceName": "ST",
+    "streetAddress": "STREET", "postalCode": "POSTALCODE", "serialNumber": "SERIALNUMBER",
+    "domainComponent": "DC", "userId": "UID",
+}
+_DN_SPECIALS = ',+"\\<>;'
+
+
+def cert_user_names(cert: dict) -> list[str]:
+    """Literal user names a certificate offers, in nats-server's order: e-mail,
+    DNS and URI SANs, then the subject as Go prints it ("CN=a,O=b", last RDN first)."""
+    sans = cert.get("subjectAltName", ())
+    names = [v for kind in ("email", "DNS", "URI") for k, v in sans if k == kind]
+    subject = _subject_rdns(cert)
+    if subject is not None:
+        names.append(",".join("+".join(f"{t}={_dn_escape(v)}" for t, v in rdn)
+                              for rdn in reversed(subject)))
+    return names
+
+
+def _subject_rdns(cert: dict) -> list[tuple[tuple[str, str], ...]] | None:
+    """The subject's RDNs, first to last, with short names; None when an
+    attribute has no short name (such a subject cannot be matched)."""
+    rdns = []
+    for rdn in cert.get("subject", ()):
+        pairs = []
+        for name, value in rdn:
+            short = _DN_NAMES.get(name)
+            if short is None:
+                return None
+            pairs.append((short, value))
+        rdns.append(tuple(pairs))
+    return rdns
+
+
+def _dn_escape(value: str) -> str:
+    out = "".join("\\" + c if c in _DN_SPECIALS else c for c in value)
+    if out.startswith((" ", "#")):
+        out = "\\" + out
+    if out.endswith(" ") and not out.endswith("\\ "):
+        out = out[:-1] + "\\ "
+    return out
+
+
+def _parse_dn(text: str) -> list[tuple[tuple[str, str], ...]] | None:
+    """A configured user name read as a DN ("CN=a, O=b"), in certificate order
+    (a DN string lists the last RDN first); None when it is not one."""
+    rdns = []
+    for part in _split_unescaped(text, ","):
+        pairs = []
+        for ava in _split_unescaped(part, "+"):
+            kind, eq, value = ava.partition("=")
+            if not eq or not kind.strip():
+                return None
+            pairs.append((kind.strip().upper(), _dn_unescape(value.strip())))
+        rdns.append(tuple(pairs))
+    return list(reversed(rdns))
+
+
+def _split_unescaped(text: str, sep: str) -> list[str]:
+    parts, current, escaped = [], [], False
+    for c in text:
+        if escaped:
+            current.append(c)
+            escaped = False
+        elif c == "\\":
+            current.append(c)
+            escaped = True
+        elif c == sep:
+            parts.append("".join(current))
+            current = []
+        else:
+            current.append(c)
+    parts.append("".join(current))
+    return parts
+
+
+def _dn_unescape(value: str) -> str:
+    out, escaped = [], False
+    for c in value:
+        if escaped or c != "\\":
+            out.append(c)
+            escaped = False
+        else:
+            escaped = True
+    return "".join(out)
 
 
 def _has_credentials(connect: dict[str, Any]) -> bool:

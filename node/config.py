@@ -712,14 +712,21 @@ _TLS_HANDLERS: dict[str, Handler] = {
                                lambda f: f.value if isinstance(f.value, bool) else bool(_str(f))),
     "min_version": _setter("min_version", lambda f: _tls_version(f)),
     "pinned_certs": _setter("pinned_certs", lambda f: [p.lower() for p in _str_list(f)]),
+    "verify_and_map": lambda t, f: _verify_and_map(t, f),
 }
 _TLS_UNSUPPORTED = frozenset({"insecure", "certs", "handshake_first_fallback"})
 # Each restricts who may connect or how: ignoring one would let in what it keeps out.
 _TLS_UNENFORCED = frozenset({
-    "verify_and_map", "verify_cert_and_check_known_urls", "cipher_suites", "curve_preferences",
+    "verify_cert_and_check_known_urls", "cipher_suites", "curve_preferences",
     "cert_store", "cert_match", "cert_match_by", "cert_match_skip_invalid",
     "ca_certs_match", "ocsp_peer", "connection_rate_limit",
 })
+
+
+def _verify_and_map(tls: TLSOptions, f: _Field) -> None:
+    # As in nats-server, verify_and_map implies verify.
+    tls.verify_and_map = _bool(f)
+    tls.verify = tls.verify or tls.verify_and_map
 
 
 def _tls_version(f: _Field) -> str:
@@ -852,8 +859,9 @@ def _websocket(opts: Options, f: _Field) -> None:
         "username_cookie", "password_cookie", "token_cookie",
     })
     _apply_block(ws, _block(f), "websocket.", handlers, unsupported, opts, unenforced=unenforced)
-    if ws.tls is not None and ws.tls.pinned_certs:
-        opts.unenforced.append("websocket.tls.pinned_certs")  # checked on client TLS only
+    for key in ("pinned_certs", "verify_and_map"):  # checked on the client port's TLS only
+        if ws.tls is not None and getattr(ws.tls, key):
+            opts.unenforced.append(f"websocket.tls.{key}")
     opts.websocket = ws
 
 

@@ -47,6 +47,7 @@ class TLSOptions:
     # Hex SHA-256 of client certificates' public keys (SubjectPublicKeyInfo, DER):
     # when set, a client must present one of these keys.
     pinned_certs: list[str] = field(default_factory=list)
+    verify_and_map: bool = False  # the client certificate names the user
 
 
 @dataclass

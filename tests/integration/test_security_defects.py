@@ -180,7 +180,9 @@ UNENFORCED = {
     "user-account": "authorization { users: [{user: a, password: a, account: A}] }\n",
     "auth-callout": "authorization { users: [{user: a, password: a}], "
                     "auth_callout { issuer: x, auth_users: [a] } }\n",
-    "verify-and-map": "tls { cert_file: {cert}, key_file: {key}, verify_and_map: true }\n",
+    "ws-verify-and-map": 'websocket { listen: "127.0.0.1:-1", tls { cert_file: {cert}, '
+                         "key_file: {key}, verify_and_map: true } }\n",
+    "cert-match": "tls { cert_file: {cert}, key_file: {key}, cert_match_by: subject }\n",
     "ws-pinned-certs": 'websocket { listen: "127.0.0.1:-1", tls { cert_file: {cert}, '
                        'key_file: {key}, pinned_certs: ["a"] } }\n',
     "ws-authorization": 'websocket { listen: "127.0.0.1:-1", no_tls: true, '
@@ -609,6 +611,59 @@ async def test_pinned_certs_are_enforced(servers, impl, pki, pinned):
         await nc.close()
 
     if pinned:
+        await attempt()
+    else:
+        with pytest.raises(Exception):  # noqa: B017 - nats-py raises several types here
+            await attempt()
+
+
+# --------------------------------------------------------------------------- verify_and_map
+
+
+@pytest.fixture(scope="module")
+def mapped_certs(pki):
+    """Client certificates named by an e-mail SAN, a one-RDN and a two-RDN subject."""
+    from tests import certs
+
+    d = pki.ca.parent
+    certs.make_leaf(d, "mail", "extendedKeyUsage=clientAuth\n"
+                    "subjectAltName=email:alice@example.com\n")
+    certs.make_leaf(d, "nobody", "extendedKeyUsage=clientAuth\n")
+    (d / "bob.ext").write_text("extendedKeyUsage=clientAuth\n")
+    certs._run("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+               "-keyout", "bob.key", "-out", "bob.csr", "-subj", "/O=Acme/CN=bob", cwd=d)
+    certs._run("x509", "-req", "-in", "bob.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+               "-CAcreateserial", "-days", "2", "-out", "bob.pem", "-extfile", "bob.ext", cwd=d)
+    return d
+
+
+@pytest.mark.parametrize("impl", BOTH)
+@pytest.mark.parametrize("who,admitted,creds", [
+    ("mail", True, {}), ("client", True, {}), ("bob", True, {}), ("nobody", False, {}),
+    ("mail", False, {"user": "someone", "password": "pw"}),  # the certificate decides alone
+    ("mail", True, {"user": "alice@example.com"}),
+])
+async def test_verify_and_map_names_the_user_by_certificate(servers, impl, pki, mapped_certs,
+                                                           who, admitted, creds):
+    from node import tls
+
+    users = [{"user": "alice@example.com"}, {"user": "CN=client"},
+             {"user": "CN=bob, O=Acme"}, {"user": "someone", "password": "pw"}]
+    config = (f"tls {{ cert_file: {json.dumps(str(pki.server_cert))}, "
+              f"key_file: {json.dumps(str(pki.server_key))}, ca_file: {json.dumps(str(pki.ca))}, "
+              f"verify_and_map: true }}\n"
+              f"authorization {{ users: {json.dumps(users)} }}\n")
+    srv = start(servers, impl, config)
+    d = mapped_certs
+    ctx = tls.client_context(str(pki.ca), str(d / f"{who}.pem"), str(d / f"{who}.key"))
+
+    async def attempt() -> None:
+        nc = await nats.connect(srv.url, tls=ctx, allow_reconnect=False, connect_timeout=5,
+                                max_reconnect_attempts=0, **creds)
+        await nc.flush(timeout=5)
+        await nc.close()
+
+    if admitted:
         await attempt()
     else:
         with pytest.raises(Exception):  # noqa: B017 - nats-py raises several types here
