@@ -852,10 +852,12 @@ def _websocket(opts: Options, f: _Field) -> None:
         "no_tls": _setter("no_tls", _bool),
         "compression": _setter("compression", _bool),
         "tls": lambda w, sub: setattr(w, "tls", _tls_options(opts, sub)),
+        "same_origin": _setter("same_origin", _bool),
+        "allowed_origins": _setter("allowed_origins", _str_list),
     }
     unsupported = frozenset({"advertise", "handshake_timeout", "headers"})
     unenforced = frozenset({
-        "same_origin", "allowed_origins", "authorization", "no_auth_user", "jwt_cookie",
+        "authorization", "no_auth_user", "jwt_cookie",
         "username_cookie", "password_cookie", "token_cookie",
     })
     _apply_block(ws, _block(f), "websocket.", handlers, unsupported, opts, unenforced=unenforced)

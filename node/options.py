@@ -57,6 +57,9 @@ class WebsocketOptions:
     no_tls: bool = False
     compression: bool = False
     tls: TLSOptions | None = None
+    # Browser Origin checks (a request without Origin is not a browser's: allowed).
+    same_origin: bool = False
+    allowed_origins: list[str] = field(default_factory=list)
 
 
 @dataclass

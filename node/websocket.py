@@ -21,6 +21,7 @@ import logging
 import zlib
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 from node.options import WebsocketOptions
 from node.tls import server_context
@@ -97,7 +98,49 @@ def _tokens(value: str) -> set[str]:
     return {t.strip().lower() for t in value.split(",")}
 
 
-def handshake(raw: bytes, compression: bool) -> Handshake:
+@dataclass(frozen=True)
+class OriginPolicy:
+    """websocket { same_origin, allowed_origins }: which browser pages may connect.
+    Origins compare by scheme, host and port (default 80/443), case-insensitively;
+    with both settings, an origin must pass both, as in nats-server."""
+
+    same_origin: bool = False
+    allowed: tuple[tuple[str, str, int], ...] = ()
+    tls: bool = False  # the listener is wss: a same origin is https
+
+    @classmethod
+    def build(cls, opts: WebsocketOptions, tls: bool) -> OriginPolicy | None:
+        if not opts.same_origin and not opts.allowed_origins:
+            return None
+        allowed = tuple(o for o in (_origin(u) for u in opts.allowed_origins) if o is not None)
+        return cls(opts.same_origin, allowed, tls)
+
+    def allows(self, origin: str | None, host: str) -> bool:
+        if origin is None:
+            return True  # not a browser: nothing to protect against
+        got = _origin(origin)
+        if got is None:
+            return False
+        if self.same_origin:
+            scheme = "https" if self.tls else "http"
+            if got != _origin(f"{scheme}://{host}"):
+                return False
+        return not self.allowed or got in self.allowed
+
+
+def _origin(url: str) -> tuple[str, str, int] | None:
+    try:
+        parts = urlsplit(url.strip())
+        port = parts.port
+    except ValueError:
+        return None
+    scheme = parts.scheme.lower()
+    if scheme not in ("http", "https") or not parts.hostname:
+        return None
+    return scheme, parts.hostname.lower(), port or (443 if scheme == "https" else 80)
+
+
+def handshake(raw: bytes, compression: bool, origins: OriginPolicy | None = None) -> Handshake:
     """Answer an upgrade request (`raw`: the request through the blank line)."""
     parsed = _parse_request(raw)
     if parsed is None or len(parsed[0]) != 3:
@@ -120,6 +163,8 @@ def handshake(raw: bytes, compression: bool) -> Handshake:
         valid_key = False
     if not valid_key:
         return _bad_request("400 Bad Request", "Bad Request")
+    if origins is not None and not origins.allows(headers.get("origin"), headers.get("host", "")):
+        return _bad_request("403 Forbidden", "Forbidden")
     offers = [o.split(";")[0].strip().lower()
               for o in headers.get("sec-websocket-extensions", "").split(",")]
     compress = compression and "permessage-deflate" in offers
@@ -445,6 +490,7 @@ class WsProtocol(asyncio.Protocol):
     def __init__(self, server: Any, opts: WebsocketOptions) -> None:
         self._server = server
         self._compression = opts.compression
+        self._origins = OriginPolicy.build(opts, opts.tls is not None and not opts.no_tls)
         self._transport: asyncio.Transport | None = None
         self._request = bytearray()
         self._codec: WsCodec | None = None
@@ -473,7 +519,7 @@ class WsProtocol(asyncio.Protocol):
                 self._transport.close()
             return
         rest = bytes(self._request[end + 4:])
-        result = handshake(bytes(self._request[:end + 4]), self._compression)
+        result = handshake(bytes(self._request[:end + 4]), self._compression, self._origins)
         self._request = bytearray()
         self._transport.write(result.response)
         if not result.ok:

@@ -187,7 +187,7 @@ UNENFORCED = {
                        'key_file: {key}, pinned_certs: ["a"] } }\n',
     "ws-authorization": 'websocket { listen: "127.0.0.1:-1", no_tls: true, '
                         "authorization { user: a, password: b } }\n",
-    "ws-origins": 'websocket { listen: "127.0.0.1:-1", no_tls: true, same_origin: true }\n',
+    "ws-no-auth-user": 'websocket { listen: "127.0.0.1:-1", no_tls: true, no_auth_user: a }\n',
 }
 
 
@@ -668,3 +668,38 @@ async def test_verify_and_map_names_the_user_by_certificate(servers, impl, pki, 
     else:
         with pytest.raises(Exception):  # noqa: B017 - nats-py raises several types here
             await attempt()
+
+
+# --------------------------------------------------------------------------- websocket origins
+
+ORIGIN_CASES = [None, "http://127.0.0.1:{port}", "http://127.0.0.1", "http://evil.example",
+                "https://127.0.0.1:{port}", "http://good.example:8080", "http://good.example",
+                "HTTP://GOOD.example:8080", "null"]
+
+
+def upgrade_status(port: int, origin: str | None) -> str:
+    request = (f"GET / HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\n"
+               "Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+               "Sec-WebSocket-Version: 13\r\n")
+    if origin is not None:
+        request += f"Origin: {origin.format(port=port)}\r\n"
+    with socket.create_connection((HOST, port), timeout=10) as sock:
+        sock.sendall((request + "\r\n").encode())
+        head = b""
+        while b"\r\n" not in head:
+            head += sock.recv(4096)
+    return head.split(b"\r\n")[0].decode()
+
+
+@pytest.mark.parametrize("setting", [
+    "same_origin: true", 'allowed_origins: ["http://good.example:8080"]',
+    'same_origin: true, allowed_origins: ["http://good.example:8080"]'],
+    ids=["same", "allowed", "both"])
+def test_websocket_origin_checks_match_nats_server(servers, setting):
+    statuses = {}
+    for impl in BOTH:
+        wport = free_port()
+        start(servers, impl, f'websocket {{ listen: "{HOST}:{wport}", no_tls: true, {setting} }}\n')
+        statuses[impl] = [upgrade_status(wport, origin) for origin in ORIGIN_CASES]
+    assert statuses["jetraft"] == statuses["nats-server"]
+    assert any("403" in s for s in statuses["jetraft"]) and "101" in statuses["jetraft"][0]
