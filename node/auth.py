@@ -419,11 +419,12 @@ class Authenticator:
             default = options.default_permissions
         self._by_name = {u.user: _account(u, default) for u in users if u.user is not None}
         self._by_nkey = {u.nkey: _account(u, default) for u in users if u.nkey is not None}
-        self._no_auth: _Account | None = None
-        if options.no_auth_user is not None:
-            self._no_auth = self._by_name.get(options.no_auth_user)
-            if self._no_auth is None:
-                raise ValueError(f"no_auth_user {options.no_auth_user!r} is not a configured user")
+        self._no_auth = self._named_user(options.no_auth_user, "no_auth_user")
+        # websocket { no_auth_user }: WebSocket clients without credentials only. INFO
+        # still advertises auth_required to them, as nats-server's does.
+        ws = options.websocket
+        self._ws_no_auth = self._named_user(ws.no_auth_user if ws else None,
+                                            "websocket no_auth_user")
         # Every connection must authenticate (send CONNECT, or fall back to no_auth_user).
         self.configured = bool(users) or self._token is not None
         # What INFO advertises: nats-server leaves auth_required out when no_auth_user is
@@ -436,9 +437,19 @@ class Authenticator:
             return None
         return base64.urlsafe_b64encode(secrets.token_bytes(_NONCE_BYTES)).rstrip(b"=").decode()
 
+    def _named_user(self, name: str | None, setting: str) -> _Account | None:
+        if name is None:
+            return None
+        user = self._by_name.get(name)
+        if user is None:
+            raise ValueError(f"{setting} {name!r} is not a configured user")
+        return user
+
     def no_auth_identity(self, conn_type: str = CONN_STANDARD) -> Identity | None:
         """The identity of a client that never sent credentials, or None."""
         user = self._no_auth
+        if conn_type == CONN_WEBSOCKET and self._ws_no_auth is not None:
+            user = self._ws_no_auth
         if user is None or not user.allows(conn_type):
             return None
         return user.identity()
@@ -449,8 +460,10 @@ class Authenticator:
         or a SlowCheck to run off the loop and pass to `finish`."""
         if not self.configured:
             return Identity(user=None)
-        if self._no_auth is not None and not _has_credentials(connect):
-            return self.no_auth_identity(conn_type)
+        if not _has_credentials(connect):
+            identity = self.no_auth_identity(conn_type)
+            if identity is not None:
+                return identity
         nkey = connect.get("nkey")
         if isinstance(nkey, str) and nkey and self._by_nkey:
             return self._auth_nkey(nkey, connect.get("sig"), nonce, conn_type)

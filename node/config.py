@@ -854,10 +854,11 @@ def _websocket(opts: Options, f: _Field) -> None:
         "tls": lambda w, sub: setattr(w, "tls", _tls_options(opts, sub)),
         "same_origin": _setter("same_origin", _bool),
         "allowed_origins": _setter("allowed_origins", _str_list),
+        "no_auth_user": _setter("no_auth_user", _str),
     }
     unsupported = frozenset({"advertise", "handshake_timeout", "headers"})
     unenforced = frozenset({
-        "authorization", "no_auth_user", "jwt_cookie",
+        "authorization", "jwt_cookie",
         "username_cookie", "password_cookie", "token_cookie",
     })
     _apply_block(ws, _block(f), "websocket.", handlers, unsupported, opts, unenforced=unenforced)

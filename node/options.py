@@ -60,6 +60,7 @@ class WebsocketOptions:
     # Browser Origin checks (a request without Origin is not a browser's: allowed).
     same_origin: bool = False
     allowed_origins: list[str] = field(default_factory=list)
+    no_auth_user: str | None = None  # for WebSocket clients that send no credentials
 
 
 @dataclass

@@ -187,7 +187,7 @@ UNENFORCED = {
                        'key_file: {key}, pinned_certs: ["a"] } }\n',
     "ws-authorization": 'websocket { listen: "127.0.0.1:-1", no_tls: true, '
                         "authorization { user: a, password: b } }\n",
-    "ws-no-auth-user": 'websocket { listen: "127.0.0.1:-1", no_tls: true, no_auth_user: a }\n',
+    "ws-jwt-cookie": 'websocket { listen: "127.0.0.1:-1", no_tls: true, jwt_cookie: c }\n',
 }
 
 
@@ -703,3 +703,32 @@ def test_websocket_origin_checks_match_nats_server(servers, setting):
         statuses[impl] = [upgrade_status(wport, origin) for origin in ORIGIN_CASES]
     assert statuses["jetraft"] == statuses["nats-server"]
     assert any("403" in s for s in statuses["jetraft"]) and "101" in statuses["jetraft"][0]
+
+
+WS_NO_AUTH = """
+authorization { users: [
+  {user: anon, password: pw, permissions: {subscribe: ["ok"]}}
+  {user: admin, password: pw}
+] }
+"""
+
+
+@pytest.mark.parametrize("impl", BOTH)
+async def test_websocket_no_auth_user_applies_to_websocket_clients_only(servers, impl):
+    wport = free_port()
+    srv = start(servers, impl, WS_NO_AUTH + f'websocket {{ listen: "{HOST}:{wport}", '
+                                             "no_tls: true, no_auth_user: anon }\n")
+    async with websockets.connect(f"ws://{HOST}:{wport}") as ws:
+        first = await ws.recv()
+        first = first if isinstance(first, bytes) else first.encode()
+        assert json.loads(first[5:first.index(b"\r\n")])["auth_required"] is True
+        await ws.send(b"SUB secret 1\r\nSUB ok 2\r\nPING\r\n")
+        got = b""
+        async with asyncio.timeout(10):
+            while b"PONG\r\n" not in got:
+                frame = await ws.recv()
+                got += frame if isinstance(frame, bytes) else frame.encode()
+    assert got == (b"-ERR 'Permissions Violation for Subscription to \"secret\"'\r\n"
+                   b"+OK\r\nPONG\r\n")
+    # Over TCP, the same client is refused: the setting is the WebSocket listener's.
+    assert talk(srv.port, b"SUB ok 1\r\nPING\r\n")[1] == b"-ERR 'Authorization Violation'\r\n<EOF>"
