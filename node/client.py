@@ -91,6 +91,7 @@ class ClientHost(Protocol):
     auth: Any
     auth_throttle: Any
     auth_workers: Any
+    auth_checks: dict[bytes, asyncio.Future[bool]]  # bcrypt checks running, by digest
     tls_ctx: Any
     tls_first: bool
     slow_consumers: int
@@ -495,10 +496,14 @@ class Client(asyncio.Protocol):
             self.write(_OK)
 
     def _check_off_loop(self, check: SlowCheck, options: dict[str, Any]) -> None:
-        """Run a bcrypt check in the server's auth workers. Until it ends, reading
-        pauses and what was already read waits in `_held`, in order."""
+        """Run a bcrypt check in the server's auth workers, or wait for the same
+        check another client started (a reconnect storm hashes once). Until it
+        ends, reading pauses and what was already read waits in `_held`, in order."""
         server = self.server
-        if not server.auth_throttle.admit(self.host, time.monotonic()):
+        future = server.auth_checks.get(check.digest)
+        if future is None:
+            future = self._start_check(check)
+        if future is None:
             server.log.error(f"{self.host}:{self.port} - cid:{self.cid} - "
                              "too many authentication attempts")
             self._auth_done(options, None)
@@ -507,19 +512,31 @@ class Client(asyncio.Protocol):
         pause = getattr(self.transport, "pause_reading", None)
         if pause is not None:
             pause()
+        future.add_done_callback(lambda f: self._check_done(check, options, f))
+
+    def _start_check(self, check: SlowCheck) -> asyncio.Future[bool] | None:
+        """A new check, if the throttle admits one for this client's address."""
+        server, host = self.server, self.host
+        if not server.auth_throttle.admit(host, time.monotonic()):
+            return None
         try:
             future = self.loop.run_in_executor(server.auth_workers, check.run)
         except RuntimeError:  # the workers stopped: the server is shutting down
             future = self.loop.create_future()
             future.set_result(False)
-        future.add_done_callback(lambda f: self._check_done(check, options, f))
+        server.auth_checks[check.digest] = future
+
+        def settle(f: asyncio.Future[bool]) -> None:  # runs before any waiter's callback
+            server.auth_checks.pop(check.digest, None)
+            server.auth_throttle.done(host, _check_ok(f), time.monotonic())
+
+        future.add_done_callback(settle)
+        return future
 
     def _check_done(self, check: SlowCheck, options: dict[str, Any],
                     future: asyncio.Future[bool]) -> None:
-        ok = not future.cancelled() and future.exception() is None and bool(future.result())
         server = self.server
-        server.auth_throttle.done(self.host, ok, time.monotonic())
-        identity = server.auth.finish(check, ok)
+        identity = server.auth.finish(check, _check_ok(future))
         held, self._held = self._held or [], None
         if self.closed:
             return
@@ -849,6 +866,10 @@ class Client(asyncio.Protocol):
         """Fields for /connz (nats-server names)."""
         return {"name": self.opts.get("name") or "", "lang": self.opts.get("lang") or "",
                 "version": self.opts.get("version") or ""}
+
+
+def _check_ok(future: asyncio.Future[bool]) -> bool:
+    return not future.cancelled() and future.exception() is None and bool(future.result())
 
 
 # The name the rest of the node used before clients had kinds.

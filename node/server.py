@@ -78,6 +78,7 @@ class Server:
         self._system_client: Client | None = None
         self.auth = _optional_auth(options)
         self.auth_throttle = AuthThrottle()
+        self.auth_checks: dict[bytes, asyncio.Future[bool]] = {}
         self.auth_workers = concurrent.futures.ThreadPoolExecutor(
             AUTH_WORKERS, thread_name_prefix="auth")
         self.tls_ctx = _optional_tls(options)

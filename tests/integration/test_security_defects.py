@@ -732,3 +732,25 @@ async def test_websocket_no_auth_user_applies_to_websocket_clients_only(servers,
                    b"+OK\r\nPONG\r\n")
     # Over TCP, the same client is refused: the setting is the WebSocket listener's.
     assert talk(srv.port, b"SUB ok 1\r\nPING\r\n")[1] == b"-ERR 'Authorization Violation'\r\n<EOF>"
+
+
+@pytest.mark.parametrize("impl", BOTH)
+def test_a_reconnect_storm_with_one_password_is_admitted(servers, impl):
+    # Thirty clients of one host log in at once with the same (right) password:
+    # one bcrypt check serves them all, so the throttle refuses none of them.
+    hashed = bcrypt.hashpw(b"right", bcrypt.gensalt(rounds=10)).decode()
+    srv = start(servers, impl, f"authorization {{ users: [{{user: u, password: "
+                               f"{json.dumps(hashed)}}}] }}\n")
+    results: list[bytes] = []
+
+    def login() -> None:
+        connect = b'CONNECT {"verbose":false,"user":"u","pass":"right"}\r\nPING\r\n'
+        results.append(talk(srv.port, connect, wait=20)[1])
+
+    threads = [threading.Thread(target=login) for _ in range(30)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    # A slow login may see the server's first keep-alive PING first.
+    assert [r.replace(b"PING\r\n", b"") for r in results] == [b"PONG\r\n"] * 30
