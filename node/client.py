@@ -167,6 +167,9 @@ class Client(asyncio.Protocol):
         # Events read while a bcrypt check runs off the loop (reading is paused meanwhile).
         self._held: list[Any] | None = None
         self.tracing = server.log.trace_enabled
+        # Deliveries to this client need checks (permissions, tracing): the fast
+        # path's direct write then goes through deliver().
+        self.delivery_checks = self.tracing
         self.in_msgs = self.in_bytes = self.out_msgs = self.out_bytes = 0
         self.start = time.time()
         self.last_activity = self.start
@@ -442,6 +445,7 @@ class Client(asyncio.Protocol):
         self.identity = identity
         self.user = identity.user
         self.perms = identity.permissions
+        self.delivery_checks = self.perms is not None or self.tracing
         account = self.server.lookup_account(identity.account)
         if account is not self.account:
             self._move_to(account)
@@ -673,7 +677,7 @@ class Client(asyncio.Protocol):
         """
         if self.closed:
             return False
-        if self.perms is not None or self.tracing:
+        if self.delivery_checks:
             ok = self.deliver(sub, Message(subject, reply, None, payload))
             if self.account.expired:
                 self.account.reap()
