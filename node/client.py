@@ -331,6 +331,13 @@ class Client(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.closed:
             return
+        if self.upgrading:
+            # Bytes that reached us before the TLS handshake took the socket: never
+            # parse them as NATS (that would be plain text on a TLS-only port).
+            self.server.log.error(f"{self.host}:{self.port} - cid:{self.cid} - "
+                                  "TLS handshake error: data before the handshake")
+            self._abort("TLS Handshake Failure")
+            return
         self._active = True
         self.last_activity = time.time()
         try:

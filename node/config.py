@@ -38,6 +38,7 @@ from node.options import (
     User,
     WebsocketOptions,
 )
+from node.tls import CIPHER_SUITES
 
 # Includes that include themselves would otherwise recurse forever.
 MAX_INCLUDE_DEPTH = 10
@@ -713,14 +714,23 @@ _TLS_HANDLERS: dict[str, Handler] = {
     "min_version": _setter("min_version", lambda f: _tls_version(f)),
     "pinned_certs": _setter("pinned_certs", lambda f: [p.lower() for p in _str_list(f)]),
     "verify_and_map": lambda t, f: _verify_and_map(t, f),
+    "cipher_suites": _setter("cipher_suites", lambda f: _cipher_suites(f)),
 }
 _TLS_UNSUPPORTED = frozenset({"insecure", "certs", "handshake_first_fallback"})
 # Each restricts who may connect or how: ignoring one would let in what it keeps out.
 _TLS_UNENFORCED = frozenset({
-    "verify_cert_and_check_known_urls", "cipher_suites", "curve_preferences",
+    "verify_cert_and_check_known_urls", "curve_preferences",
     "cert_store", "cert_match", "cert_match_by", "cert_match_skip_invalid",
     "ca_certs_match", "ocsp_peer", "connection_rate_limit",
 })
+
+
+def _cipher_suites(f: _Field) -> list[str]:
+    names = [n.upper() for n in _str_list(f)]
+    for name in names:
+        if name not in CIPHER_SUITES:
+            raise f.fail(f"unrecognized cipher {name!r} (or one OpenSSL no longer offers)")
+    return names
 
 
 def _verify_and_map(tls: TLSOptions, f: _Field) -> None:

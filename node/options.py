@@ -48,6 +48,7 @@ class TLSOptions:
     # when set, a client must present one of these keys.
     pinned_certs: list[str] = field(default_factory=list)
     verify_and_map: bool = False  # the client certificate names the user
+    cipher_suites: list[str] = field(default_factory=list)  # Go names, TLS 1.2 only
 
 
 @dataclass

@@ -22,6 +22,31 @@ log = logging.getLogger(__name__)
 
 UpgradeDone = Callable[[asyncio.BaseTransport | None], None]
 
+# tls { cipher_suites }: nats-server's (Go's) suite names -> OpenSSL's. Like Go's, the
+# list governs TLS 1.2 only; TLS 1.3 suites are not configurable. RC4 and 3DES suites,
+# which nats-server still names, are refused: OpenSSL no longer offers them.
+CIPHER_SUITES = {
+    "TLS_RSA_WITH_AES_128_CBC_SHA": "AES128-SHA",
+    "TLS_RSA_WITH_AES_256_CBC_SHA": "AES256-SHA",
+    "TLS_RSA_WITH_AES_128_CBC_SHA256": "AES128-SHA256",
+    "TLS_RSA_WITH_AES_128_GCM_SHA256": "AES128-GCM-SHA256",
+    "TLS_RSA_WITH_AES_256_GCM_SHA384": "AES256-GCM-SHA384",
+    "TLS_ECDHE_ECDSA_WITH_AES_128_CBC_SHA": "ECDHE-ECDSA-AES128-SHA",
+    "TLS_ECDHE_ECDSA_WITH_AES_256_CBC_SHA": "ECDHE-ECDSA-AES256-SHA",
+    "TLS_ECDHE_RSA_WITH_AES_128_CBC_SHA": "ECDHE-RSA-AES128-SHA",
+    "TLS_ECDHE_RSA_WITH_AES_256_CBC_SHA": "ECDHE-RSA-AES256-SHA",
+    "TLS_ECDHE_ECDSA_WITH_AES_128_CBC_SHA256": "ECDHE-ECDSA-AES128-SHA256",
+    "TLS_ECDHE_RSA_WITH_AES_128_CBC_SHA256": "ECDHE-RSA-AES128-SHA256",
+    "TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256": "ECDHE-RSA-AES128-GCM-SHA256",
+    "TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256": "ECDHE-ECDSA-AES128-GCM-SHA256",
+    "TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384": "ECDHE-RSA-AES256-GCM-SHA384",
+    "TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384": "ECDHE-ECDSA-AES256-GCM-SHA384",
+    "TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305": "ECDHE-RSA-CHACHA20-POLY1305",
+    "TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256": "ECDHE-RSA-CHACHA20-POLY1305",
+    "TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305": "ECDHE-ECDSA-CHACHA20-POLY1305",
+    "TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256": "ECDHE-ECDSA-CHACHA20-POLY1305",
+}
+
 
 def server_context(tls: TLSOptions) -> ssl.SSLContext:
     """A server context: our cert/key, TLS 1.2+, and when `verify` a client
@@ -32,6 +57,8 @@ def server_context(tls: TLSOptions) -> ssl.SSLContext:
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     if tls.min_version == "1.3":
         ctx.minimum_version = ssl.TLSVersion.TLSv1_3
+    if tls.cipher_suites:
+        ctx.set_ciphers(":".join(CIPHER_SUITES[name] for name in tls.cipher_suites))
     ctx.load_cert_chain(tls.cert_file, tls.key_file)
     if tls.ca_file:
         ctx.load_verify_locations(cafile=tls.ca_file)
@@ -87,7 +114,15 @@ def start_upgrade(
     pause = getattr(transport, "pause_reading", None)
     if pause is not None:
         pause()
+        # uvloop ignores a pause made inside connection_made (it starts reading
+        # afterwards); a second one, first thing next loop turn, holds before any read.
+        asyncio.get_running_loop().call_soon(_pause_if_open, transport)
     return asyncio.ensure_future(_upgrade(transport, protocol, ctx, timeout, done))
+
+
+def _pause_if_open(transport: asyncio.BaseTransport) -> None:
+    if not transport.is_closing():
+        transport.pause_reading()  # type: ignore[attr-defined]
 
 
 async def _upgrade(

@@ -754,3 +754,80 @@ def test_a_reconnect_storm_with_one_password_is_admitted(servers, impl):
         t.join()
     # A slow login may see the server's first keep-alive PING first.
     assert [r.replace(b"PING\r\n", b"") for r in results] == [b"PONG\r\n"] * 30
+
+
+# --------------------------------------------------------------------------- cipher_suites
+
+
+@pytest.mark.parametrize("impl", BOTH)
+@pytest.mark.parametrize("client_cipher,admitted", [
+    ("ECDHE-ECDSA-AES256-GCM-SHA384", True), ("ECDHE-ECDSA-AES128-GCM-SHA256", False)])
+def test_cipher_suites_limit_tls12(servers, impl, pki, client_cipher, admitted):
+    import ssl
+
+    config = (f"tls {{ cert_file: {json.dumps(str(pki.server_cert))}, "
+              f"key_file: {json.dumps(str(pki.server_key))}, "
+              'cipher_suites: ["TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384"] }\n')
+    srv = start(servers, impl, config)
+    ctx = ssl.create_default_context(cafile=str(pki.ca))
+    ctx.maximum_version = ssl.TLSVersion.TLSv1_2  # the list governs TLS 1.2
+    ctx.set_ciphers(client_cipher)
+    why = ""
+    with socket.create_connection((HOST, srv.port), timeout=10) as raw:
+        info = b""
+        while not info.endswith(b"\r\n"):  # all of INFO, and not a byte of TLS
+            info += raw.recv(1)
+        try:
+            with ctx.wrap_socket(raw, server_hostname="localhost") as tls_sock:
+                tls_sock.sendall(b'CONNECT {"verbose":false}\r\nPING\r\n')
+                got = b""
+                while b"PONG\r\n" not in got:
+                    chunk = tls_sock.recv(65536)
+                    assert chunk, got
+                    got += chunk
+                assert tls_sock.cipher()[0] == client_cipher
+                handshake_ok = True
+        except ssl.SSLError as err:
+            handshake_ok = False
+            why = repr(err)
+    assert handshake_ok == admitted, (why, srv.log_text()[-2000:])
+
+
+def test_unknown_cipher_suite_is_a_config_error(tmp_path):
+    for impl in BOTH:
+        bad = 'tls { cert_file: a, key_file: b, cipher_suites: ["TLS_NOPE"] }\n'
+        assert check_config(impl, tmp_path, bad).returncode != 0
+
+
+
+@pytest.mark.parametrize("impl", BOTH)
+async def test_plain_text_sent_before_the_tls_handshake_is_never_parsed(servers, impl, pki):
+    from node import tls
+
+    config = (f"tls {{ cert_file: {json.dumps(str(pki.server_cert))}, "
+              f"key_file: {json.dumps(str(pki.server_key))} }}\n")
+    srv = start(servers, impl, config)
+    ctx = tls.client_context(str(pki.ca))
+    nc = await nats.connect(srv.url, tls=ctx, allow_reconnect=False)
+    got: list[str] = []
+
+    async def on_msg(msg) -> None:
+        got.append(msg.subject)
+
+    await nc.subscribe("secret", cb=on_msg)
+    await nc.flush(timeout=5)
+    for _ in range(20):  # sent with the connection, before INFO is even read
+        with socket.create_connection((HOST, srv.port), timeout=10) as sock:
+            data = b""
+            try:
+                sock.sendall(b'CONNECT {"verbose":false}\r\nPUB secret 2\r\nhi\r\nPING\r\n')
+                sock.settimeout(5)
+                while chunk := sock.recv(65536):
+                    data += chunk
+            except (TimeoutError, ConnectionError):
+                pass
+            assert b"PONG" not in data
+    await nc.flush(timeout=5)
+    await asyncio.sleep(0.2)
+    await nc.close()
+    assert got == []

@@ -200,14 +200,14 @@ def test_authorization_users_and_permissions() -> None:
 def test_tls_and_websocket() -> None:
     opts = options(
         "tls { cert_file: c.pem, key_file: k.pem, ca_file: ca.pem, verify: true, timeout: 3,"
-        " handshake_first: true, cipher_suites: [x] }\n"
+        " handshake_first: true, curve_preferences: [x] }\n"
         "websocket { listen: 127.0.0.1:8080, compression: true,"
         " tls { cert_file: c, key_file: k } }\n"
     )
     assert opts.tls.cert_file == "c.pem" and opts.tls.key_file == "k.pem"
     assert opts.tls.ca_file == "ca.pem" and opts.tls.verify and opts.tls.timeout == 3.0
     assert opts.tls.handshake_first
-    assert "tls.cipher_suites" in opts.unenforced  # would let weaker ciphers in
+    assert "tls.curve_preferences" in opts.unenforced  # would let other curves in
     ws = opts.websocket
     assert (ws.host, ws.port, ws.compression, ws.no_tls) == ("127.0.0.1", 8080, True, False)
     assert ws.tls.cert_file == "c"
