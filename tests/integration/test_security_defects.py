@@ -600,7 +600,7 @@ async def test_pinned_certs_are_enforced(servers, impl, pki, pinned):
     pin = openssl_spki_pin(pki.client_cert if pinned else pki.server_cert)
     config = (f"tls {{ cert_file: {json.dumps(str(pki.server_cert))}, "
               f"key_file: {json.dumps(str(pki.server_key))}, ca_file: {json.dumps(str(pki.ca))}, "
-              f"verify: true, pinned_certs: [{json.dumps(pin.upper())}] }}\n")
+              f"verify: true, timeout: 5, pinned_certs: [{json.dumps(pin.upper())}] }}\n")
     srv = start(servers, impl, config)
     ctx = tls.client_context(str(pki.ca), str(pki.client_cert), str(pki.client_key))
 
@@ -651,7 +651,7 @@ async def test_verify_and_map_names_the_user_by_certificate(servers, impl, pki, 
              {"user": "CN=bob, O=Acme"}, {"user": "someone", "password": "pw"}]
     config = (f"tls {{ cert_file: {json.dumps(str(pki.server_cert))}, "
               f"key_file: {json.dumps(str(pki.server_key))}, ca_file: {json.dumps(str(pki.ca))}, "
-              f"verify_and_map: true }}\n"
+              f"verify_and_map: true, timeout: 5 }}\n"
               f"authorization {{ users: {json.dumps(users)} }}\n")
     srv = start(servers, impl, config)
     d = mapped_certs
