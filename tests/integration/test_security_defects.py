@@ -831,3 +831,33 @@ async def test_plain_text_sent_before_the_tls_handshake_is_never_parsed(servers,
     await asyncio.sleep(0.2)
     await nc.close()
     assert got == []
+
+
+# --------------------------------------------------------------------------- ?acc= on the monitor
+
+
+def monitor_json(srv, path: str) -> dict:
+    with urllib.request.urlopen(f"{srv.http}/{path.replace('$', '%24')}", timeout=10) as resp:
+        return json.load(resp)
+
+
+@pytest.mark.parametrize("impl", BOTH)
+def test_monitor_filters_by_account(servers, impl):
+    srv = start(servers, impl, None)
+    sock = socket.create_connection((HOST, srv.port), timeout=10)
+    try:
+        sock.sendall(b'CONNECT {"verbose":false}\r\nSUB acc.probe 1\r\nPING\r\n')
+        got = b""
+        while b"PONG\r\n" not in got:  # INFO, maybe a PING, then our PONG
+            chunk = sock.recv(65536)
+            assert chunk, got
+            got += chunk
+        assert monitor_json(srv, "connz?acc=$G")["num_connections"] == 1
+        assert monitor_json(srv, "connz?acc=NOPE")["num_connections"] == 0
+        subs = monitor_json(srv, "subsz?acc=$G&subs=1")["subscriptions_list"]
+        mine = [s for s in subs if s["subject"] == "acc.probe"]
+        assert len(mine) == 1 and mine[0]["account"] == "$G"
+        empty = monitor_json(srv, "subsz?acc=NOPE&subs=1")
+        assert empty["num_subscriptions"] == 0 and empty["total"] == 0
+    finally:
+        sock.close()
