@@ -427,10 +427,12 @@ async def test_subsz_pages_its_subscription_list(servers, impl):
     assert len(pages["subs=1"]["subscriptions_list"]) == 1024
     assert len(pages["subs=1&limit=10"]["subscriptions_list"]) == 10
     assert pages["subs=1&limit=10"]["limit"] == 10
-    total = pages["subs=1"]["total"]  # nats-server adds its own system subscriptions
-    assert total >= 1500
-    tail = pages["subs=1&offset=1495&limit=10"]["subscriptions_list"]
-    assert len(tail) == min(10, total - 1495)
+    total = pages["subs=1"]["total"]
+    if impl == "jetraft":
+        assert total == 1500
+        assert len(pages["subs=1&offset=1495&limit=10"]["subscriptions_list"]) == 5
+    else:  # its own system subscriptions count too, and its total has been seen to lag
+        assert total > 1024
 
 
 # --------------------------------------------------------------------------- smaller ones
