@@ -1,0 +1,58 @@
+"""JSON replies of the stream API, in nats-server's field order.
+
+Pure builders: the caller passes the config, the state and the times (RFC 3339 strings), so a
+reply is a function of data and can be compared field by field with nats-server's.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from node.jetstream.config import Config, to_wire
+from node.jetstream.errors import ApiError
+
+ZERO_TIME = "0001-01-01T00:00:00Z"
+TYPE_PREFIX = "io.nats.jetstream.api.v1."
+
+
+def error_reply(kind: str, err: ApiError) -> dict[str, Any]:
+    return {"type": TYPE_PREFIX + kind, **err.to_dict()}
+
+
+def empty_state(cfg: Config, consumers: int = 0) -> dict[str, Any]:
+    """The state of a stream that never held a message (`first_seq` honoured)."""
+    first = max(cfg.get("first_seq", 0), 1) if cfg.get("first_seq") else 0
+    return {"messages": 0, "bytes": 0, "first_seq": first, "first_ts": ZERO_TIME,
+            "last_seq": first - 1 if first else 0, "last_ts": ZERO_TIME,
+            "consumer_count": consumers}
+
+
+def _source_info(src: Config) -> dict[str, Any]:
+    out: dict[str, Any] = {"name": src["name"]}
+    if src.get("external"):
+        out["external"] = src["external"]
+    out.update(lag=0, active=-1)
+    if src.get("filter_subject"):
+        out["filter_subject"] = src["filter_subject"]
+    if src.get("subject_transforms"):
+        out["subject_transforms"] = src["subject_transforms"]
+    return out
+
+
+def stream_reply(kind: str, cfg: Config, state: dict[str, Any], created: str, now: str,
+                 did_create: bool = False) -> dict[str, Any]:
+    """`stream_create_response` / `stream_update_response` / `stream_info_response` body."""
+    out: dict[str, Any] = {"type": TYPE_PREFIX + kind}
+    if kind == "stream_info_response":
+        out.update(total=0, offset=0, limit=0)
+    out["config"] = to_wire(cfg)
+    out["created"] = created
+    out["state"] = state
+    if cfg.get("mirror"):
+        out["mirror"] = _source_info(cfg["mirror"])
+    if cfg.get("sources"):
+        out["sources"] = [_source_info(s) for s in cfg["sources"]]
+    out["ts"] = now
+    if did_create:
+        out["did_create"] = True
+    return out
