@@ -1,0 +1,250 @@
+"""LmdbStore: a stream's messages in the node's one LMDB environment.
+
+`NodeEnv` opens the environment once per node with named databases; every stream's keys carry
+its prefix (u16 name length + name), so all streams share the databases:
+
+    js_msgs       prefix | seq u64 BE              -> record (store/base.py: CRC, ts, subject, ...)
+    js_subj       prefix | subject | 0x00 | seq BE -> b""    per-subject index (ordered by seq)
+    js_subjcount  prefix | subject                 -> count u64 LE
+    js_meta       prefix | key                     -> value  (counters, last seq, applied index)
+    js_consumers  prefix | consumer name           -> consumer state record
+
+Subjects never contain NUL (stream subjects are validated), so `subject | 0x00` sorts every
+sequence of one subject together and before any longer subject.
+
+Writes made inside `batch()` share one write transaction: a batch of Raft entries applied
+together costs one LMDB commit. Nothing per message stays in memory, so memory is bounded
+whatever the stream's size. The durability argument is in docs/jetstream.md.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import lmdb
+
+from node.jetstream.store.base import StoredMsg, decode_record, encode_record
+
+_U64 = struct.Struct("<Q")
+DB_NAMES = ("js_msgs", "js_subj", "js_subjcount", "js_meta", "js_consumers")
+
+
+class NodeEnv:
+    """The node's LMDB environment and its named databases (opened once, shared)."""
+
+    MAP_SIZE = 1 << 40  # address space only; the file grows as data is written
+
+    def __init__(self, path: str, *, sync: bool = False) -> None:
+        # sync=False: the Raft WAL is the durable record and LMDB is rebuilt from it by
+        # re-applying entries after the last durable `applied` index (docs/jetstream.md).
+        self.env = lmdb.open(path, map_size=self.MAP_SIZE, max_dbs=16, sync=sync,
+                             metasync=sync, readahead=False)
+        self.dbs = {name: self.env.open_db(name.encode()) for name in DB_NAMES}
+
+    def sync(self) -> None:
+        """Force everything committed so far to disk (before the WAL may be compacted)."""
+        self.env.sync(True)
+
+    def close(self) -> None:
+        self.env.close()
+
+
+class LmdbStore:
+    def __init__(self, node_env: NodeEnv, name: str) -> None:
+        raw = name.encode()
+        self.name = name
+        self._env = node_env.env
+        self._db = node_env.dbs
+        self._prefix = len(raw).to_bytes(2, "big") + raw
+        self._txn: Any = None
+
+    # -- transactions ----------------------------------------------------------------------
+
+    @contextmanager
+    def batch(self) -> Iterator[None]:
+        if self._txn is not None:  # nested: the outer batch commits
+            yield
+            return
+        with self._env.begin(write=True) as txn:
+            self._txn = txn
+            try:
+                yield
+            finally:
+                self._txn = None
+
+    @contextmanager
+    def _write(self) -> Iterator[Any]:
+        if self._txn is not None:
+            yield self._txn
+            return
+        with self._env.begin(write=True) as txn:
+            yield txn
+
+    @contextmanager
+    def _read(self) -> Iterator[Any]:
+        if self._txn is not None:
+            yield self._txn
+            return
+        with self._env.begin() as txn:
+            yield txn
+
+    # -- keys ------------------------------------------------------------------------------
+
+    def _msg_key(self, seq: int) -> bytes:
+        return self._prefix + seq.to_bytes(8, "big")
+
+    def _subj_key(self, subject: str, seq: int) -> bytes:
+        return self._prefix + subject.encode() + b"\x00" + seq.to_bytes(8, "big")
+
+    def _counter(self, txn: Any, key: str) -> int:
+        raw = txn.get(self._prefix + key.encode(), db=self._db["js_meta"])
+        return _U64.unpack(raw)[0] if raw else 0
+
+    def _add(self, txn: Any, key: str, delta: int) -> None:
+        value = self._counter(txn, key) + delta
+        assert value >= 0, (key, value)
+        txn.put(self._prefix + key.encode(), _U64.pack(value), db=self._db["js_meta"])
+
+    # -- messages --------------------------------------------------------------------------
+
+    def store(self, msg: StoredMsg) -> None:
+        record = encode_record(msg)
+        with self._write() as txn:
+            added = txn.put(self._msg_key(msg.seq), record, db=self._db["js_msgs"],
+                            overwrite=False)
+            assert added, f"seq {msg.seq} stored twice"
+            txn.put(self._subj_key(msg.subject, msg.seq), b"", db=self._db["js_subj"])
+            count_key = self._prefix + msg.subject.encode()
+            raw = txn.get(count_key, db=self._db["js_subjcount"])
+            count = (_U64.unpack(raw)[0] if raw else 0) + 1
+            txn.put(count_key, _U64.pack(count), db=self._db["js_subjcount"])
+            self._add(txn, "\x00msgs", 1)
+            self._add(txn, "\x00bytes", msg.size)
+
+    def load(self, seq: int) -> StoredMsg | None:
+        with self._read() as txn:
+            raw = txn.get(self._msg_key(seq), db=self._db["js_msgs"])
+            return None if raw is None else decode_record(self.name, seq, bytes(raw))
+
+    def remove(self, seq: int) -> StoredMsg | None:
+        with self._write() as txn:
+            raw = txn.get(self._msg_key(seq), db=self._db["js_msgs"])
+            if raw is None:
+                return None
+            msg = decode_record(self.name, seq, bytes(raw))
+            txn.delete(self._msg_key(seq), db=self._db["js_msgs"])
+            txn.delete(self._subj_key(msg.subject, seq), db=self._db["js_subj"])
+            count_key = self._prefix + msg.subject.encode()
+            count = _U64.unpack(txn.get(count_key, db=self._db["js_subjcount"]))[0] - 1
+            if count:
+                txn.put(count_key, _U64.pack(count), db=self._db["js_subjcount"])
+            else:
+                txn.delete(count_key, db=self._db["js_subjcount"])
+            self._add(txn, "\x00msgs", -1)
+            self._add(txn, "\x00bytes", -msg.size)
+            return msg
+
+    def first_seq(self) -> int:
+        return next(self.seqs(1), 0)
+
+    def seqs(self, start: int = 1) -> Iterator[int]:
+        """Reads in short read transactions of 1,000 keys so a long walk never pins one."""
+        key = self._msg_key(start)
+        while True:
+            chunk: list[int] = []
+            with self._read() as txn:
+                cur = txn.cursor(db=self._db["js_msgs"])
+                if not cur.set_range(key):
+                    return
+                for k in cur.iternext(keys=True, values=False):
+                    if not k.startswith(self._prefix) or len(chunk) >= 1000:
+                        break
+                    chunk.append(int.from_bytes(k[len(self._prefix):], "big"))
+            if not chunk:
+                return
+            yield from chunk
+            key = self._msg_key(chunk[-1] + 1)
+
+    def msgs(self) -> int:
+        with self._read() as txn:
+            return self._counter(txn, "\x00msgs")
+
+    def bytes(self) -> int:
+        with self._read() as txn:
+            return self._counter(txn, "\x00bytes")
+
+    # -- per-subject index -----------------------------------------------------------------
+
+    def last_for_subject(self, subject: str) -> int:
+        head = self._prefix + subject.encode() + b"\x00"
+        with self._read() as txn:
+            cur = txn.cursor(db=self._db["js_subj"])
+            if cur.set_range(head + b"\xff" * 8):
+                if not cur.prev():
+                    return 0
+            elif not cur.last():
+                return 0
+            key = cur.key()
+            return int.from_bytes(key[len(head):], "big") if key.startswith(head) else 0
+
+    def first_for_subject(self, subject: str, start: int = 1) -> int:
+        head = self._prefix + subject.encode() + b"\x00"
+        with self._read() as txn:
+            cur = txn.cursor(db=self._db["js_subj"])
+            if not cur.set_range(head + start.to_bytes(8, "big")):
+                return 0
+            key = cur.key()
+            return int.from_bytes(key[len(head):], "big") if key.startswith(head) else 0
+
+    def subject_count(self, subject: str) -> int:
+        with self._read() as txn:
+            raw = txn.get(self._prefix + subject.encode(), db=self._db["js_subjcount"])
+            return _U64.unpack(raw)[0] if raw else 0
+
+    def subjects(self) -> Iterator[tuple[str, int]]:
+        with self._read() as txn:
+            cur = txn.cursor(db=self._db["js_subjcount"])
+            if not cur.set_range(self._prefix):
+                return
+            for key, value in cur:
+                if not key.startswith(self._prefix):
+                    return
+                yield key[len(self._prefix):].decode(), _U64.unpack(value)[0]
+
+    # -- meta and consumers ----------------------------------------------------------------
+
+    def put_meta(self, key: str, value: bytes) -> None:
+        with self._write() as txn:
+            txn.put(self._prefix + key.encode(), value, db=self._db["js_meta"])
+
+    def get_meta(self, key: str) -> bytes | None:
+        with self._read() as txn:
+            raw = txn.get(self._prefix + key.encode(), db=self._db["js_meta"])
+            return None if raw is None else bytes(raw)
+
+    def put_consumer(self, name: str, state: bytes) -> None:
+        with self._write() as txn:
+            txn.put(self._prefix + name.encode(), state, db=self._db["js_consumers"])
+
+    def get_consumer(self, name: str) -> bytes | None:
+        with self._read() as txn:
+            raw = txn.get(self._prefix + name.encode(), db=self._db["js_consumers"])
+            return None if raw is None else bytes(raw)
+
+    def delete_consumer(self, name: str) -> None:
+        with self._write() as txn:
+            txn.delete(self._prefix + name.encode(), db=self._db["js_consumers"])
+
+    def consumers(self) -> list[str]:
+        out = []
+        with self._read() as txn:
+            cur = txn.cursor(db=self._db["js_consumers"])
+            if cur.set_range(self._prefix):
+                for key in cur.iternext(keys=True, values=False):
+                    if not key.startswith(self._prefix):
+                        break
+                    out.append(key[len(self._prefix):].decode())
+        return out
