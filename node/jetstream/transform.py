@@ -62,3 +62,47 @@ def _check_token(token: str, wildcards: int) -> None:
 def _check_index(index: int, wildcards: int, token: str) -> None:
     if index < 1 or index > wildcards:
         raise TransformError(f"invalid mapping destination: wildcard index out of range in {token}")
+
+
+def apply_mapping(source: str, destination: str, subject: str) -> str | None:
+    """`subject` mapped by `source` -> `destination`; None when `source` does not match it.
+
+    Supports what stream transforms and republish use most: `*` wildcards referenced as `$N`
+    or `{{wildcard(N)}}`, and a trailing `>` carried over to a trailing `>` of the destination.
+    An empty destination keeps the subject.
+    """
+    src_tokens = (source or FWC).split(".")
+    tokens = subject.split(".")
+    captured: list[str] = []
+    tail: list[str] = []
+    for i, token in enumerate(src_tokens):
+        if token == FWC:
+            if i >= len(tokens):
+                return None
+            tail = tokens[i:]
+            break
+        if i >= len(tokens) or (token != PWC and token != tokens[i]):
+            return None
+        if token == PWC:
+            captured.append(tokens[i])
+    else:
+        if len(tokens) != len(src_tokens):
+            return None
+    if not destination:
+        return subject
+    out: list[str] = []
+    for token in destination.split("."):
+        out.extend(_map_token(token, captured, tail))
+    return ".".join(out)
+
+
+def _map_token(token: str, captured: list[str], tail: list[str]) -> list[str]:
+    if token == FWC:
+        return tail
+    dollar = _DOLLAR.match(token)
+    if dollar:
+        return [captured[int(dollar.group(1)) - 1]]
+    func = _FUNC.match(token)
+    if func and func.group(1).lower() == "wildcard":
+        return [captured[int(func.group(2).strip()) - 1]]
+    return [token]

@@ -34,7 +34,7 @@ def test_store_load_remove_roundtrip(store: StreamStore) -> None:
     store.store(msg)
     assert store.load(1) == msg
     assert store.load(2) is None
-    assert (store.msgs(), store.bytes()) == (1, msg.size)
+    assert (store.msgs(), store.bytes()) == (1, store.sizer(msg.subject, msg.hdr, msg.data))
     assert store.remove(1) == msg
     assert store.remove(1) is None
     assert (store.msgs(), store.bytes(), store.first_seq()) == (0, 0, 0)
@@ -153,3 +153,35 @@ def test_lmdb_state_survives_reopen(tmp_path: Path) -> None:
         assert store.last_for_subject("s.1") == 5 and store.subject_count("s.0") == 2
     finally:
         env.close()
+
+
+def test_seqs_desc(store: StreamStore) -> None:
+    for seq in range(1, 2502):
+        store.store(_msg(seq))
+    store.remove(2501)
+    store.remove(7)
+    got = list(store.seqs_desc())
+    assert got[0] == 2500 and got[-1] == 1 and len(got) == 2499 and 7 not in got
+
+
+def test_ttl_index(store: StreamStore) -> None:
+    store.add_ttl(500, 3)
+    store.add_ttl(100, 9)
+    store.add_ttl(100, 2)
+    store.add_ttl(900, 1)
+    assert store.due_ttls(499, 10) == [(100, 2), (100, 9)]
+    assert store.due_ttls(1000, 2) == [(100, 2), (100, 9)]
+    store.remove_ttl(100, 2)
+    assert store.due_ttls(600, 10) == [(100, 9), (500, 3)]
+
+
+def test_dedup_index_prunes_in_time_order(store: StreamStore) -> None:
+    store.put_dedup("a", 1, 100)
+    store.put_dedup("b", 2, 200)
+    store.put_dedup("c", 3, 300)
+    store.put_dedup("a", 4, 400)  # the same id again: its old time no longer counts
+    assert store.get_dedup("a") == (4, 400)
+    assert store.prune_dedup(before_ns=350, limit=10) == 2
+    assert store.get_dedup("b") is None and store.get_dedup("c") is None
+    assert store.get_dedup("a") == (4, 400)
+    assert store.prune_dedup(before_ns=1000, limit=0) == 0

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import struct
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Protocol
@@ -45,9 +45,22 @@ class StoredMsg:
 
     @property
     def size(self) -> int:
-        """nats-server's accounting size of a stored message (subject + headers + data + 16
-        bytes of per-record overhead); what max_bytes limits."""
-        return len(self.subject) + len(self.hdr) + len(self.data) + 16
+        """nats-server's accounting size in a memory stream: what max_bytes limits there."""
+        return memory_size(self.subject, self.hdr, self.data)
+
+
+def memory_size(subject: str, hdr: bytes, data: bytes) -> int:
+    """nats-server's memstore size: subject + headers + data + 16 bytes of overhead."""
+    return len(subject.encode()) + len(hdr) + len(data) + 16
+
+
+def file_size(subject: str, hdr: bytes, data: bytes) -> int:
+    """nats-server's filestore size: a 22-byte record head, an 8-byte hash, and 4 more bytes
+    when there are headers. Streams report it in `bytes` and max_bytes limits it."""
+    return 22 + len(subject.encode()) + len(hdr) + len(data) + 8 + (4 if hdr else 0)
+
+
+Sizer = Callable[[str, bytes, bytes], int]
 
 
 def encode_record(msg: StoredMsg) -> bytes:
@@ -81,6 +94,7 @@ class StreamStore(Protocol):
     in the same batch as the messages they describe."""
 
     name: str
+    sizer: Sizer
 
     def batch(self) -> AbstractContextManager[None]:
         """Group the writes inside into one transaction (one LMDB write txn)."""
@@ -99,6 +113,9 @@ class StreamStore(Protocol):
     def seqs(self, start: int = 1) -> Iterator[int]:
         """Stored sequences >= start, ascending (lazily: bounded memory)."""
 
+    def seqs_desc(self) -> Iterator[int]:
+        """Stored sequences, highest first (lazily)."""
+
     def msgs(self) -> int: ...
 
     def bytes(self) -> int: ...
@@ -113,6 +130,23 @@ class StreamStore(Protocol):
 
     def subjects(self) -> Iterator[tuple[str, int]]:
         """(subject, stored count) for every subject with messages, in subject order."""
+
+    def add_ttl(self, expires_ns: int, seq: int) -> None:
+        """Index a message with a per-message TTL by its expiry time."""
+
+    def remove_ttl(self, expires_ns: int, seq: int) -> None: ...
+
+    def due_ttls(self, now_ns: int, limit: int) -> list[tuple[int, int]]:
+        """Up to `limit` (expires_ns, seq) with expires_ns <= now_ns, earliest first."""
+
+    def put_dedup(self, msg_id: str, seq: int, ts_ns: int) -> None:
+        """Remember a Nats-Msg-Id (replacing an older entry of the same id)."""
+
+    def get_dedup(self, msg_id: str) -> tuple[int, int] | None:
+        """(seq, ts_ns) of a remembered Nats-Msg-Id."""
+
+    def prune_dedup(self, before_ns: int, limit: int) -> int:
+        """Forget up to `limit` ids remembered before `before_ns`; returns how many."""
 
     def put_meta(self, key: str, value: bytes) -> None: ...
 

@@ -8,6 +8,9 @@ its prefix (u16 name length + name), so all streams share the databases:
     js_subjcount  prefix | subject                 -> count u64 LE
     js_meta       prefix | key                     -> value  (counters, last seq, applied index)
     js_consumers  prefix | consumer name           -> consumer state record
+    js_ttl        prefix | expires_ns BE | seq BE  -> b""    per-message TTL index
+    js_dedup      prefix | msg id                  -> seq u64 LE | ts_ns i64 LE
+    js_dedup_ts   prefix | ts_ns BE | msg id       -> b""    (prunes the window in order)
 
 Subjects never contain NUL (stream subjects are validated), so `subject | 0x00` sorts every
 sequence of one subject together and before any longer subject.
@@ -26,10 +29,17 @@ from typing import Any
 
 import lmdb
 
-from node.jetstream.store.base import StoredMsg, decode_record, encode_record
+from node.jetstream.store.base import (
+    Sizer,
+    StoredMsg,
+    decode_record,
+    encode_record,
+    file_size,
+)
 
 _U64 = struct.Struct("<Q")
-DB_NAMES = ("js_msgs", "js_subj", "js_subjcount", "js_meta", "js_consumers")
+DB_NAMES = ("js_msgs", "js_subj", "js_subjcount", "js_meta", "js_consumers", "js_ttl",
+            "js_dedup", "js_dedup_ts")
 
 
 class NodeEnv:
@@ -53,9 +63,10 @@ class NodeEnv:
 
 
 class LmdbStore:
-    def __init__(self, node_env: NodeEnv, name: str) -> None:
+    def __init__(self, node_env: NodeEnv, name: str, sizer: Sizer = file_size) -> None:
         raw = name.encode()
         self.name = name
+        self.sizer = sizer
         self._env = node_env.env
         self._db = node_env.dbs
         self._prefix = len(raw).to_bytes(2, "big") + raw
@@ -122,7 +133,7 @@ class LmdbStore:
             count = (_U64.unpack(raw)[0] if raw else 0) + 1
             txn.put(count_key, _U64.pack(count), db=self._db["js_subjcount"])
             self._add(txn, "\x00msgs", 1)
-            self._add(txn, "\x00bytes", msg.size)
+            self._add(txn, "\x00bytes", self.sizer(msg.subject, msg.hdr, msg.data))
 
     def load(self, seq: int) -> StoredMsg | None:
         with self._read() as txn:
@@ -144,7 +155,7 @@ class LmdbStore:
             else:
                 txn.delete(count_key, db=self._db["js_subjcount"])
             self._add(txn, "\x00msgs", -1)
-            self._add(txn, "\x00bytes", -msg.size)
+            self._add(txn, "\x00bytes", -self.sizer(msg.subject, msg.hdr, msg.data))
             return msg
 
     def first_seq(self) -> int:
@@ -167,6 +178,26 @@ class LmdbStore:
                 return
             yield from chunk
             key = self._msg_key(chunk[-1] + 1)
+
+    def seqs_desc(self) -> Iterator[int]:
+        """Highest first, in short read transactions of 1,000 keys."""
+        key = self._prefix + b"\xff" * 8
+        while True:
+            chunk: list[int] = []
+            with self._read() as txn:
+                cur = txn.cursor(db=self._db["js_msgs"])
+                found = cur.set_range(key)
+                moved = cur.prev() if found else cur.last()
+                if not moved:
+                    return
+                for k in cur.iterprev(keys=True, values=False):
+                    if not k.startswith(self._prefix) or len(chunk) >= 1000:
+                        break
+                    chunk.append(int.from_bytes(k[len(self._prefix):], "big"))
+            if not chunk:
+                return
+            yield from chunk
+            key = self._msg_key(chunk[-1])
 
     def msgs(self) -> int:
         with self._read() as txn:
@@ -215,6 +246,70 @@ class LmdbStore:
                 yield key[len(self._prefix):].decode(), _U64.unpack(value)[0]
 
     # -- meta and consumers ----------------------------------------------------------------
+
+    def _ttl_key(self, expires_ns: int, seq: int) -> bytes:
+        return self._prefix + max(expires_ns, 0).to_bytes(8, "big") + seq.to_bytes(8, "big")
+
+    def add_ttl(self, expires_ns: int, seq: int) -> None:
+        with self._write() as txn:
+            txn.put(self._ttl_key(expires_ns, seq), b"", db=self._db["js_ttl"])
+
+    def remove_ttl(self, expires_ns: int, seq: int) -> None:
+        with self._write() as txn:
+            txn.delete(self._ttl_key(expires_ns, seq), db=self._db["js_ttl"])
+
+    def due_ttls(self, now_ns: int, limit: int) -> list[tuple[int, int]]:
+        out: list[tuple[int, int]] = []
+        with self._read() as txn:
+            cur = txn.cursor(db=self._db["js_ttl"])
+            if not cur.set_range(self._prefix):
+                return out
+            for key in cur.iternext(keys=True, values=False):
+                if not key.startswith(self._prefix) or len(out) >= limit:
+                    break
+                rest = key[len(self._prefix):]
+                expires, seq = int.from_bytes(rest[:8], "big"), int.from_bytes(rest[8:], "big")
+                if expires > now_ns:
+                    break
+                out.append((expires, seq))
+        return out
+
+    def put_dedup(self, msg_id: str, seq: int, ts_ns: int) -> None:
+        key = self._prefix + msg_id.encode()
+        with self._write() as txn:
+            old = txn.get(key, db=self._db["js_dedup"])
+            if old is not None:
+                old_ts = struct.unpack("<Qq", old)[1]
+                txn.delete(self._dedup_ts_key(old_ts, msg_id), db=self._db["js_dedup_ts"])
+            txn.put(key, struct.pack("<Qq", seq, ts_ns), db=self._db["js_dedup"])
+            txn.put(self._dedup_ts_key(ts_ns, msg_id), b"", db=self._db["js_dedup_ts"])
+
+    def _dedup_ts_key(self, ts_ns: int, msg_id: str) -> bytes:
+        return self._prefix + max(ts_ns, 0).to_bytes(8, "big") + msg_id.encode()
+
+    def get_dedup(self, msg_id: str) -> tuple[int, int] | None:
+        with self._read() as txn:
+            raw = txn.get(self._prefix + msg_id.encode(), db=self._db["js_dedup"])
+            return None if raw is None else struct.unpack("<Qq", raw)
+
+    def prune_dedup(self, before_ns: int, limit: int) -> int:
+        pruned = 0
+        with self._write() as txn:
+            cur = txn.cursor(db=self._db["js_dedup_ts"])
+            if not cur.set_range(self._prefix):
+                return 0
+            while pruned < limit:
+                key = cur.key()
+                if not key.startswith(self._prefix):
+                    break
+                rest = key[len(self._prefix):]
+                if int.from_bytes(rest[:8], "big") >= before_ns:
+                    break
+                txn.delete(self._prefix + rest[8:], db=self._db["js_dedup"])
+                pruned += 1
+                if not cur.delete():
+                    break
+        return pruned
 
     def put_meta(self, key: str, value: bytes) -> None:
         with self._write() as txn:

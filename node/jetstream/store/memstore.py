@@ -8,17 +8,26 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from node.jetstream.store.base import StoredMsg, decode_record, encode_record
+from node.jetstream.store.base import (
+    Sizer,
+    StoredMsg,
+    decode_record,
+    encode_record,
+    memory_size,
+)
 
 
 class MemStore:
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, sizer: Sizer = memory_size) -> None:
         self.name = name
+        self.sizer = sizer
         self._records: dict[int, bytes] = {}  # insertion order == ascending seq
         self._by_subject: dict[str, dict[int, None]] = {}
         self._bytes = 0
         self._meta: dict[str, bytes] = {}
         self._consumers: dict[str, bytes] = {}
+        self._ttls: set[tuple[int, int]] = set()
+        self._dedup: dict[str, tuple[int, int]] = {}
 
     @contextmanager
     def batch(self) -> Iterator[None]:
@@ -29,7 +38,7 @@ class MemStore:
         assert not self._records or msg.seq > next(reversed(self._records)), "seq must grow"
         self._records[msg.seq] = encode_record(msg)
         self._by_subject.setdefault(msg.subject, {})[msg.seq] = None
-        self._bytes += msg.size
+        self._bytes += self.sizer(msg.subject, msg.hdr, msg.data)
 
     def load(self, seq: int) -> StoredMsg | None:
         raw = self._records.get(seq)
@@ -44,7 +53,7 @@ class MemStore:
         del seqs[seq]
         if not seqs:
             del self._by_subject[msg.subject]
-        self._bytes -= msg.size
+        self._bytes -= self.sizer(msg.subject, msg.hdr, msg.data)
         return msg
 
     def first_seq(self) -> int:
@@ -54,6 +63,9 @@ class MemStore:
         for seq in list(self._records):
             if seq >= start:
                 yield seq
+
+    def seqs_desc(self) -> Iterator[int]:
+        yield from reversed(list(self._records))
 
     def msgs(self) -> int:
         return len(self._records)
@@ -77,6 +89,31 @@ class MemStore:
     def subjects(self) -> Iterator[tuple[str, int]]:
         for subject in sorted(self._by_subject):
             yield subject, len(self._by_subject[subject])
+
+    def add_ttl(self, expires_ns: int, seq: int) -> None:
+        self._ttls.add((expires_ns, seq))
+
+    def remove_ttl(self, expires_ns: int, seq: int) -> None:
+        self._ttls.discard((expires_ns, seq))
+
+    def due_ttls(self, now_ns: int, limit: int) -> list[tuple[int, int]]:
+        return sorted(t for t in self._ttls if t[0] <= now_ns)[:limit]
+
+    def put_dedup(self, msg_id: str, seq: int, ts_ns: int) -> None:
+        self._dedup.pop(msg_id, None)  # re-insert: dict order stays ts order
+        self._dedup[msg_id] = (seq, ts_ns)
+
+    def get_dedup(self, msg_id: str) -> tuple[int, int] | None:
+        return self._dedup.get(msg_id)
+
+    def prune_dedup(self, before_ns: int, limit: int) -> int:
+        pruned = 0
+        for msg_id, (_seq, ts_ns) in list(self._dedup.items())[:limit]:
+            if ts_ns >= before_ns:
+                break
+            del self._dedup[msg_id]
+            pruned += 1
+        return pruned
 
     def put_meta(self, key: str, value: bytes) -> None:
         self._meta[key] = value

@@ -1,0 +1,148 @@
+"""Raft entry formats of a stream's group: what is proposed, replicated, logged and applied.
+
+Every entry starts with an `EntryOp` byte and the proposer's clock reading `now_ns`; applying an
+entry never reads a clock or a random source, so every member (and the audit job replaying the
+WAL) computes the same state. Encoding is explicit little-endian `struct`; a decoder refuses
+unknown op codes, short entries and trailing bytes. docs/jetstream.md lists the layouts.
+
+EntryOp values are append-only: a value, once released, keeps its meaning forever, because old
+WAL segments and snapshots are replayed by newer code.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from enum import IntEnum
+
+
+class EntryOp(IntEnum):
+    STREAM_MSG = 1   # a publish captured by the stream
+    DELETE_MSG = 2   # STREAM.MSG.DELETE
+    PURGE = 3        # STREAM.PURGE, with optional subject filter, seq and keep
+    EXPIRE = 4       # a leader tick: remove what max_age and per-message TTLs expired by now_ns
+    # 5.. reserved for config updates; 16.. for consumer ops (deliver, ack, nak, term, ...)
+
+
+class EntryFormatError(ValueError):
+    """An entry that no version of this code wrote: refuse it, never guess."""
+
+
+_HEAD = struct.Struct("<Bq")                # op, now_ns
+_MSG = struct.Struct("<HHII")               # subject_len, reply_len, hdr_len, data_len
+_DELETE = struct.Struct("<QB")              # seq, flags
+_PURGE = struct.Struct("<QQH")              # seq (0 = none), keep (0 = none), filter_len
+DELETE_NO_ERASE = 0x01
+
+
+@dataclass(frozen=True, slots=True)
+class StreamMsg:
+    now_ns: int
+    subject: str
+    reply: str
+    hdr: bytes
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteMsg:
+    now_ns: int
+    seq: int
+    no_erase: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Purge:
+    now_ns: int
+    filter: str = ""
+    seq: int = 0   # remove messages below this sequence (0: no bound)
+    keep: int = 0  # keep this many newest messages (0: keep none)
+
+
+@dataclass(frozen=True, slots=True)
+class Expire:
+    now_ns: int
+
+
+Op = StreamMsg | DeleteMsg | Purge | Expire
+
+
+def encode(op: Op) -> bytes:
+    if isinstance(op, StreamMsg):
+        subject, reply = op.subject.encode(), op.reply.encode()
+        return (_HEAD.pack(EntryOp.STREAM_MSG, op.now_ns)
+                + _MSG.pack(len(subject), len(reply), len(op.hdr), len(op.data))
+                + subject + reply + op.hdr + op.data)
+    if isinstance(op, DeleteMsg):
+        flags = DELETE_NO_ERASE if op.no_erase else 0
+        return _HEAD.pack(EntryOp.DELETE_MSG, op.now_ns) + _DELETE.pack(op.seq, flags)
+    if isinstance(op, Purge):
+        filt = op.filter.encode()
+        return (_HEAD.pack(EntryOp.PURGE, op.now_ns) + _PURGE.pack(op.seq, op.keep, len(filt))
+                + filt)
+    if isinstance(op, Expire):
+        return _HEAD.pack(EntryOp.EXPIRE, op.now_ns)
+    raise TypeError(f"not an entry op: {op!r}")
+
+
+def decode(entry: bytes) -> Op:
+    if len(entry) < _HEAD.size:
+        raise EntryFormatError(f"entry of {len(entry)} bytes is shorter than its header")
+    code, now_ns = _HEAD.unpack_from(entry)
+    body = memoryview(entry)[_HEAD.size:]
+    try:
+        kind = EntryOp(code)
+    except ValueError as exc:
+        raise EntryFormatError(f"unknown entry op {code}") from exc
+    return _DECODERS[kind](now_ns, body)
+
+
+def _fixed(body: memoryview, layout: struct.Struct, what: str) -> tuple[int, ...]:
+    if len(body) < layout.size:
+        raise EntryFormatError(f"{what} entry truncated")
+    return layout.unpack_from(body)
+
+
+def _decode_msg(now_ns: int, body: memoryview) -> StreamMsg:
+    subject_len, reply_len, hdr_len, data_len = _fixed(body, _MSG, "stream msg")
+    total = _MSG.size + subject_len + reply_len + hdr_len + data_len
+    if len(body) != total:
+        raise EntryFormatError(f"stream msg entry is {len(body)} bytes, lengths say {total}")
+    at = _MSG.size
+    subject = bytes(body[at:at + subject_len]).decode()
+    at += subject_len
+    reply = bytes(body[at:at + reply_len]).decode()
+    at += reply_len
+    hdr = bytes(body[at:at + hdr_len])
+    at += hdr_len
+    return StreamMsg(now_ns, subject, reply, hdr, bytes(body[at:]))
+
+
+def _decode_delete(now_ns: int, body: memoryview) -> DeleteMsg:
+    if len(body) != _DELETE.size:
+        raise EntryFormatError("delete msg entry has the wrong size")
+    seq, flags = _DELETE.unpack_from(body)
+    if flags & ~DELETE_NO_ERASE:
+        raise EntryFormatError(f"delete msg entry has unknown flags {flags:#x}")
+    return DeleteMsg(now_ns, seq, bool(flags & DELETE_NO_ERASE))
+
+
+def _decode_purge(now_ns: int, body: memoryview) -> Purge:
+    seq, keep, filter_len = _fixed(body, _PURGE, "purge")
+    if len(body) != _PURGE.size + filter_len:
+        raise EntryFormatError("purge entry has the wrong size")
+    return Purge(now_ns, bytes(body[_PURGE.size:]).decode(), seq, keep)
+
+
+def _decode_expire(now_ns: int, body: memoryview) -> Expire:
+    if len(body):
+        raise EntryFormatError("expire entry has trailing bytes")
+    return Expire(now_ns)
+
+
+_DECODERS = {
+    EntryOp.STREAM_MSG: _decode_msg,
+    EntryOp.DELETE_MSG: _decode_delete,
+    EntryOp.PURGE: _decode_purge,
+    EntryOp.EXPIRE: _decode_expire,
+}

@@ -1,0 +1,443 @@
+"""The stream state machine: committed entries in, store writes and effects out.
+
+    stream = Stream(cfg, store)
+    effects = stream.apply_batch([(raft_index, entry_bytes), ...])
+
+`apply` is deterministic: everything it depends on is in the entry (the proposer's `now_ns`,
+the subject, headers and data) or in the store, so every replica and the audit job compute the
+same sequences, removals and replies. It never reads a clock.
+
+Effects tell the node what to do next; the state machine does no I/O itself:
+- `Reply(subject, payload)`: a PubAck (or its error) for the publisher's reply subject;
+- `Result(payload)`: the body of a STREAM.MSG.DELETE / STREAM.PURGE reply (without `type`);
+- `Stored(seq, subject)` and `Removed(seqs)`: for consumers and interest/workqueue bookkeeping;
+- `Republish(subject, hdr, data)`: a message the stream's `republish` config sends on.
+
+Durable progress (`applied` Raft index, last sequence, last msg id, ...) is written with the
+messages in the same store batch, so a re-applied entry (after a restart) is skipped exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from node.jetstream import headers as h
+from node.jetstream import ops
+from node.jetstream.config import Config
+from node.jetstream.errors import ApiError
+from node.jetstream.store import StoredMsg, StreamStore
+from node.jetstream.transform import apply_mapping
+from node.subject import compile_matcher, is_literal
+
+MAX_HEADER_BYTES = 64 * 1024
+MIN_TTL_NS = 1_000_000_000
+EXPIRE_BATCH = 10_000  # TTL expiries handled per entry: bounds one apply's work
+_U64 = struct.Struct("<Q")
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    subject: str
+    payload: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    payload: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Stored:
+    seq: int
+    subject: str
+
+
+@dataclass(frozen=True, slots=True)
+class Removed:
+    seqs: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Republish:
+    subject: str
+    hdr: bytes
+    data: bytes
+
+
+Effect = Reply | Result | Stored | Removed | Republish
+
+
+def rfc3339(ts_ns: int) -> str:
+    """Go's RFC 3339 with nanoseconds, as nats-server prints times (trailing zeros dropped)."""
+    if ts_ns <= 0:
+        return "0001-01-01T00:00:00Z"
+    seconds, nanos = divmod(ts_ns, 1_000_000_000)
+    base = datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%S")
+    frac = f"{nanos:09d}".rstrip("0")
+    return f"{base}.{frac}Z" if frac else f"{base}Z"
+
+
+class Stream:
+    """One stream's state machine over its store."""
+
+    def __init__(self, cfg: Config, store: StreamStore, domain: str = "") -> None:
+        self.cfg = cfg
+        self.store = store
+        self.domain = domain
+        self.applied = self._meta_int("applied")
+        self.last_seq = self._meta_int("last_seq")
+        self.last_ts = self._meta_int("last_ts")
+        self.last_msg_id = (store.get_meta("last_msg_id") or b"").decode()
+
+    # -- durable progress ------------------------------------------------------------------
+
+    def _meta_int(self, key: str) -> int:
+        raw = self.store.get_meta(key)
+        return _U64.unpack(raw)[0] if raw else 0
+
+    def _save_progress(self) -> None:
+        self.store.put_meta("applied", _U64.pack(self.applied))
+        self.store.put_meta("last_seq", _U64.pack(self.last_seq))
+        self.store.put_meta("last_ts", _U64.pack(max(self.last_ts, 0)))
+        self.store.put_meta("last_msg_id", self.last_msg_id.encode())
+
+    # -- applying --------------------------------------------------------------------------
+
+    def apply_batch(self, entries: Iterable[tuple[int, bytes]]) -> list[Effect]:
+        """Apply committed entries in log order in ONE store batch; indexes at or below
+        `applied` were applied before a restart and are skipped."""
+        effects: list[Effect] = []
+        with self.store.batch():
+            for index, data in entries:
+                if index <= self.applied:
+                    continue
+                effects.extend(self.apply(ops.decode(data)))
+                self.applied = index
+            self._save_progress()
+        return effects
+
+    def apply(self, op: ops.Op) -> list[Effect]:
+        if isinstance(op, ops.StreamMsg):
+            return self._apply_msg(op)
+        if isinstance(op, ops.DeleteMsg):
+            return self._apply_delete(op)
+        if isinstance(op, ops.Purge):
+            return self._apply_purge(op)
+        return self._expire(op.now_ns)
+
+    # -- publish ---------------------------------------------------------------------------
+
+    def _pub_error(self, reply: str, err: ApiError) -> list[Effect]:
+        if not reply:
+            return []
+        body = {**err.to_dict(), "stream": self.cfg["name"], "seq": 0}
+        return [Reply(reply, json.dumps(body, separators=(",", ":")).encode())]
+
+    def _pub_ack(self, reply: str, seq: int, duplicate: bool = False) -> list[Effect]:
+        if not reply or self.cfg["no_ack"]:
+            return []
+        name = json.dumps(self.cfg["name"])
+        domain = f',"domain":{json.dumps(self.domain)}' if self.domain else ""
+        dup = ',"duplicate": true' if duplicate else ""
+        return [Reply(reply, f'{{"stream":{name}{domain},"seq":{seq}{dup}}}'.encode())]
+
+    def _apply_msg(self, op: ops.StreamMsg) -> list[Effect]:
+        effects: list[Effect] = list(self._expire(op.now_ns))
+        try:
+            checked = self._check_msg(op)
+        except ApiError as err:
+            return effects + self._pub_error(op.reply, err)
+        if isinstance(checked, int):  # a duplicate: acknowledge the original
+            return effects + self._pub_ack(op.reply, checked, duplicate=True)
+        return effects + self._store_msg(op, *checked)
+
+    def _check_msg(self, op: ops.StreamMsg) -> int | tuple[str, int]:
+        """Every refusal, in nats-server's order. -> the original seq of a duplicate, or
+        (rollup, ttl_ns) for a message to store."""
+        cfg = self.cfg
+        if cfg["sealed"]:
+            raise ApiError.of("JSStreamSealedErr")
+        if 0 <= cfg["max_msg_size"] < len(op.hdr) + len(op.data):
+            raise ApiError.of("JSStreamMessageExceedsMaximumErr")
+        if len(op.hdr) > MAX_HEADER_BYTES:
+            raise ApiError.of("JSStreamHeaderExceedsMaximumErr")
+        expected_stream = h.get(op.hdr, h.EXPECTED_STREAM)
+        if expected_stream is not None and expected_stream != cfg["name"]:
+            raise ApiError.of("JSStreamNotMatchErr")
+        self._check_expected_seqs(op)
+        msg_id = h.get(op.hdr, h.MSG_ID) or ""
+        if msg_id:
+            seen = self.store.get_dedup(msg_id)
+            if seen is not None and op.now_ns - seen[1] <= cfg["duplicate_window"]:
+                return seen[0]
+        expected_id = h.get(op.hdr, h.EXPECTED_LAST_MSG_ID)
+        if expected_id is not None and expected_id != self.last_msg_id:
+            raise ApiError.of("JSStreamWrongLastMsgIDErrF", id=self.last_msg_id)
+        rollup = self._check_rollup(op.hdr)
+        ttl = self._check_ttl(op.hdr)
+        self._check_discard_new(op)
+        return rollup, ttl
+
+    def _check_expected_seqs(self, op: ops.StreamMsg) -> None:
+        expected_last = h.get(op.hdr, h.EXPECTED_LAST_SEQ)
+        if expected_last is not None and _as_seq(expected_last) != self.last_seq:
+            raise ApiError.of("JSStreamWrongLastSequenceErrF", seq=self.last_seq)
+        expected_subject_seq = h.get(op.hdr, h.EXPECTED_LAST_SUBJECT_SEQ)
+        if expected_subject_seq is not None:
+            subject = h.get(op.hdr, h.EXPECTED_LAST_SUBJECT_SEQ_SUBJECT) or \
+                self._stored_subject(op.subject)
+            found = self._last_seq_matching(subject)
+            if _as_seq(expected_subject_seq) != found:
+                raise ApiError.of("JSStreamWrongLastSequenceErrF", seq=found)
+
+    def _last_seq_matching(self, subject: str) -> int:
+        if is_literal(subject):
+            return self.store.last_for_subject(subject)
+        match = compile_matcher(subject)
+        best = 0
+        for name, _count in self.store.subjects():
+            if match(name):
+                best = max(best, self.store.last_for_subject(name))
+        return best
+
+    def _check_rollup(self, hdr: bytes) -> str:
+        rollup = h.get(hdr, h.ROLLUP)
+        if rollup is None:
+            return ""
+        if not self.cfg["allow_rollup_hdrs"]:
+            raise ApiError.of("JSStreamRollupFailedF", err="rollup not permitted")
+        if rollup not in ("sub", "all"):
+            raise ApiError.of("JSStreamRollupFailedF",
+                              err=f"rollup value invalid: {json.dumps(rollup)}")
+        return rollup
+
+    def _check_ttl(self, hdr: bytes) -> int:
+        value = h.get(hdr, h.TTL)
+        if value is None:
+            return 0
+        if not self.cfg["allow_msg_ttl"]:
+            raise ApiError.of("JSMessageTTLDisabledErr")
+        ttl = h.parse_ttl(value)
+        if ttl is None or (ttl != -1 and ttl < MIN_TTL_NS):
+            raise ApiError.of("JSMessageTTLInvalidErr")
+        return ttl
+
+    def _check_discard_new(self, op: ops.StreamMsg) -> None:
+        cfg = self.cfg
+        if cfg["discard"] != "new":
+            return
+        if 0 < cfg["max_msgs"] <= self.store.msgs():
+            raise ApiError.of("JSStreamStoreFailedF", err="maximum messages exceeded")
+        size = self.store.sizer(self._stored_subject(op.subject), op.hdr, op.data)
+        if 0 < cfg["max_bytes"] < self.store.bytes() + size:
+            raise ApiError.of("JSStreamStoreFailedF", err="maximum bytes exceeded")
+        per_subject = cfg["max_msgs_per_subject"]
+        if cfg["discard_new_per_subject"] and per_subject > 0 and \
+                self.store.subject_count(self._stored_subject(op.subject)) >= per_subject:
+            raise ApiError.of("JSStreamStoreFailedF",
+                              err="maximum messages per subject exceeded")
+
+    def _stored_subject(self, subject: str) -> str:
+        tr = self.cfg.get("subject_transform")
+        if not tr:
+            return subject
+        mapped = apply_mapping(tr.get("src", ""), tr.get("dest", ""), subject)
+        return subject if mapped is None else mapped
+
+    def _next_seq(self) -> int:
+        if self.last_seq == 0 and self.cfg.get("first_seq"):
+            return self.cfg["first_seq"]
+        return self.last_seq + 1
+
+    def _store_msg(self, op: ops.StreamMsg, rollup: str, ttl: int) -> list[Effect]:
+        subject = self._stored_subject(op.subject)
+        seq = self._next_seq()
+        previous_of_subject = self.store.last_for_subject(subject)
+        self.store.store(StoredMsg(seq, subject, op.hdr, op.data, op.now_ns))
+        self.last_seq, self.last_ts = seq, op.now_ns
+        msg_id = h.get(op.hdr, h.MSG_ID) or ""
+        self.last_msg_id = msg_id
+        if msg_id:
+            self.store.put_dedup(msg_id, seq, op.now_ns)
+        if ttl > 0:
+            self.store.add_ttl(op.now_ns + ttl, seq)
+        effects: list[Effect] = [Stored(seq, subject)]
+        removed = self._rollup(rollup, subject, seq) + self._enforce_limits(subject)
+        if removed:
+            effects.append(Removed(tuple(removed)))
+        effects.extend(self._republish(seq, subject, op, previous_of_subject))
+        return effects + self._pub_ack(op.reply, seq)
+
+    def _rollup(self, rollup: str, subject: str, seq: int) -> list[int]:
+        if rollup == "sub":
+            return self._remove_subject_below(subject, seq)
+        if rollup == "all":
+            return [s for s in list(self.store.seqs()) if s < seq and self._remove(s)]
+        return []
+
+    def _remove_subject_below(self, subject: str, below: int, keep: int = 0) -> list[int]:
+        removed = []
+        count = self.store.subject_count(subject)
+        at = self.store.first_for_subject(subject)
+        while at and at < below and count > keep:
+            if self._remove(at):
+                removed.append(at)
+                count -= 1
+            at = self.store.first_for_subject(subject, at + 1)
+        return removed
+
+    def _remove(self, seq: int) -> bool:
+        msg = self.store.remove(seq)
+        if msg is None:
+            return False
+        ttl = h.get(msg.hdr, h.TTL)
+        parsed = h.parse_ttl(ttl) if ttl is not None else None
+        if parsed and parsed > 0:
+            self.store.remove_ttl(msg.ts_ns + parsed, seq)
+        return True
+
+    def _enforce_limits(self, subject: str) -> list[int]:
+        cfg, removed = self.cfg, []
+        per_subject = cfg["max_msgs_per_subject"]
+        if per_subject > 0 and self.store.subject_count(subject) > per_subject:
+            removed += self._remove_subject_below(subject, self.last_seq + 1, keep=per_subject)
+        while 0 < cfg["max_msgs"] < self.store.msgs() or 0 < cfg["max_bytes"] < self.store.bytes():
+            first = self.store.first_seq()
+            if not first or first == self.last_seq:
+                break  # never remove the message just stored to meet a byte limit
+            self._remove(first)
+            removed.append(first)
+        return removed
+
+    def _republish(self, seq: int, subject: str, op: ops.StreamMsg,
+                   previous: int) -> list[Effect]:
+        rp = self.cfg.get("republish")
+        if not rp:
+            return []
+        dest = apply_mapping(rp.get("src", ">"), rp.get("dest", ""), subject)
+        if dest is None:
+            return []
+        pairs = [("Nats-Stream", self.cfg["name"]), ("Nats-Subject", subject),
+                 ("Nats-Sequence", str(seq)), ("Nats-Time-Stamp", rfc3339(op.now_ns)),
+                 ("Nats-Last-Sequence", str(previous))]
+        if rp.get("headers_only"):
+            pairs.append(("Nats-Msg-Size", str(len(op.data))))
+            return [Republish(dest, _merge_headers(op.hdr, pairs), b"")]
+        return [Republish(dest, _merge_headers(op.hdr, pairs), op.data)]
+
+    # -- time ------------------------------------------------------------------------------
+
+    def _expire(self, now_ns: int) -> list[Effect]:
+        removed: list[int] = []
+        max_age = self.cfg["max_age"]
+        if max_age > 0:
+            for seq in self.store.seqs():
+                msg = self.store.load(seq)
+                if msg is None or msg.ts_ns > now_ns - max_age:
+                    break
+                self._remove(seq)
+                removed.append(seq)
+        for _expires, seq in self.store.due_ttls(now_ns, EXPIRE_BATCH):
+            if self._remove(seq):
+                removed.append(seq)
+            self.store.remove_ttl(_expires, seq)
+        self.store.prune_dedup(now_ns - self.cfg["duplicate_window"], EXPIRE_BATCH)
+        return [Removed(tuple(removed))] if removed else []
+
+    # -- delete and purge ------------------------------------------------------------------
+
+    def _apply_delete(self, op: ops.DeleteMsg) -> list[Effect]:
+        effects = self._expire(op.now_ns)
+        try:
+            if self.cfg["sealed"]:
+                raise ApiError.of("JSStreamSealedErr")
+            if self.cfg["deny_delete"]:
+                raise ApiError.of("JSStreamMsgDeleteFailedF", err="message delete not permitted")
+            if op.seq > self.last_seq:
+                raise ApiError.of("JSStreamMsgDeleteFailedF", err="stream store EOF")
+            if not self._remove(op.seq):
+                raise ApiError.of("JSSequenceNotFoundErrF", seq=op.seq)
+        except ApiError as err:
+            return effects + [Result(err.to_dict())]
+        return effects + [Removed((op.seq,)), Result({"success": True})]
+
+    def _apply_purge(self, op: ops.Purge) -> list[Effect]:
+        effects = self._expire(op.now_ns)
+        if self.cfg["sealed"]:
+            return effects + [Result({**ApiError.of("JSStreamSealedErr").to_dict(),
+                                      "purged": 0})]
+        if self.cfg["deny_purge"]:
+            err = ApiError.of("JSStreamPurgeFailedF", err="stream purge not permitted")
+            return effects + [Result({**err.to_dict(), "purged": 0})]
+        removed = self._purge(op)
+        if removed:
+            effects.append(Removed(tuple(removed)))
+        return effects + [Result({"success": True, "purged": len(removed)})]
+
+    def _purge(self, op: ops.Purge) -> list[int]:
+        below = op.seq if op.seq else self.last_seq + 1
+        if op.filter and is_literal(op.filter):
+            return self._remove_subject_below(op.filter, below, keep=op.keep)
+        match = compile_matcher(op.filter) if op.filter else None
+        total = sum(1 for s in self.store.seqs() if s < below and self._matches(s, match))
+        budget = total - op.keep if op.keep else total
+        removed: list[int] = []
+        for seq in self.store.seqs():
+            if len(removed) >= budget or seq >= below:
+                break
+            if self._matches(seq, match) and self._remove(seq):
+                removed.append(seq)
+        return removed
+
+    def _matches(self, seq: int, match: Any) -> bool:
+        if match is None:
+            return True
+        msg = self.store.load(seq)
+        return msg is not None and match(msg.subject)
+
+    # -- state -----------------------------------------------------------------------------
+
+    def state(self, consumers: int = 0) -> dict[str, Any]:
+        """STREAM.INFO's `state`, times as nats-server prints them."""
+        msgs = self.store.msgs()
+        if msgs:
+            first = self.store.first_seq()
+            first_msg = self.store.load(first)
+            first_ts = rfc3339(first_msg.ts_ns if first_msg else 0)
+        else:
+            first = self._next_seq() if self.last_seq or self.cfg.get("first_seq") else 0
+            first_ts = rfc3339(0)
+        out: dict[str, Any] = {
+            "messages": msgs, "bytes": self.store.bytes(), "first_seq": first,
+            "first_ts": first_ts, "last_seq": self.last_seq or max(first - 1, 0),
+            "last_ts": rfc3339(self.last_ts),
+        }
+        subjects = sum(1 for _ in self.store.subjects())
+        if subjects:
+            out["num_subjects"] = subjects
+        deleted = (self.last_seq - first + 1 - msgs) if msgs else 0
+        if deleted > 0:
+            out["num_deleted"] = deleted
+        out["consumer_count"] = consumers
+        return out
+
+
+def _as_seq(value: str) -> int:
+    """nats-server reads an unparsable expected sequence as 0."""
+    try:
+        return int(value.strip())
+    except ValueError:
+        return 0
+
+
+def _merge_headers(hdr: bytes, pairs: list[tuple[str, str]]) -> bytes:
+    if not hdr:
+        return h.build(pairs)
+    lines = [line for line in hdr.split(b"\r\n")[1:] if line]
+    return b"NATS/1.0\r\n" + b"".join(line + b"\r\n" for line in lines) + b"".join(
+        f"{k}: {v}\r\n".encode() for k, v in pairs) + b"\r\n"
