@@ -94,7 +94,10 @@ def decode(entry: bytes) -> Op:
         kind = EntryOp(code)
     except ValueError as exc:
         raise EntryFormatError(f"unknown entry op {code}") from exc
-    return _DECODERS[kind](now_ns, body)
+    try:
+        return _DECODERS[kind](now_ns, body)
+    except UnicodeDecodeError as exc:
+        raise EntryFormatError(f"{kind.name} entry has a subject that is not UTF-8") from exc
 
 
 def _fixed(body: memoryview, layout: struct.Struct, what: str) -> tuple[int, ...]:
