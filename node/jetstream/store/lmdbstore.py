@@ -47,15 +47,21 @@ class NodeEnv:
 
     MAP_SIZE = 1 << 40  # address space only; the file grows as data is written
 
-    def __init__(self, path: str, *, sync: bool = False) -> None:
-        # sync=False: the Raft WAL is the durable record and LMDB is rebuilt from it by
-        # re-applying entries after the last durable `applied` index (docs/jetstream.md).
+    def __init__(self, path: str, *, sync: bool = True) -> None:
+        # sync=True, metasync=False (MDB_NOMETASYNC): each write txn fdatasyncs its data pages
+        # before the meta page that points at them is written (unsynced). A power loss may
+        # undo the last txn but never leaves a meta page pointing at pages that are not on
+        # disk; the lost txn's entries are re-applied from the Raft WAL. sync=False
+        # (MDB_NOSYNC) could corrupt the file on power loss (pages of an unsynced txn may
+        # overwrite pages the durable meta still uses), so it is for tests only.
+        # docs/jetstream.md has the whole argument.
         self.env = lmdb.open(path, map_size=self.MAP_SIZE, max_dbs=16, sync=sync,
-                             metasync=sync, readahead=False)
+                             metasync=False, readahead=False)
         self.dbs = {name: self.env.open_db(name.encode()) for name in DB_NAMES}
 
     def sync(self) -> None:
-        """Force everything committed so far to disk (before the WAL may be compacted)."""
+        """fsync everything committed so far, meta page included. Read the applied indexes
+        BEFORE calling it: those are then durable, and the WAL may be compacted up to them."""
         self.env.sync(True)
 
     def close(self) -> None:
