@@ -45,10 +45,11 @@ def parse_ttl(value: str) -> int | None:
         return -1
     if value.isdigit():
         return int(value) * 1_000_000_000
-    return _go_duration(value)
+    return parse_go_duration(value)
 
 
-def _go_duration(value: str) -> int | None:
+def parse_go_duration(value: str) -> int | None:
+    """Go's time.ParseDuration for non-negative values (`1h30m`, `1.5s`, `250ms`)."""
     if not value:
         return None
     total, at = 0.0, 0

@@ -21,7 +21,9 @@ class EntryOp(IntEnum):
     DELETE_MSG = 2   # STREAM.MSG.DELETE
     PURGE = 3        # STREAM.PURGE, with optional subject filter, seq and keep
     EXPIRE = 4       # a leader tick: remove what max_age and per-message TTLs expired by now_ns
-    # 5.. reserved for config updates; 16.. for consumer ops (deliver, ack, nak, term, ...)
+    # 5..15 reserved for stream config updates
+    CONSUMER_DELIVERED = 16  # the leader delivered a stream message to a consumer
+    CONSUMER_ACK = 17        # +ACK / -NAK / +WPI / +TERM, or a leader's MAX_DELIVER / GONE
 
 
 class EntryFormatError(ValueError):
@@ -32,6 +34,8 @@ _HEAD = struct.Struct("<Bq")                # op, now_ns
 _MSG = struct.Struct("<HHII")               # subject_len, reply_len, hdr_len, data_len
 _DELETE = struct.Struct("<QB")              # seq, flags
 _PURGE = struct.Struct("<QQH")              # seq (0 = none), keep (0 = none), filter_len
+_DELIVERED = struct.Struct("<HQ")           # consumer_len, stream seq
+_ACK = struct.Struct("<HBQq")               # consumer_len, kind, stream seq, delay_ns
 DELETE_NO_ERASE = 0x01
 
 
@@ -64,7 +68,23 @@ class Expire:
     now_ns: int
 
 
-Op = StreamMsg | DeleteMsg | Purge | Expire
+@dataclass(frozen=True, slots=True)
+class ConsumerDelivered:
+    now_ns: int
+    consumer: str
+    sseq: int
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerAck:
+    now_ns: int
+    consumer: str
+    kind: int  # consumer.AckKind
+    sseq: int
+    delay_ns: int = 0
+
+
+Op = StreamMsg | DeleteMsg | Purge | Expire | ConsumerDelivered | ConsumerAck
 
 
 def encode(op: Op) -> bytes:
@@ -82,6 +102,14 @@ def encode(op: Op) -> bytes:
                 + filt)
     if isinstance(op, Expire):
         return _HEAD.pack(EntryOp.EXPIRE, op.now_ns)
+    if isinstance(op, ConsumerDelivered):
+        name = op.consumer.encode()
+        return (_HEAD.pack(EntryOp.CONSUMER_DELIVERED, op.now_ns)
+                + _DELIVERED.pack(len(name), op.sseq) + name)
+    if isinstance(op, ConsumerAck):
+        name = op.consumer.encode()
+        return (_HEAD.pack(EntryOp.CONSUMER_ACK, op.now_ns)
+                + _ACK.pack(len(name), op.kind, op.sseq, op.delay_ns) + name)
     raise TypeError(f"not an entry op: {op!r}")
 
 
@@ -143,9 +171,27 @@ def _decode_expire(now_ns: int, body: memoryview) -> Expire:
     return Expire(now_ns)
 
 
+def _decode_delivered(now_ns: int, body: memoryview) -> ConsumerDelivered:
+    name_len, sseq = _fixed(body, _DELIVERED, "consumer delivered")
+    if len(body) != _DELIVERED.size + name_len:
+        raise EntryFormatError("consumer delivered entry has the wrong size")
+    return ConsumerDelivered(now_ns, bytes(body[_DELIVERED.size:]).decode(), sseq)
+
+
+def _decode_ack(now_ns: int, body: memoryview) -> ConsumerAck:
+    name_len, kind, sseq, delay_ns = _fixed(body, _ACK, "consumer ack")
+    if len(body) != _ACK.size + name_len:
+        raise EntryFormatError("consumer ack entry has the wrong size")
+    if not 1 <= kind <= 6:
+        raise EntryFormatError(f"consumer ack entry has unknown kind {kind}")
+    return ConsumerAck(now_ns, bytes(body[_ACK.size:]).decode(), kind, sseq, delay_ns)
+
+
 _DECODERS = {
     EntryOp.STREAM_MSG: _decode_msg,
     EntryOp.DELETE_MSG: _decode_delete,
     EntryOp.PURGE: _decode_purge,
     EntryOp.EXPIRE: _decode_expire,
+    EntryOp.CONSUMER_DELIVERED: _decode_delivered,
+    EntryOp.CONSUMER_ACK: _decode_ack,
 }

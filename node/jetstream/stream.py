@@ -29,6 +29,7 @@ from typing import Any
 from node.jetstream import headers as h
 from node.jetstream import ops
 from node.jetstream.config import Config
+from node.jetstream.consumer import AckKind, Advisory, Consumer, ConsumerState
 from node.jetstream.errors import ApiError
 from node.jetstream.store import StoredMsg, StreamStore
 from node.jetstream.transform import apply_mapping
@@ -69,7 +70,23 @@ class Republish:
     data: bytes
 
 
-Effect = Reply | Result | Stored | Removed | Republish
+@dataclass(frozen=True, slots=True)
+class Delivered:
+    """A consumer delivery was recorded: the leader now sends the message."""
+    consumer: str
+    sseq: int
+    cseq: int
+    deliveries: int
+    now_ns: int
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerEvent:
+    consumer: str
+    advisory: Advisory
+
+
+Effect = Reply | Result | Stored | Removed | Republish | Delivered | ConsumerEvent
 
 
 def rfc3339(ts_ns: int) -> str:
@@ -93,6 +110,16 @@ class Stream:
         self.last_seq = self._meta_int("last_seq")
         self.last_ts = self._meta_int("last_ts")
         self.last_msg_id = (store.get_meta("last_msg_id") or b"").decode()
+        self.consumers: dict[str, Consumer] = {}
+        self._dirty: set[str] = set()
+
+    def attach_consumer(self, name: str, cfg: dict[str, Any], start_sseq: int = 1) -> Consumer:
+        """Register a consumer, resuming its stored state if it has one."""
+        raw = self.store.get_consumer(name)
+        state = ConsumerState.decode(raw) if raw else None
+        consumer = Consumer(cfg, state, start_sseq=start_sseq)
+        self.consumers[name] = consumer
+        return consumer
 
     # -- durable progress ------------------------------------------------------------------
 
@@ -119,6 +146,10 @@ class Stream:
                 effects.extend(self.apply(ops.decode(data)))
                 self.applied = index
             self._save_progress()
+            for name in sorted(self._dirty):
+                if name in self.consumers:
+                    self.store.put_consumer(name, self.consumers[name].state.encode())
+            self._dirty.clear()
         return effects
 
     def apply(self, op: ops.Op) -> list[Effect]:
@@ -128,7 +159,56 @@ class Stream:
             return self._apply_delete(op)
         if isinstance(op, ops.Purge):
             return self._apply_purge(op)
+        if isinstance(op, ops.ConsumerDelivered):
+            return self._apply_delivered(op)
+        if isinstance(op, ops.ConsumerAck):
+            return self._apply_consumer_ack(op)
         return self._expire(op.now_ns)
+
+    # -- consumers -------------------------------------------------------------------------
+
+    def _apply_delivered(self, op: ops.ConsumerDelivered) -> list[Effect]:
+        consumer = self.consumers.get(op.consumer)
+        if consumer is None:
+            return []  # deleted before this entry applied
+        cseq = consumer.apply_delivered(op.now_ns, op.sseq)
+        self._dirty.add(op.consumer)
+        deliveries = consumer.state.deliveries.get(op.sseq, 1)
+        effects: list[Effect] = [Delivered(op.consumer, op.sseq, cseq, deliveries, op.now_ns)]
+        if consumer.ack_policy == "none":
+            effects += self._retire_acked([op.sseq])
+        return effects
+
+    def _apply_consumer_ack(self, op: ops.ConsumerAck) -> list[Effect]:
+        consumer = self.consumers.get(op.consumer)
+        if consumer is None:
+            return []
+        before = set(consumer.state.pending)
+        advisories = consumer.apply_ack(op.now_ns, AckKind(op.kind), op.sseq, op.delay_ns)
+        self._dirty.add(op.consumer)
+        effects: list[Effect] = [ConsumerEvent(op.consumer, a) for a in advisories]
+        if op.kind in (AckKind.ACK, AckKind.TERM):
+            effects += self._retire_acked(sorted(before - set(consumer.state.pending)))
+        return effects
+
+    # -- retention: interest and workqueue -------------------------------------------------
+
+    def _interested(self, subject: str) -> list[Consumer]:
+        return [c for c in self.consumers.values() if _consumer_matches(c, subject)]
+
+    def _retire_acked(self, seqs: list[int]) -> list[Effect]:
+        """Under interest / workqueue retention, remove messages every interested consumer
+        has acknowledged."""
+        if self.cfg["retention"] == "limits":
+            return []
+        removed = []
+        for sseq in seqs:
+            msg = self.store.load(sseq)
+            if msg is None:
+                continue
+            if all(_acked(c, sseq) for c in self._interested(msg.subject)) and self._remove(sseq):
+                removed.append(sseq)
+        return [Removed(tuple(removed))] if removed else []
 
     # -- publish ---------------------------------------------------------------------------
 
@@ -268,6 +348,9 @@ class Stream:
             self.store.add_ttl(op.now_ns + ttl, seq)
         effects: list[Effect] = [Stored(seq, subject)]
         removed = self._rollup(rollup, subject, seq) + self._enforce_limits(subject)
+        if self.cfg["retention"] == "interest" and not self._interested(subject):
+            self._remove(seq)  # nobody will ever want it: nats-server drops it at once
+            removed.append(seq)
         if removed:
             effects.append(Removed(tuple(removed)))
         effects.extend(self._republish(seq, subject, op, previous_of_subject))
@@ -425,6 +508,16 @@ class Stream:
             out["num_deleted"] = deleted
         out["consumer_count"] = consumers
         return out
+
+
+def _consumer_matches(consumer: Consumer, subject: str) -> bool:
+    filters = consumer.filters()
+    return not filters or any(compile_matcher(f)(subject) for f in filters)
+
+
+def _acked(consumer: Consumer, sseq: int) -> bool:
+    st = consumer.state
+    return sseq <= st.delivered_sseq and sseq not in st.pending
 
 
 def _as_seq(value: str) -> int:

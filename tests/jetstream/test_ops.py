@@ -25,12 +25,17 @@ def test_other_layouts_are_stable() -> None:
     assert ops.encode(ops.Purge(5, "x.*", 3, 2)) == \
         bytes([3]) + struct.pack("<qQQH", 5, 3, 2, 3) + b"x.*"
     assert ops.encode(ops.Expire(11)) == bytes([4]) + struct.pack("<q", 11)
+    assert ops.encode(ops.ConsumerDelivered(3, "c1", 8)) == \
+        bytes([16]) + struct.pack("<qHQ", 3, 2, 8) + b"c1"
+    assert ops.encode(ops.ConsumerAck(3, "c1", 2, 8, 500)) == \
+        bytes([17]) + struct.pack("<qHBQq", 3, 2, 2, 8, 500) + b"c1"
 
 
 def test_op_codes_are_append_only() -> None:
     # Released values keep their meaning: old WALs are replayed by new code.
     assert {op.name: op.value for op in ops.EntryOp} == {
-        "STREAM_MSG": 1, "DELETE_MSG": 2, "PURGE": 3, "EXPIRE": 4}
+        "STREAM_MSG": 1, "DELETE_MSG": 2, "PURGE": 3, "EXPIRE": 4,
+        "CONSUMER_DELIVERED": 16, "CONSUMER_ACK": 17}
 
 
 @given(now=st.integers(-(1 << 63), (1 << 63) - 1), subject=SUBJECT, reply=st.text(max_size=20),
@@ -44,7 +49,8 @@ def test_stream_msg_roundtrip(now: int, subject: str, reply: str, hdr: bytes,
 @given(seq=st.integers(0, (1 << 64) - 1), keep=st.integers(0, (1 << 64) - 1),
        filt=st.text(max_size=30), flag=st.booleans())
 def test_purge_and_delete_roundtrip(seq: int, keep: int, filt: str, flag: bool) -> None:
-    for op in (ops.Purge(1, filt, seq, keep), ops.DeleteMsg(2, seq, flag), ops.Expire(3)):
+    for op in (ops.Purge(1, filt, seq, keep), ops.DeleteMsg(2, seq, flag), ops.Expire(3),
+               ops.ConsumerDelivered(4, filt, seq), ops.ConsumerAck(5, filt, 2, seq, -7)):
         assert ops.decode(ops.encode(op)) == op
 
 
@@ -56,6 +62,9 @@ def test_purge_and_delete_roundtrip(seq: int, keep: int, filt: str, flag: bool) 
     ops.encode(ops.DeleteMsg(1, 2))[:-1] + b"\x80",
     ops.encode(ops.Purge(1, "abc"))[:-1],
     ops.encode(ops.Expire(1)) + b"\x00",
+    ops.encode(ops.ConsumerDelivered(1, "c", 5)) + b"x",
+    ops.encode(ops.ConsumerAck(1, "c", 9, 5)),
+    ops.encode(ops.ConsumerAck(1, "c", 1, 5))[:-2],
 ])
 def test_malformed_entries_are_refused(raw: bytes) -> None:
     with pytest.raises(ops.EntryFormatError):
