@@ -199,7 +199,11 @@ class Consumer:
             return cseq
         count = st.deliveries.get(sseq, 0) + 1
         st.deliveries[sseq] = count
-        st.pending[sseq] = Pending(cseq, now_ns, now_ns + self._wait(count))
+        first = st.pending.get(sseq)
+        # A redelivery keeps the first delivery's consumer sequence in `pending`, as
+        # nats-server does: the ack floor's consumer sequence is derived from it.
+        st.pending[sseq] = Pending(first.cseq if first else cseq, now_ns,
+                                   now_ns + self._wait(count))
         return cseq
 
     def apply_ack(self, now_ns: int, kind: AckKind, sseq: int,
