@@ -56,3 +56,27 @@ def stream_reply(kind: str, cfg: Config, state: dict[str, Any], created: str, no
     if did_create:
         out["did_create"] = True
     return out
+
+
+def consumer_reply(kind: str, stream: str, name: str, wire_config: dict[str, Any],
+                   created: str, now: str, delivered: tuple[int, int] = (0, 0),
+                   ack_floor: tuple[int, int] = (0, 0), num_ack_pending: int = 0,
+                   num_redelivered: int = 0, num_waiting: int = 0,
+                   num_pending: int = 0) -> dict[str, Any]:
+    """`consumer_create_response` / `consumer_info_response` body; `delivered` and
+    `ack_floor` are (consumer_seq, stream_seq)."""
+    out: dict[str, Any] = {
+        "type": TYPE_PREFIX + kind, "stream_name": stream, "name": name, "created": created,
+        "config": wire_config,
+        "delivered": {"consumer_seq": delivered[0], "stream_seq": delivered[1]},
+        "ack_floor": {"consumer_seq": ack_floor[0], "stream_seq": ack_floor[1]},
+        "num_ack_pending": num_ack_pending, "num_redelivered": num_redelivered,
+        "num_waiting": num_waiting, "num_pending": num_pending, "ts": now,
+    }
+    if wire_config.get("pause_until"):
+        out["paused"] = True
+        out["pause_remaining"] = 0  # the node fills in the time left
+    if wire_config.get("priority_groups"):
+        out["priority_groups"] = [{"group": g, "pinned_ts": ZERO_TIME}
+                                  for g in wire_config["priority_groups"]]
+    return out
