@@ -57,6 +57,7 @@ class ConsumerState:
     floor_cseq: int = 0
     pending: dict[int, Pending] = field(default_factory=dict)
     deliveries: dict[int, int] = field(default_factory=dict)  # sseq -> times delivered
+    lps_until: int = 0        # deliver last per subject: see StreamView.next_matching
 
     def encode(self) -> bytes:
         """The consumer state record kept in the store (JSON: small, and bounded by
@@ -64,6 +65,7 @@ class ConsumerState:
         return json.dumps({
             "d": [self.delivered_sseq, self.delivered_cseq],
             "f": [self.floor_sseq, self.floor_cseq],
+            "l": self.lps_until,
             "p": [[s, p.cseq, p.delivered_ns, p.deadline_ns, self.deliveries.get(s, 1)]
                   for s, p in sorted(self.pending.items())],
         }, separators=(",", ":")).encode()
@@ -71,7 +73,7 @@ class ConsumerState:
     @classmethod
     def decode(cls, raw: bytes) -> ConsumerState:
         data = json.loads(raw)
-        state = cls(*data["d"], *data["f"])
+        state = cls(*data["d"], *data["f"], lps_until=data.get("l", 0))
         for sseq, cseq, delivered, deadline, count in data["p"]:
             state.pending[sseq] = Pending(cseq, delivered, deadline)
             state.deliveries[sseq] = count
@@ -115,15 +117,39 @@ class StreamView:
         msg = self.store.load(sseq)
         return None if msg is None else msg.subject
 
-    def next_matching(self, start: int) -> int:
-        """Lowest stored sequence >= start whose subject passes the filters; 0 if none."""
-        if len(self.filters) == 1 and is_literal(self.filters[0]):
+    def next_matching(self, start: int, lps_until: int = 0) -> int:
+        """Lowest stored sequence >= start whose subject passes the filters; 0 if none.
+        Up to `lps_until` (deliver last per subject) only the last message of each subject
+        as of that sequence counts."""
+        if len(self.filters) == 1 and is_literal(self.filters[0]) and not lps_until:
             return self.store.first_for_subject(self.filters[0], start)
         for sseq in self.store.seqs(start):
             subject = self.subject_of(sseq)
-            if subject is not None and self.matches(subject):
+            if subject is None or not self.matches(subject):
+                continue
+            if sseq <= lps_until and 0 < self.store.first_for_subject(subject, sseq + 1) \
+                    <= lps_until:
+                continue  # a later message of this subject is the one to deliver
+            return sseq
+        return 0
+
+    def last_matching(self) -> int:
+        best = 0
+        for subject, _count in self.store.subjects():
+            if self.matches(subject):
+                best = max(best, self.store.last_for_subject(subject))
+        return best
+
+    def first_at_or_after_time(self, ts_ns: int) -> int:
+        for sseq in self.store.seqs():
+            msg = self.store.load(sseq)
+            if msg is not None and msg.ts_ns >= ts_ns:
                 return sseq
         return 0
+
+    def lasts_per_subject(self) -> list[int]:
+        return sorted(self.store.last_for_subject(subject)
+                      for subject, _count in self.store.subjects() if self.matches(subject))
 
     def count_matching(self, after: int) -> int:
         """Messages after `after` that pass the filters (a consumer's num_pending)."""
@@ -143,10 +169,10 @@ class Consumer:
     `deliver_policy`, `opt_start_seq`)."""
 
     def __init__(self, cfg: dict[str, Any], state: ConsumerState | None = None,
-                 start_sseq: int = 1) -> None:
+                 start_sseq: int = 1, lps_until: int = 0) -> None:
         self.cfg = cfg
         self.state = state or ConsumerState(delivered_sseq=start_sseq - 1,
-                                            floor_sseq=start_sseq - 1)
+                                            floor_sseq=start_sseq - 1, lps_until=lps_until)
         self.ack_policy = cfg.get("ack_policy", "explicit")
         self.ack_wait = cfg.get("ack_wait") or DEFAULT_ACK_WAIT_NS
         self.backoff: list[int] = list(cfg.get("backoff") or [])
@@ -173,7 +199,7 @@ class Consumer:
             return Delivery(sseq, count + 1)
         if 0 < self.max_ack_pending <= len(st.pending):
             return None
-        nxt = view.next_matching(st.delivered_sseq + 1)
+        nxt = view.next_matching(st.delivered_sseq + 1, st.lps_until)
         return Delivery(nxt, 1) if nxt else None
 
     def next_deadline(self) -> int | None:
@@ -253,6 +279,27 @@ class Consumer:
 
     def num_redelivered(self) -> int:
         return sum(1 for s in self.state.pending if self.state.deliveries.get(s, 1) > 1)
+
+
+def initial_position(cfg: dict[str, Any], view: StreamView, last_seq: int,
+                     start_time_ns: int = 0) -> tuple[int, int]:
+    """Where a new consumer starts: (first stream sequence to consider, lps_until). The
+    leader computes it once, at creation, and the creation entry carries it."""
+    policy = cfg.get("deliver_policy", "all")
+    after_last = last_seq + 1
+    if policy == "new":
+        return after_last, 0
+    first = view.store.first_seq() or after_last
+    if policy == "by_start_sequence":
+        return max(cfg["opt_start_seq"], first), 0  # nats-server starts no earlier than first
+    if policy == "last":
+        return view.last_matching() or after_last, 0
+    if policy == "by_start_time":
+        return view.first_at_or_after_time(start_time_ns) or after_last, 0
+    if policy == "last_per_subject":
+        lasts = view.lasts_per_subject()
+        return (lasts[0], last_seq) if lasts else (after_last, 0)
+    return first, 0
 
 
 # ---------------------------------------------------------------------------------------------

@@ -113,11 +113,12 @@ class Stream:
         self.consumers: dict[str, Consumer] = {}
         self._dirty: set[str] = set()
 
-    def attach_consumer(self, name: str, cfg: dict[str, Any], start_sseq: int = 1) -> Consumer:
+    def attach_consumer(self, name: str, cfg: dict[str, Any], start_sseq: int = 1,
+                        lps_until: int = 0) -> Consumer:
         """Register a consumer, resuming its stored state if it has one."""
         raw = self.store.get_consumer(name)
         state = ConsumerState.decode(raw) if raw else None
-        consumer = Consumer(cfg, state, start_sseq=start_sseq)
+        consumer = Consumer(cfg, state, start_sseq=start_sseq, lps_until=lps_until)
         self.consumers[name] = consumer
         return consumer
 
