@@ -492,13 +492,3 @@ def _with_levels(cfg: Config) -> dict[str, str]:
     user = {k: v for k, v in cfg["metadata"].items() if not k.startswith("_nats.")}
     return {"_nats.level": str(API_LEVEL), "_nats.req.level": str(required),
             "_nats.ver": SERVER_VERSION, **user}
-
-
-def start_sequence(cfg: Config, last_seq: int) -> int:
-    """The first stream sequence a new consumer considers, for the deliver policies that need
-    no message lookups (`all`, `new`, `by_start_sequence`); the others need the store."""
-    if cfg["deliver_policy"] == "new":
-        return last_seq + 1
-    if cfg["deliver_policy"] == "by_start_sequence":
-        return cfg["opt_start_seq"]
-    return 1

@@ -14,7 +14,9 @@ from typing import Any
 import nats
 
 from node.jetstream import config, consumer_config, replies
+from node.jetstream.consumer import StreamView, initial_position
 from node.jetstream.errors import ApiError
+from node.jetstream.store.memstore import MemStore
 
 ALLOWED_TO_DIFFER = ("created", "ts", "pause_remaining")
 GENERATED = "<generated>"
@@ -180,7 +182,7 @@ def _ours() -> list[dict[str, Any]]:
             out.append(replies.error_reply(kind, err))
             continue
         consumers[api.stream][name] = cfg
-        start = consumer_config.start_sequence(cfg, last_seq=0)
+        start, _ = initial_position(cfg, StreamView(MemStore(api.stream), []), last_seq=0)
         out.append(replies.consumer_reply(kind, api.stream, name, consumer_config.to_wire(cfg),
                                           "", "", delivered=(0, start - 1),
                                           ack_floor=(0, start - 1)))
