@@ -82,6 +82,11 @@ MUTANTS: list[tuple[str, ...]] = [
     ("consumer update may change the ack policy", J + "consumer_config.py",
      '        ("ack_policy", "ack policy can not be updated"),\n', "",
      T + "test_consumer_config_differential.py"),
+    ("corrupt record served by MSG.GET", J + "get.py",
+     "        return {\"type\": kind, **ApiError.of(\"JSStreamGeneralErrorF\", err=str(exc))"
+     ".to_dict()}",
+     "        return {\"type\": kind, \"message\": {\"subject\": str(exc)}}",
+     T + "test_get_differential.py"),
     ("lmdb per-subject last wrong", J + "store/lmdbstore.py",
      'if cur.set_range(head + b"\\xff" * 8):', "if cur.set_range(head):",
      T + "test_store.py"),
