@@ -442,6 +442,9 @@ class Stream:
                 raise ApiError.of("JSStreamSealedErr")
             if self.cfg["deny_delete"]:
                 raise ApiError.of("JSStreamMsgDeleteFailedF", err="message delete not permitted")
+            first = self.store.first_seq() or self.last_seq + 1
+            if op.seq == 0 or op.seq < first:
+                raise ApiError.of("JSStreamMsgDeleteFailedF", err="no message found")
             if op.seq > self.last_seq:
                 raise ApiError.of("JSStreamMsgDeleteFailedF", err="stream store EOF")
             if not self._remove(op.seq):
