@@ -13,6 +13,7 @@ EXPECTED_LAST_MSG_ID = "Nats-Expected-Last-Msg-Id"
 ROLLUP = "Nats-Rollup"
 TTL = "Nats-TTL"
 MARKER_REASON = "Nats-Marker-Reason"
+INCR = "Nats-Incr"
 
 _DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
 _UNIT_NS = {"ns": 1, "us": 1_000, "µs": 1_000, "ms": 1_000_000, "s": 1_000_000_000,

@@ -219,13 +219,15 @@ class Stream:
         body = {**err.to_dict(), "stream": self.cfg["name"], "seq": 0}
         return [Reply(reply, json.dumps(body, separators=(",", ":")).encode())]
 
-    def _pub_ack(self, reply: str, seq: int, duplicate: bool = False) -> list[Effect]:
+    def _pub_ack(self, reply: str, seq: int, duplicate: bool = False,
+                 total: int | None = None) -> list[Effect]:
         if not reply or self.cfg["no_ack"]:
             return []
         name = json.dumps(self.cfg["name"])
         domain = f',"domain":{json.dumps(self.domain)}' if self.domain else ""
         dup = ',"duplicate": true' if duplicate else ""
-        return [Reply(reply, f'{{"stream":{name}{domain},"seq":{seq}{dup}}}'.encode())]
+        val = f',"val":"{total}"' if total is not None else ""
+        return [Reply(reply, f'{{"stream":{name}{domain},"seq":{seq}{dup}{val}}}'.encode())]
 
     def _apply_msg(self, op: ops.StreamMsg) -> list[Effect]:
         effects: list[Effect] = list(self._expire(op.now_ns))
@@ -247,6 +249,7 @@ class Stream:
             raise ApiError.of("JSStreamMessageExceedsMaximumErr")
         if len(op.hdr) > MAX_HEADER_BYTES:
             raise ApiError.of("JSStreamHeaderExceedsMaximumErr")
+        self._check_counter(op)
         expected_stream = h.get(op.hdr, h.EXPECTED_STREAM)
         if expected_stream is not None and expected_stream != cfg["name"]:
             raise ApiError.of("JSStreamNotMatchErr")
@@ -263,6 +266,37 @@ class Stream:
         ttl = self._check_ttl(op.hdr)
         self._check_discard_new(op)
         return rollup, ttl
+
+    def _check_counter(self, op: ops.StreamMsg) -> None:
+        """Counter streams (`allow_msg_counter`): every message is an empty-payload
+        `Nats-Incr: <integer>`; headers that would make the total depend on more than the
+        subject's last value are refused."""
+        incr = h.get(op.hdr, h.INCR)
+        if not self.cfg.get("allow_msg_counter"):
+            if incr is not None:
+                raise ApiError.of("JSMessageIncrDisabledErr")
+            return
+        if incr is None:
+            raise ApiError.of("JSMessageIncrMissingErr")
+        if op.data:
+            raise ApiError.of("JSMessageIncrPayloadErr")
+        unsupported = (h.EXPECTED_STREAM, h.EXPECTED_LAST_SEQ, h.EXPECTED_LAST_SUBJECT_SEQ,
+                       h.EXPECTED_LAST_SUBJECT_SEQ_SUBJECT, h.EXPECTED_LAST_MSG_ID, h.ROLLUP)
+        if _as_int(incr) is None or any(h.get(op.hdr, k) is not None for k in unsupported):
+            raise ApiError.of("JSMessageIncrInvalidErr")
+
+    def _counter_total(self, subject: str, hdr: bytes) -> int:
+        """The subject's new total: its last stored total plus this increment."""
+        incr = _as_int(h.get(hdr, h.INCR) or "")
+        assert incr is not None  # checked before
+        last = self.store.last_for_subject(subject)
+        if not last:
+            return incr
+        msg = self.store.load(last)
+        try:
+            return int(json.loads(msg.data)["val"]) + incr if msg else incr
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ApiError.of("JSMessageCounterBrokenErr") from exc
 
     def _check_expected_seqs(self, op: ops.StreamMsg) -> None:
         expected_last = h.get(op.hdr, h.EXPECTED_LAST_SEQ)
@@ -337,9 +371,16 @@ class Stream:
 
     def _store_msg(self, op: ops.StreamMsg, rollup: str, ttl: int) -> list[Effect]:
         subject = self._stored_subject(op.subject)
+        data, total = op.data, None
+        if self.cfg.get("allow_msg_counter"):
+            try:
+                total = self._counter_total(subject, op.hdr)
+            except ApiError as err:
+                return self._pub_error(op.reply, err)
+            data = json.dumps({"val": str(total)}, separators=(",", ":")).encode()
         seq = self._next_seq()
         previous_of_subject = self.store.last_for_subject(subject)
-        self.store.store(StoredMsg(seq, subject, op.hdr, op.data, op.now_ns))
+        self.store.store(StoredMsg(seq, subject, op.hdr, data, op.now_ns))
         self.last_seq, self.last_ts = seq, op.now_ns
         msg_id = h.get(op.hdr, h.MSG_ID) or ""
         self.last_msg_id = msg_id
@@ -355,7 +396,7 @@ class Stream:
         if removed:
             effects.append(Removed(tuple(removed)))
         effects.extend(self._republish(seq, subject, op, previous_of_subject))
-        return effects + self._pub_ack(op.reply, seq)
+        return effects + self._pub_ack(op.reply, seq, total=total)
 
     def _rollup(self, rollup: str, subject: str, seq: int) -> list[int]:
         if rollup == "sub":
@@ -522,6 +563,13 @@ def _consumer_matches(consumer: Consumer, subject: str) -> bool:
 def _acked(consumer: Consumer, sseq: int) -> bool:
     st = consumer.state
     return sseq <= st.delivered_sseq and sseq not in st.pending
+
+
+def _as_int(value: str) -> int | None:
+    """A counter increment: an optionally signed decimal integer of any size."""
+    text = value.strip()
+    digits = text[1:] if text[:1] in "+-" else text
+    return int(text) if digits.isdigit() and digits.isascii() else None
 
 
 def _as_seq(value: str) -> int:

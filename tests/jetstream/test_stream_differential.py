@@ -94,6 +94,22 @@ SCRIPTS: dict[str, tuple[dict[str, Any], list[Step]]] = {
         ("pub", "t.a", {}, b"1"), ("pub", "t.b", {}, b"2"),
         ("pub", "t.a", {"Nats-Expected-Last-Subject-Sequence": "1"}, b"3")]),
     "no_ack": ({"subjects": ["t.>"], "no_ack": True}, [("pub", "t.a", {}, b"1")]),
+    "counter": ({"subjects": ["t.>"], "allow_msg_counter": True}, [
+        ("pub", "t.a", {"Nats-Incr": "5"}, b""), ("pub", "t.a", {"Nats-Incr": "-2"}, b""),
+        ("pub", "t.a", {"Nats-Incr": "+10"}, b""), ("pub", "t.b", {"Nats-Incr": "1"}, b""),
+        ("pub", "t.a", {"Nats-Incr": "1"}, b"x"), ("pub", "t.a", {}, b""),
+        ("pub", "t.a", {"Nats-Incr": "abc"}, b""), ("pub", "t.a", {"Nats-Incr": "1.5"}, b""),
+        ("pub", "t.a", {"Nats-Incr": "99999999999999999999999999"}, b""),
+        ("pub", "t.a", {"Nats-Incr": "1", "Nats-Msg-Id": "x"}, b""),
+        ("pub", "t.a", {"Nats-Incr": "1", "Nats-Msg-Id": "x"}, b""),
+        ("pub", "t.a", {"Nats-Incr": "1", "Nats-Expected-Last-Sequence": "1"}, b""),
+        ("pub", "t.a", {"Nats-Incr": "1", "Nats-TTL": "5s"}, b""),
+        ("pub", "t.a", {"Nats-Incr": "1", "Nats-Rollup": "sub"}, b""),
+        ("pub", "t.a", {"Nats-Incr": "1", "Nats-Expected-Stream": "NOPE"}, b""),
+        ("pub", "t.a", {"Nats-Incr": "1", "Nats-Expected-Last-Msg-Id": "x"}, b""),
+        ("pub", "t.a", {"Nats-Incr": "1", "Nats-Expected-Last-Subject-Sequence": "9"}, b""),
+        ("pub", "t.a", {"Nats-Incr": "0"}, b""), ("delete", 7)]),
+    "incr_disabled": ({"subjects": ["t.>"]}, [("pub", "t.a", {"Nats-Incr": "5"}, b"")]),
 }
 
 
