@@ -28,6 +28,7 @@ from node.jetstream.config import (
 )
 from node.jetstream.errors import ApiError, invalid_config
 from node.jetstream.gojson import BOOL, MAP_STRING, STRING, GoJsonError, GoType
+from node.jetstream.headers import format_go_duration
 from node.subject import is_literal, subjects_collide, subset, valid_subject
 
 ACK_WAIT_DEFAULT_NS = 30_000_000_000
@@ -384,18 +385,7 @@ def _check_limits(cfg: Config, stream: Config) -> None:
         raise ApiError.of("JSConsumerMaxPendingAckExcessErrF", limit=max_ack)
     inactive = limits.get("inactive_threshold", 0)
     if inactive > 0 and cfg["inactive_threshold"] > inactive:
-        raise ApiError.of("JSConsumerInactiveThresholdExcess", limit=_go_duration(inactive))
-
-
-def _go_duration(ns: int) -> str:
-    """Go's Duration.String() for whole seconds/minutes/hours (what limits usually are)."""
-    seconds, rest = divmod(ns, 1_000_000_000)
-    if rest:
-        return f"{ns / 1_000_000_000:g}s"
-    hours, seconds = divmod(seconds, 3600)
-    minutes, seconds = divmod(seconds, 60)
-    out = (f"{hours}h" if hours else "") + (f"{minutes}m" if hours or minutes else "")
-    return out + f"{seconds}s"
+        raise ApiError.of("JSConsumerInactiveThresholdExcess", limit=format_go_duration(inactive))
 
 
 def _check_filters(cfg: Config) -> None:

@@ -62,3 +62,14 @@ def parse_go_duration(value: str) -> int | None:
     if at != len(value):
         return None
     return int(total)
+
+
+def format_go_duration(ns: int) -> str:
+    """Go's Duration.String() for the whole-second and sub-second values TTLs use."""
+    if ns % 1_000_000_000:
+        return f"{ns / 1_000_000_000:g}s" if ns >= 1_000_000_000 else f"{ns / 1_000_000:g}ms"
+    seconds = ns // 1_000_000_000
+    hours, seconds = divmod(seconds, 3600)
+    minutes, seconds = divmod(seconds, 60)
+    out = (f"{hours}h" if hours else "") + (f"{minutes}m" if hours or minutes else "")
+    return out + f"{seconds}s"

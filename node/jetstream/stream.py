@@ -458,7 +458,14 @@ class Stream:
     # -- time ------------------------------------------------------------------------------
 
     def _expire(self, now_ns: int) -> list[Effect]:
-        removed: list[int] = []
+        """Remove what per-message TTLs and max_age expired by `now_ns` (TTLs first, as
+        nats-server orders its markers), then leave subject delete markers."""
+        expired: list[StoredMsg] = []
+        for _expires, seq in self.store.due_ttls(now_ns, EXPIRE_BATCH):
+            msg = self.store.load(seq)
+            if msg is not None and self._remove(seq):
+                expired.append(msg)
+            self.store.remove_ttl(_expires, seq)
         max_age = self.cfg["max_age"]
         if max_age > 0:
             for seq in self.store.seqs():
@@ -466,13 +473,31 @@ class Stream:
                 if msg is None or msg.ts_ns > now_ns - max_age:
                     break
                 self._remove(seq)
-                removed.append(seq)
-        for _expires, seq in self.store.due_ttls(now_ns, EXPIRE_BATCH):
-            if self._remove(seq):
-                removed.append(seq)
-            self.store.remove_ttl(_expires, seq)
+                expired.append(msg)
         self.store.prune_dedup(now_ns - self.cfg["duplicate_window"], EXPIRE_BATCH)
-        return [Removed(tuple(removed))] if removed else []
+        effects: list[Effect] = [Removed(tuple(m.seq for m in expired))] if expired else []
+        return effects + self._delete_markers(expired, now_ns)
+
+    def _delete_markers(self, expired: list[StoredMsg], now_ns: int) -> list[Effect]:
+        """`subject_delete_marker_ttl`: when expiry removed the last message of a subject,
+        store a marker there (itself expiring after that TTL) so watchers see the delete."""
+        ttl = self.cfg.get("subject_delete_marker_ttl", 0)
+        if ttl <= 0:
+            return []
+        effects: list[Effect] = []
+        for msg in expired:
+            if h.get(msg.hdr, h.MARKER_REASON) is not None:
+                continue  # an expiring marker leaves no marker
+            if self.store.last_for_subject(msg.subject):
+                continue
+            hdr = h.build([(h.MARKER_REASON, "MaxAge"), (h.TTL, h.format_go_duration(ttl)),
+                           (h.ROLLUP, "sub")])
+            seq = self._next_seq()
+            self.store.store(StoredMsg(seq, msg.subject, hdr, b"", now_ns))
+            self.store.add_ttl(now_ns + ttl, seq)
+            self.last_seq, self.last_ts, self.last_msg_id = seq, now_ns, ""
+            effects.append(Stored(seq, msg.subject))
+        return effects
 
     # -- delete and purge ------------------------------------------------------------------
 

@@ -3,12 +3,14 @@
 Each script creates a stream on a fresh-named stream of a live `nats-server -js`, runs its
 steps there with nats-py, and runs the same steps through `Stream.apply` (entries built with
 `ops`). PubAcks and delete/purge replies are compared as JSON, and after the script the
-stream state; only the times in ALLOWED_TO_DIFFER may differ (they are the server's clock).
+stream state and every stored message (subject, headers, data); only the times in
+ALLOWED_TO_DIFFER may differ (they are the server's clock).
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import time
 from typing import Any
@@ -110,6 +112,10 @@ SCRIPTS: dict[str, tuple[dict[str, Any], list[Step]]] = {
         ("pub", "t.a", {"Nats-Incr": "1", "Nats-Expected-Last-Subject-Sequence": "9"}, b""),
         ("pub", "t.a", {"Nats-Incr": "0"}, b""), ("delete", 7)]),
     "incr_disabled": ({"subjects": ["t.>"]}, [("pub", "t.a", {"Nats-Incr": "5"}, b"")]),
+    "delete_markers": ({"subjects": ["t.>"], "max_age": 1_000_000_000,
+                        "subject_delete_marker_ttl": 1_000_000_000, "allow_msg_ttl": True}, [
+        ("pub", "t.a", {}, b"1"), ("pub", "t.a", {}, b"2"),
+        ("pub", "t.b", {"Nats-TTL": "1s"}, b"3"), ("sleep", 1.6)]),
 }
 
 
@@ -135,8 +141,17 @@ async def _run_oracle(port: int, name: str, cfg: dict[str, Any], steps: list[Ste
         for step in steps:
             out.append(await _oracle_step(nc, name, step, no_ack=cfg.get("no_ack", False)))
         info = await nc.request(f"$JS.API.STREAM.INFO.{name}", b"", timeout=5)
+        state = json.loads(info.data)["state"]
+        stored = []
+        for seq in range(state["first_seq"], state["last_seq"] + 1):
+            got = json.loads((await nc.request(f"$JS.API.STREAM.MSG.GET.{name}",
+                                               json.dumps({"seq": seq}).encode(), timeout=5)).data)
+            if "message" in got:
+                m = got["message"]
+                stored.append((seq, m["subject"], base64.b64decode(m.get("hdrs", "")),
+                               base64.b64decode(m.get("data", ""))))
         await nc.request(f"$JS.API.STREAM.DELETE.{name}", b"", timeout=5)  # frees the subjects
-        return out, json.loads(info.data)["state"]
+        return out, {**state, "stored": stored}
     finally:
         await nc.close()
 
@@ -150,6 +165,9 @@ async def _oracle_step(nc: Any, name: str, step: Step, no_ack: bool) -> Any:
             return None
         msg = await nc.request(subject, data, headers=hdrs or None, timeout=5)
         return json.loads(msg.data)
+    if step[0] == "sleep":
+        await asyncio.sleep(step[1])  # the oracle expires by its clock
+        return None
     if step[0] == "delete":
         msg = await nc.request(f"$JS.API.STREAM.MSG.DELETE.{name}",
                                json.dumps({"seq": step[1]}).encode(), timeout=5)
@@ -181,6 +199,8 @@ def _run_ours(name: str, extra: dict[str, Any], steps: list[Step]
         now = time.time_ns()
         if step[0] == "pub":
             op: ops.Op = ops.StreamMsg(now, step[1], "_INBOX.r", _headers(step[2]), step[3])
+        elif step[0] == "sleep":
+            op = ops.Expire(now + int(step[1] * 1e9))  # our time only moves in entries
         elif step[0] == "delete":
             op = ops.DeleteMsg(now, step[1])
         else:
@@ -190,7 +210,9 @@ def _run_ours(name: str, extra: dict[str, Any], steps: list[Step]
         answers = [json.loads(e.payload) for e in effects if isinstance(e, Reply)] + \
             [e.payload for e in effects if isinstance(e, Result)]
         out.append(answers[0] if answers else None)
-    return out, stream.state()
+    stored = [(m.seq, m.subject, m.hdr, m.data)
+              for m in (store.load(s) for s in store.seqs()) if m is not None]
+    return out, {**stream.state(), "stored": stored}
 
 
 def _strip(state: dict[str, Any]) -> dict[str, Any]:
