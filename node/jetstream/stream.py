@@ -371,7 +371,13 @@ class Stream:
 
     def _store_msg(self, op: ops.StreamMsg, rollup: str, ttl: int) -> list[Effect]:
         subject = self._stored_subject(op.subject)
-        data, total = op.data, None
+        data, total, hdr = op.data, None, op.hdr
+        marker_ttl = self.cfg.get("subject_delete_marker_ttl", 0)
+        if 0 < ttl < marker_ttl:
+            # nats-server raises a message TTL to the marker TTL, so a marker never outlives
+            # what it marks, and rewrites the header (in whole seconds).
+            ttl = marker_ttl
+            hdr = _replace_header(hdr, h.TTL, str(marker_ttl // 1_000_000_000))
         if self.cfg.get("allow_msg_counter"):
             try:
                 total = self._counter_total(subject, op.hdr)
@@ -380,7 +386,7 @@ class Stream:
             data = json.dumps({"val": str(total)}, separators=(",", ":")).encode()
         seq = self._next_seq()
         previous_of_subject = self.store.last_for_subject(subject)
-        self.store.store(StoredMsg(seq, subject, op.hdr, data, op.now_ns))
+        self.store.store(StoredMsg(seq, subject, hdr, data, op.now_ns))
         self.last_seq, self.last_ts = seq, op.now_ns
         msg_id = h.get(op.hdr, h.MSG_ID) or ""
         self.last_msg_id = msg_id
@@ -458,13 +464,13 @@ class Stream:
     # -- time ------------------------------------------------------------------------------
 
     def _expire(self, now_ns: int) -> list[Effect]:
-        """Remove what per-message TTLs and max_age expired by `now_ns` (TTLs first, as
-        nats-server orders its markers), then leave subject delete markers."""
-        expired: list[StoredMsg] = []
+        """Remove what per-message TTLs, then max_age, expired by `now_ns`; both leave
+        subject delete markers (reason `MaxAge` for both, as nats-server writes them)."""
+        aged: list[StoredMsg] = []
         for _expires, seq in self.store.due_ttls(now_ns, EXPIRE_BATCH):
             msg = self.store.load(seq)
             if msg is not None and self._remove(seq):
-                expired.append(msg)
+                aged.append(msg)
             self.store.remove_ttl(_expires, seq)
         max_age = self.cfg["max_age"]
         if max_age > 0:
@@ -473,30 +479,35 @@ class Stream:
                 if msg is None or msg.ts_ns > now_ns - max_age:
                     break
                 self._remove(seq)
-                expired.append(msg)
+                aged.append(msg)
         self.store.prune_dedup(now_ns - self.cfg["duplicate_window"], EXPIRE_BATCH)
-        effects: list[Effect] = [Removed(tuple(m.seq for m in expired))] if expired else []
-        return effects + self._delete_markers(expired, now_ns)
+        effects: list[Effect] = [Removed(tuple(m.seq for m in aged))] if aged else []
+        return effects + self._delete_markers(aged, now_ns)
 
-    def _delete_markers(self, expired: list[StoredMsg], now_ns: int) -> list[Effect]:
+    def _delete_markers(self, aged: list[StoredMsg], now_ns: int) -> list[Effect]:
         """`subject_delete_marker_ttl`: when expiry removed the last message of a subject,
-        store a marker there (itself expiring after that TTL) so watchers see the delete."""
+        store a marker there (itself expiring after that TTL) so watchers see the delete.
+        Markers go in the order the subjects became empty."""
         ttl = self.cfg.get("subject_delete_marker_ttl", 0)
         if ttl <= 0:
             return []
+        emptied: dict[str, int] = {}
+        for i, msg in enumerate(aged):
+            if h.get(msg.hdr, h.MARKER_REASON) is None:  # an expiring marker leaves none
+                emptied[msg.subject] = i
+            else:
+                emptied.pop(msg.subject, None)
         effects: list[Effect] = []
-        for msg in expired:
-            if h.get(msg.hdr, h.MARKER_REASON) is not None:
-                continue  # an expiring marker leaves no marker
-            if self.store.last_for_subject(msg.subject):
+        for subject in sorted(emptied, key=emptied.__getitem__):
+            if self.store.last_for_subject(subject):
                 continue
             hdr = h.build([(h.MARKER_REASON, "MaxAge"), (h.TTL, h.format_go_duration(ttl)),
                            (h.ROLLUP, "sub")])
             seq = self._next_seq()
-            self.store.store(StoredMsg(seq, msg.subject, hdr, b"", now_ns))
+            self.store.store(StoredMsg(seq, subject, hdr, b"", now_ns))
             self.store.add_ttl(now_ns + ttl, seq)
             self.last_seq, self.last_ts, self.last_msg_id = seq, now_ns, ""
-            effects.append(Stored(seq, msg.subject))
+            effects.append(Stored(seq, subject))
         return effects
 
     # -- delete and purge ------------------------------------------------------------------
@@ -588,6 +599,16 @@ def _consumer_matches(consumer: Consumer, subject: str) -> bool:
 def _acked(consumer: Consumer, sseq: int) -> bool:
     st = consumer.state
     return sseq <= st.delivered_sseq and sseq not in st.pending
+
+
+def _replace_header(hdr: bytes, key: str, value: str) -> bytes:
+    needle = key.encode() + b":"
+    lines = hdr.split(b"\r\n")
+    for i, line in enumerate(lines):
+        if i and line.startswith(needle):
+            lines[i] = needle + b" " + value.encode()
+            break
+    return b"\r\n".join(lines)
 
 
 def _as_int(value: str) -> int | None:
