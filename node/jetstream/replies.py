@@ -8,8 +8,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from node.jetstream import gojson
 from node.jetstream.config import Config, to_wire
 from node.jetstream.errors import ApiError
+from node.jetstream.requests import is_empty_request
+from node.jetstream.stream import Stream
+from node.subject import compile_matcher
 
 ZERO_TIME = "0001-01-01T00:00:00Z"
 TYPE_PREFIX = "io.nats.jetstream.api.v1."
@@ -79,4 +83,66 @@ def consumer_reply(kind: str, stream: str, name: str, wire_config: dict[str, Any
     if wire_config.get("priority_groups"):
         out["priority_groups"] = [{"group": g, "pinned_ts": ZERO_TIME}
                                   for g in wire_config["priority_groups"]]
+    return out
+
+
+SUBJECTS_LIMIT = 100_000
+INFO_REQUEST = gojson.struct("server.JSApiStreamInfoRequest", {
+    "deleted_details": gojson.BOOL, "subjects_filter": gojson.STRING,
+    "offset": gojson.scalar("int")})
+
+
+def stream_info(stream: Stream, body: bytes, created: str, now: str,
+                consumers: int = 0) -> dict[str, Any]:
+    """STREAM.INFO's reply: `subjects_filter` adds per-subject counts (paged by `offset`),
+    `deleted_details` the interior deleted sequences. A body that is not JSON counts as
+    empty, as in nats-server."""
+    kind = "stream_info_response"
+    try:
+        req = {} if is_empty_request(body) else gojson.decode(body, INFO_REQUEST)
+    except gojson.GoJsonError as exc:
+        err = ApiError.of("JSInvalidJSONErr", err=str(exc))
+        return {**error_reply(kind, err), "total": 0, "offset": 0, "limit": 0}
+    state = stream.state(consumers)
+    subjects = _filtered_subjects(stream, req.get("subjects_filter", ""))
+    offset = max(req.get("offset", 0), 0)  # echoed as given (NAMES clamps, INFO does not)
+    page = dict(subjects[offset:offset + SUBJECTS_LIMIT])
+    state = _with_details(state, page, _deleted(stream) if req.get("deleted_details") else None)
+    out = stream_reply(kind, stream.cfg, state, created, now)
+    out["total"] = len(subjects)
+    out["offset"] = offset if subjects else 0
+    out["limit"] = SUBJECTS_LIMIT if subjects else 0
+    return out
+
+
+def _filtered_subjects(stream: Stream, pattern: str) -> list[tuple[str, int]]:
+    if not pattern:
+        return []
+    match = compile_matcher(pattern)
+    return [(s, n) for s, n in stream.store.subjects() if match(s)]
+
+
+def _deleted(stream: Stream) -> list[int]:
+    first, last = stream.store.first_seq(), stream.last_seq
+    if not first:
+        return []
+    present = set()
+    for seq in stream.store.seqs(first):
+        present.add(seq)
+    return [s for s in range(first, last + 1) if s not in present]
+
+
+def _with_details(state: dict[str, Any], subjects: dict[str, int],
+                  deleted: list[int] | None) -> dict[str, Any]:
+    """Insert `subjects` and `deleted` where nats-server writes them."""
+    out: dict[str, Any] = {}
+    for key, value in state.items():
+        if key == "num_deleted" and subjects:
+            out["subjects"] = subjects
+        if key == "consumer_count":
+            if subjects and "subjects" not in out:
+                out["subjects"] = subjects
+            if deleted:
+                out["deleted"] = deleted
+        out[key] = value
     return out
