@@ -254,3 +254,19 @@ def test_ack_subject_roundtrip_and_garbage() -> None:
 ])
 def test_ack_bodies(body: bytes, expected: tuple[AckKind, int, bool]) -> None:
     assert parse_ack_body(body) == expected
+
+
+def test_pull_queue_unit() -> None:
+    from node.jetstream.pull import PullQueue
+
+    q = PullQueue({"max_waiting": 2, "max_bytes": 100})
+    assert q.add(0, "r1", b'{"batch":2,"max_bytes":15}') == []
+    assert q.add(0, "r2", b"") == []
+    refused = q.add(0, "r3", b"1")
+    assert refused and b"409 Exceeded MaxWaiting" in refused[0].hdr
+    target, refusals = q.take(10)
+    assert target is not None and target.reply == "r1" and refusals == []
+    target, refusals = q.take(10)  # r1 has 5 bytes left: refused, r2 takes it
+    assert target is not None and target.reply == "r2"
+    assert refusals and b"409 Message Size Exceeds MaxBytes" in refusals[0].hdr
+    assert not q.waiting and q.take(1) == (None, [])
