@@ -192,6 +192,17 @@ class Stream:
             effects += self._retire_acked(sorted(before - set(consumer.state.pending)))
         return effects
 
+    def detach_consumer(self, name: str) -> list[Effect]:
+        """Forget a deleted consumer (the wiring proposes the delete as an entry). Under
+        interest retention, messages nobody else wants any more go with it."""
+        if self.consumers.pop(name, None) is None:
+            return []
+        self.store.delete_consumer(name)
+        self._dirty.discard(name)
+        if self.cfg["retention"] != "interest":
+            return []
+        return self._retire_acked(list(self.store.seqs()))
+
     # -- retention: interest and workqueue -------------------------------------------------
 
     def _interested(self, subject: str) -> list[Consumer]:
