@@ -24,6 +24,7 @@ class EntryOp(IntEnum):
     # 5..15 reserved for stream config updates
     CONSUMER_DELIVERED = 16  # the leader delivered a stream message to a consumer
     CONSUMER_ACK = 17        # +ACK / -NAK / +WPI / +TERM, or a leader's MAX_DELIVER / GONE
+    STREAM_BATCH = 18        # a committed atomic batch, applied all-or-nothing
 
 
 class EntryFormatError(ValueError):
@@ -36,6 +37,7 @@ _DELETE = struct.Struct("<QB")              # seq, flags
 _PURGE = struct.Struct("<QQH")              # seq (0 = none), keep (0 = none), filter_len
 _DELIVERED = struct.Struct("<HQ")           # consumer_len, stream seq
 _ACK = struct.Struct("<HBQq")               # consumer_len, kind, stream seq, delay_ns
+_BATCH = struct.Struct("<HI")               # batch_id_len, message count
 DELETE_NO_ERASE = 0x01
 
 
@@ -84,15 +86,30 @@ class ConsumerAck:
     delay_ns: int = 0
 
 
-Op = StreamMsg | DeleteMsg | Purge | Expire | ConsumerDelivered | ConsumerAck
+@dataclass(frozen=True, slots=True)
+class StreamBatch:
+    now_ns: int
+    batch_id: str
+    msgs: tuple[StreamMsg, ...]  # their own now_ns is the batch's
+
+
+Op = StreamMsg | DeleteMsg | Purge | Expire | ConsumerDelivered | ConsumerAck | StreamBatch
+
+
+def _msg_body(msg: StreamMsg) -> bytes:
+    subject, reply = msg.subject.encode(), msg.reply.encode()
+    return (_MSG.pack(len(subject), len(reply), len(msg.hdr), len(msg.data))
+            + subject + reply + msg.hdr + msg.data)
 
 
 def encode(op: Op) -> bytes:
     if isinstance(op, StreamMsg):
-        subject, reply = op.subject.encode(), op.reply.encode()
-        return (_HEAD.pack(EntryOp.STREAM_MSG, op.now_ns)
-                + _MSG.pack(len(subject), len(reply), len(op.hdr), len(op.data))
-                + subject + reply + op.hdr + op.data)
+        return _HEAD.pack(EntryOp.STREAM_MSG, op.now_ns) + _msg_body(op)
+    if isinstance(op, StreamBatch):
+        batch_id = op.batch_id.encode()
+        return (_HEAD.pack(EntryOp.STREAM_BATCH, op.now_ns)
+                + _BATCH.pack(len(batch_id), len(op.msgs)) + batch_id
+                + b"".join(_msg_body(m) for m in op.msgs))
     if isinstance(op, DeleteMsg):
         flags = DELETE_NO_ERASE if op.no_erase else 0
         return _HEAD.pack(EntryOp.DELETE_MSG, op.now_ns) + _DELETE.pack(op.seq, flags)
@@ -135,9 +152,16 @@ def _fixed(body: memoryview, layout: struct.Struct, what: str) -> tuple[int, ...
 
 
 def _decode_msg(now_ns: int, body: memoryview) -> StreamMsg:
+    msg, used = _read_msg(now_ns, body)
+    if used != len(body):
+        raise EntryFormatError(f"stream msg entry is {len(body)} bytes, lengths say {used}")
+    return msg
+
+
+def _read_msg(now_ns: int, body: memoryview) -> tuple[StreamMsg, int]:
     subject_len, reply_len, hdr_len, data_len = _fixed(body, _MSG, "stream msg")
     total = _MSG.size + subject_len + reply_len + hdr_len + data_len
-    if len(body) != total:
+    if len(body) < total:
         raise EntryFormatError(f"stream msg entry is {len(body)} bytes, lengths say {total}")
     at = _MSG.size
     subject = bytes(body[at:at + subject_len]).decode()
@@ -146,7 +170,23 @@ def _decode_msg(now_ns: int, body: memoryview) -> StreamMsg:
     at += reply_len
     hdr = bytes(body[at:at + hdr_len])
     at += hdr_len
-    return StreamMsg(now_ns, subject, reply, hdr, bytes(body[at:]))
+    return StreamMsg(now_ns, subject, reply, hdr, bytes(body[at:total])), total
+
+
+def _decode_batch(now_ns: int, body: memoryview) -> StreamBatch:
+    id_len, count = _fixed(body, _BATCH, "stream batch")
+    at = _BATCH.size + id_len
+    if len(body) < at or count == 0:
+        raise EntryFormatError("stream batch entry truncated or empty")
+    batch_id = bytes(body[_BATCH.size:at]).decode()
+    msgs = []
+    for _ in range(count):
+        msg, used = _read_msg(now_ns, body[at:])
+        msgs.append(msg)
+        at += used
+    if at != len(body):
+        raise EntryFormatError("stream batch entry has trailing bytes")
+    return StreamBatch(now_ns, batch_id, tuple(msgs))
 
 
 def _decode_delete(now_ns: int, body: memoryview) -> DeleteMsg:
@@ -194,4 +234,5 @@ _DECODERS = {
     EntryOp.EXPIRE: _decode_expire,
     EntryOp.CONSUMER_DELIVERED: _decode_delivered,
     EntryOp.CONSUMER_ACK: _decode_ack,
+    EntryOp.STREAM_BATCH: _decode_batch,
 }

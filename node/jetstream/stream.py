@@ -160,11 +160,80 @@ class Stream:
             return self._apply_delete(op)
         if isinstance(op, ops.Purge):
             return self._apply_purge(op)
+        if isinstance(op, ops.StreamBatch):
+            return self._apply_stream_batch(op)
         if isinstance(op, ops.ConsumerDelivered):
             return self._apply_delivered(op)
         if isinstance(op, ops.ConsumerAck):
             return self._apply_consumer_ack(op)
         return self._expire(op.now_ns)
+
+    # -- atomic batches --------------------------------------------------------------------
+
+    def _apply_stream_batch(self, op: ops.StreamBatch) -> list[Effect]:
+        """All or nothing: every message is checked against the state the earlier messages
+        of the batch would leave, then all are stored, or none and the commit gets the
+        error. One PubAck for the batch: its last sequence and size."""
+        effects: list[Effect] = list(self._expire(op.now_ns))
+        reply = op.msgs[-1].reply
+        try:
+            checked = self._check_batch(op)
+        except ApiError as err:
+            return effects + self._pub_error(reply, err)
+        for msg, (rollup, ttl) in zip(op.msgs, checked, strict=True):
+            stored = self._store_msg(ops.StreamMsg(op.now_ns, msg.subject, "", msg.hdr,
+                                                   msg.data), rollup, ttl)
+            effects.extend(e for e in stored if not isinstance(e, Reply))
+        if reply and not self.cfg["no_ack"]:
+            name = json.dumps(self.cfg["name"])
+            body = f'{{"stream":{name},"seq":{self.last_seq},"batch":{json.dumps(op.batch_id)},' \
+                f'"count":{len(op.msgs)}}}'
+            effects.append(Reply(reply, body.encode()))
+        return effects
+
+    def _check_batch(self, op: ops.StreamBatch) -> list[tuple[str, int]]:
+        cfg = self.cfg
+        if not cfg.get("allow_atomic"):
+            raise ApiError.of("JSAtomicPublishDisabledErr")
+        last_seq, written, ids = self.last_seq, set(), set()
+        out = []
+        for msg in op.msgs:
+            if cfg["sealed"]:
+                raise ApiError.of("JSStreamSealedErr")
+            if 0 <= cfg["max_msg_size"] < len(msg.hdr) + len(msg.data):
+                raise ApiError.of("JSStreamMessageExceedsMaximumErr")
+            expected_stream = h.get(msg.hdr, h.EXPECTED_STREAM)
+            if expected_stream is not None and expected_stream != cfg["name"]:
+                raise ApiError.of("JSStreamNotMatchErr")
+            expected_last = h.get(msg.hdr, h.EXPECTED_LAST_SEQ)
+            if expected_last is not None and _as_seq(expected_last) != last_seq:
+                raise ApiError.of("JSStreamWrongLastSequenceErrF", seq=last_seq)
+            subject = self._stored_subject(msg.subject)
+            self._check_batch_subject_seq(msg, subject, written)
+            msg_id = h.get(msg.hdr, h.MSG_ID) or ""
+            if msg_id and (msg_id in ids or self._is_duplicate(msg_id, op.now_ns)):
+                raise ApiError.of("JSAtomicPublishContainsDuplicateMessageErr")
+            out.append((self._check_rollup(msg.hdr), self._check_ttl(msg.hdr)))
+            last_seq = last_seq + 1 if last_seq or not cfg.get("first_seq") else cfg["first_seq"]
+            written.add(subject)
+            ids.add(msg_id)
+        return out
+
+    def _check_batch_subject_seq(self, msg: ops.StreamMsg, subject: str,
+                                 written: set[str]) -> None:
+        expected = h.get(msg.hdr, h.EXPECTED_LAST_SUBJECT_SEQ)
+        if expected is None:
+            return
+        target = h.get(msg.hdr, h.EXPECTED_LAST_SUBJECT_SEQ_SUBJECT) or subject
+        if target in written:
+            raise ApiError.of("JSStreamWrongLastSequenceConstantErr")  # changed in the batch
+        found = self._last_seq_matching(target)
+        if _as_seq(expected) != found:
+            raise ApiError.of("JSStreamWrongLastSequenceErrF", seq=found)
+
+    def _is_duplicate(self, msg_id: str, now_ns: int) -> bool:
+        seen = self.store.get_dedup(msg_id)
+        return seen is not None and now_ns - seen[1] <= self.cfg["duplicate_window"]
 
     # -- consumers -------------------------------------------------------------------------
 

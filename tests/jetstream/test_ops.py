@@ -35,7 +35,7 @@ def test_op_codes_are_append_only() -> None:
     # Released values keep their meaning: old WALs are replayed by new code.
     assert {op.name: op.value for op in ops.EntryOp} == {
         "STREAM_MSG": 1, "DELETE_MSG": 2, "PURGE": 3, "EXPIRE": 4,
-        "CONSUMER_DELIVERED": 16, "CONSUMER_ACK": 17}
+        "CONSUMER_DELIVERED": 16, "CONSUMER_ACK": 17, "STREAM_BATCH": 18}
 
 
 @given(now=st.integers(-(1 << 63), (1 << 63) - 1), subject=SUBJECT, reply=st.text(max_size=20),
@@ -65,6 +65,9 @@ def test_purge_and_delete_roundtrip(seq: int, keep: int, filt: str, flag: bool) 
     ops.encode(ops.ConsumerDelivered(1, "c", 5)) + b"x",
     ops.encode(ops.ConsumerAck(1, "c", 9, 5)),
     ops.encode(ops.ConsumerAck(1, "c", 1, 5))[:-2],
+    ops.encode(ops.StreamBatch(1, "b", (ops.StreamMsg(1, "a", "", b"", b"x"),)))[:-1],
+    ops.encode(ops.StreamBatch(1, "b", (ops.StreamMsg(1, "a", "", b"", b"x"),))) + b"z",
+    bytes([18]) + struct.pack("<qHI", 1, 1, 0) + b"b",
 ])
 def test_malformed_entries_are_refused(raw: bytes) -> None:
     with pytest.raises(ops.EntryFormatError):
@@ -77,3 +80,10 @@ def test_decode_never_crashes_otherwise(raw: bytes) -> None:
         ops.decode(raw)
     except ops.EntryFormatError:
         pass
+
+
+@given(batch_id=st.text(max_size=10), msgs=st.lists(
+    st.tuples(SUBJECT, st.binary(max_size=20), st.binary(max_size=40)), min_size=1, max_size=5))
+def test_stream_batch_roundtrip(batch_id: str, msgs: list[tuple[str, bytes, bytes]]) -> None:
+    op = ops.StreamBatch(7, batch_id, tuple(ops.StreamMsg(7, s, "r", hd, d) for s, hd, d in msgs))
+    assert ops.decode(ops.encode(op)) == op
