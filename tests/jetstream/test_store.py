@@ -60,8 +60,9 @@ def test_per_subject_index(store: StreamStore) -> None:
 
 
 def test_seqs_iterates_in_order_from_start(store: StreamStore) -> None:
-    for seq in range(1, 2501):
-        store.store(_msg(seq))
+    with store.batch():  # one commit: outside a batch every LMDB write is its own fsync
+        for seq in range(1, 2501):
+            store.store(_msg(seq))
     store.remove(1)
     store.remove(1500)
     assert store.first_seq() == 2
@@ -156,8 +157,9 @@ def test_lmdb_state_survives_reopen(tmp_path: Path) -> None:
 
 
 def test_seqs_desc(store: StreamStore) -> None:
-    for seq in range(1, 2502):
-        store.store(_msg(seq))
+    with store.batch():
+        for seq in range(1, 2502):
+            store.store(_msg(seq))
     store.remove(2501)
     store.remove(7)
     got = list(store.seqs_desc())
@@ -185,3 +187,31 @@ def test_dedup_index_prunes_in_time_order(store: StreamStore) -> None:
     assert store.get_dedup("b") is None and store.get_dedup("c") is None
     assert store.get_dedup("a") == (4, 400)
     assert store.prune_dedup(before_ns=1000, limit=0) == 0
+
+
+def test_lmdb_batch_in_a_worker_thread_does_not_leak_to_readers(tmp_path: Path) -> None:
+    """While a worker thread holds the batch txn, another thread reads committed data only
+    (through its own read txn), never the worker's uncommitted writes."""
+    import threading
+
+    env = NodeEnv(str(tmp_path / "env"))
+    try:
+        store = LmdbStore(env, "S")
+        store.store(_msg(1))
+        inside, release = threading.Event(), threading.Event()
+
+        def worker() -> None:
+            with store.batch():
+                store.store(_msg(2))
+                inside.set()
+                release.wait(10)
+
+        t = threading.Thread(target=worker)
+        t.start()
+        assert inside.wait(10)
+        assert store.load(2) is None and store.msgs() == 1  # not committed yet
+        release.set()
+        t.join(10)
+        assert store.load(2) is not None and store.msgs() == 2
+    finally:
+        env.close()

@@ -23,6 +23,7 @@ whatever the stream's size. The durability argument is in docs/jetstream.md.
 from __future__ import annotations
 
 import struct
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -76,7 +77,17 @@ class LmdbStore:
         self._env = node_env.env
         self._db = node_env.dbs
         self._prefix = len(raw).to_bytes(2, "big") + raw
-        self._txn: Any = None
+        # The open batch txn belongs to the thread that opened it: applies may run in a
+        # worker thread while the event loop serves reads from its own read txns.
+        self._local = threading.local()
+
+    @property
+    def _txn(self) -> Any:
+        return getattr(self._local, "txn", None)
+
+    @_txn.setter
+    def _txn(self, txn: Any) -> None:
+        self._local.txn = txn
 
     # -- transactions ----------------------------------------------------------------------
 
