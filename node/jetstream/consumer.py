@@ -277,6 +277,17 @@ class Consumer:
     def num_ack_pending(self) -> int:
         return len(self.state.pending)
 
+    def num_pending(self, view: StreamView) -> int:
+        """Messages the consumer has not delivered yet (its filters and start position)."""
+        st = self.state
+        if not st.lps_until:
+            return view.count_matching(st.delivered_sseq)
+        n, at = 0, st.delivered_sseq + 1
+        while (at := view.next_matching(at, st.lps_until)) != 0:
+            n += 1
+            at += 1
+        return n
+
     def num_redelivered(self) -> int:
         return sum(1 for s in self.state.pending if self.state.deliveries.get(s, 1) > 1)
 

@@ -10,6 +10,7 @@ from typing import Any
 
 from node.jetstream import gojson
 from node.jetstream.config import Config, to_wire
+from node.jetstream.consumer import Consumer, StreamView
 from node.jetstream.errors import ApiError
 from node.jetstream.requests import is_empty_request
 from node.jetstream.stream import Stream
@@ -84,6 +85,19 @@ def consumer_reply(kind: str, stream: str, name: str, wire_config: dict[str, Any
         out["priority_groups"] = [{"group": g, "pinned_ts": ZERO_TIME}
                                   for g in wire_config["priority_groups"]]
     return out
+
+
+def consumer_info(kind: str, stream: str, name: str, wire_config: dict[str, Any],
+                  consumer: Consumer, view: StreamView, created: str, now: str,
+                  num_waiting: int = 0) -> dict[str, Any]:
+    """CONSUMER.INFO / CREATE reply from a consumer's state."""
+    st = consumer.state
+    return consumer_reply(kind, stream, name, wire_config, created, now,
+                          delivered=(st.delivered_cseq, st.delivered_sseq),
+                          ack_floor=(st.floor_cseq, st.floor_sseq),
+                          num_ack_pending=consumer.num_ack_pending(),
+                          num_redelivered=consumer.num_redelivered(),
+                          num_waiting=num_waiting, num_pending=consumer.num_pending(view))
 
 
 SUBJECTS_LIMIT = 100_000

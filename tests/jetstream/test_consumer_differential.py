@@ -15,7 +15,7 @@ from typing import Any
 import nats
 import pytest
 
-from node.jetstream import config, ops
+from node.jetstream import config, ops, replies
 from node.jetstream.consumer import Delivery, StreamView, parse_ack_body, parse_ack_subject
 from node.jetstream.store.base import file_size
 from node.jetstream.store.memstore import MemStore
@@ -137,13 +137,8 @@ def _ours(name: str, scfg: dict[str, Any], ccfg: dict[str, Any], steps: list[Ste
                 got.append((plan.deliveries, plan.sseq, consumer.state.delivered_cseq,
                             view.count_matching(consumer.state.delivered_sseq)))
             seen.append(got)
-    st = consumer.state
-    counters = {"delivered": [st.delivered_cseq, st.delivered_sseq],
-                "ack_floor": [st.floor_cseq, st.floor_sseq],
-                "num_ack_pending": consumer.num_ack_pending(),
-                "num_redelivered": consumer.num_redelivered(),
-                "num_pending": view.count_matching(st.delivered_sseq)}
-    return seen, counters, stream.state(consumers=1)
+    info = replies.consumer_info("consumer_info_response", name, "c", {}, consumer, view, "", "")
+    return seen, _counters(info), stream.state(consumers=1)
 
 
 @pytest.mark.parametrize("script", sorted(SCRIPTS))

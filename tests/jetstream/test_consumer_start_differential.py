@@ -15,7 +15,7 @@ from typing import Any
 import nats
 import pytest
 
-from node.jetstream import config, consumer_config, ops
+from node.jetstream import config, consumer_config, ops, replies
 from node.jetstream.consumer import Delivery, StreamView, initial_position, parse_ack_subject
 from node.jetstream.store.memstore import MemStore
 from node.jetstream.stream import Stream
@@ -87,9 +87,8 @@ def _ours(name: str, ccfg: dict[str, Any]) -> tuple[Any, list[Any]]:
     view = StreamView(stream.store, filters)
     start, lps_until = initial_position(ccfg_full, view, stream.last_seq)
     consumer = stream.attach_consumer("c", ccfg_full, start_sseq=start, lps_until=lps_until)
-    summary = {"delivered": {"consumer_seq": 0, "stream_seq": start - 1},
-               "ack_floor": {"consumer_seq": 0, "stream_seq": start - 1},
-               "num_pending": _pending(view, consumer)}
+    summary = _summary(replies.consumer_info("consumer_create_response", name, "c", {},
+                                             consumer, view, "", ""))
     got = []
     while True:
         plan = consumer.plan(time.time_ns(), view)
@@ -97,17 +96,8 @@ def _ours(name: str, ccfg: dict[str, Any]) -> tuple[Any, list[Any]]:
             break
         stream.apply(ops.ConsumerDelivered(time.time_ns(), "c", plan.sseq))
         got.append((plan.deliveries, plan.sseq, consumer.state.delivered_cseq,
-                    _pending(view, consumer)))
+                    consumer.num_pending(view)))
     return summary, got
-
-
-def _pending(view: StreamView, consumer: Any) -> int:
-    st = consumer.state
-    n, at = 0, st.delivered_sseq + 1
-    while (at := view.next_matching(at, st.lps_until)) != 0:
-        n += 1
-        at += 1
-    return n
 
 
 @pytest.mark.parametrize("policy", sorted(POLICIES))
