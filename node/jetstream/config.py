@@ -178,6 +178,14 @@ def to_wire(cfg: Config) -> dict[str, Any]:
     return out
 
 
+def from_wire(wire: dict[str, Any]) -> Config:
+    """The full config back from its wire form (the inverse of to_wire): what an
+    UPDATE_CONFIG entry and the store carry."""
+    cfg = copy.deepcopy(_ZERO)
+    cfg.update(copy.deepcopy(wire))
+    return cfg
+
+
 def _wire_value(name: str, value: Any) -> Any:
     if name == "mirror":
         return _wire_source(value)

@@ -170,9 +170,13 @@ class Consumer:
 
     def __init__(self, cfg: dict[str, Any], state: ConsumerState | None = None,
                  start_sseq: int = 1, lps_until: int = 0) -> None:
-        self.cfg = cfg
         self.state = state or ConsumerState(delivered_sseq=start_sseq - 1,
                                             floor_sseq=start_sseq - 1, lps_until=lps_until)
+        self.reconfigure(cfg)
+
+    def reconfigure(self, cfg: dict[str, Any]) -> None:
+        """A new config (CONSUMER.CREATE on an existing consumer); the state carries on."""
+        self.cfg = cfg
         self.ack_policy = cfg.get("ack_policy", "explicit")
         self.ack_wait = cfg.get("ack_wait") or DEFAULT_ACK_WAIT_NS
         self.backoff: list[int] = list(cfg.get("backoff") or [])

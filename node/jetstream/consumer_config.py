@@ -139,6 +139,12 @@ def to_wire(cfg: Config) -> dict[str, Any]:
     return out
 
 
+def from_wire(wire: dict[str, Any]) -> Config:
+    cfg = copy.deepcopy(_ZERO)
+    cfg.update(copy.deepcopy(wire))
+    return cfg
+
+
 # ---------------------------------------------------------------------------------------------
 # The request subject's forms
 

@@ -21,10 +21,13 @@ class EntryOp(IntEnum):
     DELETE_MSG = 2   # STREAM.MSG.DELETE
     PURGE = 3        # STREAM.PURGE, with optional subject filter, seq and keep
     EXPIRE = 4       # a leader tick: remove what max_age and per-message TTLs expired by now_ns
-    # 5..15 reserved for stream config updates
+    UPDATE_CONFIG = 5        # STREAM.UPDATE: the checked config, as JSON
+    # 6..15 reserved for stream ops
     CONSUMER_DELIVERED = 16  # the leader delivered a stream message to a consumer
     CONSUMER_ACK = 17        # +ACK / -NAK / +WPI / +TERM, or a leader's MAX_DELIVER / GONE
     STREAM_BATCH = 18        # a committed atomic batch, applied all-or-nothing
+    CONSUMER_UPSERT = 19     # create or update a consumer: config JSON + start position
+    CONSUMER_DELETE = 20     # delete a consumer
 
 
 class EntryFormatError(ValueError):
@@ -38,6 +41,9 @@ _PURGE = struct.Struct("<QQH")              # seq (0 = none), keep (0 = none), f
 _DELIVERED = struct.Struct("<HQ")           # consumer_len, stream seq
 _ACK = struct.Struct("<HBQq")               # consumer_len, kind, stream seq, delay_ns
 _BATCH = struct.Struct("<HI")               # batch_id_len, message count
+_CONFIG = struct.Struct("<I")               # config_len
+_UPSERT = struct.Struct("<HQQI")            # name_len, start seq, lps_until, config_len
+_NAME = struct.Struct("<H")                 # name_len
 DELETE_NO_ERASE = 0x01
 
 
@@ -93,7 +99,29 @@ class StreamBatch:
     msgs: tuple[StreamMsg, ...]  # their own now_ns is the batch's
 
 
-Op = StreamMsg | DeleteMsg | Purge | Expire | ConsumerDelivered | ConsumerAck | StreamBatch
+@dataclass(frozen=True, slots=True)
+class UpdateConfig:
+    now_ns: int
+    config: bytes  # the stream config JSON (wire form), already checked by the leader
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerUpsert:
+    now_ns: int
+    consumer: str
+    config: bytes  # the consumer config JSON, already checked by the leader
+    start_sseq: int = 1
+    lps_until: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerDelete:
+    now_ns: int
+    consumer: str
+
+
+Op = (StreamMsg | DeleteMsg | Purge | Expire | ConsumerDelivered | ConsumerAck | StreamBatch
+      | UpdateConfig | ConsumerUpsert | ConsumerDelete)
 
 
 def _msg_body(msg: StreamMsg) -> bytes:
@@ -127,6 +155,21 @@ def encode(op: Op) -> bytes:
         name = op.consumer.encode()
         return (_HEAD.pack(EntryOp.CONSUMER_ACK, op.now_ns)
                 + _ACK.pack(len(name), op.kind, op.sseq, op.delay_ns) + name)
+    return _encode_admin(op)
+
+
+def _encode_admin(op: Op) -> bytes:
+    if isinstance(op, UpdateConfig):
+        return _HEAD.pack(EntryOp.UPDATE_CONFIG, op.now_ns) + _CONFIG.pack(len(op.config)) + \
+            op.config
+    if isinstance(op, ConsumerUpsert):
+        name = op.consumer.encode()
+        return (_HEAD.pack(EntryOp.CONSUMER_UPSERT, op.now_ns)
+                + _UPSERT.pack(len(name), op.start_sseq, op.lps_until, len(op.config))
+                + name + op.config)
+    if isinstance(op, ConsumerDelete):
+        name = op.consumer.encode()
+        return _HEAD.pack(EntryOp.CONSUMER_DELETE, op.now_ns) + _NAME.pack(len(name)) + name
     raise TypeError(f"not an entry op: {op!r}")
 
 
@@ -227,6 +270,29 @@ def _decode_ack(now_ns: int, body: memoryview) -> ConsumerAck:
     return ConsumerAck(now_ns, bytes(body[_ACK.size:]).decode(), kind, sseq, delay_ns)
 
 
+def _decode_update(now_ns: int, body: memoryview) -> UpdateConfig:
+    (size,) = _fixed(body, _CONFIG, "update config")
+    if len(body) != _CONFIG.size + size:
+        raise EntryFormatError("update config entry has the wrong size")
+    return UpdateConfig(now_ns, bytes(body[_CONFIG.size:]))
+
+
+def _decode_upsert(now_ns: int, body: memoryview) -> ConsumerUpsert:
+    name_len, start, lps, size = _fixed(body, _UPSERT, "consumer upsert")
+    if len(body) != _UPSERT.size + name_len + size:
+        raise EntryFormatError("consumer upsert entry has the wrong size")
+    at = _UPSERT.size + name_len
+    return ConsumerUpsert(now_ns, bytes(body[_UPSERT.size:at]).decode(), bytes(body[at:]),
+                          start, lps)
+
+
+def _decode_consumer_delete(now_ns: int, body: memoryview) -> ConsumerDelete:
+    (name_len,) = _fixed(body, _NAME, "consumer delete")
+    if len(body) != _NAME.size + name_len:
+        raise EntryFormatError("consumer delete entry has the wrong size")
+    return ConsumerDelete(now_ns, bytes(body[_NAME.size:]).decode())
+
+
 _DECODERS = {
     EntryOp.STREAM_MSG: _decode_msg,
     EntryOp.DELETE_MSG: _decode_delete,
@@ -235,4 +301,7 @@ _DECODERS = {
     EntryOp.CONSUMER_DELIVERED: _decode_delivered,
     EntryOp.CONSUMER_ACK: _decode_ack,
     EntryOp.STREAM_BATCH: _decode_batch,
+    EntryOp.UPDATE_CONFIG: _decode_update,
+    EntryOp.CONSUMER_UPSERT: _decode_upsert,
+    EntryOp.CONSUMER_DELETE: _decode_consumer_delete,
 }

@@ -29,7 +29,9 @@ from typing import Any
 from node.jetstream import headers as h
 from node.jetstream import ops
 from node.jetstream.config import Config
+from node.jetstream.config import from_wire as config_from_wire
 from node.jetstream.consumer import AckKind, Advisory, Consumer, ConsumerState
+from node.jetstream.consumer_config import from_wire as consumer_from_wire
 from node.jetstream.errors import ApiError
 from node.jetstream.store import StoredMsg, StreamStore
 from node.jetstream.transform import apply_mapping
@@ -39,6 +41,7 @@ MAX_HEADER_BYTES = 64 * 1024
 MIN_TTL_NS = 1_000_000_000
 EXPIRE_BATCH = 10_000  # TTL expiries handled per entry: bounds one apply's work
 _U64 = struct.Struct("<Q")
+_CONSUMER_CFG = "consumer:"  # store meta key prefix of a consumer's config JSON
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,7 +106,8 @@ class Stream:
     """One stream's state machine over its store."""
 
     def __init__(self, cfg: Config, store: StreamStore, domain: str = "") -> None:
-        self.cfg = cfg
+        stored_cfg = store.get_meta("config")  # an applied UPDATE_CONFIG wins over `cfg`
+        self.cfg = config_from_wire(json.loads(stored_cfg)) if stored_cfg else cfg
         self.store = store
         self.domain = domain
         self.applied = self._meta_int("applied")
@@ -112,6 +116,10 @@ class Stream:
         self.last_msg_id = (store.get_meta("last_msg_id") or b"").decode()
         self.consumers: dict[str, Consumer] = {}
         self._dirty: set[str] = set()
+        for name in store.consumers():  # consumers created by CONSUMER_UPSERT entries
+            raw = store.get_meta(_CONSUMER_CFG + name)
+            if raw:
+                self.attach_consumer(name, consumer_from_wire(json.loads(raw)))
 
     def attach_consumer(self, name: str, cfg: dict[str, Any], start_sseq: int = 1,
                         lps_until: int = 0) -> Consumer:
@@ -162,11 +170,41 @@ class Stream:
             return self._apply_purge(op)
         if isinstance(op, ops.StreamBatch):
             return self._apply_stream_batch(op)
+        if isinstance(op, ops.UpdateConfig):
+            return self._apply_update(op)
+        if isinstance(op, ops.ConsumerUpsert):
+            return self._apply_consumer_upsert(op)
+        if isinstance(op, ops.ConsumerDelete):
+            return self.detach_consumer(op.consumer)
         if isinstance(op, ops.ConsumerDelivered):
             return self._apply_delivered(op)
         if isinstance(op, ops.ConsumerAck):
             return self._apply_consumer_ack(op)
         return self._expire(op.now_ns)
+
+    # -- configuration entries -------------------------------------------------------------
+
+    def _apply_update(self, op: ops.UpdateConfig) -> list[Effect]:
+        """A STREAM.UPDATE the leader checked: new limits apply at once to what is stored."""
+        self.cfg = config_from_wire(json.loads(op.config))
+        self.store.put_meta("config", op.config)
+        removed: list[int] = []
+        for subject, _count in list(self.store.subjects()):
+            removed += self._enforce_limits(subject)
+        effects: list[Effect] = [Removed(tuple(removed))] if removed else []
+        return self._expire(op.now_ns) + effects
+
+    def _apply_consumer_upsert(self, op: ops.ConsumerUpsert) -> list[Effect]:
+        cfg = consumer_from_wire(json.loads(op.config))
+        existing = self.consumers.get(op.consumer)
+        if existing is not None:
+            existing.reconfigure(cfg)  # an update: the state (deliveries, acks) carries on
+        else:
+            consumer = Consumer(cfg, None, start_sseq=op.start_sseq, lps_until=op.lps_until)
+            self.consumers[op.consumer] = consumer
+        self.store.put_meta(_CONSUMER_CFG + op.consumer, op.config)
+        self._dirty.add(op.consumer)  # the state record lists the consumer in the store
+        return []
 
     # -- atomic batches --------------------------------------------------------------------
 
@@ -267,6 +305,7 @@ class Stream:
         if self.consumers.pop(name, None) is None:
             return []
         self.store.delete_consumer(name)
+        self.store.put_meta(_CONSUMER_CFG + name, b"")
         self._dirty.discard(name)
         if self.cfg["retention"] != "interest":
             return []

@@ -35,7 +35,8 @@ def test_op_codes_are_append_only() -> None:
     # Released values keep their meaning: old WALs are replayed by new code.
     assert {op.name: op.value for op in ops.EntryOp} == {
         "STREAM_MSG": 1, "DELETE_MSG": 2, "PURGE": 3, "EXPIRE": 4,
-        "CONSUMER_DELIVERED": 16, "CONSUMER_ACK": 17, "STREAM_BATCH": 18}
+        "UPDATE_CONFIG": 5, "CONSUMER_DELIVERED": 16, "CONSUMER_ACK": 17, "STREAM_BATCH": 18,
+        "CONSUMER_UPSERT": 19, "CONSUMER_DELETE": 20}
 
 
 @given(now=st.integers(-(1 << 63), (1 << 63) - 1), subject=SUBJECT, reply=st.text(max_size=20),
@@ -50,7 +51,9 @@ def test_stream_msg_roundtrip(now: int, subject: str, reply: str, hdr: bytes,
        filt=st.text(max_size=30), flag=st.booleans())
 def test_purge_and_delete_roundtrip(seq: int, keep: int, filt: str, flag: bool) -> None:
     for op in (ops.Purge(1, filt, seq, keep), ops.DeleteMsg(2, seq, flag), ops.Expire(3),
-               ops.ConsumerDelivered(4, filt, seq), ops.ConsumerAck(5, filt, 2, seq, -7)):
+               ops.ConsumerDelivered(4, filt, seq), ops.ConsumerAck(5, filt, 2, seq, -7),
+               ops.UpdateConfig(6, filt.encode()), ops.ConsumerDelete(8, filt),
+               ops.ConsumerUpsert(7, filt, b'{"a":1}', seq, keep)):
         assert ops.decode(ops.encode(op)) == op
 
 
@@ -68,6 +71,9 @@ def test_purge_and_delete_roundtrip(seq: int, keep: int, filt: str, flag: bool) 
     ops.encode(ops.StreamBatch(1, "b", (ops.StreamMsg(1, "a", "", b"", b"x"),)))[:-1],
     ops.encode(ops.StreamBatch(1, "b", (ops.StreamMsg(1, "a", "", b"", b"x"),))) + b"z",
     bytes([18]) + struct.pack("<qHI", 1, 1, 0) + b"b",
+    ops.encode(ops.UpdateConfig(1, b"{}")) + b"x",
+    ops.encode(ops.ConsumerUpsert(1, "c", b"{}"))[:-1],
+    ops.encode(ops.ConsumerDelete(1, "c")) + b"x",
 ])
 def test_malformed_entries_are_refused(raw: bytes) -> None:
     with pytest.raises(ops.EntryFormatError):

@@ -96,6 +96,12 @@ SCRIPTS: dict[str, tuple[dict[str, Any], list[Step]]] = {
         ("pub", "t.a", {}, b"1"), ("pub", "t.b", {}, b"2"),
         ("pub", "t.a", {"Nats-Expected-Last-Subject-Sequence": "1"}, b"3")]),
     "no_ack": ({"subjects": ["t.>"], "no_ack": True}, [("pub", "t.a", {}, b"1")]),
+    "update_limits": ({"subjects": ["t.>"]}, [
+        *[("pub", f"t.{c}", {}, b"x" * i) for i, c in enumerate("aabbbcaabc")],
+        ("update", {"max_msgs_per_subject": 3}), ("pub", "t.b", {}, b"y"),
+        ("update", {"max_msgs_per_subject": 3, "max_msgs": 5}),
+        ("update", {"max_msgs_per_subject": 3, "max_msgs": 5, "max_bytes": 200}),
+        ("pub", "t.d", {}, b"z" * 50)]),
     "counter": ({"subjects": ["t.>"], "allow_msg_counter": True}, [
         ("pub", "t.a", {"Nats-Incr": "5"}, b""), ("pub", "t.a", {"Nats-Incr": "-2"}, b""),
         ("pub", "t.a", {"Nats-Incr": "+10"}, b""), ("pub", "t.b", {"Nats-Incr": "1"}, b""),
@@ -183,6 +189,12 @@ async def _oracle_step(nc: Any, name: str, step: Step, no_ack: bool) -> Any:
     if step[0] == "sleep":
         await asyncio.sleep(step[1])  # the oracle expires by its clock
         return None
+    if step[0] == "update":
+        body = json.dumps({"name": name, "subjects": ["t.>"], **step[1]}).encode()
+        reply = json.loads((await nc.request(f"$JS.API.STREAM.UPDATE.{name}", body,
+                                             timeout=5)).data)
+        assert "error" not in reply, reply
+        return None
     if step[0] == "delete":
         msg = await nc.request(f"$JS.API.STREAM.MSG.DELETE.{name}",
                                json.dumps({"seq": step[1]}).encode(), timeout=5)
@@ -221,6 +233,11 @@ def _run_ours(name: str, extra: dict[str, Any], steps: list[Step]
             op: ops.Op = ops.StreamMsg(now, step[1], "_INBOX.r", _headers(step[2]), step[3])
         elif step[0] == "sleep":
             op = ops.Expire(now + int(step[1] * 1e9))  # our time only moves in entries
+        elif step[0] == "update":
+            body = json.dumps({"name": name, "subjects": ["t.>"], **step[1]}).encode()
+            new, ped = config.parse_request(body)
+            checked = config.check_update(name, new, ped, {name: stream.cfg})
+            op = ops.UpdateConfig(now, json.dumps(config.to_wire(checked)).encode())
         elif step[0] == "delete":
             op = ops.DeleteMsg(now, step[1])
         else:
@@ -229,7 +246,7 @@ def _run_ours(name: str, extra: dict[str, Any], steps: list[Step]
         effects = stream.apply_batch([(index, ops.encode(op))])
         answers = [json.loads(e.payload) for e in effects if isinstance(e, Reply)] + \
             [e.payload for e in effects if isinstance(e, Result)]
-        out.append(answers[0] if answers else None)
+        out.append(answers[0] if answers and step[0] != "update" else None)
     stored = [(m.seq, m.subject, m.hdr, m.data)
               for m in (store.load(s) for s in store.seqs()) if m is not None]
     return out, {**stream.state(), "stored": stored}
