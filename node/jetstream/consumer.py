@@ -177,6 +177,13 @@ class Consumer:
     def reconfigure(self, cfg: dict[str, Any]) -> None:
         """A new config (CONSUMER.CREATE on an existing consumer); the state carries on."""
         self.cfg = cfg
+        filters = self.filters()
+        matchers = [compile_matcher(f) for f in filters]
+        self.matches: Callable[[str], bool] = (
+            (lambda subject: any(m(subject) for m in matchers)) if matchers else (lambda _s: True))
+        # num_pending, kept up to date by the stream's Stored/Removed hooks once computed
+        # (derived state: recomputed after a restart, never replicated)
+        self.pending_cache: int | None = None
         self.ack_policy = cfg.get("ack_policy", "explicit")
         self.ack_wait = cfg.get("ack_wait") or DEFAULT_ACK_WAIT_NS
         self.backoff: list[int] = list(cfg.get("backoff") or [])
@@ -223,6 +230,8 @@ class Consumer:
         assert sseq > 0, sseq
         st.delivered_cseq += 1
         cseq = st.delivered_cseq
+        if sseq > st.delivered_sseq and self.pending_cache is not None:
+            self.pending_cache -= 1  # a new delivery: the first pending message
         st.delivered_sseq = max(st.delivered_sseq, sseq)
         if self.ack_policy == "none":
             st.floor_sseq, st.floor_cseq = st.delivered_sseq, cseq
@@ -282,15 +291,29 @@ class Consumer:
         return len(self.state.pending)
 
     def num_pending(self, view: StreamView) -> int:
-        """Messages the consumer has not delivered yet (its filters and start position)."""
+        """Messages the consumer has not delivered yet (its filters and start position).
+        Computed once by a scan, then maintained in O(1) per stored/removed/delivered
+        message (`on_stored`, `on_removed`, `apply_delivered`)."""
         st = self.state
         if not st.lps_until:
-            return view.count_matching(st.delivered_sseq)
+            if self.pending_cache is None:
+                self.pending_cache = view.count_matching(st.delivered_sseq)
+            return self.pending_cache
         n, at = 0, st.delivered_sseq + 1
         while (at := view.next_matching(at, st.lps_until)) != 0:
             n += 1
             at += 1
         return n
+
+    def on_stored(self, sseq: int, subject: str) -> None:
+        if self.pending_cache is not None and sseq > self.state.delivered_sseq and \
+                self.matches(subject):
+            self.pending_cache += 1
+
+    def on_removed(self, sseq: int, subject: str) -> None:
+        if self.pending_cache is not None and sseq > self.state.delivered_sseq and \
+                self.matches(subject):
+            self.pending_cache -= 1
 
     def num_redelivered(self) -> int:
         return sum(1 for s in self.state.pending if self.state.deliveries.get(s, 1) > 1)

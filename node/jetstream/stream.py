@@ -505,7 +505,7 @@ class Stream:
             data = json.dumps({"val": str(total)}, separators=(",", ":")).encode()
         seq = self._next_seq()
         previous_of_subject = self.store.last_for_subject(subject)
-        self.store.store(StoredMsg(seq, subject, hdr, data, op.now_ns))
+        self._put(StoredMsg(seq, subject, hdr, data, op.now_ns))
         self.last_seq, self.last_ts = seq, op.now_ns
         msg_id = h.get(op.hdr, h.MSG_ID) or ""
         self.last_msg_id = msg_id
@@ -522,6 +522,11 @@ class Stream:
             effects.append(Removed(tuple(removed)))
         effects.extend(self._republish(seq, subject, op, previous_of_subject))
         return effects + self._pub_ack(op.reply, seq, total=total)
+
+    def _put(self, msg: StoredMsg) -> None:
+        self.store.store(msg)
+        for consumer in self.consumers.values():
+            consumer.on_stored(msg.seq, msg.subject)
 
     def _rollup(self, rollup: str, subject: str, seq: int) -> list[int]:
         if rollup == "sub":
@@ -545,6 +550,8 @@ class Stream:
         msg = self.store.remove(seq)
         if msg is None:
             return False
+        for consumer in self.consumers.values():
+            consumer.on_removed(seq, msg.subject)
         ttl = h.get(msg.hdr, h.TTL)
         parsed = h.parse_ttl(ttl) if ttl is not None else None
         if parsed and parsed > 0:
@@ -623,7 +630,7 @@ class Stream:
             hdr = h.build([(h.MARKER_REASON, "MaxAge"), (h.TTL, h.format_go_duration(ttl)),
                            (h.ROLLUP, "sub")])
             seq = self._next_seq()
-            self.store.store(StoredMsg(seq, subject, hdr, b"", now_ns))
+            self._put(StoredMsg(seq, subject, hdr, b"", now_ns))
             self.store.add_ttl(now_ns + ttl, seq)
             self.last_seq, self.last_ts, self.last_msg_id = seq, now_ns, ""
             effects.append(Stored(seq, subject))

@@ -287,3 +287,34 @@ def test_deleting_a_consumer_releases_messages_only_it_held() -> None:
     assert stream.detach_consumer("b") == [Removed((1, 3))]
     assert stream.store.msgs() == 0 and stream.state()["first_seq"] == 4
     assert stream.detach_consumer("b") == []
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_cached_num_pending_equals_a_fresh_count(seed: int) -> None:
+    """The O(1) num_pending bookkeeping agrees with a full scan after every entry, whatever
+    mix of publishes, deletes, purges, limits, deliveries and acks."""
+    import random
+
+    rng = random.Random(seed)
+    stream = stream_with(0, max_msgs_per_subject=4, max_msgs=30)
+    filters = rng.choice([{}, {"filter_subject": "t.a"}, {"filter_subjects": ["t.a", "t.c.*"]}])
+    consumer = stream.attach_consumer("c", {"ack_policy": "explicit", **filters})
+    view = StreamView(stream.store, consumer.filters())
+    consumer.num_pending(view)  # start the cache
+    for _ in range(300):
+        roll = rng.random()
+        if roll < 0.55:
+            subject = rng.choice(["t.a", "t.b", "t.c.x", "t.c.y"])
+            stream.apply(ops.StreamMsg(T0, subject, "", b"", b"x"))
+        elif roll < 0.65 and stream.last_seq:
+            stream.apply(ops.DeleteMsg(T0, rng.randint(1, stream.last_seq)))
+        elif roll < 0.68:
+            stream.apply(ops.Purge(T0, rng.choice(["", "t.a", "t.c.*"]), keep=rng.randint(0, 3)))
+        else:
+            plan = consumer.plan(T0, view)
+            if isinstance(plan, Delivery):
+                stream.apply(ops.ConsumerDelivered(T0, "c", plan.sseq))
+                if rng.random() < 0.7:
+                    stream.apply(ops.ConsumerAck(T0, "c", AckKind.ACK, plan.sseq))
+        fresh = view.count_matching(consumer.state.delivered_sseq)
+        assert consumer.num_pending(view) == fresh
