@@ -47,6 +47,7 @@ class Pending:
     cseq: int
     delivered_ns: int
     deadline_ns: int
+    naked: bool = False  # waits in the redelivery queue for a pull, not for the ack timer
 
 
 @dataclass
@@ -66,16 +67,16 @@ class ConsumerState:
             "d": [self.delivered_sseq, self.delivered_cseq],
             "f": [self.floor_sseq, self.floor_cseq],
             "l": self.lps_until,
-            "p": [[s, p.cseq, p.delivered_ns, p.deadline_ns, self.deliveries.get(s, 1)]
-                  for s, p in sorted(self.pending.items())],
+            "p": [[s, p.cseq, p.delivered_ns, p.deadline_ns, self.deliveries.get(s, 1),
+                   int(p.naked)] for s, p in sorted(self.pending.items())],
         }, separators=(",", ":")).encode()
 
     @classmethod
     def decode(cls, raw: bytes) -> ConsumerState:
         data = json.loads(raw)
         state = cls(*data["d"], *data["f"], lps_until=data.get("l", 0))
-        for sseq, cseq, delivered, deadline, count in data["p"]:
-            state.pending[sseq] = Pending(cseq, delivered, deadline)
+        for sseq, cseq, delivered, deadline, count, naked in data["p"]:
+            state.pending[sseq] = Pending(cseq, delivered, deadline, bool(naked))
             state.deliveries[sseq] = count
         return state
 
@@ -201,7 +202,8 @@ class Consumer:
     def plan(self, now_ns: int, view: StreamView) -> Delivery | Drop | None:
         """What the leader should propose next, or None (nothing to do now). Read-only."""
         st = self.state
-        for sseq in sorted(s for s, p in st.pending.items() if p.deadline_ns <= now_ns):
+        due = sorted((p.deadline_ns, s) for s, p in st.pending.items() if p.deadline_ns <= now_ns)
+        for _deadline, sseq in due:  # the redelivery queue: in the order they fell due
             count = st.deliveries.get(sseq, 1)
             if 0 < self.max_deliver <= count:
                 return Drop(sseq, AckKind.MAX_DELIVER)
@@ -212,6 +214,17 @@ class Consumer:
             return None
         nxt = view.next_matching(st.delivered_sseq + 1, st.lps_until)
         return Delivery(nxt, 1) if nxt else None
+
+    def timer_drops(self, now_ns: int) -> list[Drop]:
+        """What the leader's ack timer decides on its own, without a pull request: messages
+        whose ack wait ran out after their last allowed delivery (nats-server's
+        checkPending). Nak'd messages wait for the next pull instead."""
+        if self.max_deliver <= 0:
+            return []
+        st = self.state
+        return [Drop(s, AckKind.MAX_DELIVER) for s, p in sorted(st.pending.items())
+                if not p.naked and p.deadline_ns <= now_ns
+                and st.deliveries.get(s, 1) >= self.max_deliver]
 
     def next_deadline(self) -> int | None:
         """When the leader should next call plan() for redeliveries (None: no pending)."""
@@ -242,7 +255,7 @@ class Consumer:
         # A redelivery keeps the first delivery's consumer sequence in `pending`, as
         # nats-server does: the ack floor's consumer sequence is derived from it.
         st.pending[sseq] = Pending(first.cseq if first else cseq, now_ns,
-                                   now_ns + self._wait(count))
+                                   now_ns + self._wait(count))  # not naked any more
         return cseq
 
     def apply_ack(self, now_ns: int, kind: AckKind, sseq: int,
@@ -258,6 +271,7 @@ class Consumer:
         count = st.deliveries.get(sseq, 1)
         if kind == AckKind.NAK:
             pending.deadline_ns = now_ns + max(delay_ns, 0)
+            pending.naked = True
             return [Advisory("MSG_NAKED", sseq, count)]
         if kind == AckKind.WPI:
             pending.deadline_ns = now_ns + self._wait(count)

@@ -318,3 +318,16 @@ def test_cached_num_pending_equals_a_fresh_count(seed: int) -> None:
                     stream.apply(ops.ConsumerAck(T0, "c", AckKind.ACK, plan.sseq))
         fresh = view.count_matching(consumer.state.delivered_sseq)
         assert consumer.num_pending(view) == fresh
+
+
+def test_timer_drops_only_ack_wait_expiries() -> None:
+    stream = stream_with(2)
+    c = Consumer({"ack_wait": S, "max_deliver": 1})
+    view = StreamView(stream.store, [])
+    deliver(c, view, T0)
+    deliver(c, view, T0)
+    c.apply_ack(T0, AckKind.NAK, 1)
+    assert c.timer_drops(T0 + S - 1) == []
+    assert c.timer_drops(T0 + S) == [Drop(2, AckKind.MAX_DELIVER)]  # 1 waits for a pull
+    assert c.plan(T0 + S, view) == Drop(1, AckKind.MAX_DELIVER)
+    assert ConsumerState.decode(c.state.encode()) == c.state
