@@ -21,8 +21,6 @@ from collections.abc import Mapping as MappingABC
 from dataclasses import dataclass, field
 from typing import Any
 
-import nkeys
-
 from node.config import (
     ConfigError,
     _block,
@@ -37,7 +35,16 @@ from node.config import (
     _used_as_var,
     _want,
 )
-from node.mapping import MappingError, MappingTable, Transform, build_mapping, compile_transform
+from node.jwt import is_public_key
+from node.mapping import (
+    MappingError,
+    MappingTable,
+    Transform,
+    build_mapping,
+    compile_transform,
+    reverse_transform,
+    tokenize_wildcards,
+)
 from node.options import Permissions
 from node.subject import FWC, PWC, SEP, subjects_collide, valid_subject
 
@@ -342,17 +349,6 @@ def _user(account: str, f: _Field) -> AccountUser:
     return u
 
 
-def is_public_key(key: str, prefix: bytes) -> bool:
-    """A well-formed public nkey of the given role ("U", "A", "O")."""
-    if not key.startswith(prefix.decode()):
-        return False
-    try:
-        nkeys.from_public_key(key.encode())  # checks base32 and the CRC
-    except Exception:  # noqa: BLE001 - nkeys raises a zoo of types for bad input
-        return False
-    return True
-
-
 _LIMIT_KEYS = {"max_connections": "max_connections", "max_conn": "max_connections",
                "max_subscriptions": "max_subscriptions", "max_subs": "max_subscriptions",
                "max_payload": "max_payload", "max_pay": "max_payload",
@@ -615,14 +611,18 @@ def _link_stream_import(accounts: dict[str, AccountConfig], added: dict[str, lis
     fail = f'Error adding stream import "{si.subject}": '
     if source.stream_export_for(acc.name, si.subject) is None:
         raise f.fail(fail + "stream import not authorized")
-    if si.to:
+    if si.to and _has_wildcard(si.subject):
         try:
-            si.transform = compile_transform(si.subject, si.to, strict=True)
+            si.transform = compile_transform(si.subject, tokenize_wildcards(si.to), strict=True)
         except MappingError as e:
             raise f.fail(fail + "failed to create mapping transform for stream import subject "
                          f'from "{si.subject}" to "{si.to}": {e}') from None
     if _stream_cycle(added, si.account, si.subject, {acc.name}):
         raise f.fail(fail + "import forms a cycle")
+
+
+def _has_wildcard(subject: str) -> bool:
+    return any(t in (PWC, FWC) for t in subject.split(SEP))
 
 
 def _stream_cycle(added: dict[str, list[StreamImport]], account: str, subject: str,
@@ -646,9 +646,10 @@ def _link_service_import(accounts: dict[str, AccountConfig],
     fail = f'Error adding service import "{vi.subject}": '
     if target.service_export_for(acc.name, vi.subject) is None:
         raise f.fail(fail + "service import not authorized")
-    if vi.local_subject != vi.subject:
+    if vi.to and _has_wildcard(vi.subject):
         try:
-            vi.transform = compile_transform(vi.local_subject, vi.subject, strict=True)
+            forward = compile_transform(vi.subject, tokenize_wildcards(vi.to), strict=True)
+            vi.transform = reverse_transform(forward)
         except MappingError as e:
             raise f.fail(fail + "failed to create mapping transform for service import subject "
                          f'from "{vi.local_subject}" to "{vi.subject}": {e}') from None

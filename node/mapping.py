@@ -480,3 +480,48 @@ class MappingTable:
             return None
         out = d.transform.apply(subject, rng)
         return None if out is None or out == subject else out
+
+
+# --------------------------------------------------------------------------
+# Import remaps: wildcards written as "*" and the reverse direction
+
+
+def tokenize_wildcards(subject: str) -> str:
+    """"foo.*.*" -> "foo.$1.$2": an import's `to` written with plain wildcards."""
+    out, n = [], 0
+    for t in subject.split(SEP):
+        if t == PWC:
+            n += 1
+            out.append(f"${n}")
+        else:
+            out.append(t)
+    return SEP.join(out)
+
+
+def _is_placeholder(token: str) -> bool:
+    if len(token) > 1 and token[0] == "$" and "1" <= token[1] <= "9":
+        return True
+    m = _FUNCTION_ORDER[0][1].search(token)  # wildcard(...)
+    return bool(m) and len(_ARG_SPLIT.split(m.group(1))) == 1 and m.group(1) != ""
+
+
+def reverse_transform(t: Transform) -> Transform:
+    """The transform that undoes a strict (import) transform: a service
+    import's remap runs from the importer's subject to the exporter's."""
+    if all(op.fn in (Fn.LITERAL, Fn.TAIL) for op in t.ops):
+        return compile_transform(t.dest, t.src, strict=True)
+    src_tokens, placeholders = [], []
+    for token in t.dest.split(SEP):
+        if _is_placeholder(token):
+            placeholders.append(token)
+            src_tokens.append(PWC)
+        else:
+            src_tokens.append(token)
+    dest_tokens = []
+    for token in t.src.split(SEP):
+        if token == PWC:
+            assert placeholders, "a strict transform uses every wildcard"
+            dest_tokens.append(placeholders.pop(0))
+        else:
+            dest_tokens.append(token)
+    return compile_transform(SEP.join(src_tokens), SEP.join(dest_tokens), strict=True)
