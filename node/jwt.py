@@ -28,7 +28,7 @@ import ipaddress
 import json
 import zoneinfo
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import nacl.exceptions
@@ -472,12 +472,7 @@ def _times(value: Any) -> tuple[TimeRange, ...]:
     return tuple(TimeRange(_clock(v.get("start")), _clock(v.get("end"))) for v in value)
 
 
-def decode_user(token: str, max_bytes: int = MAX_JWT_BYTES) -> UserClaims:
-    c = _expect(decode(token, max_bytes), "user", "A", "U")
-    nats = c.nats
-    issuer_account = _get(nats, "issuer_account", str, "")
-    if issuer_account:
-        decode_public_key(issuer_account, PREFIX_ACCOUNT)
+def _user_limits(c: Claims, nats: dict[str, Any], issuer_account: str) -> UserClaims:
     perms, resp = _permissions(nats)
     types = _get(nats, "allowed_connection_types", list, [])
     tags = _get(nats, "tags", list, [])
@@ -490,6 +485,32 @@ def decode_user(token: str, max_bytes: int = MAX_JWT_BYTES) -> UserClaims:
         bearer_token=_get(nats, "bearer_token", bool, False),
         allowed_connection_types=frozenset(str(t).upper() for t in types),
         tags=tuple(str(t) for t in tags))
+
+
+# What a user signed by a scoped key must leave empty: the scope decides.
+_SCOPED_FIELDS = ("pub", "sub", "resp", "src", "times", "times_location", "subs", "data",
+                  "payload", "bearer_token", "allowed_connection_types")
+
+
+def decode_user(token: str, max_bytes: int = MAX_JWT_BYTES) -> UserClaims:
+    c = _expect(decode(token, max_bytes), "user", "A", "U")
+    issuer_account = _get(c.nats, "issuer_account", str, "")
+    if issuer_account:
+        decode_public_key(issuer_account, PREFIX_ACCOUNT)
+    return _user_limits(c, c.nats, issuer_account)
+
+
+def apply_scope(user: UserClaims, scope: UserScope) -> UserClaims:
+    """A user signed by a scoped key: its own claims must be empty, and the
+    scope's template supplies permissions and limits."""
+    if any(user.claims.nats.get(k) not in (None, 0, "", [], {}, False) for k in _SCOPED_FIELDS):
+        raise AuthError("user JWT signed by a scoped key must not carry permissions or limits")
+    template = dict(scope.template)
+    template.setdefault("subs", UNLIMITED)
+    template.setdefault("data", UNLIMITED)
+    template.setdefault("payload", UNLIMITED)
+    scoped = _user_limits(user.claims, template, user.issuer_account)
+    return replace(scoped, tags=user.tags)
 
 
 # --------------------------------------------------------------------------
@@ -570,8 +591,11 @@ def authenticate_user(
     if account is None:
         raise AuthError(f"account {user.account_key} not found")
     check_account(account, operator, now)
-    perms, response = _user_permissions(user, account)
+    user = _effective_user(user, account)
     _check_user(user, account, signature, nonce, now, client_ip, connection_type)
+    perms, response = user.permissions, user.response
+    if perms is None:
+        perms = account.default_permissions
     identity = JWTIdentity(
         user_key=user.key, name=user.claims.name, account_key=account.key,
         permissions=perms, response=response, max_subscriptions=user.subs,
@@ -581,8 +605,9 @@ def authenticate_user(
     return identity, account
 
 
-def _user_permissions(user: UserClaims, account: AccountClaims) -> tuple[
-        Permissions | None, ResponsePermission | None]:
+def _effective_user(user: UserClaims, account: AccountClaims) -> UserClaims:
+    """The user as the account's keys allow it: issuer checks, and a scoped
+    signing key's template in place of the user's own limits."""
     issuer = user.claims.issuer
     if issuer != account.key and issuer not in account.signing_keys:
         raise AuthError("user JWT issuer is not the account nor one of its signing keys")
@@ -591,11 +616,7 @@ def _user_permissions(user: UserClaims, account: AccountClaims) -> tuple[
     if issuer != account.key and not user.issuer_account:
         raise AuthError("user JWT signed by a signing key must name issuer_account")
     scope = account.scopes.get(issuer)
-    if scope is not None:
-        return scope.permissions, scope.response
-    if user.permissions is None:
-        return account.default_permissions, None
-    return user.permissions, user.response
+    return user if scope is None else apply_scope(user, scope)
 
 
 def _check_user(user: UserClaims, account: AccountClaims, signature: str | None, nonce: bytes,

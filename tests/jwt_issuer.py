@@ -79,10 +79,11 @@ def account_jwt(acc: Key, signer: Key, name: str = "ACC", exp: int | None = None
 
 
 def user_jwt(user: Key, signer: Key, name: str = "user", exp: int | None = None,
-             iat: int | None = None, **nats: Any) -> str:
+             iat: int | None = None, bare: bool = False, **nats: Any) -> str:
+    """`bare`: no limits at all, as a user under a scoped signing key must be."""
+    limits = {} if bare else {"subs": -1, "data": -1, "payload": -1}
     claims: dict[str, Any] = {"sub": user.public, "name": name,
-                              "nats": {"type": "user", "version": 2, "subs": -1, "data": -1,
-                                       "payload": -1, **nats}}
+                              "nats": {"type": "user", "version": 2, **limits, **nats}}
     if exp is not None:
         claims["exp"] = exp
     if iat is not None:

@@ -1,0 +1,211 @@
+"""Operator mode: node/jwt.py and node/resolver.py decide like nats-server.
+
+One nats-server runs in operator mode with a MEMORY resolver preloaded
+with our fixture accounts. Each case logs in to it over a raw socket (INFO
+gives the nonce; CONNECT carries the user JWT and the nonce signature) and
+records whether PING gets PONG or `-ERR 'Authorization Violation'`. Our
+`authenticate_user`, given the same JWT, signature and nonce, must decide
+the same.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import nats
+import pytest
+
+from node.config import parse_config
+from node.jwt import JWTError, authenticate_user
+from node.resolver import MemoryResolver, parse_operator_config, system_account_key
+from tests import jwt_issuer as ji
+
+NOW = int(time.time())
+
+
+@dataclass
+class World:
+    op: ji.Key
+    sys: ji.Key
+    acc: ji.Key
+    limited: ji.Key
+    signing: ji.Key
+    scoped: ji.Key
+    revoked_user: ji.Key
+    other_op_acc: ji.Key
+    config: str
+
+
+def _world(tmp: Path) -> World:
+    op, sys_, acc, limited = ji.operator_key(), ji.account_key(), ji.account_key(), ji.account_key()
+    signing, scoped, revoked = ji.account_key(), ji.account_key(), ji.user_key()
+    other_op, other_acc = ji.operator_key(), ji.account_key()
+    scope = {"kind": "user_scope", "key": scoped.public, "role": "svc",
+             "template": {"pub": {"allow": ["scoped.>"]}, "sub": {"allow": ["_INBOX.>"]},
+                          "subs": -1, "data": -1, "payload": -1}}
+    preload = {
+        sys_.public: ji.account_jwt(sys_, op, name="SYS"),
+        acc.public: ji.account_jwt(acc, op, name="A", signing_keys=[signing.public, scope],
+                                   revocations={revoked.public: NOW + 5}),
+        limited.public: ji.account_jwt(limited, op, name="L", limits={
+            "subs": -1, "data": -1, "payload": -1, "imports": -1, "exports": -1,
+            "wildcards": True, "conn": 1, "leaf": -1, "disallow_bearer": True}),
+        # Issued by an operator nobody trusts: present, but never usable.
+        other_acc.public: ji.account_jwt(other_acc, other_op, name="X"),
+    }
+    (tmp / "op.jwt").write_text(ji.operator_jwt(op, system_account=sys_.public))
+    lines = [f"  {k}: {v}" for k, v in preload.items()]
+    config = (f"operator: {tmp / 'op.jwt'}\nsystem_account: {sys_.public}\n"
+              "resolver: MEMORY\nresolver_preload: {\n" + "\n".join(lines) + "\n}\n")
+    return World(op, sys_, acc, limited, signing, scoped, revoked, other_acc, config)
+
+
+# A case builds (user JWT, key that signs the nonce or None, how to mangle the signature).
+Case = Callable[[World], tuple[str, ji.Key | None, str]]
+
+
+def _user(w: World, signer: ji.Key | None = None, **kw: object) -> tuple[str, ji.Key]:
+    u = ji.user_key()
+    return ji.user_jwt(u, signer or w.acc, **kw), u  # type: ignore[arg-type]
+
+
+def _tamper(token: str) -> str:
+    head, payload, sig = token.split(".")
+    claims = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+    claims["nats"]["pub"] = {"allow": [">"]}
+    forged = base64.urlsafe_b64encode(json.dumps(claims).encode()).rstrip(b"=").decode()
+    return f"{head}.{forged}.{sig}"
+
+
+CASES: dict[str, Case] = {
+    "valid": lambda w: (*_user(w), "ok"),
+    "valid_with_permissions": lambda w: (*_user(w, pub={"allow": ["a.>"]}), "ok"),
+    "expired": lambda w: (*_user(w, exp=NOW - 60), "ok"),
+    "not_expired": lambda w: (*_user(w, exp=NOW + 3600), "ok"),
+    "revoked": lambda w: (ji.user_jwt(w.revoked_user, w.acc, iat=NOW - 10), w.revoked_user, "ok"),
+    "issued_after_revocation": lambda w: (
+        ji.user_jwt(w.revoked_user, w.acc, iat=NOW + 60), w.revoked_user, "ok"),
+    "tampered": lambda w: (lambda t, u: (_tamper(t), u, "ok"))(*_user(w)),
+    "no_signature": lambda w: (*_user(w), "none"),
+    "wrong_nonce_signed": lambda w: (*_user(w), "other_nonce"),
+    "signed_by_another_user_key": lambda w: (*_user(w), "other_key"),
+    "unknown_account": lambda w: (*_user(w, ji.account_key()), "ok"),
+    "account_of_untrusted_operator": lambda w: (*_user(w, w.other_op_acc), "ok"),
+    "account_signing_key": lambda w: (*_user(w, w.signing, issuer_account=w.acc.public), "ok"),
+    "signing_key_without_issuer_account": lambda w: (*_user(w, w.signing), "ok"),
+    "stranger_key_claims_account": lambda w: (
+        *_user(w, ji.account_key(), issuer_account=w.acc.public), "ok"),
+    "scoped_signing_key": lambda w: (
+        *_user(w, w.scoped, issuer_account=w.acc.public, bare=True), "ok"),
+    "scoped_signing_key_user_with_limits": lambda w: (
+        *_user(w, w.scoped, issuer_account=w.acc.public), "ok"),
+    "scoped_signing_key_user_with_permissions": lambda w: (
+        *_user(w, w.scoped, issuer_account=w.acc.public, bare=True, pub={"allow": [">"]}),
+        "ok"),
+    "bearer_without_signature": lambda w: (*_user(w, bearer_token=True), "none"),
+    "bearer_disallowed_by_account": lambda w: (*_user(w, w.limited, bearer_token=True), "none"),
+    "src_allows_loopback": lambda w: (*_user(w, src=["127.0.0.0/8"]), "ok"),
+    "src_excludes_loopback": lambda w: (*_user(w, src=["10.0.0.0/8"]), "ok"),
+    "websocket_only": lambda w: (*_user(w, allowed_connection_types=["WEBSOCKET"]), "ok"),
+    "standard_allowed": lambda w: (*_user(w, allowed_connection_types=["STANDARD"]), "ok"),
+    "outside_times": lambda w: (*_user(w, times=[_window(NOW + 7200)], times_location="UTC"),
+                                "ok"),
+    "inside_times": lambda w: (*_user(w, times=[_window(NOW)], times_location="UTC"), "ok"),
+    "operator_signed_user": lambda w: (*_user(w, w.op), "ok"),
+    "garbage_jwt": lambda w: ("eyJhbGciOiJub25lIn0.e30.", ji.user_key(), "ok"),
+}
+
+
+def _window(center: int) -> dict[str, str]:
+    def clock(t: int) -> str:
+        return time.strftime("%H:%M:%S", time.gmtime(t))
+    return {"start": clock(center - 900), "end": clock(center + 900)}
+
+
+def _sign(key: ji.Key | None, nonce: bytes, how: str) -> str | None:
+    if key is None or how == "none":
+        return None
+    if how == "other_nonce":
+        nonce = nonce + b"x"
+    if how == "other_key":
+        key = ji.user_key()
+    return base64.urlsafe_b64encode(key.sign(nonce)).rstrip(b"=").decode()
+
+
+def _nats_server_accepts(port: int, token: str, key: ji.Key | None, how: str) -> tuple[bool, str]:
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        f = s.makefile("rb")
+        info = json.loads(f.readline().split(b" ", 1)[1])
+        nonce = info["nonce"].encode()
+        connect = {"jwt": token, "verbose": False, "pedantic": False, "protocol": 1}
+        sig = _sign(key, nonce, how)
+        if sig is not None:
+            connect["sig"] = sig
+        s.sendall(b"CONNECT " + json.dumps(connect).encode() + b"\r\nPING\r\n")
+        line = f.readline().decode().strip()
+        return line == "PONG", nonce.decode()
+
+
+def _ours_accepts(w: World, resolver: MemoryResolver, token: str, key: ji.Key | None,
+                  how: str, nonce: bytes) -> bool:
+    operator = resolver.cfg.operators[0]
+    try:
+        authenticate_user(token, _sign(key, nonce, how), nonce, operator=operator,
+                          lookup_account=lambda k: resolver.lookup(k, time.time()),
+                          now=time.time(), client_ip="127.0.0.1")
+    except JWTError:
+        return False
+    return True
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> World:
+    return _world(tmp_path_factory.mktemp("op"))
+
+
+@pytest.fixture(scope="module")
+def oracle(module_servers, world: World):
+    return module_servers.nats_server(world.config)
+
+
+def _resolver(world: World) -> MemoryResolver:
+    cfg = parse_operator_config(parse_config(world.config))
+    assert cfg is not None and system_account_key(cfg) == world.sys.public
+    return MemoryResolver(cfg)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_login_decision_matches_nats_server(name: str, world: World, oracle) -> None:
+    token, key, how = CASES[name](world)
+    theirs, nonce = _nats_server_accepts(oracle.port, token, key, how)
+    ours = _ours_accepts(world, _resolver(world), token, key, how, nonce.encode())
+    assert ours == theirs, f"{name}: nats-server {'accepts' if theirs else 'refuses'}"
+
+
+def test_the_cases_cover_both_outcomes(world: World) -> None:
+    # A differential test that only ever saw refusals would prove little.
+    resolver = _resolver(world)
+    outcomes = {_ours_accepts(world, resolver, *CASES[n](world), b"nonce") for n in CASES}
+    assert outcomes == {True, False}
+
+
+async def test_creds_file_login_and_account_connection_limit(world: World, oracle,
+                                                             tmp_path: Path) -> None:
+    user = ji.user_key()
+    creds = tmp_path / "u.creds"
+    creds.write_text(ji.creds(ji.user_jwt(user, world.limited), user))
+    nc = await nats.connect(oracle.url, user_credentials=str(creds))
+    try:
+        with pytest.raises(Exception):  # noqa: B017 - the client's error type varies
+            await nats.connect(oracle.url, user_credentials=str(creds),
+                               allow_reconnect=False, max_reconnect_attempts=0)
+    finally:
+        await nc.close()
+    limits = _resolver(world).lookup(world.limited.public, time.time())
+    assert limits is not None and limits.limits.conn == 1
