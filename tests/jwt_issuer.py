@@ -56,7 +56,9 @@ def encode(claims: dict[str, Any], signer: Key, header: dict[str, Any] | None = 
     body["jti"] = ""
     body["jti"] = base64.b32encode(
         hashlib.sha256(json.dumps(body, sort_keys=True).encode()).digest()).decode().rstrip("=")
-    head = _b64(json.dumps(header or {"typ": "JWT", "alg": "ed25519-nkey"}).encode())
+    if header is None:
+        header = {"typ": "JWT", "alg": "ed25519-nkey"}
+    head = _b64(json.dumps(header).encode())
     payload = _b64(json.dumps(body).encode())
     sig = _b64(signer.sign(f"{head}.{payload}".encode()))
     return f"{head}.{payload}.{sig}"

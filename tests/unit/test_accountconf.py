@@ -1,0 +1,140 @@
+"""node/accountconf.py: what an `accounts {}` block becomes.
+
+Accept/reject and error texts are compared with `nats-server -t` in
+tests/integration/test_accounts_config_diff.py; this file checks the
+content of what we load, which nats-server cannot show us.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from node.accountconf import (
+    DEFAULT_SYSTEM_ACCOUNT,
+    GLOBAL_ACCOUNT,
+    ResponseType,
+    parse_accounts_config,
+    validate_accounts_at_start,
+)
+from node.config import ConfigError, apply_config, parse_config
+
+CONFIG = """
+mappings { "g.*": "gg.$1" }
+no_auth_user: anon
+system_account: SYS
+accounts {
+  SYS: { users: [{user: sys, password: s}] }
+  A: {
+    users: [
+      {user: anon, password: ""}
+      {user: alice, password: "$2a$11$abcdefghijklmnopqrstuv", permissions: {
+         publish: {allow: ["a.>"], deny: ["a.secret"]}, subscribe: "in.>", allow_responses: true}}
+      {nkey: UDXU4RCSJNZOIQHZNWXHXORDPRTGNJAHAHFRGZNEEJCPQTT2M7NLCNF4,
+       allowed_connection_types: [STANDARD, websocket]}
+    ]
+    default_permissions: { publish: "dflt.>" }
+    exports: [
+      {stream: "news.>"}
+      {stream: "private.>", accounts: [B]}
+      {service: "help.*", response_type: stream, response_threshold: "2s"}
+      {service: "chunk", response: chunked}
+    ]
+    mappings: { "old.*": "new.{{wildcard(1)}}" }
+    limits: { max_connections: 5, max_subs: 100, max_payload: 4KB }
+    jetstream: { max_mem: 1G, max_file: "2G", max_streams: 10, max_consumers: 20 }
+  }
+  B: {
+    users: [{user: bob, password: b}]
+    imports: [
+      {stream: {account: A, subject: "news.>"}, prefix: "from_a"}
+      {stream: {account: A, subject: "private.*"}, to: "mine.$1"}
+      {service: {account: A, subject: "help.*"}, to: "ask.*"}
+      {service: {account: A, subject: "chunk"}}
+    ]
+  }
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def conf():
+    root = parse_config(CONFIG)
+    return parse_accounts_config(root, apply_config(root).users)
+
+
+def test_accounts_and_users(conf) -> None:
+    assert set(conf.accounts) == {"SYS", "A", "B"}
+    assert conf.system_account == "SYS" and conf.no_auth_user == "anon"
+    alice = conf.find_user("alice")
+    assert alice is not None and alice.account == "A"
+    assert alice.password.startswith("$2a$")
+    p = alice.permissions
+    assert p.publish_allow == ["a.>"] and p.publish_deny == ["a.secret"]
+    assert p.subscribe_allow == ["in.>"] and p.allow_responses
+    nk = conf.find_user("UDXU4RCSJNZOIQHZNWXHXORDPRTGNJAHAHFRGZNEEJCPQTT2M7NLCNF4")
+    assert nk is not None and nk.allowed_connection_types == {"STANDARD", "WEBSOCKET"}
+    # Users without permissions take the account's default_permissions.
+    assert nk.permissions.publish_allow == ["dflt.>"]
+    assert conf.find_user("bob").permissions is None
+    assert conf.find_user("nobody") is None
+
+
+def test_exports_imports_and_their_subjects(conf) -> None:
+    a, b = conf.accounts["A"], conf.accounts["B"]
+    assert [e.subject for e in a.stream_exports] == ["news.>", "private.>"]
+    assert a.stream_exports[0].accounts is None and a.stream_exports[1].accounts == {"B"}
+    help_, chunk = a.service_exports
+    assert help_.response_type is ResponseType.STREAM and help_.response_threshold == 2.0
+    assert chunk.response_type is ResponseType.CHUNKED
+    news, private = b.stream_imports
+    assert news.local_subject == "from_a.news.>"
+    assert private.transform is not None and private.transform.apply("private.x") == "mine.x"
+    ask, plain = b.service_imports
+    assert ask.local_subject == "ask.*" and plain.local_subject == "chunk"
+    # A service import's transform runs from the importer's subject to the exporter's.
+    assert ask.transform is not None and ask.transform.apply("ask.q") == "help.q"
+    assert plain.transform is None
+    assert a.stream_export_for("B", "private.x") is not None
+    assert a.stream_export_for("C", "private.x") is None
+    assert a.service_export_for("B", "help.me") is help_
+
+
+def test_mappings_limits_and_jetstream(conf) -> None:
+    assert conf.mappings_for(GLOBAL_ACCOUNT).apply("g.1") == "gg.1"
+    assert conf.mappings_for("A").apply("old.x") == "new.x"
+    assert conf.mappings_for("B").apply("old.x") is None
+    a = conf.accounts["A"]
+    assert (a.limits.max_connections, a.limits.max_subscriptions, a.limits.max_payload) == (
+        5, 100, 4096)
+    js = a.jetstream
+    assert js.enabled and js.max_mem == 1_000_000_000 and js.max_file == 2 * 1024**3
+    assert (js.max_streams, js.max_consumers) == (10, 20)
+    assert conf.accounts["B"].limits.max_connections == -1
+    assert not conf.accounts["B"].jetstream.enabled
+
+
+def test_defaults_without_accounts() -> None:
+    conf = parse_accounts_config(parse_config("port: 4222"))
+    assert conf.accounts == {} and conf.system_account == DEFAULT_SYSTEM_ACCOUNT
+    assert not conf.global_mappings
+
+
+def test_no_auth_user_must_exist_at_start(conf) -> None:
+    validate_accounts_at_start(conf, set())
+    bad = parse_accounts_config(parse_config("accounts { A: {} }\nno_auth_user: ghost"))
+    with pytest.raises(ConfigError, match='no_auth_user: "ghost" not present'):
+        validate_accounts_at_start(bad, set())
+    validate_accounts_at_start(bad, {"ghost"})  # an authorization-block user counts
+
+
+def test_stream_import_cycle_through_three_accounts_is_refused() -> None:
+    text = """accounts {
+      A: { exports: [{stream: "x.>"}], imports: [{stream: {account: C, subject: "x.>"}}] }
+      B: { exports: [{stream: "x.>"}], imports: [{stream: {account: A, subject: "x.>"}}] }
+      C: { exports: [{stream: "x.>"}], imports: [{stream: {account: B, subject: "x.>"}}] }
+    }"""
+    with pytest.raises(ConfigError, match="import forms a cycle"):
+        parse_accounts_config(parse_config(text))
+    # The same chain without the closing edge is fine.
+    ok = text.replace('imports: [{stream: {account: C, subject: "x.>"}}]', "")
+    parse_accounts_config(parse_config(ok))
