@@ -209,3 +209,51 @@ async def test_creds_file_login_and_account_connection_limit(world: World, oracl
         await nc.close()
     limits = _resolver(world).lookup(world.limited.public, time.time())
     assert limits is not None and limits.limits.conn == 1
+
+
+def _operator_configs(world: World, tmp: Path) -> dict[str, str]:
+    op_file = tmp / "op.jwt"
+    op_file.write_text(ji.operator_jwt(world.op, system_account=world.sys.public))
+    acc_jwt = ji.account_jwt(world.acc, world.op)
+    user_jwt = ji.user_jwt(ji.user_key(), world.acc)
+    return {
+        "file": f"operator: {op_file}\nresolver: MEMORY\n",
+        "inline": f"operator: {ji.operator_jwt(world.op)}\nresolver: MEMORY\n",
+        "preload": f"operator: {op_file}\nresolver: MEMORY\n"
+                   f"resolver_preload: {{ {world.acc.public}: {acc_jwt} }}\n",
+        "preload_garbage": f"operator: {op_file}\nresolver: MEMORY\n"
+                           f"resolver_preload: {{ {world.acc.public}: abc.def.ghi }}\n",
+        "preload_user_jwt": f"operator: {op_file}\nresolver: MEMORY\n"
+                            f"resolver_preload: {{ {world.acc.public}: {user_jwt} }}\n",
+        "operator_garbage": 'operator: "abc.def.ghi"\nresolver: MEMORY\n',
+        "operator_missing": "operator: /nonexistent/op.jwt\nresolver: MEMORY\n",
+        "resolver_bad_type": f"operator: {op_file}\nresolver: {{ type: bogus, dir: x }}\n",
+        "resolver_full": f'operator: {op_file}\nresolver: {{ type: full, dir: "{tmp}/j" }}\n',
+    }
+
+
+@pytest.mark.parametrize("name", ["file", "inline", "preload", "preload_garbage",
+                                  "preload_user_jwt", "operator_garbage", "operator_missing",
+                                  "resolver_bad_type", "resolver_full"])
+def test_operator_config_check_matches_nats_server(name: str, world: World,
+                                                   tmp_path: Path) -> None:
+    import re
+    import subprocess
+
+    from node.config import ConfigError
+
+    text = _operator_configs(world, tmp_path)[name]
+    path = tmp_path / "c.conf"
+    path.write_text(text)
+    proc = subprocess.run(["nats-server", "-c", str(path), "-t"], capture_output=True,
+                          text=True, timeout=30)
+    theirs_ok = proc.returncode == 0
+    theirs = re.sub(r"^nats-server: \S+:\d+:\d+: ", "", (proc.stderr + proc.stdout).strip())
+    try:
+        parse_operator_config(parse_config(text, str(path)))
+        ours_ok, ours = True, ""
+    except ConfigError as e:
+        ours_ok, ours = False, re.sub(r"^\S+:\d+:\d+: ", "", str(e))
+    assert ours_ok == theirs_ok, f"nats-server: {theirs!r}; jetraft: {ours!r}"
+    if not theirs_ok:
+        assert ours.split(":")[0] == theirs.split(":")[0]
