@@ -742,3 +742,94 @@ def validate_accounts_at_start(conf: AccountsConfig, global_user_names: set[str]
         if conf.no_auth_user not in names:
             raise ConfigError(f'no_auth_user: "{conf.no_auth_user}" not present as user or nkey '
                               "in authorization block or account configuration")
+
+
+# --------------------------------------------------------------------------
+# Operator mode: an account JWT in the same shapes
+
+
+_JWT_RESPONSE_TYPES = {"Singleton": ResponseType.SINGLETON, "Stream": ResponseType.STREAM,
+                       "Chunked": ResponseType.CHUNKED}
+
+
+def _jwt_str(d: dict[str, Any], key: str) -> str:
+    v = d.get(key)
+    return v if isinstance(v, str) else ""
+
+
+def _jwt_export(e: dict[str, Any]) -> StreamExport | ServiceExport | None:
+    subject = _jwt_str(e, "subject")
+    if not valid_subject(subject):
+        return None
+    position = e.get("account_token_position")
+    position = position if isinstance(position, int) and not isinstance(position, bool) else 0
+    # An export that requires an activation token is private to token holders;
+    # Jetraft does not check activation tokens yet, so it admits no one (fail closed).
+    accounts = frozenset() if e.get("token_req") is True else None
+    if e.get("type") == "service":
+        rtype = _JWT_RESPONSE_TYPES.get(_jwt_str(e, "response_type"), ResponseType.SINGLETON)
+        return ServiceExport(subject, accounts, rtype, token_position=position)
+    if e.get("type") == "stream":
+        return StreamExport(subject, accounts, position)
+    return None
+
+
+def _jwt_import(i: dict[str, Any]) -> StreamImport | ServiceImport | None:
+    subject, account = _jwt_str(i, "subject"), _jwt_str(i, "account")
+    local = _jwt_str(i, "local_subject") or _jwt_str(i, "to")
+    if not valid_subject(subject) or not account or (local and not valid_subject(local)):
+        return None
+    if i.get("type") == "stream":
+        return StreamImport(account, subject, to=local)
+    if i.get("type") == "service":
+        return ServiceImport(account, subject, to=local, share=i.get("share") is True)
+    return None
+
+
+def _jwt_mappings(mappings: dict[str, Any]) -> MappingTable:
+    table = MappingTable()
+    for src, dests in mappings.items():
+        if not valid_subject(src) or not isinstance(dests, list):
+            continue
+        triples = []
+        for d in dests:
+            if isinstance(d, dict) and isinstance(d.get("subject"), str):
+                weight = d.get("weight")
+                weight = weight if isinstance(weight, int) and 0 < weight <= 100 else 100
+                cluster = d.get("cluster") if isinstance(d.get("cluster"), str) else None
+                triples.append((d["subject"], weight, cluster or None))
+        try:
+            table.add(build_mapping(src, triples))
+        except MappingError:
+            continue  # nats-server skips a mapping it cannot build and logs it
+    return table
+
+
+def account_config_from_claims(claims: Any) -> AccountConfig:
+    """An account JWT (`node.jwt.AccountClaims`) as an AccountConfig: the
+    routing core then treats both modes alike. The account's name is its
+    public key, as in nats-server. Entries that do not parse are dropped;
+    imports still have to be authorised against the exporter's exports
+    (`stream_export_for` / `service_export_for`) when both are known."""
+    acc = AccountConfig(claims.key)
+    for e in claims.exports:
+        export = _jwt_export(e)
+        if isinstance(export, StreamExport):
+            acc.stream_exports.append(export)
+        elif isinstance(export, ServiceExport):
+            acc.service_exports.append(export)
+    for i in claims.imports:
+        imp = _jwt_import(i)
+        if isinstance(imp, StreamImport):
+            acc.stream_imports.append(imp)
+        elif isinstance(imp, ServiceImport):
+            acc.service_imports.append(imp)
+    acc.mappings = _jwt_mappings(claims.mappings)
+    acc.default_permissions = claims.default_permissions
+    lim = claims.limits
+    acc.limits = AccountLimits(lim.conn, lim.subs, lim.payload, lim.leaf)
+    acc.jetstream = JetStreamLimits(
+        enabled=lim.mem_storage != 0 or lim.disk_storage != 0, max_mem=lim.mem_storage,
+        max_file=lim.disk_storage, max_streams=lim.streams, max_consumers=lim.consumer,
+        max_ack_pending=lim.max_ack_pending)
+    return acc

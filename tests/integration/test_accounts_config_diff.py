@@ -194,6 +194,10 @@ CONFIGS: list[str] = [
     "B: { imports: [{stream: {account: A, subject: \"foo.B\"}}] } }",
     "accounts { A: { exports: [{stream: \"foo.*\", account_token_position: 2}] }, "
     "B: { imports: [{stream: {account: A, subject: \"foo.C\"}}] } }",
+    "accounts { A: { exports: [{stream: \"x.>\"}], imports: [{stream: {account: C, "
+    "subject: \"x.>\"}}] }, B: { exports: [{stream: \"x.>\"}], imports: [{stream: "
+    "{account: A, subject: \"x.>\"}}] }, C: { exports: [{stream: \"x.>\"}], imports: "
+    "[{stream: {account: B, subject: \"x.>\"}}] } }",
     "accounts { A: { exports: [{stream: \"foo.>\"}] }, B: { exports: [{stream: \"p.foo.>\"}], "
     "imports: [{stream: {account: A, subject: \"foo.>\"}, prefix: p}] }, "
     "C: { imports: [{stream: {account: B, subject: \"p.foo.>\"}}] } }",

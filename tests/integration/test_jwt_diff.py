@@ -89,6 +89,10 @@ CASES: dict[str, Case] = {
     "expired": lambda w: (*_user(w, exp=NOW - 60), "ok"),
     "not_expired": lambda w: (*_user(w, exp=NOW + 3600), "ok"),
     "revoked": lambda w: (ji.user_jwt(w.revoked_user, w.acc, iat=NOW - 10), w.revoked_user, "ok"),
+    "issued_at_the_revocation_time": lambda w: (
+        ji.user_jwt(w.revoked_user, w.acc, iat=NOW + 5), w.revoked_user, "ok"),
+    "issued_a_second_after_revocation": lambda w: (
+        ji.user_jwt(w.revoked_user, w.acc, iat=NOW + 6), w.revoked_user, "ok"),
     "issued_after_revocation": lambda w: (
         ji.user_jwt(w.revoked_user, w.acc, iat=NOW + 60), w.revoked_user, "ok"),
     "tampered": lambda w: (lambda t, u: (_tamper(t), u, "ok"))(*_user(w)),

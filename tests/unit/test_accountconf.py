@@ -138,3 +138,38 @@ def test_stream_import_cycle_through_three_accounts_is_refused() -> None:
     # The same chain without the closing edge is fine.
     ok = text.replace('imports: [{stream: {account: C, subject: "x.>"}}]', "")
     parse_accounts_config(parse_config(ok))
+
+
+def test_account_jwt_in_the_same_shapes() -> None:
+    from node.accountconf import account_config_from_claims
+    from node.jwt import decode_account
+    from tests import jwt_issuer as ji
+
+    op, acc, other = ji.operator_key(), ji.account_key(), ji.account_key()
+    token = ji.account_jwt(
+        acc, op,
+        exports=[{"name": "s", "subject": "news.>", "type": "stream"},
+                 {"name": "v", "subject": "help.*", "type": "service",
+                  "response_type": "Chunked"},
+                 {"name": "t", "subject": "tok.>", "type": "stream", "token_req": True},
+                 {"name": "bad", "subject": "a..b", "type": "stream"}],
+        imports=[{"name": "i", "subject": "their.>", "account": other.public, "type": "stream",
+                  "local_subject": "mine.>"},
+                 {"name": "q", "subject": "ask", "account": other.public, "type": "service"}],
+        mappings={"m.*": [{"subject": "mm.$1", "weight": 100}], "n": [{"subject": "nn"}]},
+        limits={"conn": 3, "subs": 7, "payload": 1024, "leaf": 0, "mem_storage": -1,
+                "disk_storage": 1000, "streams": 2, "consumer": 5})
+    conf = account_config_from_claims(decode_account(token))
+    assert conf.name == acc.public
+    assert [e.subject for e in conf.stream_exports] == ["news.>", "tok.>"]
+    assert conf.stream_export_for(other.public, "tok.x") is None  # token required: fail closed
+    assert conf.stream_export_for(other.public, "news.x") is not None
+    assert conf.service_exports[0].response_type is ResponseType.CHUNKED
+    assert conf.stream_imports[0].local_subject == "mine.>"
+    assert conf.service_imports[0].local_subject == "ask"
+    assert conf.mappings.apply("m.1") == "mm.1" and conf.mappings.apply("n") == "nn"
+    assert (conf.limits.max_connections, conf.limits.max_subscriptions,
+            conf.limits.max_payload) == (3, 7, 1024)
+    js = conf.jetstream
+    assert js.enabled and (js.max_mem, js.max_file, js.max_streams, js.max_consumers) == (
+        -1, 1000, 2, 5)

@@ -131,11 +131,13 @@ def test_times_window_spanning_midnight(keys) -> None:
         _auth(keys, token, _sig(user, b"n0nce"), now=day + 12 * 3600)
 
 
-def test_revocation_spares_jwts_issued_later(keys) -> None:
+def test_revocation_covers_its_own_second_and_spares_jwts_issued_later(keys) -> None:
     op, acc, user, _, _ = keys
     acct = jwt.decode_account(ji.account_jwt(acc, op, revocations={user.public: NOW}))
     later = ji.user_jwt(user, acc, iat=NOW + 1)
     _auth(keys, later, _sig(user, b"n0nce"), account=acct)
+    with pytest.raises(jwt.AuthError, match="revoked"):
+        _auth(keys, ji.user_jwt(user, acc, iat=NOW), _sig(user, b"n0nce"), account=acct)
 
 
 def test_nonce_signature_accepts_standard_base64_too(keys) -> None:
@@ -257,3 +259,23 @@ def test_wrong_signature_oversized_and_odd_headers() -> None:
         _only_jwt_errors(base64.urlsafe_b64encode(blob).decode() + "." + payload + "." + sig)
     assert json.loads(base64.urlsafe_b64decode(head + "==")) == {"typ": "JWT",
                                                                 "alg": "ed25519-nkey"}
+
+
+def test_a_resolver_returning_the_wrong_account_does_not_let_a_user_in(keys) -> None:
+    # Defence in depth: even a lookup that ignores the key it was given must
+    # not admit a user into an account that did not issue it.
+    op, acc, user, operator, account = keys
+    other, signing = ji.account_key(), ji.account_key()
+    wrong = jwt.decode_account(ji.account_jwt(other, op, signing_keys=[signing.public]))
+    for token in (ji.user_jwt(user, acc),
+                  ji.user_jwt(user, signing, issuer_account=acc.public),
+                  ji.user_jwt(user, signing)):
+        with pytest.raises(jwt.AuthError):
+            jwt.authenticate_user(token, _sig(user, b"n"), b"n", operator=operator,
+                                  lookup_account=lambda _key: wrong, now=NOW,
+                                  client_ip="127.0.0.1")
+    # The same tokens are fine when the lookup answers with the right account.
+    right = jwt.decode_account(ji.account_jwt(acc, op, signing_keys=[signing.public]))
+    jwt.authenticate_user(ji.user_jwt(user, signing, issuer_account=acc.public),
+                          _sig(user, b"n"), b"n", operator=operator,
+                          lookup_account=lambda _key: right, now=NOW, client_ip="127.0.0.1")
