@@ -44,9 +44,10 @@ from node.mapping import (
     compile_transform,
     reverse_transform,
     tokenize_wildcards,
+    untokenize,
 )
 from node.options import Permissions
-from node.subject import FWC, PWC, SEP, subjects_collide, valid_subject
+from node.subject import FWC, PWC, SEP, subject_matches, subjects_collide, valid_subject
 
 GLOBAL_ACCOUNT = "$G"
 DEFAULT_SYSTEM_ACCOUNT = "$SYS"
@@ -148,8 +149,11 @@ class StreamImport:
 
     @property
     def local_subject(self) -> str:
+        """The subject (pattern) the messages have in the importer."""
         if self.prefix:
             return f"{self.prefix}{SEP}{self.subject}"
+        if self.transform is not None:
+            return untokenize(self.transform.dest)  # "swapped.$2.$1" is "swapped.*.*"
         return self.to or self.subject
 
 
@@ -165,6 +169,9 @@ class ServiceImport:
 
     @property
     def local_subject(self) -> str:
+        """The subject (pattern) requests are published on in the importer."""
+        if self.transform is not None:
+            return self.transform.src  # "ask.{{wildcard(1)}}" is served as "ask.*"
         return self.to or self.subject
 
 
@@ -833,3 +840,78 @@ def account_config_from_claims(claims: Any) -> AccountConfig:
         max_file=lim.disk_storage, max_streams=lim.streams, max_consumers=lim.consumer,
         max_ack_pending=lim.max_ack_pending)
     return acc
+
+
+# --------------------------------------------------------------------------
+# Where a message goes across accounts (pure; the routing core calls these)
+
+
+@dataclass(frozen=True)
+class StreamDelivery:
+    """A message published in the exporter also appears in `account` on `subject`."""
+
+    account: str
+    subject: str
+
+
+@dataclass(frozen=True)
+class ServiceRoute:
+    """A request published in the importer goes to `account` on `subject`."""
+
+    account: str
+    subject: str
+    export: ServiceExport
+    share: bool
+
+
+class ImportIndex:
+    """Stream imports indexed by exporter, service imports by importer."""
+
+    def __init__(self, conf: AccountsConfig) -> None:
+        self.streams: dict[str, list[tuple[str, StreamImport]]] = {}
+        self.services: dict[str, list[ServiceImport]] = {}
+        for acc in conf.accounts.values():
+            for si in acc.stream_imports:
+                self.streams.setdefault(si.account, []).append((acc.name, si))
+            if acc.service_imports:
+                self.services[acc.name] = list(acc.service_imports)
+        self.conf = conf
+
+    def stream_deliveries(self, exporter: str, subject: str) -> list[StreamDelivery]:
+        """Every (importer, subject) a message published in `exporter` reaches."""
+        out = []
+        for importer, si in self.streams.get(exporter, ()):
+            if subject_matches(si.subject, subject):
+                out.append(StreamDelivery(importer, _stream_local_subject(si, subject)))
+        return out
+
+    def service_route(self, importer: str, subject: str) -> ServiceRoute | None:
+        """Where a request on `subject` published in `importer` is served, if
+        one of its service imports covers it."""
+        for vi in self.services.get(importer, ()):
+            if not subject_matches(vi.local_subject, subject):
+                continue
+            target = self.conf.accounts.get(vi.account)
+            remote = _service_remote_subject(vi, subject)
+            export = target.service_export_for(importer, remote) if target else None
+            if export is not None:
+                return ServiceRoute(vi.account, remote, export, vi.share)
+        return None
+
+
+def _stream_local_subject(si: StreamImport, subject: str) -> str:
+    if si.prefix:
+        return f"{si.prefix}{SEP}{subject}"
+    if si.transform is not None:
+        mapped = si.transform.apply(subject)
+        return subject if mapped is None else mapped
+    return si.to or subject
+
+
+def _service_remote_subject(vi: ServiceImport, subject: str) -> str:
+    if vi.transform is not None:
+        mapped = vi.transform.apply(subject)
+        return subject if mapped is None else mapped
+    if vi.to and not _has_wildcard(vi.subject):
+        return vi.subject  # a literal remap: "to" is the local name of one subject
+    return subject

@@ -505,6 +505,11 @@ def _is_placeholder(token: str) -> bool:
     return bool(m) and len(_ARG_SPLIT.split(m.group(1))) == 1 and m.group(1) != ""
 
 
+def untokenize(dest: str) -> str:
+    """"foo.$2.{{wildcard(1)}}" -> "foo.*.*": the pattern a remap's output matches."""
+    return SEP.join(PWC if _is_placeholder(t) else t for t in dest.split(SEP))
+
+
 def reverse_transform(t: Transform) -> Transform:
     """The transform that undoes a strict (import) transform: a service
     import's remap runs from the importer's subject to the exporter's."""
