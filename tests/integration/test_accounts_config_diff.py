@@ -204,6 +204,13 @@ CONFIGS: list[str] = [
 ]
 
 
+# nats-server walks these entries' keys in Go map order, which is random: it
+# refuses them on some runs and accepts them on others. We always refuse.
+ORDER_DEPENDENT = {
+    CONFIGS.index(c) for c in CONFIGS if "prefix: p, to:" in c or "stream: foo, service:" in c
+}
+
+
 def _strip_where(msg: str) -> str:
     msg = msg.strip().removeprefix("nats-server: ")
     return re.sub(r"^\S+:\d+:\d+: ", "", msg)
@@ -233,6 +240,13 @@ def test_accounts_config_agrees_with_nats_server(text: str, tmp_path: Path) -> N
     path.write_text(text + "\n")
     ok, msg = _theirs(path)
     our_ok, our_msg = _ours(text)
+    if CONFIGS.index(text) in ORDER_DEPENDENT:
+        # Refused by us every time, with one of the texts nats-server uses.
+        assert not our_ok
+        assert our_msg in ("Stream import can not have a 'prefix' and a 'to' property",
+                           'Detected service "bar" but already saw a stream',
+                           'Detected stream "foo" but already saw a service')
+        return
     assert our_ok == ok, f"nats-server: {msg!r}; jetraft: {our_msg!r}"
     if not ok:
         assert our_msg == msg
