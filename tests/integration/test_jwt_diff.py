@@ -230,6 +230,9 @@ def _operator_configs(world: World, tmp: Path) -> dict[str, str]:
         "preload_user_jwt": f"operator: {op_file}\nresolver: MEMORY\n"
                             f"resolver_preload: {{ {world.acc.public}: {user_jwt} }}\n",
         "operator_garbage": 'operator: "abc.def.ghi"\nresolver: MEMORY\n',
+        "operator_signed_by_stranger":
+            f"operator: {ji.operator_jwt(world.op, signer=ji.operator_key())}\n"
+            "resolver: MEMORY\n",
         "operator_missing": "operator: /nonexistent/op.jwt\nresolver: MEMORY\n",
         "resolver_bad_type": f"operator: {op_file}\nresolver: {{ type: bogus, dir: x }}\n",
         "resolver_full": f'operator: {op_file}\nresolver: {{ type: full, dir: "{tmp}/j" }}\n',
@@ -238,6 +241,7 @@ def _operator_configs(world: World, tmp: Path) -> dict[str, str]:
 
 @pytest.mark.parametrize("name", ["file", "inline", "preload", "preload_garbage",
                                   "preload_user_jwt", "operator_garbage", "operator_missing",
+                                  "operator_signed_by_stranger",
                                   "resolver_bad_type", "resolver_full"])
 def test_operator_config_check_matches_nats_server(name: str, world: World,
                                                    tmp_path: Path) -> None:

@@ -279,3 +279,16 @@ def test_a_resolver_returning_the_wrong_account_does_not_let_a_user_in(keys) -> 
     jwt.authenticate_user(ji.user_jwt(user, signing, issuer_account=acc.public),
                           _sig(user, b"n"), b"n", operator=operator,
                           lookup_account=lambda _key: right, now=NOW, client_ip="127.0.0.1")
+
+
+def test_operator_trust_is_its_subject_and_signing_keys_whoever_signed_it() -> None:
+    # nats-server starts with an operator JWT signed by any operator key (the
+    # config file is the trust anchor): the signer gains no trust from it.
+    op, sk, stranger = ji.operator_key(), ji.operator_key(), ji.operator_key()
+    assert jwt.decode_operator(ji.operator_jwt(op)).key == op.public
+    by_sk = jwt.decode_operator(ji.operator_jwt(op, signer=sk, signing_keys=[sk.public]))
+    assert by_sk.key == op.public and by_sk.trusts(sk.public)
+    odd = jwt.decode_operator(ji.operator_jwt(op, signer=stranger))
+    assert odd.trusts(op.public) and not odd.trusts(stranger.public)
+    with pytest.raises(jwt.JWTError):
+        jwt.decode_operator(ji.operator_jwt(op, signer=ji.account_key()))
