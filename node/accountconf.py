@@ -880,9 +880,14 @@ class ImportIndex:
     def stream_deliveries(self, exporter: str, subject: str) -> list[StreamDelivery]:
         """Every (importer, subject) a message published in `exporter` reaches."""
         out = []
+        source = self.conf.accounts.get(exporter)
         for importer, si in self.streams.get(exporter, ()):
-            if subject_matches(si.subject, subject):
-                out.append(StreamDelivery(importer, _stream_local_subject(si, subject)))
+            if not subject_matches(si.subject, subject):
+                continue
+            # Config imports were authorised at load; account JWTs were not.
+            if source is None or source.stream_export_for(importer, subject) is None:
+                continue
+            out.append(StreamDelivery(importer, _stream_local_subject(si, subject)))
         return out
 
     def service_route(self, importer: str, subject: str) -> ServiceRoute | None:

@@ -29,7 +29,7 @@ import json
 import zoneinfo
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Protocol
 
 import nacl.exceptions
 import nacl.signing
@@ -533,7 +533,13 @@ class JWTIdentity:
     tags: tuple[str, ...] = field(default=())
 
 
-def check_account(account: AccountClaims, operator: OperatorClaims, now: float) -> None:
+class TrustAnchor(Protocol):
+    """An OperatorClaims, or resolver.OperatorConfig (several operators)."""
+
+    def trusts(self, issuer: str) -> Any: ...
+
+
+def check_account(account: AccountClaims, operator: TrustAnchor, now: float) -> None:
     """May this account JWT be used under this operator at `now`?"""
     if not operator.trusts(account.claims.issuer):
         raise AuthError("account JWT not issued by a trusted operator key")
@@ -573,7 +579,7 @@ def authenticate_user(
     signature: str | None,
     nonce: bytes,
     *,
-    operator: OperatorClaims,
+    operator: TrustAnchor,
     lookup_account: Callable[[str], AccountClaims | None],
     now: float,
     client_ip: str | None,

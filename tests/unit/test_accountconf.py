@@ -173,3 +173,34 @@ def test_account_jwt_in_the_same_shapes() -> None:
     js = conf.jetstream
     assert js.enabled and (js.max_mem, js.max_file, js.max_streams, js.max_consumers) == (
         -1, 1000, 2, 5)
+
+
+def test_import_index_checks_exports_for_jwt_accounts() -> None:
+    # Account JWTs are not linked at load: the index itself refuses imports
+    # of subjects the exporter does not export to the importer.
+    from node.accountconf import (
+        AccountConfig,
+        AccountsConfig,
+        ImportIndex,
+        ServiceExport,
+        ServiceImport,
+        StreamExport,
+        StreamImport,
+    )
+
+    exporter = AccountConfig("AX", stream_exports=[StreamExport("pub.>"),
+                                                   StreamExport("priv.>", frozenset({"AZ"}))],
+                             service_exports=[ServiceExport("svc")])
+    importer = AccountConfig("AY", stream_imports=[StreamImport("AX", "pub.>"),
+                                                   StreamImport("AX", "priv.>"),
+                                                   StreamImport("AX", "other.>")],
+                             service_imports=[ServiceImport("AX", "svc"),
+                                              ServiceImport("AX", "nope")])
+    index = ImportIndex(AccountsConfig(accounts={"AX": exporter, "AY": importer}))
+    assert [d.subject for d in index.stream_deliveries("AX", "pub.1")] == ["pub.1"]
+    assert index.stream_deliveries("AX", "priv.1") == []
+    assert index.stream_deliveries("AX", "other.1") == []
+    route = index.service_route("AY", "svc")
+    assert route is not None and route.account == "AX" and route.subject == "svc"
+    assert index.service_route("AY", "nope") is None
+    assert index.service_route("AX", "svc") is None

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from node.config import ConfigError, parse_config
-from node.jwt import JWTError
+from node.jwt import JWTError, decode_account
 from node.resolver import (
     DirResolver,
     MemoryResolver,
@@ -168,3 +168,35 @@ def test_write_durably_replaces_atomically(tmp_path: Path) -> None:
     write_durably(str(target), b"one")
     write_durably(str(target), b"two")
     assert target.read_bytes() == b"two" and sorted(os.listdir(tmp_path)) == ["x.jwt"]
+
+
+def test_authentication_against_several_operators(world) -> None:
+    import base64
+
+    from node.jwt import AuthError, authenticate_user
+
+    op, _, acc, tmp = world
+    op2, acc2, stranger_op = ji.operator_key(), ji.account_key(), ji.operator_key()
+    (tmp / "op2.jwt").write_text(ji.operator_jwt(op2))
+    cfg = parse_operator_config(parse_config(
+        f"operator: [{tmp / 'op.jwt'}, {tmp / 'op2.jwt'}]\nresolver: MEMORY\n"
+        f"resolver_preload: {{ {acc.public}: {ji.account_jwt(acc, op)}, "
+        f"{acc2.public}: {ji.account_jwt(acc2, op2)} }}"))
+    assert cfg is not None and len(cfg.operators) == 2
+    r = MemoryResolver(cfg)
+    for account in (acc, acc2):
+        user = ji.user_key()
+        sig = base64.urlsafe_b64encode(user.sign(b"n")).rstrip(b"=").decode()
+        ident, _ = authenticate_user(ji.user_jwt(user, account), sig, b"n", operator=cfg,
+                                     lookup_account=lambda k: r.lookup(k, NOW), now=NOW,
+                                     client_ip="127.0.0.1")
+        assert ident.account_key == account.public
+    foreign = ji.account_key()
+    r.jwts[foreign.public] = ji.account_jwt(foreign, stranger_op)
+    user = ji.user_key()
+    sig = base64.urlsafe_b64encode(user.sign(b"n")).rstrip(b"=").decode()
+    # Even a lookup that skips the resolver's own trust check is caught.
+    with pytest.raises(AuthError, match="trusted operator"):
+        authenticate_user(ji.user_jwt(user, foreign), sig, b"n", operator=cfg,
+                          lookup_account=lambda k: decode_account(r.jwts[k]),
+                          now=NOW, client_ip="127.0.0.1")
