@@ -132,6 +132,10 @@ CONFIGS: list[str] = [
     "B: { imports: [{stream: {account: A, subject: \"foo.>\"}}] } }",
     "accounts { A: { exports: [{stream: \"foo.>\"}] }, "
     "B: { imports: [{stream: {account: A, subject: \"foo.bar\"}, prefix: p}] } }",
+    "accounts { A: { exports: [{stream: \"foo.bar\"}] }, "
+    "B: { imports: [{stream: {account: A, subject: \"foo.bar.baz\"}}] } }",
+    "accounts { A: { exports: [{service: \"foo.*\"}] }, "
+    "B: { imports: [{service: {account: A, subject: \"foo\"}}] } }",
     "accounts { A: { exports: [{service: \"foo\"}] }, "
     "B: { imports: [{service: {account: A, subject: \"bar\"}}] } }",
     "accounts { A: { exports: [{service: \"foo\"}] }, "
