@@ -329,6 +329,14 @@ def _connection_types(f: _Field) -> frozenset[str]:
     return frozenset(names)
 
 
+def _user_permissions(f: _Field) -> Permissions:
+    perms = _permissions(f)
+    if perms.allow_responses and perms.publish_allow is None:
+        # nats-server: allow_responses turns the blanket publish allow off.
+        perms.publish_allow = []
+    return perms
+
+
 def _user(account: str, f: _Field) -> AccountUser:
     if not isinstance(f.value, dict):
         raise f.fail(f"Expected user entry to be a map/struct, got {f.value}")
@@ -341,7 +349,7 @@ def _user(account: str, f: _Field) -> AccountUser:
         elif sub.key in ("pass", "password"):
             u.password = _str(sub)
         elif sub.key in ("permission", "permissions", "authorization"):
-            u.permissions = _permissions(sub)
+            u.permissions = _user_permissions(sub)
         elif sub.key in ("allowed_connection_types", "connection_types", "clients"):
             u.allowed_connection_types = _connection_types(sub)
         elif not _used_as_var(f.value, sub):
@@ -524,7 +532,7 @@ def _account(name: str, f: _Field) -> AccountConfig:
         elif sub.key == "imports":
             acc.stream_imports, acc.service_imports = _imports(sub)
         elif sub.key == "default_permissions":
-            acc.default_permissions = _permissions(sub)
+            acc.default_permissions = _user_permissions(sub)
         elif sub.key in ("mappings", "maps"):
             acc.mappings = parse_mappings(sub)
         elif sub.key == "limits":

@@ -252,6 +252,9 @@ def _permissions(d: dict[str, Any]) -> tuple[Permissions | None, ResponsePermiss
         response = ResponsePermission(_get(resp, "max", int, 1),
                                       _get(resp, "ttl", int, 0) / 1e9)
         perms.allow_responses = True
+        if perms.publish_allow is None:
+            # As nats-server: response permission turns the blanket publish allow off.
+            perms.publish_allow = []
     if perms == Permissions():
         return None, None
     return perms, response

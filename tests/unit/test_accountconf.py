@@ -71,6 +71,10 @@ def test_accounts_and_users(conf) -> None:
     p = alice.permissions
     assert p.publish_allow == ["a.>"] and p.publish_deny == ["a.secret"]
     assert p.subscribe_allow == ["in.>"] and p.allow_responses
+    responder = parse_accounts_config(parse_config(
+        "accounts { R: { users: [{user: r, password: r, permissions: {allow_responses: true}}] } }"
+    )).find_user("r")
+    assert responder.permissions.publish_allow == []  # replies only, as nats-server
     nk = conf.find_user("UDXU4RCSJNZOIQHZNWXHXORDPRTGNJAHAHFRGZNEEJCPQTT2M7NLCNF4")
     assert nk is not None and nk.allowed_connection_types == {"STANDARD", "WEBSOCKET"}
     # Users without permissions take the account's default_permissions.

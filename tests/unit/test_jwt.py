@@ -292,3 +292,13 @@ def test_operator_trust_is_its_subject_and_signing_keys_whoever_signed_it() -> N
     assert odd.trusts(op.public) and not odd.trusts(stranger.public)
     with pytest.raises(jwt.JWTError):
         jwt.decode_operator(ji.operator_jwt(op, signer=ji.account_key()))
+
+
+def test_response_permission_turns_off_the_blanket_publish_allow(keys) -> None:
+    # nats-server refuses PUB foo from a user whose JWT has only `resp`
+    # (checked against nats-server 2.15 by hand: "Permissions Violation").
+    _, acc, user, _, _ = keys
+    u = jwt.decode_user(ji.user_jwt(user, acc, resp={"max": 1, "ttl": 0}))
+    assert u.permissions.publish_allow == [] and u.permissions.allow_responses
+    u = jwt.decode_user(ji.user_jwt(user, acc, resp={"max": 1}, pub={"allow": ["bar"]}))
+    assert u.permissions.publish_allow == ["bar"]
