@@ -203,18 +203,31 @@ class MemoryResolver:
     def __init__(self, cfg: OperatorConfig) -> None:
         self.cfg = cfg
         self.jwts: dict[str, str] = dict(cfg.preload)
+        # Verified claims by token text: a login then costs no account-JWT
+        # signature check. Bounded by the number of stored tokens.
+        self._verified: dict[str, AccountClaims] = {}
 
     def fetch(self, account_key: str) -> str | None:
         return self.jwts.get(account_key)
 
     def lookup(self, account_key: str, now: float) -> AccountClaims | None:
+        """The usable claims of an account at `now`, or None."""
         token = self.fetch(account_key)
         if token is None:
             return None
+        claims = self._verified.get(token)
+        if claims is not None and claims.key != account_key:
+            return None  # a token stored under another account's key
         try:
-            return verify_account_jwt(self.cfg, token, now, account_key)
+            if claims is None:
+                claims = verify_account_jwt(self.cfg, token, now, account_key)
+                if len(self._verified) > 2 * len(self.jwts) + 16:
+                    self._verified.clear()
+                self._verified[token] = claims
+            claims.claims.check_time(now)
         except JWTError:
             return None
+        return claims
 
     def update(self, token: str, now: float) -> AccountClaims:
         claims = verify_account_jwt(self.cfg, token, now)

@@ -112,6 +112,8 @@ def test_memory_resolver_lookup_and_update(world) -> None:
     assert r.lookup(stranger.public, NOW) is None  # untrusted issuer: unusable
     r.jwts["Ax"] = ji.account_jwt(stranger, op)
     assert r.lookup("Ax", NOW) is None  # stored under another key: unusable
+    r.jwts["Ay"] = r.jwts[acc.public]
+    assert r.lookup(acc.public, NOW) is not None and r.lookup("Ay", NOW) is None
     expired = ji.account_jwt(acc, op, exp=int(NOW) - 1)
     with pytest.raises(JWTError, match="expired"):
         r.update(expired, NOW)
@@ -200,3 +202,13 @@ def test_authentication_against_several_operators(world) -> None:
         authenticate_user(ji.user_jwt(user, foreign), sig, b"n", operator=cfg,
                           lookup_account=lambda k: decode_account(r.jwts[k]),
                           now=NOW, client_ip="127.0.0.1")
+
+
+def test_lookup_rechecks_expiry_of_a_cached_account(world) -> None:
+    op, _, acc, _ = world
+    token = ji.account_jwt(acc, op, exp=int(NOW) + 10)
+    r = MemoryResolver(_cfg(world, f"resolver: MEMORY\nresolver_preload: {{ {acc.public}: "
+                                   f"{token} }}"))
+    assert r.lookup(acc.public, NOW) is not None
+    assert r.lookup(acc.public, NOW + 11) is None  # cached, but expired now
+    assert r.lookup(acc.public, NOW) is not None
