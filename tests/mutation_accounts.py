@@ -63,6 +63,8 @@ MUTANTS = [
     (R, "decode_public_key(account_key, PREFIX_ACCOUNT)  # never", "pass  # never", "jwt"),
     (R, "if expected_key is not None and claims.key != expected_key:", "if False:", "jwt"),
     (R, "    if has_accounts:", "    if False:", "jwt"),
+    (R, "if claims is not None and claims.key != account_key:", "if False:", "jwt"),
+    (R, "            claims.claims.check_time(now)\n", "            pass\n", "jwt"),
 ]
 
 
