@@ -121,15 +121,24 @@ CASES: dict[str, Case] = {
     "outside_times": lambda w: (*_user(w, times=[_window(NOW + 7200)], times_location="UTC"),
                                 "ok"),
     "inside_times": lambda w: (*_user(w, times=[_window(NOW)], times_location="UTC"), "ok"),
+    # start after end: a window across midnight that leaves out only the hour before last.
+    "times_wrapping_past_midnight": lambda w: (*_user(w, times=[
+        {"start": _clock(NOW - 3600), "end": _clock(NOW - 7200)}], times_location="UTC"), "ok"),
+    "times_unknown_location": lambda w: (*_user(w, times=[_window(NOW)],
+                                                times_location="Nowhere/Atlantis"), "ok"),
+    "times_local_location": lambda w: (*_user(w, times=[_window(NOW)],
+                                              times_location="Europe/Paris"), "ok"),
     "operator_signed_user": lambda w: (*_user(w, w.op), "ok"),
     "garbage_jwt": lambda w: ("eyJhbGciOiJub25lIn0.e30.", ji.user_key(), "ok"),
 }
 
 
+def _clock(t: int) -> str:
+    return time.strftime("%H:%M:%S", time.gmtime(t))
+
+
 def _window(center: int) -> dict[str, str]:
-    def clock(t: int) -> str:
-        return time.strftime("%H:%M:%S", time.gmtime(t))
-    return {"start": clock(center - 900), "end": clock(center + 900)}
+    return {"start": _clock(center - 900), "end": _clock(center + 900)}
 
 
 def _sign(key: ji.Key | None, nonce: bytes, how: str) -> str | None:
