@@ -140,3 +140,24 @@ async def test_weighted_and_cluster_scoped_mappings_agree_statistically(servers)
         assert abs(counts.get("w", 0) - 300) < 85, counts
         assert abs(counts.get("c.any", 0) - 1000) < 112, counts
         assert "c.west" not in counts
+
+
+async def test_account_mappings_apply_in_their_account_only(servers) -> None:
+    from node.accountconf import GLOBAL_ACCOUNT, parse_accounts_config
+
+    config = """
+mappings { "g.*": "g.global.$1" }
+accounts {
+  A: { users: [{user: a, password: a}], mappings: { "g.*": "g.in_a.$1", "x": "x.a" } }
+  B: { users: [{user: b, password: b}] }
+}
+authorization { users: [{user: g, password: g}] }
+"""
+    srv = servers.nats_server(config)
+    conf = parse_accounts_config(parse_config(config))
+    subjects = ["g.1", "x", "y"]
+    for user, account in (("a", "A"), ("b", "B"), ("g", GLOBAL_ACCOUNT)):
+        theirs = await _landings(f"nats://{user}:{user}@127.0.0.1:{srv.port}", subjects)
+        table = conf.mappings_for(account)
+        ours = [[table.apply(s) or s] for s in subjects]
+        assert theirs == ours, account
