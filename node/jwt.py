@@ -180,7 +180,7 @@ def decode(token: str, max_bytes: int = MAX_JWT_BYTES) -> Claims:
         raise JWTError(f"JWT larger than {max_bytes} bytes")
     parts = token.split(".")
     if len(parts) != 3:
-        raise JWTError("JWT must have three parts")
+        raise JWTError("expected 3 chunks")  # the nats jwt library's words
     header = _json_object(_b64decode(parts[0]), "JWT header")
     if header.get("alg") != ALGORITHM or str(header.get("typ", "")).upper() != "JWT":
         raise JWTError(f"unsupported JWT header {header!r:.200}")
@@ -214,7 +214,7 @@ def _claims(token: str, payload: dict[str, Any]) -> Claims:
 
 def _expect(claims: Claims, kind: str, issuer_roles: str, subject_role: str) -> Claims:
     if claims.kind != kind:
-        raise JWTError(f"expected a {kind} JWT, got a {claims.kind} JWT")
+        raise JWTError(f"not {kind} claim")
     if claims.issuer[:1] not in issuer_roles:
         raise JWTError(f"{kind} JWT issued by a {claims.issuer[:1]!r} key")
     decode_public_key(claims.subject, _ROLE_PREFIX[subject_role])

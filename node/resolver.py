@@ -309,20 +309,38 @@ def _fsync_dir(directory: str) -> None:
         os.close(fd)
 
 
-def claims_update_response(resolver: MemoryResolver, payload: bytes, now: float) -> dict[str, Any]:
-    """The reply to a `$SYS.REQ.CLAIMS.UPDATE` request whose body is an account JWT.
+def claims_update_response(resolver: MemoryResolver, payload: bytes, now: float,
+                           expected_account: str | None = None) -> dict[str, Any]:
+    """The `data`/`error` part of the reply to `$SYS.REQ.CLAIMS.UPDATE` (or to
+    `$SYS.REQ.ACCOUNT.<expected_account>.CLAIMS.UPDATE`); the caller adds
+    nats-server's `"server": {...}` member. The body is an account JWT.
 
+    Stricter than nats-server 2.15, which stores any decodable account JWT:
+    JWTs from untrusted operators, expired ones and ones older than the stored
+    JWT (a replay that would undo a revocation) are refused.
     ResolverDiskError propagates: the caller stops the node."""
     try:
         token = payload.decode("ascii").strip()
+        claims = decode_account(token)
     except UnicodeDecodeError:
-        return _update_error("", "jwt update resulted in error - not a JWT")
-    try:
-        claims = resolver.update(token, now)
+        return _update_error("n/a", "expected 3 chunks")
     except JWTError as e:
-        return _update_error("", f"jwt update resulted in error - {e}")
+        return _update_error("n/a", str(e))
+    if expected_account is not None and claims.key != expected_account:
+        return _update_error(expected_account, "subject does not match jwt content")
+    try:
+        resolver.update(token, now)
+    except JWTError as e:
+        return _update_error(claims.key, str(e))
     return {"data": {"account": claims.key, "code": 200, "message": "jwt updated"}}
 
 
-def _update_error(account: str, description: str) -> dict[str, Any]:
-    return {"error": {"account": account, "code": 500, "description": description}}
+def claims_lookup_response(resolver: MemoryResolver, account_key: str) -> bytes | None:
+    """The reply to `$SYS.REQ.ACCOUNT.<account>.CLAIMS.LOOKUP`: the stored JWT."""
+    token = resolver.fetch(account_key)
+    return None if token is None else token.encode()
+
+
+def _update_error(account: str, reason: str) -> dict[str, Any]:
+    return {"error": {"account": account, "code": 500,
+                      "description": f"jwt update resulted in error - {reason}"}}

@@ -274,3 +274,43 @@ def test_operator_config_check_matches_nats_server(name: str, world: World,
     assert ours_ok == theirs_ok, f"nats-server: {theirs!r}; jetraft: {ours!r}"
     if not theirs_ok:
         assert ours.split(":")[0] == theirs.split(":")[0]
+
+
+async def test_claims_update_replies_like_nats_server(servers, tmp_path: Path) -> None:
+    """$SYS.REQ.CLAIMS.UPDATE on a full resolver: the same data/error replies
+    where both accept or refuse (we refuse more: see claims_update_response)."""
+    from node.resolver import DirResolver, claims_lookup_response, claims_update_response
+
+    op, sys_, acc, acc2 = ji.operator_key(), ji.account_key(), ji.account_key(), ji.account_key()
+    (tmp_path / "op.jwt").write_text(ji.operator_jwt(op, system_account=sys_.public))
+    config = (f"operator: {tmp_path / 'op.jwt'}\nsystem_account: {sys_.public}\n"
+              f"resolver: {{ type: full, dir: '{tmp_path / 'theirs'}' }}\n"
+              f"resolver_preload: {{ {sys_.public}: {ji.account_jwt(sys_, op)} }}\n")
+    srv = servers.nats_server(config)
+    cfg = parse_operator_config(parse_config(
+        config.replace(str(tmp_path / "theirs"), str(tmp_path / "ours"))))
+    assert cfg is not None
+    ours = DirResolver(cfg, str(tmp_path / "ours"))
+    user = ji.user_key()
+    creds = tmp_path / "sys.creds"
+    creds.write_text(ji.creds(ji.user_jwt(user, sys_), user))
+    nc = await nats.connect(srv.url, user_credentials=str(creds))
+    first = ji.account_jwt(acc, op, name="v1")
+    requests = [
+        ("$SYS.REQ.CLAIMS.UPDATE", first.encode(), None),
+        ("$SYS.REQ.CLAIMS.UPDATE", first.encode(), None),
+        ("$SYS.REQ.CLAIMS.UPDATE", b"garbage", None),
+        ("$SYS.REQ.CLAIMS.UPDATE", ji.user_jwt(ji.user_key(), acc).encode(), None),
+        (f"$SYS.REQ.ACCOUNT.{acc2.public}.CLAIMS.UPDATE", ji.account_jwt(acc, op).encode(),
+         acc2.public),
+    ]
+    try:
+        for subject, body, expected in requests:
+            reply = json.loads((await nc.request(subject, body, timeout=5)).data)
+            reply.pop("server", None)
+            assert reply == claims_update_response(ours, body, time.time(), expected), subject
+        lookup = await nc.request(f"$SYS.REQ.ACCOUNT.{acc.public}.CLAIMS.LOOKUP", b"",
+                                  timeout=5)
+        assert lookup.data == claims_lookup_response(ours, acc.public)
+    finally:
+        await nc.close()
