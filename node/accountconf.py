@@ -19,7 +19,7 @@ import enum
 import re
 from collections.abc import Mapping as MappingABC
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from node.config import (
     ConfigError,
@@ -215,10 +215,29 @@ class AccountConfig:
     users_where: Any = field(default=None, repr=False, compare=False)
 
     def stream_export_for(self, importer: str, subject: str) -> StreamExport | None:
-        return next((e for e in self.stream_exports if e.allows(importer, subject)), None)
+        return _authorizing_export(self.stream_exports, importer, subject)
 
     def service_export_for(self, importer: str, subject: str) -> ServiceExport | None:
-        return next((e for e in self.service_exports if e.allows(importer, subject)), None)
+        return _authorizing_export(self.service_exports, importer, subject)
+
+
+_E = TypeVar("_E", StreamExport, ServiceExport)
+
+
+def _authorizing_export(exports: list[_E], importer: str, subject: str) -> _E | None:
+    """The export through which `importer` may import `subject`, or None.
+
+    As nats-server: exports with exactly the import's subject decide alone
+    (entries for one subject merge: any private entry makes it private to the
+    union of their accounts); otherwise any wider export that admits the
+    importer will do."""
+    exact = [e for e in exports if e.subject == subject]
+    if exact:
+        private = [e for e in exact if e.accounts is not None or e.token_position]
+        if not private:
+            return exact[0]
+        return next((e for e in private if e.allows(importer, subject)), None)
+    return next((e for e in exports if e.allows(importer, subject)), None)
 
 
 @dataclass
@@ -573,7 +592,9 @@ def _imports(f: _Field) -> tuple[list[StreamImport], list[ServiceImport]]:
         if isinstance(imp, StreamImport):
             streams.append(imp)
         elif isinstance(imp, ServiceImport):
-            dup = next((s for s in services if s.local_subject == imp.local_subject), None)
+            # nats-server 2.15 keys this on (exporting account, local subject).
+            dup = next((s for s in services if s.local_subject == imp.local_subject
+                        and s.account == imp.account), None)
             if dup is not None:
                 raise entry.fail(f'Duplicate service import subject "{imp.local_subject}", '
                                  f'previously used in import for account "{dup.account}", '
@@ -632,22 +653,36 @@ def _link_stream_import(accounts: dict[str, AccountConfig], added: dict[str, lis
         except MappingError as e:
             raise f.fail(fail + "failed to create mapping transform for stream import subject "
                          f'from "{si.subject}" to "{si.to}": {e}') from None
-    if _stream_cycle(added, si.account, si.subject, {acc.name}):
+    # nats-server walks twice: with the exporter's subject and with the local one.
+    walks = dict.fromkeys([si.subject, si.local_subject])
+    if any(_stream_cycle(accounts, added, si.account, local, {acc.name}) for local in walks):
         raise f.fail(fail + "import forms a cycle")
+    if any(s.account == si.account and s.subject == si.subject for s in added[acc.name]):
+        raise f.fail(fail + "stream import already exists")
 
 
 def _has_wildcard(subject: str) -> bool:
     return any(t in (PWC, FWC) for t in subject.split(SEP))
 
 
-def _stream_cycle(added: dict[str, list[StreamImport]], account: str, subject: str,
-                  visited: set[str]) -> bool:
-    """Does `account` already receive `subject` (transitively) from a visited one?"""
-    visited = visited | {account}
-    for si in added.get(account, []):
-        if not subjects_collide(subject, si.local_subject):
+def _stream_cycle(accounts: dict[str, AccountConfig], added: dict[str, list[StreamImport]],
+                  exporter: str, local: str, visited: set[str]) -> bool:
+    """nats-server's check, run before an import whose subject in the
+    importer is `local`: follow the exporter's imports that feed subjects
+    colliding with it, and report a cycle on reaching a visited account.
+    `visited` is shared by the whole walk, as nats-server's map is."""
+    source = accounts.get(exporter)
+    if source is None or not any(_is_subset(local, e.subject) for e in source.stream_exports):
+        return False
+    for si in added.get(exporter, []):
+        if not subjects_collide(local, si.local_subject):
             continue
-        if si.account in visited or _stream_cycle(added, si.account, si.subject, visited):
+        if si.account in visited:
+            return True
+        visited.add(exporter)
+        if _is_subset(si.local_subject, local):
+            local = si.local_subject
+        if _stream_cycle(accounts, added, si.account, local, visited):
             return True
     return False
 
@@ -668,19 +703,25 @@ def _link_service_import(accounts: dict[str, AccountConfig],
         except MappingError as e:
             raise f.fail(fail + "failed to create mapping transform for service import subject "
                          f'from "{vi.local_subject}" to "{vi.subject}": {e}') from None
-    if _service_cycle(added, vi.account, vi.subject, {acc.name}):
+    if _service_cycle(added, vi.account, vi.local_subject, {acc.name}):
         raise f.fail(fail + "import forms a cycle")
 
 
-def _service_cycle(added: dict[str, list[ServiceImport]], account: str, subject: str,
+def _service_cycle(added: dict[str, list[ServiceImport]], target: str, local: str,
                    visited: set[str]) -> bool:
-    # nats-server compares against the imports' remote subjects (si.to in its terms).
-    for vi in added.get(account, []):
-        if not subjects_collide(subject, vi.subject):
+    """nats-server's check, run before a service import whose subject in the
+    importer is `local`: it compares that subject with the target's imports'
+    subjects on *their* targets, a conservative walk kept as it is so that
+    the same configs load. `visited` is shared by the whole walk."""
+    for vi in added.get(target, []):
+        if not subjects_collide(local, vi.subject):
             continue
         if vi.account in visited:
             return True
-        if _service_cycle(added, vi.account, vi.subject, visited | {account}):
+        visited.add(target)
+        if _is_subset(vi.local_subject, local):
+            local = vi.local_subject
+        if _service_cycle(added, vi.account, local, visited):
             return True
     return False
 
