@@ -647,16 +647,16 @@ def _link_stream_import(accounts: dict[str, AccountConfig], added: dict[str, lis
     fail = f'Error adding stream import "{si.subject}": '
     if source.stream_export_for(acc.name, si.subject) is None:
         raise f.fail(fail + "stream import not authorized")
+    # nats-server walks twice: with the exporter's subject and with the local one.
+    walks = dict.fromkeys([si.subject, si.local_subject])
+    if any(_stream_cycle(accounts, added, si.account, local, {acc.name}) for local in walks):
+        raise f.fail(fail + "import forms a cycle")
     if si.to and _has_wildcard(si.subject):
         try:
             si.transform = compile_transform(si.subject, tokenize_wildcards(si.to), strict=True)
         except MappingError as e:
             raise f.fail(fail + "failed to create mapping transform for stream import subject "
                          f'from "{si.subject}" to "{si.to}": {e}') from None
-    # nats-server walks twice: with the exporter's subject and with the local one.
-    walks = dict.fromkeys([si.subject, si.local_subject])
-    if any(_stream_cycle(accounts, added, si.account, local, {acc.name}) for local in walks):
-        raise f.fail(fail + "import forms a cycle")
     if any(s.account == si.account and s.subject == si.subject for s in added[acc.name]):
         raise f.fail(fail + "stream import already exists")
 
@@ -696,6 +696,8 @@ def _link_service_import(accounts: dict[str, AccountConfig],
     fail = f'Error adding service import "{vi.subject}": '
     if target.service_export_for(acc.name, vi.subject) is None:
         raise f.fail(fail + "service import not authorized")
+    if _service_cycle(added, vi.account, vi.local_subject, {acc.name}):
+        raise f.fail(fail + "import forms a cycle")
     if vi.to and _has_wildcard(vi.subject):
         try:
             forward = compile_transform(vi.subject, tokenize_wildcards(vi.to), strict=True)
@@ -703,8 +705,6 @@ def _link_service_import(accounts: dict[str, AccountConfig],
         except MappingError as e:
             raise f.fail(fail + "failed to create mapping transform for service import subject "
                          f'from "{vi.local_subject}" to "{vi.subject}": {e}') from None
-    if _service_cycle(added, vi.account, vi.local_subject, {acc.name}):
-        raise f.fail(fail + "import forms a cycle")
 
 
 def _service_cycle(added: dict[str, list[ServiceImport]], target: str, local: str,
