@@ -876,10 +876,19 @@ def account_config_from_claims(claims: Any) -> AccountConfig:
             acc.service_exports.append(export)
     for i in claims.imports:
         imp = _jwt_import(i)
-        if isinstance(imp, StreamImport):
-            acc.stream_imports.append(imp)
-        elif isinstance(imp, ServiceImport):
-            acc.service_imports.append(imp)
+        try:
+            if isinstance(imp, StreamImport):
+                if imp.to and _has_wildcard(imp.subject):
+                    imp.transform = compile_transform(imp.subject, tokenize_wildcards(imp.to),
+                                                      strict=True)
+                acc.stream_imports.append(imp)
+            elif isinstance(imp, ServiceImport):
+                if imp.to and _has_wildcard(imp.subject):
+                    imp.transform = reverse_transform(compile_transform(
+                        imp.subject, tokenize_wildcards(imp.to), strict=True))
+                acc.service_imports.append(imp)
+        except MappingError:
+            continue  # nats-server logs such an import and leaves it out
     acc.mappings = _jwt_mappings(claims.mappings)
     acc.default_permissions = claims.default_permissions
     lim = claims.limits

@@ -10,6 +10,7 @@ the same.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import socket
@@ -314,3 +315,80 @@ async def test_claims_update_replies_like_nats_server(servers, tmp_path: Path) -
         assert lookup.data == claims_lookup_response(ours, acc.public)
     finally:
         await nc.close()
+
+
+async def test_account_jwt_imports_route_like_nats_server(servers, tmp_path: Path) -> None:
+    """Exports and imports written in account JWTs: our reading of them
+    (account_config_from_claims + ImportIndex) routes as nats-server does."""
+    from node.accountconf import AccountsConfig, ImportIndex, account_config_from_claims
+    from node.jwt import decode_account
+
+    op, sys_, a, b = ji.operator_key(), ji.account_key(), ji.account_key(), ji.account_key()
+    a_jwt = ji.account_jwt(a, op, name="A", exports=[
+        {"name": "news", "subject": "news.>", "type": "stream"},
+        {"name": "feed", "subject": "feed.*", "type": "stream"},
+        {"name": "help", "subject": "help.*", "type": "service"},
+        {"name": "tok", "subject": "tok.>", "type": "stream", "token_req": True}])
+    b_jwt = ji.account_jwt(b, op, name="B", imports=[
+        {"name": "n", "subject": "news.>", "account": a.public, "type": "stream",
+         "local_subject": "from_a.news.>"},
+        {"name": "f", "subject": "feed.*", "account": a.public, "type": "stream"},
+        {"name": "h", "subject": "help.*", "account": a.public, "type": "service",
+         "local_subject": "ask.*"},
+        {"name": "t", "subject": "tok.>", "account": a.public, "type": "stream"},
+        {"name": "x", "subject": "nothere.>", "account": a.public, "type": "stream"}])
+    (tmp_path / "op.jwt").write_text(ji.operator_jwt(op, system_account=sys_.public))
+    config = (f"operator: {tmp_path / 'op.jwt'}\nsystem_account: {sys_.public}\n"
+              f"resolver: MEMORY\nresolver_preload: {{ {sys_.public}: "
+              f"{ji.account_jwt(sys_, op)}, {a.public}: {a_jwt}, {b.public}: {b_jwt} }}\n")
+    srv = servers.nats_server(config)
+
+    def creds_for(account: ji.Key) -> str:
+        user = ji.user_key()
+        path = tmp_path / f"{account.public[:6]}.creds"
+        path.write_text(ji.creds(ji.user_jwt(user, account), user))
+        return str(path)
+
+    conf = AccountsConfig(accounts={k.public: account_config_from_claims(decode_account(t))
+                                    for k, t in ((a, a_jwt), (b, b_jwt))})
+    index = ImportIndex(conf)
+    nc_a = await nats.connect(srv.url, user_credentials=creds_for(a))
+    nc_b = await nats.connect(srv.url, user_credentials=creds_for(b))
+    got: list[str] = []
+    served: list[str] = []
+
+    async def on_b(msg: nats.aio.msg.Msg) -> None:
+        got.append(msg.subject)
+
+    async def serve_a(msg: nats.aio.msg.Msg) -> None:
+        served.append(msg.subject)
+        await nc_a.publish(msg.reply, b"ok")
+
+    try:
+        await nc_b.subscribe(">", cb=on_b)
+        await nc_b.flush()
+        await asyncio.sleep(0.1)
+        theirs_all, ours_all = {}, {}
+        for subject in ["news.x", "feed.1", "tok.x", "nothere.x", "other"]:
+            got.clear()
+            await nc_a.publish(subject, b"m")
+            await nc_a.flush()
+            await nc_b.flush()
+            await asyncio.sleep(0.05)
+            theirs_all[subject] = sorted(got)
+            ours_all[subject] = sorted(d.subject for d in index.stream_deliveries(a.public,
+                                                                                 subject))
+        assert theirs_all == ours_all
+        await nc_a.subscribe("help.*", cb=serve_a)
+        await nc_a.flush()
+        for subject in ["ask.q", "help.q"]:
+            served.clear()
+            try:
+                await nc_b.request(subject, b"r", timeout=1)
+            except (nats.errors.NoRespondersError, nats.errors.TimeoutError):
+                pass
+            route = index.service_route(b.public, subject)
+            assert served == ([route.subject] if route else []), subject
+    finally:
+        await nc_a.close()
+        await nc_b.close()
