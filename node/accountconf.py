@@ -651,7 +651,7 @@ def _link_stream_import(accounts: dict[str, AccountConfig], added: dict[str, lis
     walks = dict.fromkeys([si.subject, si.local_subject])
     if any(_stream_cycle(accounts, added, si.account, local, {acc.name}) for local in walks):
         raise f.fail(fail + "import forms a cycle")
-    if si.to and _has_wildcard(si.subject):
+    if si.to and has_wildcard(si.subject):
         try:
             si.transform = compile_transform(si.subject, tokenize_wildcards(si.to), strict=True)
         except MappingError as e:
@@ -661,7 +661,7 @@ def _link_stream_import(accounts: dict[str, AccountConfig], added: dict[str, lis
         raise f.fail(fail + "stream import already exists")
 
 
-def _has_wildcard(subject: str) -> bool:
+def has_wildcard(subject: str) -> bool:
     return any(t in (PWC, FWC) for t in subject.split(SEP))
 
 
@@ -698,7 +698,7 @@ def _link_service_import(accounts: dict[str, AccountConfig],
         raise f.fail(fail + "service import not authorized")
     if _service_cycle(added, vi.account, vi.local_subject, {acc.name}):
         raise f.fail(fail + "import forms a cycle")
-    if vi.to and _has_wildcard(vi.subject):
+    if vi.to and has_wildcard(vi.subject):
         try:
             forward = compile_transform(vi.subject, tokenize_wildcards(vi.to), strict=True)
             vi.transform = reverse_transform(forward)
@@ -801,106 +801,6 @@ def validate_accounts_at_start(conf: AccountsConfig, global_user_names: set[str]
 
 
 # --------------------------------------------------------------------------
-# Operator mode: an account JWT in the same shapes
-
-
-_JWT_RESPONSE_TYPES = {"Singleton": ResponseType.SINGLETON, "Stream": ResponseType.STREAM,
-                       "Chunked": ResponseType.CHUNKED}
-
-
-def _jwt_str(d: dict[str, Any], key: str) -> str:
-    v = d.get(key)
-    return v if isinstance(v, str) else ""
-
-
-def _jwt_export(e: dict[str, Any]) -> StreamExport | ServiceExport | None:
-    subject = _jwt_str(e, "subject")
-    if not valid_subject(subject):
-        return None
-    position = e.get("account_token_position")
-    position = position if isinstance(position, int) and not isinstance(position, bool) else 0
-    # An export that requires an activation token is private to token holders;
-    # Jetraft does not check activation tokens yet, so it admits no one (fail closed).
-    accounts = frozenset() if e.get("token_req") is True else None
-    if e.get("type") == "service":
-        rtype = _JWT_RESPONSE_TYPES.get(_jwt_str(e, "response_type"), ResponseType.SINGLETON)
-        return ServiceExport(subject, accounts, rtype, token_position=position)
-    if e.get("type") == "stream":
-        return StreamExport(subject, accounts, position)
-    return None
-
-
-def _jwt_import(i: dict[str, Any]) -> StreamImport | ServiceImport | None:
-    subject, account = _jwt_str(i, "subject"), _jwt_str(i, "account")
-    local = _jwt_str(i, "local_subject") or _jwt_str(i, "to")
-    if not valid_subject(subject) or not account or (local and not valid_subject(local)):
-        return None
-    if i.get("type") == "stream":
-        return StreamImport(account, subject, to=local)
-    if i.get("type") == "service":
-        return ServiceImport(account, subject, to=local, share=i.get("share") is True)
-    return None
-
-
-def _jwt_mappings(mappings: dict[str, Any]) -> MappingTable:
-    table = MappingTable()
-    for src, dests in mappings.items():
-        if not valid_subject(src) or not isinstance(dests, list):
-            continue
-        triples = []
-        for d in dests:
-            if isinstance(d, dict) and isinstance(d.get("subject"), str):
-                weight = d.get("weight")
-                weight = weight if isinstance(weight, int) and 0 < weight <= 100 else 100
-                cluster = d.get("cluster") if isinstance(d.get("cluster"), str) else None
-                triples.append((d["subject"], weight, cluster or None))
-        try:
-            table.add(build_mapping(src, triples))
-        except MappingError:
-            continue  # nats-server skips a mapping it cannot build and logs it
-    return table
-
-
-def account_config_from_claims(claims: Any) -> AccountConfig:
-    """An account JWT (`node.jwt.AccountClaims`) as an AccountConfig: the
-    routing core then treats both modes alike. The account's name is its
-    public key, as in nats-server. Entries that do not parse are dropped;
-    imports still have to be authorised against the exporter's exports
-    (`stream_export_for` / `service_export_for`) when both are known."""
-    acc = AccountConfig(claims.key)
-    for e in claims.exports:
-        export = _jwt_export(e)
-        if isinstance(export, StreamExport):
-            acc.stream_exports.append(export)
-        elif isinstance(export, ServiceExport):
-            acc.service_exports.append(export)
-    for i in claims.imports:
-        imp = _jwt_import(i)
-        try:
-            if isinstance(imp, StreamImport):
-                if imp.to and _has_wildcard(imp.subject):
-                    imp.transform = compile_transform(imp.subject, tokenize_wildcards(imp.to),
-                                                      strict=True)
-                acc.stream_imports.append(imp)
-            elif isinstance(imp, ServiceImport):
-                if imp.to and _has_wildcard(imp.subject):
-                    imp.transform = reverse_transform(compile_transform(
-                        imp.subject, tokenize_wildcards(imp.to), strict=True))
-                acc.service_imports.append(imp)
-        except MappingError:
-            continue  # nats-server logs such an import and leaves it out
-    acc.mappings = _jwt_mappings(claims.mappings)
-    acc.default_permissions = claims.default_permissions
-    lim = claims.limits
-    acc.limits = AccountLimits(lim.conn, lim.subs, lim.payload, lim.leaf)
-    acc.jetstream = JetStreamLimits(
-        enabled=lim.mem_storage != 0 or lim.disk_storage != 0, max_mem=lim.mem_storage,
-        max_file=lim.disk_storage, max_streams=lim.streams, max_consumers=lim.consumer,
-        max_ack_pending=lim.max_ack_pending)
-    return acc
-
-
-# --------------------------------------------------------------------------
 # Where a message goes across accounts (pure; the routing core calls these)
 
 
@@ -975,6 +875,6 @@ def _service_remote_subject(vi: ServiceImport, subject: str) -> str:
     if vi.transform is not None:
         mapped = vi.transform.apply(subject)
         return subject if mapped is None else mapped
-    if vi.to and not _has_wildcard(vi.subject):
+    if vi.to and not has_wildcard(vi.subject):
         return vi.subject  # a literal remap: "to" is the local name of one subject
     return subject

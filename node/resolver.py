@@ -22,6 +22,17 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from node.accountconf import (
+    AccountConfig,
+    AccountLimits,
+    JetStreamLimits,
+    ResponseType,
+    ServiceExport,
+    ServiceImport,
+    StreamExport,
+    StreamImport,
+    has_wildcard,
+)
 from node.config import ConfigError, _block, _bool, _Field, _fields, _str, _used_as_var
 from node.jwt import (
     PREFIX_ACCOUNT,
@@ -32,6 +43,15 @@ from node.jwt import (
     decode_operator,
     decode_public_key,
 )
+from node.mapping import (
+    MappingError,
+    MappingTable,
+    build_mapping,
+    compile_transform,
+    reverse_transform,
+    tokenize_wildcards,
+)
+from node.subject import valid_subject
 
 JWT_SUFFIX = ".jwt"
 # A claim update arrives as a message; bound it like a JWT.
@@ -344,3 +364,103 @@ def claims_lookup_response(resolver: MemoryResolver, account_key: str) -> bytes 
 def _update_error(account: str, reason: str) -> dict[str, Any]:
     return {"error": {"account": account, "code": 500,
                       "description": f"jwt update resulted in error - {reason}"}}
+
+
+# --------------------------------------------------------------------------
+# An account JWT as an AccountConfig
+
+
+_JWT_RESPONSE_TYPES = {"Singleton": ResponseType.SINGLETON, "Stream": ResponseType.STREAM,
+                       "Chunked": ResponseType.CHUNKED}
+
+
+def _jwt_str(d: dict[str, Any], key: str) -> str:
+    v = d.get(key)
+    return v if isinstance(v, str) else ""
+
+
+def _jwt_export(e: dict[str, Any]) -> StreamExport | ServiceExport | None:
+    subject = _jwt_str(e, "subject")
+    if not valid_subject(subject):
+        return None
+    position = e.get("account_token_position")
+    position = position if isinstance(position, int) and not isinstance(position, bool) else 0
+    # An export that requires an activation token is private to token holders;
+    # Jetraft does not check activation tokens yet, so it admits no one (fail closed).
+    accounts = frozenset() if e.get("token_req") is True else None
+    if e.get("type") == "service":
+        rtype = _JWT_RESPONSE_TYPES.get(_jwt_str(e, "response_type"), ResponseType.SINGLETON)
+        return ServiceExport(subject, accounts, rtype, token_position=position)
+    if e.get("type") == "stream":
+        return StreamExport(subject, accounts, position)
+    return None
+
+
+def _jwt_import(i: dict[str, Any]) -> StreamImport | ServiceImport | None:
+    subject, account = _jwt_str(i, "subject"), _jwt_str(i, "account")
+    local = _jwt_str(i, "local_subject") or _jwt_str(i, "to")
+    if not valid_subject(subject) or not account or (local and not valid_subject(local)):
+        return None
+    if i.get("type") == "stream":
+        return StreamImport(account, subject, to=local)
+    if i.get("type") == "service":
+        return ServiceImport(account, subject, to=local, share=i.get("share") is True)
+    return None
+
+
+def _jwt_mappings(mappings: dict[str, Any]) -> MappingTable:
+    table = MappingTable()
+    for src, dests in mappings.items():
+        if not valid_subject(src) or not isinstance(dests, list):
+            continue
+        triples = []
+        for d in dests:
+            if isinstance(d, dict) and isinstance(d.get("subject"), str):
+                weight = d.get("weight")
+                weight = weight if isinstance(weight, int) and 0 < weight <= 100 else 100
+                cluster = d.get("cluster") if isinstance(d.get("cluster"), str) else None
+                triples.append((d["subject"], weight, cluster or None))
+        try:
+            table.add(build_mapping(src, triples))
+        except MappingError:
+            continue  # nats-server skips a mapping it cannot build and logs it
+    return table
+
+
+def account_config_from_claims(claims: AccountClaims) -> AccountConfig:
+    """An account JWT (`node.jwt.AccountClaims`) as an AccountConfig: the
+    routing core then treats both modes alike. The account's name is its
+    public key, as in nats-server. Entries that do not parse are dropped;
+    imports still have to be authorised against the exporter's exports
+    (`stream_export_for` / `service_export_for`) when both are known."""
+    acc = AccountConfig(claims.key)
+    for e in claims.exports:
+        export = _jwt_export(e)
+        if isinstance(export, StreamExport):
+            acc.stream_exports.append(export)
+        elif isinstance(export, ServiceExport):
+            acc.service_exports.append(export)
+    for i in claims.imports:
+        imp = _jwt_import(i)
+        try:
+            if isinstance(imp, StreamImport):
+                if imp.to and has_wildcard(imp.subject):
+                    imp.transform = compile_transform(imp.subject, tokenize_wildcards(imp.to),
+                                                      strict=True)
+                acc.stream_imports.append(imp)
+            elif isinstance(imp, ServiceImport):
+                if imp.to and has_wildcard(imp.subject):
+                    imp.transform = reverse_transform(compile_transform(
+                        imp.subject, tokenize_wildcards(imp.to), strict=True))
+                acc.service_imports.append(imp)
+        except MappingError:
+            continue  # nats-server logs such an import and leaves it out
+    acc.mappings = _jwt_mappings(claims.mappings)
+    acc.default_permissions = claims.default_permissions
+    lim = claims.limits
+    acc.limits = AccountLimits(lim.conn, lim.subs, lim.payload, lim.leaf)
+    acc.jetstream = JetStreamLimits(
+        enabled=lim.mem_storage != 0 or lim.disk_storage != 0, max_mem=lim.mem_storage,
+        max_file=lim.disk_storage, max_streams=lim.streams, max_consumers=lim.consumer,
+        max_ack_pending=lim.max_ack_pending)
+    return acc

@@ -320,8 +320,9 @@ async def test_claims_update_replies_like_nats_server(servers, tmp_path: Path) -
 async def test_account_jwt_imports_route_like_nats_server(servers, tmp_path: Path) -> None:
     """Exports and imports written in account JWTs: our reading of them
     (account_config_from_claims + ImportIndex) routes as nats-server does."""
-    from node.accountconf import AccountsConfig, ImportIndex, account_config_from_claims
+    from node.accountconf import AccountsConfig, ImportIndex
     from node.jwt import decode_account
+    from node.resolver import account_config_from_claims
 
     op, sys_, a, b = ji.operator_key(), ji.account_key(), ji.account_key(), ji.account_key()
     a_jwt = ji.account_jwt(a, op, name="A", exports=[

@@ -145,8 +145,8 @@ def test_stream_import_cycle_through_three_accounts_is_refused() -> None:
 
 
 def test_account_jwt_in_the_same_shapes() -> None:
-    from node.accountconf import account_config_from_claims
     from node.jwt import decode_account
+    from node.resolver import account_config_from_claims
     from tests import jwt_issuer as ji
 
     op, acc, other = ji.operator_key(), ji.account_key(), ji.account_key()
