@@ -221,3 +221,39 @@ def test_config_hook_fills_options_but_keeps_keys_unsupported_until_enforced() -
     with pytest.raises(ConfigError, match="stream import not authorized"):
         apply_config(parse_config("accounts { A: {}, B: { imports: [{stream: "
                                   "{account: A, subject: x}}] } }"))
+
+
+# ---- any shape of input: a ConfigError, never another exception
+
+_KEYS = ["users", "user", "password", "nkey", "permissions", "publish", "subscribe", "allow",
+         "deny", "allow_responses", "exports", "imports", "stream", "service", "account",
+         "subject", "accounts", "prefix", "to", "response_type", "limits", "max_connections",
+         "jetstream", "max_mem", "mappings", "destination", "weight", "cluster",
+         "default_permissions", "allowed_connection_types", "latency", "share", "A", "B"]
+
+
+def _config_values():
+    from hypothesis import strategies as st
+
+    scalars = (st.none() | st.booleans() | st.integers(-5, 300) | st.floats(allow_nan=False)
+               | st.sampled_from(["A", "B", "foo", "foo.*", "foo.>", ">", "a..b", "", "50%",
+                                  "{{wildcard(1)}}", "$1", "chunked", "STANDARD", "1G"]))
+    return st.recursive(scalars, lambda c: st.lists(c, max_size=3)
+                        | st.dictionaries(st.sampled_from(_KEYS), c, max_size=4),
+                        max_leaves=20)
+
+
+def test_fuzz_accounts_blocks_only_raise_config_errors() -> None:
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    @settings(max_examples=600, deadline=None)
+    @given(st.dictionaries(st.sampled_from(["accounts", "mappings", "system_account",
+                                            "no_auth_user"]), _config_values(), max_size=3))
+    def check(root: dict) -> None:
+        try:
+            parse_accounts_config(root)
+        except ConfigError:
+            pass
+
+    check()

@@ -182,3 +182,29 @@ def test_random_function_uses_the_given_rng() -> None:
     t = compile_transform("t.*", "t.{{random(4)}}")
     seen = {t.apply("t.x", random.Random(s)) for s in range(50)}
     assert seen == {"t.0", "t.1", "t.2", "t.3"}
+
+
+def _token_soup():
+    from hypothesis import strategies as st
+
+    tokens = st.sampled_from(["a", "b", "*", ">", "", "$1", "$2", "$x", "{{wildcard(1)}}",
+                              "{{partition(3,1,2)}}", "{{split(1,-)}}", "{{splitfromleft(1,2)}}",
+                              "{{slicefromright(2,1)}}", "{{left(1,x)}}", "{{random(5)}}",
+                              "{{wildcard()}}", "{{nope(1)}}", "{{", "}}", "a b", "é"])
+    return st.lists(tokens, min_size=0, max_size=5).map(".".join)
+
+
+def test_fuzz_transforms_only_raise_mapping_errors_and_apply_never_raises() -> None:
+    from hypothesis import given, settings
+
+    @settings(max_examples=800, deadline=None)
+    @given(_token_soup(), _token_soup(), _token_soup())
+    def check(src: str, dest: str, subject: str) -> None:
+        try:
+            t = validate_mapping_destination(src, dest)
+        except MappingError:
+            return
+        out = t.apply(subject, random.Random(1))
+        assert out is None or isinstance(out, str)
+
+    check()
