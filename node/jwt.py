@@ -25,6 +25,7 @@ import base64
 import binascii
 import datetime as _dt
 import ipaddress
+import itertools
 import json
 import zoneinfo
 from collections.abc import Callable
@@ -36,6 +37,7 @@ import nacl.signing
 import nkeys
 
 from node.options import Permissions
+from node.subject import valid_subject
 
 # A user JWT travels in CONNECT, which max_control_line bounds (4 KiB by
 # default); account JWTs arrive in claim updates. 1 MiB bounds both.
@@ -503,17 +505,101 @@ def decode_user(token: str, max_bytes: int = MAX_JWT_BYTES) -> UserClaims:
     return _user_limits(c, c.nats, issuer_account)
 
 
-def apply_scope(user: UserClaims, scope: UserScope) -> UserClaims:
+def apply_scope(user: UserClaims, scope: UserScope, account: AccountClaims) -> UserClaims:
     """A user signed by a scoped key: its own claims must be empty, and the
-    scope's template supplies permissions and limits."""
+    scope's template supplies permissions (macros expanded) and limits."""
     if any(user.claims.nats.get(k) not in (None, 0, "", [], {}, False) for k in _SCOPED_FIELDS):
         raise AuthError("user JWT signed by a scoped key must not carry permissions or limits")
-    template = dict(scope.template)
+    template = _expand_template(dict(scope.template), user, account)
     template.setdefault("subs", UNLIMITED)
     template.setdefault("data", UNLIMITED)
     template.setdefault("payload", UNLIMITED)
     scoped = _user_limits(user.claims, template, user.issuer_account)
     return replace(scoped, tags=user.tags)
+
+
+# --------------------------------------------------------------------------
+# Scope templates: {{name()}}, {{subject()}}, {{account-name()}},
+# {{account-subject()}}, {{tag(k)}}, {{account-tag(k)}} in permission subjects
+
+
+def _is_macro(token: str) -> bool:
+    return token.startswith("{{") and token.endswith("}}")
+
+
+def _macro_value(op: str, user: UserClaims, account: AccountClaims) -> str | list[str]:
+    """A macro's text, or for tag macros the list of values (maybe empty)."""
+    fixed = {"name()": user.claims.name, "subject()": user.key,
+             "account-name()": account.claims.name, "account-subject()": user.issuer_account}
+    if op in fixed:
+        return fixed[op]
+    for prefix, tags in (("account-tag(", _str_list(account.claims.nats.get("tags"))),
+                         ("tag(", list(user.tags))):
+        if op.startswith(prefix) and op.endswith(")"):
+            key = op[len(prefix):-1].lower() + ":"
+            return [t[len(key):] for t in tags if t.startswith(key)]
+    # nats-server 2.15 refuses the login over an unknown macro, in any list.
+    raise AuthError(f"user JWT generated invalid permissions: unknown macro {op!r:.40}")
+
+
+def _str_list(value: Any) -> list[str]:
+    return [v for v in value if isinstance(v, str)] if isinstance(value, list) else []
+
+
+def _expand_subject(subject: str, user: UserClaims, account: AccountClaims) -> list[str]:
+    tokens: list[str] = []
+    value_lists: list[list[str]] = []
+    for token in subject.split("."):
+        if not _is_macro(token):
+            tokens.append(token)
+            continue
+        value = _macro_value(token[2:-2].lower(), user, account)
+        if isinstance(value, list):
+            tokens.append("")  # a placeholder, filled below (left empty: invalid)
+            if value:
+                value_lists.append(value)
+        else:
+            tokens.append(value)
+    combos = itertools.product(*value_lists) if value_lists else [()]
+    out = []
+    for combo in combos:
+        values = iter(combo)
+        out.append(".".join(next(values, "") if t == "" else t for t in tokens))
+    return out
+
+
+def _expand_list(subjects: list[str], user: UserClaims, account: AccountClaims,
+                 fail_on_bad: bool) -> list[str]:
+    if not any(_is_macro(t) for s in subjects for t in s.split(".")):
+        return subjects
+    out = []
+    for subject in subjects:
+        for candidate in _expand_subject(subject, user, account):
+            if valid_subject(candidate):
+                out.append(candidate)
+            elif fail_on_bad:
+                raise AuthError("user JWT generated invalid permissions")
+    return out
+
+
+def _expand_template(template: dict[str, Any], user: UserClaims,
+                     account: AccountClaims) -> dict[str, Any]:
+    """nats-server's expansion: bad allow entries are dropped, a bad deny
+    entry refuses the login, and an allow list emptied by expansion becomes
+    a deny of everything."""
+    for side in ("pub", "sub"):
+        perm = template.get(side)
+        if not isinstance(perm, dict):
+            continue
+        perm = dict(perm)
+        allow, deny = _str_list(perm.get("allow")), _str_list(perm.get("deny"))
+        new_allow = _expand_list(allow, user, account, fail_on_bad=False)
+        new_deny = _expand_list(deny, user, account, fail_on_bad=True)
+        if allow and not new_allow:
+            new_deny = [*new_deny, ">"]
+        perm["allow"], perm["deny"] = new_allow or None, new_deny or None
+        template[side] = perm
+    return template
 
 
 # --------------------------------------------------------------------------
@@ -625,7 +711,7 @@ def _effective_user(user: UserClaims, account: AccountClaims) -> UserClaims:
     if issuer != account.key and not user.issuer_account:
         raise AuthError("user JWT signed by a signing key must name issuer_account")
     scope = account.scopes.get(issuer)
-    return user if scope is None else apply_scope(user, scope)
+    return user if scope is None else apply_scope(user, scope, account)
 
 
 def _check_user(user: UserClaims, account: AccountClaims, signature: str | None, nonce: bytes,

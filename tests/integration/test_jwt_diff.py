@@ -393,3 +393,86 @@ async def test_account_jwt_imports_route_like_nats_server(servers, tmp_path: Pat
     finally:
         await nc_a.close()
         await nc_b.close()
+
+
+def _publish_verdicts(port: int, token: str, key: ji.Key, subjects: list[str]) -> dict[str, bool]:
+    """Log in, publish to each subject, and report which were allowed."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        f = s.makefile("rb")
+        nonce = json.loads(f.readline().split(b" ", 1)[1])["nonce"].encode()
+        sig = _sign(key, nonce, "ok")
+        connect = {"jwt": token, "sig": sig, "verbose": False, "protocol": 1}
+        pubs = b"".join(f"PUB {subj} 1\r\nx\r\n".encode() for subj in subjects)
+        s.sendall(b"CONNECT " + json.dumps(connect).encode() + b"\r\n" + pubs + b"PING\r\n")
+        denied = set()
+        while True:
+            line = f.readline().decode().strip()
+            if line == "PONG" or not line:
+                break
+            if "Permissions Violation for Publish to" in line:
+                denied.add(line.split('"')[1])
+            elif line.startswith("-ERR"):
+                return {}  # refused at login
+        return {subj: subj not in denied for subj in subjects}
+
+
+def _our_verdicts(identity, subjects: list[str]) -> dict[str, bool]:
+    from node.subject import subject_matches
+
+    perms = identity.permissions
+    out = {}
+    for subj in subjects:
+        allow = perms.publish_allow if perms else None
+        deny = perms.publish_deny if perms else None
+        ok = allow is None or any(subject_matches(a, subj) for a in allow)
+        out[subj] = ok and not any(subject_matches(d, subj) for d in deny or [])
+    return out
+
+
+@pytest.mark.parametrize("case", ["macros", "missing_tag", "bad_deny", "account_tag",
+                                  "unknown_macro_in_allow", "sub_side"])
+def test_scope_template_macros_expand_like_nats_server(case: str, servers,
+                                                       tmp_path: Path) -> None:
+    from node.resolver import MemoryResolver
+
+    templates = {
+        "macros": {"pub": {"allow": ["{{name()}}.>", "team.{{tag(dept)}}",
+                                     "acct.{{account-name()}}", "me.{{subject()}}",
+                                     "both.{{tag(dept)}}.{{tag(site)}}"],
+                           "deny": ["{{name()}}.secret"]}},
+        "missing_tag": {"pub": {"allow": ["x.{{tag(nope)}}"]}},
+        "bad_deny": {"pub": {"allow": [">"], "deny": ["x.{{unknown()}}"]}},
+        "account_tag": {"pub": {"allow": ["region.{{account-tag(region)}}",
+                                          "{{Name()}}.ok"]}},
+        "unknown_macro_in_allow": {"pub": {"allow": ["odd.{{nope()}}", ">"]}},
+        "sub_side": {"sub": {"allow": ["{{name()}}.>"]}, "pub": {"deny": ["{{tag(dept)}}"]}},
+    }
+    op, sys_, acc, scoped = ji.operator_key(), ji.account_key(), ji.account_key(), ji.account_key()
+    scope = {"kind": "user_scope", "key": scoped.public, "role": "r",
+             "template": templates[case]}
+    acc_jwt = ji.account_jwt(acc, op, name="ACME", signing_keys=[scope],
+                             tags=["region:eu", "region:us"])
+    (tmp_path / "op.jwt").write_text(ji.operator_jwt(op, system_account=sys_.public))
+    config = (f"operator: {tmp_path / 'op.jwt'}\nsystem_account: {sys_.public}\n"
+              f"resolver: MEMORY\nresolver_preload: {{ {sys_.public}: "
+              f"{ji.account_jwt(sys_, op)}, {acc.public}: {acc_jwt} }}\n")
+    srv = servers.nats_server(config)
+    user = ji.user_key()
+    token = ji.user_jwt(user, scoped, name="alice", issuer_account=acc.public, bare=True,
+                        tags=["dept:eng", "dept:ops", "site:x"])
+    subjects = ["alice.x", "alice.secret", "bob.x", "team.eng", "team.ops", "team.hr",
+                "acct.ACME", f"me.{user.public}", "both.eng.x", "both.ops.y", "x.y",
+                "region.eu", "region.us", "region.ap", "alice.ok", "odd.x"]
+    theirs = _publish_verdicts(srv.port, token, user, subjects)
+    cfg = parse_operator_config(parse_config(config))
+    resolver = MemoryResolver(cfg)
+    nonce = b"n"
+    try:
+        identity, _ = authenticate_user(token, _sign(user, nonce, "ok"), nonce, operator=cfg,
+                                        lookup_account=lambda k: resolver.lookup(k, time.time()),
+                                        now=time.time(), client_ip="127.0.0.1")
+    except JWTError:
+        ours: dict[str, bool] = {}
+    else:
+        ours = _our_verdicts(identity, subjects)
+    assert ours == theirs
