@@ -430,7 +430,8 @@ def _our_verdicts(identity, subjects: list[str]) -> dict[str, bool]:
 
 
 @pytest.mark.parametrize("case", ["macros", "missing_tag", "bad_deny", "account_tag",
-                                  "unknown_macro_in_allow", "sub_side"])
+                                  "unknown_macro_in_allow", "sub_side",
+                                  "missing_tag_in_deny"])
 def test_scope_template_macros_expand_like_nats_server(case: str, servers,
                                                        tmp_path: Path) -> None:
     from node.resolver import MemoryResolver
@@ -445,6 +446,7 @@ def test_scope_template_macros_expand_like_nats_server(case: str, servers,
         "account_tag": {"pub": {"allow": ["region.{{account-tag(region)}}",
                                           "{{Name()}}.ok"]}},
         "unknown_macro_in_allow": {"pub": {"allow": ["odd.{{nope()}}", ">"]}},
+        "missing_tag_in_deny": {"pub": {"allow": [">"], "deny": ["x.{{tag(nope)}}"]}},
         "sub_side": {"sub": {"allow": ["{{name()}}.>"]}, "pub": {"deny": ["{{tag(dept)}}"]}},
     }
     op, sys_, acc, scoped = ji.operator_key(), ji.account_key(), ji.account_key(), ji.account_key()
