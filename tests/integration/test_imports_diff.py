@@ -84,7 +84,7 @@ async def _served_by(url_req: str, url_srv: str, subjects: list[str]) -> list[li
     for subject in subjects:
         got.clear()
         try:
-            await req.request(subject, b"x", timeout=1)
+            await req.request(subject, b"x", timeout=5)
         except (nats.errors.NoRespondersError, nats.errors.TimeoutError):
             pass
         out.append(sorted(got))
