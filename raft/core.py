@@ -920,9 +920,13 @@ class Raft:
             invariant(rd.committed_entries[0].index == self.log.applied + 1,
                       "raft: committed entries not contiguous with applied",
                       first=rd.committed_entries[0].index, applied=self.log.applied)
+            # A snapshot restored since this Ready was taken covers entries at
+            # or below its index: its configuration is newer than any change
+            # among them, so such a change must not be applied on top of it.
+            floor = self.log.first_index() - 1
             for e in rd.committed_entries:
                 self.log.applied_to(e.index)
-                if e.type is EntryType.CONF_CHANGE:
+                if e.type is EntryType.CONF_CHANGE and e.index > floor:
                     self.apply_conf_change(decode_conf_change(e.data))
         self.check_invariants()
 

@@ -48,6 +48,7 @@ from typing import Any, Protocol
 
 from raft import snapfile
 from raft.core import Config, Raft, StateType, decode_conf_change, storage_append_resp
+from raft.runtime import Clock, DefaultThreads, Executor, LoopClock, ThreadExecutor, iterate_in
 from raft.storage import NodeLog
 from raft.types import (
     NONE,
@@ -156,8 +157,16 @@ class MultiRaft:
         dead_after_ticks: int | None = None,
         max_uncommitted_entries: int = 16384,
         seed: int | None = None,
+        clock: Clock | None = None,
+        apply_executor: Executor | None = None,
+        io_executor: Executor | None = None,
     ) -> None:
         self.node_id = node_id
+        # The world, behind interfaces (raft/runtime.py): a simulation passes
+        # its own deterministic clock, transport and executors.
+        self.clock: Clock = clock or LoopClock()
+        self.apply_executor: Executor = apply_executor or ThreadExecutor(1, "raft-apply")
+        self.io_executor: Executor = io_executor or DefaultThreads()
         self.node_log = node_log
         self.transport = transport
         self.tick_interval_s = tick_interval_s
@@ -213,7 +222,21 @@ class MultiRaft:
             self._fail_all(g, ProposalDropped("node stopping"))
         if self.transport is not None:
             await self.transport.stop()
+        for ex in (self.apply_executor, self.io_executor):
+            close = getattr(ex, "close", None)
+            if close is not None:
+                close()
         self.node_log.close()
+
+    def add_peer(self, node: int, addr: str) -> None:
+        """Reach node `node` at `addr` from now on (no restart)."""
+        self.transport.add_peer(node, addr)
+        self._peers.setdefault(node, True)
+
+    def remove_peer(self, node: int) -> None:
+        """Stop talking to node `node` (remove it from its groups first)."""
+        self.transport.remove_peer(node)
+        self._peers.pop(node, None)
 
     def _spawn(self, coro: Any) -> asyncio.Task[Any]:
         task = asyncio.ensure_future(coro)
@@ -352,21 +375,22 @@ class MultiRaft:
 
     async def transfer_leader(self, group: str, to: int, timeout: float = 10.0) -> None:
         g = self._group(group)
-        async with asyncio.timeout(timeout):
+        async with self.clock.timeout(timeout):
             while g.core.lead != to:
                 g.core.transfer_leader(to)
                 self._mark(group)
                 fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
                 g.leader_waiters.append(fut)
                 try:
-                    await asyncio.wait_for(asyncio.shield(fut), self.dead_after_s)
+                    async with self.clock.timeout(self.dead_after_s):
+                        await asyncio.shield(fut)
                 except TimeoutError:
                     pass
 
     async def wait_leader(self, group: str, timeout: float = 10.0) -> int:
         """Until the group has a leader (tests, startup); returns its id."""
         g = self._group(group)
-        async with asyncio.timeout(timeout):
+        async with self.clock.timeout(timeout):
             while g.core.lead == NONE:
                 fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
                 g.leader_waiters.append(fut)
@@ -386,11 +410,11 @@ class MultiRaft:
         idx = g.core.propose_conf_change(cc)
         # A leader takes one change at a time, and none until it has applied its own
         # election's entries: wait out that barrier (a few election timeouts) before giving up.
-        deadline = asyncio.get_running_loop().time() + 3 * self.election_tick * self.tick_interval_s
+        deadline = self.clock.now() + 3 * self.election_tick * self.tick_interval_s
         while idx is None and g.core.state is StateType.LEADER:
-            if asyncio.get_running_loop().time() > deadline:
+            if self.clock.now() > deadline:
                 raise ProposalDropped("a membership change is already in flight")
-            await asyncio.sleep(self.tick_interval_s)
+            await self.clock.sleep(self.tick_interval_s)
             idx = g.core.propose_conf_change(cc)
         if idx is None:
             raise NotLeader(g.core.lead)
@@ -442,9 +466,9 @@ class MultiRaft:
         rx = snapfile.Receiver(self.snap_dir, header.group)
         try:
             async for piece in chunks:
-                await asyncio.to_thread(rx.feed, piece)
+                await self.io_executor.run(rx.feed, piece)
                 self.stats.snapshot_bytes_received += len(piece)
-            await asyncio.to_thread(rx.finish)
+            await self.io_executor.run(rx.finish)
         except BaseException:
             rx.close()
             snapfile.discard(rx.path)
@@ -475,7 +499,7 @@ class MultiRaft:
         fd = os.open(stored.path, os.O_RDONLY)
         try:
             pieces = snapfile.read_chunks(fd, stored.size)
-            while (piece := await asyncio.to_thread(next, pieces, None)) is not None:
+            async for piece in iterate_in(self.io_executor, pieces):
                 self.stats.snapshot_bytes_sent += len(piece)
                 yield piece
         finally:
@@ -522,10 +546,10 @@ class MultiRaft:
             self._count_sync(len(work))
         for g, stored in installs:
             # Off the loop: copying a large image must not stall other groups.
-            await asyncio.to_thread(g.sm.restore_from, stored.path or self._empty_image())
+            await self.io_executor.run(g.sm.restore_from, stored.path or self._empty_image())
         self.stats.drains += 1
         self.stats.readies += len(work)
-        self._finish(work, installs)
+        await self._finish(work, installs)
 
     def _count_sync(self, groups: int) -> None:
         s = self.stats
@@ -542,11 +566,11 @@ class MultiRaft:
                 # first, so the received file is the last one committed and
                 # snapshot_to never overlaps restore_from.
                 await asyncio.gather(g.snap_task, return_exceptions=True)
-            g.snap = await asyncio.to_thread(
+            g.snap = await self.io_executor.run(
                 snapfile.commit, self.snap_dir, g.name, inc.meta, inc.path, inc.size, inc.crc)
             installs[i] = (g, g.snap)
 
-    def _finish(self, work: list[tuple[_Group, Ready]], installs: list) -> None:
+    async def _finish(self, work: list[tuple[_Group, Ready]], installs: list) -> None:
         out: list[Message] = []
         for g, stored in installs:
             self._install(g, stored.meta)
@@ -557,11 +581,17 @@ class MultiRaft:
             if resp is not None:
                 g.core.step(resp)
             out.extend(rd.messages)
-            self._apply(g, rd)
-            g.core.advance(rd)
-            self._after(g)
         if out:
             self.transport.send(out)
+        # Apply every group's committed entries in ONE hop to the apply worker
+        # (log order per group); the loop keeps stepping messages meanwhile.
+        batches = [(g.sm, ents) for g, rd in work if (ents := self._to_apply(g, rd))]
+        if batches:
+            await self.apply_executor.run(_apply_batches, batches)
+        for g, rd in work:
+            self._settle(g, rd)
+            g.core.advance(rd)
+            self._after(g)
 
     def _flush_proposals(self, g: _Group) -> None:
         """Step queued proposals as one PROP: one append and one APP per follower."""
@@ -623,18 +653,20 @@ class MultiRaft:
             _, fut = g.pending.pop(idx)
             _fail(fut, ProposalDropped("outcome unknown: replaced by a snapshot"))
 
-    def _apply(self, g: _Group, rd: Ready) -> None:
-        sm = g.sm
+    def _to_apply(self, g: _Group, rd: Ready) -> list[Entry]:
+        """The Ready's committed entries the state machine must see: not the
+        leaders' empty no-ops, and none at or below a snapshot restored since
+        the Ready was taken (that snapshot already holds their effect, and a
+        membership change among them would overwrite its newer configuration)."""
+        floor = g.core.log.first_index() - 1
+        return [e for e in rd.committed_entries
+                if e.index > floor and (e.data or e.type is not EntryType.NORMAL)]
+
+    def _settle(self, g: _Group, rd: Ready) -> None:
+        """After the apply: resolve proposals, record conf changes, hand out reads."""
         for e in rd.committed_entries:
-            if e.type is EntryType.NORMAL:
-                if e.data:
-                    sm.apply(e.index, e.data)
-            else:
-                if g.snapshotting:
-                    g.conf_applied.append(e.index)
-                hook = getattr(sm, "on_conf_change", None)
-                if hook is not None:
-                    hook(e.index, decode_conf_change(e.data))
+            if e.type is EntryType.CONF_CHANGE and g.snapshotting:
+                g.conf_applied.append(e.index)
             p = g.pending.pop(e.index, None)
             if p is not None and not p[1].done():
                 if p[0] == e.term:
@@ -719,7 +751,7 @@ class MultiRaft:
         try:
             # The image is written in a thread while applies go on; it tells
             # which applied index it holds (>= start).
-            index, size, crc = await asyncio.to_thread(_write_image, g.sm, part)
+            index, size, crc = await self.io_executor.run(_write_image, g.sm, part)
             meta = self._image_meta(g, start, index, conf)
             if meta is None:
                 self.stats.snapshots_discarded += 1
@@ -730,7 +762,7 @@ class MultiRaft:
             await self.node_log.sync_async()
             if self._groups.get(g.name) is not g:
                 return  # removed meanwhile: leave no meta file behind
-            stored = await asyncio.to_thread(
+            stored = await self.io_executor.run(
                 snapfile.commit, self.snap_dir, g.name, meta, part, size, crc)
             part = None
             gl = self.node_log.group(g.name)
@@ -780,13 +812,13 @@ class MultiRaft:
     # ---- ticks, quiescence, liveness --------------------------------------------------
 
     async def _tick_loop(self) -> None:
-        loop = asyncio.get_running_loop()
-        next_at = loop.time()
+        clock = self.clock
+        next_at = clock.now()
         while True:
             next_at += self.tick_interval_s
-            await asyncio.sleep(max(0.0, next_at - loop.time()))
-            if loop.time() - next_at > self.tick_interval_s * 5:
-                next_at = loop.time()  # fell far behind (overloaded): don't burst ticks
+            await clock.sleep(max(0.0, next_at - clock.now()))
+            if clock.now() - next_at > self.tick_interval_s * 5:
+                next_at = clock.now()  # fell far behind (overloaded): don't burst ticks
             self._on_tick()
 
     def _on_tick(self) -> None:
@@ -822,7 +854,7 @@ class MultiRaft:
             self._mark(g.name)
 
     def _check_peers(self) -> None:
-        now = asyncio.get_running_loop().time()
+        now = self.clock.now()
         for peer, alive in self._peers.items():
             try:
                 seen = self.transport.last_seen(peer)
@@ -846,6 +878,35 @@ class MultiRaft:
 def _fail(fut: asyncio.Future[Any], exc: Exception) -> None:
     if not fut.done():
         fut.set_exception(exc)
+
+
+def _apply_batches(batches: list[tuple[Any, list[Entry]]]) -> None:
+    """In the apply worker: each state machine gets its committed entries in
+    log order, runs of normal entries as one `apply_batch` when it has one
+    (one LMDB write txn), membership changes through `on_conf_change`."""
+    for sm, ents in batches:
+        batch_fn = getattr(sm, "apply_batch", None)
+        run: list[tuple[int, bytes]] = []
+        for e in ents:
+            if e.type is EntryType.NORMAL:
+                run.append((e.index, e.data))
+                continue
+            _apply_run(sm, batch_fn, run)
+            run = []
+            hook = getattr(sm, "on_conf_change", None)
+            if hook is not None:
+                hook(e.index, decode_conf_change(e.data))
+        _apply_run(sm, batch_fn, run)
+
+
+def _apply_run(sm: Any, batch_fn: Any, run: list[tuple[int, bytes]]) -> None:
+    if not run:
+        return
+    if batch_fn is not None:
+        batch_fn(run)
+        return
+    for index, data in run:
+        sm.apply(index, data)
 
 
 def _write_image(sm: Any, part: str) -> tuple[int, int, int]:

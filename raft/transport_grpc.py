@@ -92,6 +92,8 @@ class _Link:
     last_seen: float = 0.0
     channel: grpc.aio.Channel | None = None
     snap_channel: grpc.aio.Channel | None = None
+    tasks: set[asyncio.Task[Any]] = field(default_factory=set)  # writer, dialer
+    removed: bool = False
 
 
 class GrpcTransport:
@@ -120,9 +122,12 @@ class GrpcTransport:
         self._tls = tuple(_pem(x) for x in tls) if tls else None
         self._tls_names = dict(tls_names or {})
         self._chunk = chunk_bytes
-        self._links = {
-            p: _Link(p, a, asyncio.Queue(queue_batches)) for p, a in peers.items() if p != node_id
-        }
+        self._queue_batches = queue_batches
+        self._links: dict[int, _Link] = {}
+        for p, a in peers.items():
+            if p != node_id:
+                self._links[p] = _Link(p, a, asyncio.Queue(queue_batches))
+        self._started = False
         self._tasks: set[asyncio.Task[Any]] = set()
         self._server: grpc.aio.Server | None = None
         self._flush_scheduled = False
@@ -143,10 +148,52 @@ class GrpcTransport:
         else:
             self.port = self._server.add_insecure_port(self.listen_addr)
         await self._server.start()
+        self._started = True
         for link in self._links.values():
-            self._spawn(self._writer(link))
-            if self.node_id < link.peer:
-                self._spawn(self._dial_loop(link))
+            self._start_link(link)
+
+    def _start_link(self, link: _Link) -> None:
+        link.tasks.add(self._spawn(self._writer(link)))
+        if self.node_id < link.peer:
+            link.tasks.add(self._spawn(self._dial_loop(link)))
+
+    def add_peer(self, node: int, addr: str) -> None:
+        """Start talking to `node` at `addr` (runtime membership). Changing
+        the address of a known peer replaces its connection."""
+        if node == self.node_id:
+            return
+        old = self._links.get(node)
+        if old is not None:
+            if old.addr == addr:
+                return
+            self.remove_peer(node)
+        link = _Link(node, addr, asyncio.Queue(self._queue_batches))
+        self._links[node] = link
+        if self._started and not self._closing:
+            self._start_link(link)
+
+    def remove_peer(self, node: int) -> None:
+        """Stop talking to `node`: its stream, dialer and channels are closed;
+        a later stream it opens is refused as from an unknown peer."""
+        link = self._links.pop(node, None)
+        if link is None:
+            return
+        link.removed = True
+        for t in link.tasks:
+            t.cancel()
+        stream = link.stream
+        self._detach(link, stream)
+        if isinstance(stream, grpc.aio.Call):
+            stream.cancel()
+        self._spawn(self._close_channels(link))
+
+    async def _close_channels(self, link: _Link) -> None:
+        for ch in (link.channel, link.snap_channel):
+            if ch is not None:
+                await ch.close()
+
+    def peers(self) -> list[int]:
+        return list(self._links)
 
     async def stop(self) -> None:
         self._closing = True
@@ -355,9 +402,13 @@ class GrpcTransport:
                                 f"certificate does not name {self.tls_name(hello.from_node)}")
         await context.write(pb.Batch(from_node=self.node_id, to_node=link.peer, hello=True))
         self._attach(link, context)  # a redial replaces an older stream
+        me = asyncio.current_task()
+        if me is not None:
+            link.tasks.add(me)  # remove_peer ends this call
         try:
             await self._read_loop(link, context.read)
         finally:
+            link.tasks.discard(me)
             self._detach(link, context)
 
     # ---- snapshots ----------------------------------------------------------------

@@ -14,6 +14,7 @@ from raft.core import (
     Raft,
     StateType,
     decode_conf_change,
+    encode_conf_change,
     storage_append_resp,
 )
 from raft.memstorage import MemoryStorage
@@ -22,9 +23,12 @@ from raft.types import (
     ConfChange,
     ConfChangeType,
     ConfState,
+    Entry,
     EntryType,
     Message,
     MsgType,
+    Snapshot,
+    SnapshotMeta,
 )
 from tests.raft.network import Network, key
 
@@ -643,3 +647,35 @@ def test_pending_reads_are_bounded() -> None:
     for i in range(MAX_PENDING_READS + 50):
         r.read_index(b"r%d" % i)
     assert len(r.reads) == MAX_PENDING_READS
+
+
+def test_conf_change_in_flight_is_not_applied_over_a_newer_snapshot() -> None:
+    """Issue 6, defect 1. A Ready commits a membership change (add 4); while
+    the driver fsyncs it, a snapshot at a later index arrives whose
+    configuration no longer has 4. Advancing the old Ready must not put 4
+    back: the snapshot's configuration is newer."""
+    st = MemoryStorage.bootstrap(ConfState((1, 2, 3)))
+    f = Raft(Config(id=2), st)
+    rd = f.ready()
+    st.append(rd.entries)
+    f.advance(rd)
+    add4 = Entry(2, 4, EntryType.CONF_CHANGE,
+                 encode_conf_change(ConfChange(ConfChangeType.ADD_VOTER, 4)))
+    f.step(Message(MsgType.APP, frm=1, to=2, term=2, index=3, log_term=1, entries=[add4],
+                   commit=4))
+    r1 = f.ready()
+    assert [e.index for e in r1.committed_entries] == [4]
+    newer = Snapshot(SnapshotMeta(10, 2, ConfState((1, 2, 3))))
+    f.step(Message(MsgType.SNAP, frm=1, to=2, term=2, snapshot=newer))
+    st.append(r1.entries)
+    st.set_hard_state(r1.hard_state)
+    f.step(storage_append_resp(r1))
+    f.advance(r1)
+    assert f.conf_state.voters == (1, 2, 3)
+    r2 = f.ready()
+    assert r2.snapshot is not None
+    st.apply_snapshot(r2.snapshot)
+    f.step(storage_append_resp(r2))
+    f.advance(r2)
+    assert f.conf_state.voters == (1, 2, 3)
+    assert f.applied == 10
