@@ -8,7 +8,10 @@ the core about entries after the sync, so this is just convenience).
 
 Memory stays bounded: per group we keep compact arrays (term, segment,
 offset, length, type per index) and a small shared byte-bounded cache of
-recent entries; older payloads are read back with `os.pread`.
+recent entries; older payloads are read back with `Disk.pread`.
+
+Every file operation goes through an injected `raft.disk.Disk` (default: the
+real filesystem), the seam where the simulation's crashing disk plugs in.
 
 Record format and recovery rules: `raft/wal.py` and docs/raft.md.
 """
@@ -17,13 +20,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import mmap
 import os
 import re
 from array import array
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
+from raft.disk import OS_DISK, Disk
 from raft.types import (
     CompactedError,
     ConfState,
@@ -51,6 +54,7 @@ log = logging.getLogger(__name__)
 
 _SEGMENT_RE = re.compile(r"^wal-(\d{16})\.log$")
 CACHE_BYTES = 8 << 20
+SCAN_CHUNK = 4 << 20  # recovery reads segments in pieces this big
 # Per-entry size overhead for `max_bytes`, equal to raft.log.ENTRY_OVERHEAD (not imported to keep
 # storage independent of the core); tests/raft/test_storage.py checks both agree.
 ENTRY_OVERHEAD = 16  # recent entries kept decoded in memory, across all groups
@@ -64,7 +68,7 @@ def segment_name(seq: int) -> str:
 
 @dataclass(slots=True)
 class WalStats:
-    fsyncs: int = 0  # incremented exactly where os.fsync is called
+    fsyncs: int = 0  # incremented exactly where Disk.fsync / fsync_dir is called
     syncs: int = 0
     bytes_written: int = 0
     records: int = 0
@@ -263,8 +267,10 @@ class NodeLog:
         *,
         cache_bytes: int = CACHE_BYTES,
         repair: bool = False,
+        disk: Disk | None = None,
     ) -> None:
         self.dir = dir
+        self.disk: Disk = disk if disk is not None else OS_DISK
         self.stats = WalStats()
         self._segment_bytes = segment_bytes
         self._groups: dict[str, _GroupState] = {}
@@ -279,7 +285,7 @@ class NodeLog:
         self._rolling = False
         self._dir_dirty = False
         self._sync_lock = asyncio.Lock()
-        os.makedirs(dir, exist_ok=True)
+        self.disk.makedirs(dir)
         self._recover(repair)
 
     # ---- group access ------------------------------------------------
@@ -393,7 +399,7 @@ class NodeLog:
 
     def _open_segment(self, seq: int) -> None:
         path = os.path.join(self.dir, segment_name(seq))
-        self._fds[seq] = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        self._fds[seq] = self.disk.open(path, create=True)
         self._seg_max.setdefault(seq, {})
         self._cur_seg, self._cur_size = seq, 0
         self._dir_dirty = True
@@ -436,18 +442,14 @@ class NodeLog:
         written = 0
         touched: list[int] = []
         for ch in batch:
-            fd = self._fds[ch.seg]
-            view = memoryview(ch.buf)
-            pos = 0
-            while pos < len(view):
-                pos += os.pwrite(fd, view[pos:], ch.start + pos)
-            written += len(view)
+            self.disk.pwrite(self._fds[ch.seg], ch.buf, ch.start)
+            written += len(ch.buf)
             if ch.seg not in touched:
                 touched.append(ch.seg)
         if self._dir_dirty:
             self._fsync_dir()
         for seg in touched:
-            os.fsync(self._fds[seg])
+            self.disk.fsync(self._fds[seg])
             self.stats.fsyncs += 1
         self.stats.syncs += 1
         self.stats.bytes_written += written
@@ -455,12 +457,8 @@ class NodeLog:
 
     def _fsync_dir(self) -> None:
         self._dir_dirty = False
-        fd = os.open(self.dir, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-            self.stats.fsyncs += 1
-        finally:
-            os.close(fd)
+        self.disk.fsync_dir(self.dir)
+        self.stats.fsyncs += 1
 
     # ---- segment garbage collection --------------------------------------
 
@@ -484,9 +482,9 @@ class NodeLog:
             seq = min(self._fds)
             if seq == self._cur_seg:
                 break
-            os.close(self._fds.pop(seq))
+            self.disk.close(self._fds.pop(seq))
             self._seg_max.pop(seq, None)
-            os.unlink(os.path.join(self.dir, segment_name(seq)))
+            self.disk.unlink(os.path.join(self.dir, segment_name(seq)))
             self.stats.segments_deleted += 1
             deleted = True
         if deleted:
@@ -506,7 +504,7 @@ class NodeLog:
         for ch in (*self._inflight, *self._pending):
             if ch.seg == seg and ch.start <= off < ch.start + len(ch.buf):
                 return bytes(ch.buf[off - ch.start : off - ch.start + n])
-        data = os.pread(self._fds[seg], n, off)
+        data = self.disk.pread(self._fds[seg], n, off)
         if len(data) != n:
             raise CorruptLogError(f"short read in {segment_name(seg)} at {off}")
         return data
@@ -514,13 +512,12 @@ class NodeLog:
     # ---- recovery ----------------------------------------------------------
 
     def _recover(self, repair: bool) -> None:
-        seqs = sorted(
-            int(m.group(1)) for name in os.listdir(self.dir) if (m := _SEGMENT_RE.match(name))
-        )
+        names = self.disk.listdir(self.dir)
+        seqs = sorted(int(m.group(1)) for name in names if (m := _SEGMENT_RE.match(name)))
         for k, seq in enumerate(seqs):
             path = os.path.join(self.dir, segment_name(seq))
-            end, error = self._replay_segment(seq, path)
-            self._fds[seq] = os.open(path, os.O_RDWR)
+            self._fds[seq] = self.disk.open(path)
+            end, error = self._replay_segment(seq)
             self._cur_seg, self._cur_size = seq, end
             if error is None:
                 continue
@@ -528,7 +525,7 @@ class NodeLog:
                 raise CorruptLogError(f"{path}: {error} (not the last segment; see repair=True)")
             self._truncate_tail(seq, path, end, error)
             for later in seqs[k + 1 :]:
-                os.unlink(os.path.join(self.dir, segment_name(later)))
+                self.disk.unlink(os.path.join(self.dir, segment_name(later)))
                 log.error("wal: dropped segment %s after corruption", segment_name(later))
             break
         holes = [g.name for g in self._groups.values() if g.hole]
@@ -538,21 +535,31 @@ class NodeLog:
             self._open_segment(1)
             self._fsync_dir()
 
-    def _replay_segment(self, seq: int, path: str) -> tuple[int, str | None]:
-        size = os.path.getsize(path)
+    def _replay_segment(self, seq: int) -> tuple[int, str | None]:
+        """Replay one segment, read in SCAN_CHUNK pieces; (valid length, error)."""
+        fd = self._fds[seq]
+        size = self.disk.size(fd)
         self._seg_max.setdefault(seq, {})
-        if size == 0:
-            return 0, None
-        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-            scanner = Scanner(mm, entry_payloads=False)
+        buf, base, read_at = bytearray(), 0, 0
+        while True:
+            if read_at < size:
+                piece = self.disk.pread(fd, min(SCAN_CHUNK, size - read_at), read_at)
+                read_at += len(piece)
+                size = read_at if not piece else size
+                buf += piece
+            scanner = Scanner(buf, entry_payloads=False)
             try:
                 for rec in scanner:
-                    self._replay(seq, rec)
+                    self._replay(seq, rec, base)
             finally:
-                scanner.close()  # the mmap cannot close while views into it exist
-        return scanner.end, scanner.error
+                scanner.close()  # buf cannot shrink while a view into it exists
+            if read_at >= size:
+                return base + scanner.end, scanner.error
+            # The stop may only mean the record continues in the next piece.
+            del buf[: scanner.end]
+            base += scanner.end
 
-    def _replay(self, seq: int, rec: Record) -> None:
+    def _replay(self, seq: int, rec: Record, base: int) -> None:
         g = self._state(rec.group)
         if rec.type is RecordType.ENTRY:
             if g.hole and g.known.index < rec.index <= g.snap.index:
@@ -565,8 +572,8 @@ class NodeLog:
                 g.open_hole(rec.index - 1)
             if rec.index <= g.last_index():
                 self._clamp_seg_max(g.name, rec.index - 1)
-            hl = rec.payload_offset - rec.offset
-            g.put(rec.term, rec.index, rec.entry_type, seq, rec.offset + hl, rec.payload_len)
+            g.put(rec.term, rec.index, rec.entry_type, seq, base + rec.payload_offset,
+                  rec.payload_len)
             per_seg = self._seg_max[seq]
             per_seg[g.name] = max(per_seg.get(g.name, 0), rec.index)
         elif rec.type is RecordType.HARD_STATE:
@@ -579,10 +586,10 @@ class NodeLog:
             g.compact_to(rec.index, rec.term, decode_conf_state(rec.payload))
 
     def _truncate_tail(self, seq: int, path: str, end: int, error: str) -> None:
-        size = os.path.getsize(path)
+        size = self.disk.size(self._fds[seq])
         log.warning("wal: %s: %s; truncating %d bytes of torn tail", path, error, size - end)
-        os.ftruncate(self._fds[seq], end)
-        os.fsync(self._fds[seq])
+        self.disk.ftruncate(self._fds[seq], end)
+        self.disk.fsync(self._fds[seq])
         self.stats.fsyncs += 1
         self.stats.torn_bytes_truncated += size - end
 
@@ -591,5 +598,5 @@ class NodeLog:
         if self._pending:
             self.sync()
         for fd in self._fds.values():
-            os.close(fd)
+            self.disk.close(fd)
         self._fds.clear()
