@@ -42,6 +42,7 @@ import asyncio
 import itertools
 import logging
 import os
+import zlib
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -79,6 +80,15 @@ class NotLeader(Exception):
 
 class ProposalDropped(Exception):
     """The proposal was not committed (overwritten by a new leader, busy, or node stopping)."""
+
+
+class NodeFailed(ProposalDropped):
+    """The node stopped itself after a fatal error (fail-stop): the outcome of
+    anything in flight is unknown. `cause` is the error."""
+
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(f"node stopped after a fatal error: {cause!r}")
+        self.cause = cause
 
 
 class StateMachine(Protocol):
@@ -160,6 +170,7 @@ class MultiRaft:
         clock: Clock | None = None,
         apply_executor: Executor | None = None,
         io_executor: Executor | None = None,
+        on_fatal: Any = None,
     ) -> None:
         self.node_id = node_id
         # The world, behind interfaces (raft/runtime.py): a simulation passes
@@ -180,14 +191,19 @@ class MultiRaft:
         self.stats = DriverStats()
         self._seed = seed if seed is not None else node_id * 7919
         self._groups: dict[str, _Group] = {}
-        self._dirty: set[str] = set()
-        self._active: set[str] = set()  # groups the ticker ticks (not quiesced)
+        # Insertion-ordered (dicts as ordered sets): a run replays from its seed.
+        self._dirty: dict[str, None] = {}
+        self._active: dict[str, None] = {}  # groups the ticker ticks (not quiesced)
         self._kick = asyncio.Event()
         self._force_sync = False
         self._peers: dict[int, bool] = {}  # peer -> believed alive
         self._ctx = itertools.count(1)
         self._tasks: set[asyncio.Task[Any]] = set()
         self._running = False
+        self._transport_stopped = False
+        # Fail-stop: the first fatal error, and who to tell (the process exits).
+        self.failed: BaseException | None = None
+        self.on_fatal = on_fatal
 
     # ---- wiring --------------------------------------------------------------
 
@@ -220,13 +236,14 @@ class MultiRaft:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         for g in self._groups.values():
             self._fail_all(g, ProposalDropped("node stopping"))
-        if self.transport is not None:
-            await self.transport.stop()
+        await self._stop_transport()
         for ex in (self.apply_executor, self.io_executor):
             close = getattr(ex, "close", None)
             if close is not None:
                 close()
-        self.node_log.close()
+        if self.failed is None:
+            self.node_log.close()  # flushes what is buffered
+        # After a fatal error nothing more is written: close() would flush.
 
     def add_peer(self, node: int, addr: str) -> None:
         """Reach node `node` at `addr` from now on (no restart)."""
@@ -247,7 +264,39 @@ class MultiRaft:
     def _task_done(self, task: asyncio.Task[Any]) -> None:
         self._tasks.discard(task)
         if not task.cancelled() and task.exception() is not None:
-            log.error("multiraft %d: task failed", self.node_id, exc_info=task.exception())
+            self._fail_stop(task.exception())
+
+    async def _stop_transport(self) -> None:
+        if self.transport is not None and not self._transport_stopped:
+            self._transport_stopped = True
+            await self.transport.stop()
+
+    def _fail_stop(self, exc: BaseException | None) -> None:
+        """A fatal error: stop the node rather than limp on.
+
+        A ready loop that died while ticks and liveness beats go on would make
+        peers trust a leader that commits nothing; a WAL whose write or fsync
+        failed cannot be trusted either (the kernel may have dropped the dirty
+        pages and cleared the error: a retry could report success for data
+        that is gone). So: no more ticks, beats, sends or fsyncs; every waiter
+        fails with NodeFailed; the transport closes its streams, so peers stop
+        hearing from us and elect a new leader; `on_fatal` lets the process
+        exit. A restart recovers from what is on disk."""
+        if exc is None or self.failed is not None:
+            return
+        self.failed = exc
+        log.critical("[FTL] multiraft %d: fatal error, node stops: %r", self.node_id, exc,
+                     exc_info=exc)
+        self._running = False
+        tick = getattr(self, "_tick_task", None)
+        if tick is not None:
+            tick.cancel()
+        self._kick.set()
+        for g in self._groups.values():
+            self._fail_all(g, NodeFailed(exc))
+        self._spawn(self._stop_transport())
+        if self.on_fatal is not None:
+            self.on_fatal(exc)
 
     # ---- groups ----------------------------------------------------------------
 
@@ -281,14 +330,14 @@ class MultiRaft:
             heartbeat_tick=self.heartbeat_tick, applied=applied,
             max_uncommitted_entries=self.max_uncommitted_entries,
         )
-        cfg.rng.seed(hash((self._seed, group)))
+        cfg.rng.seed(self._seed * 1_000_003 + zlib.crc32(group.encode()))  # stable across runs
         g = _Group(group, Raft(cfg, gl), state_machine, snap=snap)
         g.durable_tv = (hs.term, hs.vote)
         self._groups[group] = g
         for nid in g.core.prs:
             if nid != self.node_id:
                 self._peers.setdefault(nid, True)
-        self._active.add(group)
+        self._active[group] = None
         self._mark(group)
 
     def _recover_snapshot(self, group: str, sm: Any) -> snapfile.Stored | None:
@@ -325,8 +374,8 @@ class MultiRaft:
         g = self._groups.pop(group, None)
         if g is None:
             return
-        self._active.discard(group)
-        self._dirty.discard(group)
+        self._active.pop(group, None)
+        self._dirty.pop(group, None)
         self._fail_all(g, ProposalDropped("group removed"))
         last = self.node_log.group(group).last_index()
         if last > self.node_log.group(group).first_index() - 1:
@@ -338,6 +387,8 @@ class MultiRaft:
         return list(self._groups)
 
     def _group(self, group: str) -> _Group:
+        if self.failed is not None:
+            raise NodeFailed(self.failed)
         g = self._groups.get(group)
         if g is None:
             raise KeyError(f"unknown group {group!r}")
@@ -442,15 +493,18 @@ class MultiRaft:
     # ---- inputs from the transport ---------------------------------------------------
 
     def on_messages(self, msgs: list[Message]) -> None:
+        if self.failed is not None:
+            return
         for m in msgs:
             g = self._groups.get(m.group)
             if g is None:
                 continue  # not (yet) hosted here
             try:
                 g.core.step(m)
-            except Exception:
-                log.exception("multiraft %d: step %s failed in %s", self.node_id, m.type, m.group)
-                raise
+            except Exception as exc:  # a broken invariant: this node cannot go on
+                log.error("multiraft %d: step %s failed in %s", self.node_id, m.type, m.group)
+                self._fail_stop(exc)
+                return
             self._mark(m.group)
 
     def on_liveness(self, peer: int) -> None:
@@ -508,18 +562,21 @@ class MultiRaft:
     # ---- the ready loop ------------------------------------------------------------------
 
     def _mark(self, group: str) -> None:
-        self._dirty.add(group)
+        self._dirty[group] = None
         self._kick.set()
 
     async def _drain_loop(self) -> None:
-        while self._running:
-            await self._kick.wait()
-            self._kick.clear()
-            if self._running:
-                await self._drain_once()
+        try:
+            while self._running:
+                await self._kick.wait()
+                self._kick.clear()
+                if self._running:
+                    await self._drain_once()
+        except Exception as exc:  # write/fsync error, apply error, broken invariant
+            self._fail_stop(exc)
 
     async def _drain_once(self) -> None:
-        dirty, self._dirty = self._dirty, set()
+        dirty, self._dirty = self._dirty, {}
         work: list[tuple[_Group, Ready]] = []
         early: list[Message] = []
         need_sync, self._force_sync = self._force_sync, False
@@ -694,9 +751,9 @@ class MultiRaft:
             g.read_waits = keep
         self._notice_leader(g)
         if core.quiesced:
-            self._active.discard(g.name)
+            self._active.pop(g.name, None)
         else:
-            self._active.add(g.name)
+            self._active[g.name] = None
         if core.has_ready() or g.props:
             self._mark(g.name)
         snap_index = core.log.first_index() - 1
@@ -751,7 +808,15 @@ class MultiRaft:
         try:
             # The image is written in a thread while applies go on; it tells
             # which applied index it holds (>= start).
-            index, size, crc = await self.io_executor.run(_write_image, g.sm, part)
+            try:
+                index, size, crc = await self.io_executor.run(_write_image, g.sm, part)
+            except OSError as exc:
+                # Nothing durable names the image yet: drop it, the next
+                # trigger tries again. (Errors after this point are fatal.)
+                log.warning("multiraft %d: snapshot image of %s failed: %r",
+                            self.node_id, g.name, exc)
+                self.stats.snapshots_discarded += 1
+                return
             meta = self._image_meta(g, start, index, conf)
             if meta is None:
                 self.stats.snapshots_discarded += 1
@@ -829,7 +894,7 @@ class MultiRaft:
         for name in list(self._active):
             g = self._groups.get(name)
             if g is None:
-                self._active.discard(name)
+                self._active.pop(name, None)
                 continue
             self._tick_group(g)
         if self.stats.ticks % 50 == 0:
@@ -849,7 +914,7 @@ class MultiRaft:
         if not core.quiesced:
             core.tick()
         if core.quiesced:
-            self._active.discard(g.name)
+            self._active.pop(g.name, None)
         if core.has_ready():
             self._mark(g.name)
 
@@ -870,7 +935,7 @@ class MultiRaft:
         for g in self._groups.values():
             if g.core.quiesced and g.core.lead == peer:
                 g.core.wake()
-                self._active.add(g.name)
+                self._active[g.name] = None
                 self._mark(g.name)
                 self.stats.wakes_for_dead_peer += 1
 

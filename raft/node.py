@@ -245,8 +245,15 @@ def parse_peers(text: str) -> dict[int, str]:
 async def run(args: argparse.Namespace) -> None:
     peers = parse_peers(args.peers)
     voters = [int(x) for x in args.voters.split(",")] if args.voters else sorted(peers)
+    stop = asyncio.Event()
+    fatal: list[BaseException] = []
+
+    def on_fatal(exc: BaseException) -> None:  # fail-stop: the process exits, non-zero
+        fatal.append(exc)
+        stop.set()
+
     mr = create(args.id, args.dir, args.listen, peers, tick_interval_s=args.tick,
-                snapshot_every=args.snapshot_every)
+                snapshot_every=args.snapshot_every, on_fatal=on_fatal)
     sms = {}
     for k in range(args.groups):
         sms[f"g{k}"] = (LmdbSM(os.path.join(args.dir, "sm", f"g{k}")) if args.sm == "full"
@@ -254,7 +261,6 @@ async def run(args: argparse.Namespace) -> None:
         mr.add_group(f"g{k}", voters, state_machine=sms[f"g{k}"])
     await mr.start()
     server = await asyncio.start_server(Control(mr, sms).serve, "127.0.0.1", args.control_port)
-    stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
@@ -265,6 +271,9 @@ async def run(args: argparse.Namespace) -> None:
     for sm in sms.values():
         if isinstance(sm, LmdbSM):
             sm.close()
+    if fatal:
+        print(f"[FTL] node {args.id} stopped: {fatal[0]!r}", flush=True)
+        raise SystemExit(70)  # EX_SOFTWARE: a supervisor restarts it from disk
 
 
 def main(argv: list[str] | None = None) -> None:
