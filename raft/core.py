@@ -46,6 +46,7 @@ from raft.log import RaftLog, invariant
 from raft.progress import Inflights, Progress, ProgressState
 from raft.quorum import VoteResult, committed_index, has_quorum, vote_result
 from raft.types import (
+    LOCAL_MSG_TYPES,
     NONE,
     CompactedError,
     ConfChange,
@@ -490,6 +491,8 @@ class Raft:
                 self.prs[m.frm].become_probe()
 
     def _on_persisted(self, m: Message) -> None:
+        if m.frm not in (NONE, self.id):
+            return  # only this node's driver reports this node's fsyncs
         self.log.unstable.stable_to(m.index, m.log_term)
         if self.state is not StateType.LEADER:
             return
@@ -946,10 +949,7 @@ class Raft:
                       last=log.last_index())
 
 
-_LOCAL = frozenset({
-    MsgType.HUP, MsgType.BEAT, MsgType.PROP, MsgType.UNREACHABLE,
-    MsgType.SNAP_STATUS, MsgType.STORAGE_APPEND_RESP,
-})
+_LOCAL = LOCAL_MSG_TYPES
 _HANDLERS = {
     MsgType.HUP: Raft._on_hup,
     MsgType.VOTE: Raft._on_vote,

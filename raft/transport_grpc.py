@@ -34,7 +34,7 @@ import grpc
 
 from proto import cluster_pb2 as pb
 from proto import cluster_pb2_grpc as pb_grpc
-from raft.codec import decode_batch, encode_batch, message_from_pb, message_size, message_to_pb
+from raft.codec import decode_wire, encode_batch, message_from_pb, message_size, message_to_pb
 from raft.types import Message, MsgType
 
 log = logging.getLogger(__name__)
@@ -133,6 +133,7 @@ class GrpcTransport:
         self._flush_scheduled = False
         self._closing = False
         self.dropped = 0  # messages reported UNREACHABLE
+        self.dropped_in = 0  # received messages refused (forged sender, local or unknown type)
 
     # ---- lifecycle ---------------------------------------------------------
 
@@ -320,15 +321,33 @@ class GrpcTransport:
             self._unreachable(link.peer, groups)
 
     def _on_batch(self, link: _Link, batch: pb.Batch) -> None:
+        if batch.from_node != link.peer or batch.to_node != self.node_id:
+            self._drop_in(link, len(batch.messages) + len(batch.heartbeats)
+                          + len(batch.heartbeat_resps) + 1, "batch header")
+            return
         link.last_seen = asyncio.get_running_loop().time()
         if batch.liveness and self._on_liveness is not None:
             self._on_liveness(link.peer)
-        msgs = decode_batch(batch)
+        msgs, dropped = decode_wire(batch)
+        if dropped:
+            self._drop_in(link, dropped, "local or unknown message type")
+        # The stream's peer is who the hello (and with TLS, its certificate)
+        # proved: a message claiming another sender is forged. Snapshots
+        # arrive only on the Snapshot RPC, data and all.
+        ok = [m for m in msgs if m.frm == link.peer and m.to == self.node_id
+              and m.type != MsgType.SNAP]
+        if len(ok) != len(msgs):
+            self._drop_in(link, len(msgs) - len(ok), "sender, receiver or type mismatch")
+        msgs = ok
         if msgs:
             try:
                 self._on_messages(msgs)
             except Exception:  # a driver bug must not tear down the peer's stream
                 log.exception("transport: on_messages failed for a batch from %d", link.peer)
+
+    def _drop_in(self, link: _Link, n: int, why: str) -> None:
+        self.dropped_in += n
+        log.warning("transport: dropped %d message(s) from node %d: %s", n, link.peer, why)
 
     def tls_name(self, node: int) -> str:
         """The name node `node`'s certificate must carry."""
@@ -451,7 +470,11 @@ class GrpcTransport:
             return pb.SnapshotAck(ok=False, error="no header")
         if self._on_snapshot is None:
             return pb.SnapshotAck(ok=False, error="snapshots not accepted")
+        if first.header.type != MsgType.SNAP:
+            return pb.SnapshotAck(ok=False, error="header is not a SNAP message")
         header = message_from_pb(first.header)
+        if header.to != self.node_id or header.frm not in self._links:
+            return pb.SnapshotAck(ok=False, error="unknown sender or wrong receiver")
         if not self._identified(context, header.frm):
             log.warning("transport: refused a snapshot claiming node %d", header.frm)
             return pb.SnapshotAck(ok=False, error="certificate does not name the sender")

@@ -679,3 +679,17 @@ def test_conf_change_in_flight_is_not_applied_over_a_newer_snapshot() -> None:
     f.advance(r2)
     assert f.conf_state.voters == (1, 2, 3)
     assert f.applied == 10
+
+
+def test_storage_append_resp_from_another_node_is_ignored() -> None:
+    """Issue 6, defect 8: only this node's driver reports this node's fsyncs. A
+    STORAGE_APPEND_RESP naming another sender (forged, from the wire) must
+    neither mark the leader's tail stable nor count it toward commit."""
+    net = Network((1, 2, 3), seed=1)
+    net.elect(1)
+    r = net.raft(1)
+    idx = r.propose(b"not yet fsynced")
+    match, unstable = r.prs[1].match, list(r.log.unstable.entries)
+    r.step(Message(MsgType.STORAGE_APPEND_RESP, "", frm=2, to=1, index=idx, log_term=r.term))
+    assert r.prs[1].match == match < idx
+    assert r.log.unstable.entries == unstable
