@@ -41,7 +41,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import os
 import zlib
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
@@ -49,6 +48,7 @@ from typing import Any, Protocol
 
 from raft import snapfile
 from raft.core import Config, Raft, StateType, decode_conf_change, storage_append_resp
+from raft.disk import OS_DISK, Disk
 from raft.runtime import Clock, DefaultThreads, Executor, LoopClock, ThreadExecutor, iterate_in
 from raft.storage import NodeLog
 from raft.types import (
@@ -185,6 +185,8 @@ class MultiRaft:
         self.heartbeat_tick = heartbeat_tick
         self.snapshot_every = snapshot_every
         self.snap_dir = snap_dir or node_log.dir.rstrip("/") + ".snap"
+        # Snapshot files go through the WAL's Disk (a simulation's SimDisk).
+        self.disk: Disk = getattr(node_log, "disk", OS_DISK)
         self.quiesce_after_ticks = quiesce_after_ticks
         self.dead_after_s = (dead_after_ticks or election_tick) * tick_interval_s
         self.max_uncommitted_entries = max_uncommitted_entries
@@ -342,7 +344,7 @@ class MultiRaft:
 
     def _recover_snapshot(self, group: str, sm: Any) -> snapfile.Stored | None:
         gl = self.node_log.group(group)
-        stored = snapfile.load(self.snap_dir, group)
+        stored = snapfile.load(self.snap_dir, group, disk=self.disk)
         log_snap = gl.snapshot().meta
         if stored is None:
             if log_snap.index > 1:
@@ -364,11 +366,7 @@ class MultiRaft:
 
     def _empty_image(self) -> str:
         """A 0-byte image: what `restore_from` takes as the empty state."""
-        path = os.path.join(self.snap_dir, "empty.image")
-        if not os.path.exists(path):
-            os.makedirs(self.snap_dir, exist_ok=True)
-            open(path, "wb").close()
-        return path
+        return snapfile.empty_image(self.snap_dir, disk=self.disk)
 
     def remove_group(self, group: str) -> None:
         g = self._groups.pop(group, None)
@@ -381,7 +379,7 @@ class MultiRaft:
         if last > self.node_log.group(group).first_index() - 1:
             # Release the WAL segments the group's entries pin.
             self.node_log.compact(group, last)
-        snapfile.remove(self.snap_dir, group)
+        snapfile.remove(self.snap_dir, group, disk=self.disk)
 
     def groups(self) -> list[str]:
         return list(self._groups)
@@ -517,7 +515,7 @@ class MultiRaft:
         g = self._groups.get(header.group)
         if g is None or header.snapshot is None:
             return False
-        rx = snapfile.Receiver(self.snap_dir, header.group)
+        rx = snapfile.Receiver(self.snap_dir, header.group, disk=self.disk)
         try:
             async for piece in chunks:
                 await self.io_executor.run(rx.feed, piece)
@@ -525,13 +523,13 @@ class MultiRaft:
             await self.io_executor.run(rx.finish)
         except BaseException:
             rx.close()
-            snapfile.discard(rx.path)
+            snapfile.discard(rx.path, disk=self.disk)
             raise
         if rx.meta != header.snapshot.meta or self._groups.get(header.group) is not g:
-            snapfile.discard(rx.path)
+            snapfile.discard(rx.path, disk=self.disk)
             return False
         if g.incoming is not None:
-            snapfile.discard(g.incoming.path)
+            snapfile.discard(g.incoming.path, disk=self.disk)
         g.incoming = snapfile.Stored(rx.meta, rx.path, rx.size, rx.crc)
         g.core.step(header)
         self._mark(header.group)
@@ -550,14 +548,14 @@ class MultiRaft:
             return
         # A newer snapshot may delete the file once it is open: the fd keeps it
         # readable. (Deleted before that: the transfer fails and Raft retries.)
-        fd = os.open(stored.path, os.O_RDONLY)
+        fd = self.disk.open(stored.path)
         try:
-            pieces = snapfile.read_chunks(fd, stored.size)
+            pieces = snapfile.read_chunks(fd, stored.size, disk=self.disk)
             async for piece in iterate_in(self.io_executor, pieces):
                 self.stats.snapshot_bytes_sent += len(piece)
                 yield piece
         finally:
-            os.close(fd)
+            self.disk.close(fd)
 
     # ---- the ready loop ------------------------------------------------------------------
 
@@ -624,7 +622,8 @@ class MultiRaft:
                 # snapshot_to never overlaps restore_from.
                 await asyncio.gather(g.snap_task, return_exceptions=True)
             g.snap = await self.io_executor.run(
-                snapfile.commit, self.snap_dir, g.name, inc.meta, inc.path, inc.size, inc.crc)
+                snapfile.commit, self.snap_dir, g.name, inc.meta, inc.path, inc.size, inc.crc,
+                self.disk)
             installs[i] = (g, g.snap)
 
     async def _finish(self, work: list[tuple[_Group, Ready]], installs: list) -> None:
@@ -804,12 +803,12 @@ class MultiRaft:
         g.snap_task = self._spawn(self._save_and_compact(g, core.applied, core.conf_state))
 
     async def _save_and_compact(self, g: _Group, start: int, conf: ConfState) -> None:
-        part = snapfile.new_part(self.snap_dir, g.name)
+        part = snapfile.new_part(self.snap_dir, g.name, disk=self.disk)
         try:
             # The image is written in a thread while applies go on; it tells
             # which applied index it holds (>= start).
             try:
-                index, size, crc = await self.io_executor.run(_write_image, g.sm, part)
+                index, size, crc = await self.io_executor.run(_write_image, g.sm, part, self.disk)
             except OSError as exc:
                 # Nothing durable names the image yet: drop it, the next
                 # trigger tries again. (Errors after this point are fatal.)
@@ -828,7 +827,7 @@ class MultiRaft:
             if self._groups.get(g.name) is not g:
                 return  # removed meanwhile: leave no meta file behind
             stored = await self.io_executor.run(
-                snapfile.commit, self.snap_dir, g.name, meta, part, size, crc)
+                snapfile.commit, self.snap_dir, g.name, meta, part, size, crc, self.disk)
             part = None
             gl = self.node_log.group(g.name)
             if self._groups.get(g.name) is not g or meta.index <= gl.first_index() - 1:
@@ -837,7 +836,7 @@ class MultiRaft:
             self.node_log.compact(g.name, meta.index, meta.conf_state)
             self.stats.snapshots_taken += 1
         finally:
-            snapfile.discard(part)
+            snapfile.discard(part, disk=self.disk)
             g.snapshotting = False
             g.snap_task = None
 
@@ -974,13 +973,13 @@ def _apply_run(sm: Any, batch_fn: Any, run: list[tuple[int, bytes]]) -> None:
         sm.apply(index, data)
 
 
-def _write_image(sm: Any, part: str) -> tuple[int, int, int]:
+def _write_image(sm: Any, part: str, disk: Disk) -> tuple[int, int, int]:
     """In a worker thread: the state machine writes its image, then it is
     fsynced and checksummed. Returns (index, size, crc)."""
     index = sm.snapshot_to(part)
     if not isinstance(index, int):
         raise TypeError("snapshot_to() must return the applied index of the image")
-    size, crc = snapfile.seal(part)
+    size, crc = snapfile.seal(part, disk=disk)
     return index, size, crc
 
 
@@ -991,7 +990,7 @@ def create(
     from raft.transport_grpc import GrpcTransport  # grpc is heavy: only when wanted
 
     tls = kw.pop("tls", None)
-    node_log = NodeLog(f"{dir}/wal", **kw.pop("log_options", {}))
+    node_log = NodeLog(f"{dir}/wal", disk=kw.pop("disk", None), **kw.pop("log_options", {}))
     mr = MultiRaft(node_id, node_log, snap_dir=f"{dir}/snap", **kw)
     mr.bind_transport(GrpcTransport(node_id, listen, peers, tls=tls, **mr.transport_callbacks()))
     return mr
