@@ -43,6 +43,7 @@ class RecordType(IntEnum):
     HARD_STATE = 2  # term = hs.term, index = hs.commit, payload = vote (u64)
     SNAPSHOT_META = 3  # a snapshot was installed: drop the whole log; payload = ConfState
     COMPACT = 4  # drop entries <= index; payload = ConfState, or empty to keep it
+    DROP = 5  # the group left this node: forget its entries, hard state and snapshot
 
 
 class CorruptLogError(Exception):
