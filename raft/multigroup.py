@@ -203,6 +203,10 @@ class MultiRaft:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._running = False
         self._transport_stopped = False
+        # group -> lock serializing its snapshot-file commits and deletions (one
+        # small Lock per group name ever hosted); names whose files await deletion.
+        self._files: dict[str, asyncio.Lock] = {}
+        self._dropping: dict[str, int] = {}
         # Fail-stop: the first fatal error, and who to tell (the process exits).
         self.failed: BaseException | None = None
         self.on_fatal = on_fatal
@@ -316,6 +320,10 @@ class MultiRaft:
         hs, cs = gl.initial_state()
         fresh = gl.last_index() == 0 and gl.first_index() == 1 and hs == HardState()
         snap: snapfile.Stored | None = None
+        if fresh and group not in self._dropping:
+            # Snapshot files of an earlier incarnation (removed, then a crash
+            # before they were deleted) must not be taken for this one's.
+            snapfile.remove(self.snap_dir, group, disk=self.disk)
         if fresh and self.node_id in (*voters, *learners):
             # Every initial member installs the same index-1 snapshot holding
             # the configuration; its data is the empty state (no file).
@@ -369,17 +377,50 @@ class MultiRaft:
         return snapfile.empty_image(self.snap_dir, disk=self.disk)
 
     def remove_group(self, group: str) -> None:
+        """Stop hosting `group` and forget its log: a DROP record in the WAL
+        (durable with the next sync), then its snapshot files. The name can be
+        hosted again at once (`add_group` starts a fresh group); the state
+        machine's own data is the caller's."""
         g = self._groups.pop(group, None)
         if g is None:
             return
         self._active.pop(group, None)
         self._dirty.pop(group, None)
         self._fail_all(g, ProposalDropped("group removed"))
-        last = self.node_log.group(group).last_index()
-        if last > self.node_log.group(group).first_index() - 1:
-            # Release the WAL segments the group's entries pin.
-            self.node_log.compact(group, last)
-        snapfile.remove(self.snap_dir, group, disk=self.disk)
+        self.node_log.drop_group(group)
+        self._force_sync = True
+        self._kick.set()
+        # The files go once the DROP is durable (a crash before that finds the
+        # group's log and its snapshot together, as they were), and after any
+        # commit of the removed group's files still in flight: the name's
+        # file operations are serialized by its lock, in order.
+        self._spawn(self._delete_files_after_drop(group))
+
+    def _files_lock(self, group: str) -> asyncio.Lock:
+        lock = self._files.get(group)
+        if lock is None:
+            lock = self._files[group] = asyncio.Lock()
+        return lock
+
+    async def _delete_files_after_drop(self, group: str) -> None:
+        self._dropping[group] = self._dropping.get(group, 0) + 1
+        try:
+            await self.node_log.sync_async()
+            async with self._files_lock(group):
+                g = self._groups.get(group)
+                if g is None or g.snap is None or g.snap.path is None:
+                    # Gone, or re-created and still on its bootstrap snapshot
+                    # (no file): whatever is on disk belongs to the old one.
+                    snapfile.remove(self.snap_dir, group, disk=self.disk)
+        finally:
+            self._dropping[group] -= 1
+            if not self._dropping[group]:
+                del self._dropping[group]
+
+    async def removed(self, group: str) -> None:
+        """Until a removed group's files are deleted (tests, callers that care)."""
+        while group in self._dropping:
+            await self.clock.sleep(self.tick_interval_s)
 
     def groups(self) -> list[str]:
         return list(self._groups)
@@ -621,12 +662,20 @@ class MultiRaft:
                 # first, so the received file is the last one committed and
                 # snapshot_to never overlaps restore_from.
                 await asyncio.gather(g.snap_task, return_exceptions=True)
-            g.snap = await self.io_executor.run(
-                snapfile.commit, self.snap_dir, g.name, inc.meta, inc.path, inc.size, inc.crc,
-                self.disk)
+            async with self._files_lock(g.name):
+                if self._groups.get(g.name) is not g:
+                    snapfile.discard(inc.path, disk=self.disk)  # removed meanwhile
+                    continue
+                g.snap = await self.io_executor.run(
+                    snapfile.commit, self.snap_dir, g.name, inc.meta, inc.path, inc.size,
+                    inc.crc, self.disk)
             installs[i] = (g, g.snap)
+        # A group removed meanwhile is not restored (its state machine may be closed).
+        installs[:] = [(g, st) for g, st in installs if self._groups.get(g.name) is g]
 
     async def _finish(self, work: list[tuple[_Group, Ready]], installs: list) -> None:
+        # A group removed during the fsync: its state machine is no longer ours.
+        work = [(g, rd) for g, rd in work if self._groups.get(g.name) is g]
         out: list[Message] = []
         for g, stored in installs:
             self._install(g, stored.meta)
@@ -824,10 +873,11 @@ class MultiRaft:
             # before the entries were applied: make it durable before the
             # snapshot file can claim that index.
             await self.node_log.sync_async()
-            if self._groups.get(g.name) is not g:
-                return  # removed meanwhile: leave no meta file behind
-            stored = await self.io_executor.run(
-                snapfile.commit, self.snap_dir, g.name, meta, part, size, crc, self.disk)
+            async with self._files_lock(g.name):
+                if self._groups.get(g.name) is not g:
+                    return  # removed meanwhile: leave no meta file behind
+                stored = await self.io_executor.run(
+                    snapfile.commit, self.snap_dir, g.name, meta, part, size, crc, self.disk)
             part = None
             gl = self.node_log.group(g.name)
             if self._groups.get(g.name) is not g or meta.index <= gl.first_index() - 1:

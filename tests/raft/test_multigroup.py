@@ -265,3 +265,63 @@ async def test_r1_group_commits_on_its_own_fsync_and_survives_restart(tmp_path):
         assert await mr.propose("r1", b"after") > acked[-1]
     finally:
         await mr.stop()
+
+
+async def _single(tmp, **kw) -> MultiRaft:
+    from raft.storage import NodeLog
+
+    mr = MultiRaft(1, NodeLog(str(tmp / "wal")), _NoPeers(), snap_dir=str(tmp / "snap"),
+                   tick_interval_s=0.01, **kw)
+    await mr.start()
+    return mr
+
+
+class _NoPeers:
+    """The transport of a one-node cluster: nothing to send."""
+
+    async def start(self) -> None: ...
+    async def stop(self) -> None: ...
+    def send(self, msgs) -> None: ...
+    def beat(self) -> None: ...
+    def last_seen(self, peer: int) -> float: raise KeyError(peer)
+    def add_peer(self, node: int, addr: str) -> None: ...
+    def remove_peer(self, node: int) -> None: ...
+
+
+async def test_group_removed_can_be_created_again_under_the_same_name(tmp_path):
+    """Issue 6, defect 6: JetStream deletes and re-creates streams by name."""
+    mr = await _single(tmp_path, snapshot_every=100_000)
+    try:
+        old = AppendLog()
+        mr.add_group("S-ORDERS", [1], state_machine=old)
+        await mr.wait_leader("S-ORDERS")
+        for k in range(5):
+            await mr.propose("S-ORDERS", b"old-%d" % k)
+        mr.snapshot_now("S-ORDERS")  # the old incarnation leaves snapshot files too
+        await c_until(lambda: mr.status("S-ORDERS")["first_index"] > 1)
+        await mr.propose("S-ORDERS", b"old-5")
+        mr.remove_group("S-ORDERS")
+        new = AppendLog()
+        mr.add_group("S-ORDERS", [1], state_machine=new)
+        await mr.wait_leader("S-ORDERS")
+        idx = await mr.propose("S-ORDERS", b"new-0")
+        assert new.datas() == [b"new-0"] and mr.status("S-ORDERS")["first_index"] == 2
+        assert idx <= 3  # a fresh log: bootstrap at 1, the leader's no-op, then ours
+        await mr.removed("S-ORDERS")
+    finally:
+        await mr.stop()
+    # After a restart the group is the new incarnation only.
+    mr = await _single(tmp_path, snapshot_every=100_000)
+    try:
+        again = AppendLog()
+        mr.add_group("S-ORDERS", [1], state_machine=again)
+        await mr.wait_leader("S-ORDERS")
+        await c_until(lambda: again.datas() == [b"new-0"])
+    finally:
+        await mr.stop()
+
+
+async def c_until(pred, timeout: float = 30.0) -> None:
+    async with asyncio.timeout(timeout):
+        while not pred():
+            await asyncio.sleep(0.01)
