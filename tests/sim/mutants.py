@@ -1,0 +1,231 @@
+"""Mutation testing: each named mutation must be killed by a named invariant.
+
+A mutation is one textual replacement in one file of the `raft` package. The
+runner copies the package to a temporary directory, applies the replacement
+there (the worktree is never touched), and runs simulations in a child
+process whose `sys.path` puts the copy first. The mutant is killed only when
+a check of `tests/sim/checkers.py` (or of the pure-core simulation's checker)
+fails, and the seed is recorded; a harness error, a liveness failure or a
+timeout does not count.
+
+Two simulations: `real` runs the real driver, WAL and snapshot files
+(`tests/sim/cluster.py`); `core` runs the pure core over an in-memory
+network (`tests/sim/test_raft_sim.py`), finer-grained for core-only bugs.
+
+    PYTHONPATH=$PWD python -m tests.sim.mutants            # all, table to stdout
+    PYTHONPATH=$PWD python -m tests.sim.mutants --fast     # the CI subset
+    PYTHONPATH=$PWD python -m tests.sim.mutants --only figure8 --seeds 2000
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    what: str
+    file: str  # inside the package, e.g. "core.py"
+    old: str
+    new: str
+    sim: str = "real"
+    fast: bool = False
+    seeds: int = 600  # how many seeds to try before the mutant survives
+
+
+MUTANTS: list[Mutant] = [
+    Mutant(
+        "figure8", "commit an entry of an earlier term by counting replicas (Raft Figure 8)",
+        "log.py",
+        "if max_index > self.committed and self.term_or_zero(max_index) == term:",
+        "if max_index > self.committed and self.term_or_zero(max_index) > 0:",
+        sim="core", fast=True),
+    Mutant(
+        "vote-before-fsync", "a vote response leaves before the vote is fsynced",
+        "multigroup.py",
+        "            early.extend(self._take_early(g, rd))\n",
+        "            early.extend(self._take_early(g, rd))\n"
+        "            early.extend(m for m in rd.messages if m.type is MsgType.VOTE_RESP)\n"
+        "            rd.messages = [m for m in rd.messages if m.type is not MsgType.VOTE_RESP]\n",
+        fast=True),
+    Mutant(
+        "readindex-no-heartbeat", "ReadIndex answered from the leader's commit, no heartbeat round",
+        "core.py",
+        "        self.reads[m.context] = _ReadRequest(self.log.committed, frm, {self.id})\n"
+        "        self._bcast_heartbeat(m.context)\n",
+        "        self._answer_read(_ReadRequest(self.log.committed, frm, set()), m.context)\n",
+        fast=True),
+    Mutant(
+        "conf-in-flight-guard", "a second membership change accepted while one is unapplied",
+        "core.py",
+        "                if self.pending_conf_index > self.log.applied:\n"
+        "                    return None  # one membership change at a time\n",
+        "                pass\n", sim="core"),
+    Mutant(
+        "campaign-unapplied-conf", "a member campaigns with committed, unapplied conf changes",
+        "core.py",
+        "        if self._has_unapplied_conf_changes():\n"
+        "            return  # our configuration may be stale\n",
+        "", sim="core"),
+    Mutant(
+        "leader-counts-unsynced", "the leader counts its own entries toward commit before fsync",
+        "core.py",
+        "        self.log.append(ents)\n        return True\n",
+        "        self.log.append(ents)\n"
+        "        self.prs[self.id].maybe_update(self.log.last_index())\n"
+        "        return True\n",
+        fast=True),
+]
+
+_CORE_NAMES = {
+    "election safety": "election safety", "leader completeness": "leader completeness",
+    "log matching": "log matching", "state machine safety": "state machine safety",
+    "node ": "state machine safety", "leader ": "leader completeness",
+}
+
+
+# ---- the child process ---------------------------------------------------------------
+
+
+def _worker(sim: str, first: int, count: int, budget_s: float) -> dict:
+    deadline = time.monotonic() + budget_s
+    errors = 0
+    ran = 0
+    for seed in range(first, first + count):
+        if time.monotonic() > deadline:
+            break
+        ran += 1
+        if sim == "real":
+            from tests.sim import cluster
+
+            r = cluster.run(seed)
+            if r.violation is not None:
+                return {"killed": True, "invariant": r.violation.invariant, "seed": seed,
+                        "detail": r.violation.detail[:300], "seeds": ran, "errors": errors}
+            errors += r.error is not None
+        else:
+            name, detail = _core_run(seed)
+            if name is not None:
+                return {"killed": True, "invariant": name, "seed": seed, "detail": detail[:300],
+                        "seeds": ran, "errors": errors}
+            errors += detail is not None
+    return {"killed": False, "seeds": ran, "errors": errors}
+
+
+def _core_run(seed: int) -> tuple[str | None, str | None]:
+    from tests.raft.network import Violation
+    from tests.sim.test_raft_sim import Sim, _run, schedule
+
+    try:
+        _run(Sim(seed), schedule(seed))
+    except Violation as v:
+        msg = str(v)
+        for prefix, name in _CORE_NAMES.items():
+            if msg.startswith(prefix):
+                return name, msg
+        return "state machine safety", msg
+    except Exception as e:  # noqa: BLE001 (liveness or harness: not a kill)
+        return None, repr(e)
+    return None, None
+
+
+# ---- the parent ------------------------------------------------------------------------
+
+
+def make_copy(m: Mutant | None, dest: Path, rev: str | None = None) -> None:
+    pkg = dest / "raft"
+    if rev is None:
+        shutil.copytree(ROOT / "raft", pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    else:
+        pkg.mkdir(parents=True)
+        tar = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "raft"],
+                             check=True, capture_output=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(dest)], input=tar, check=True)
+    if m is None:
+        return
+    path = pkg / m.file
+    text = path.read_text()
+    if text.count(m.old) != 1:
+        raise ValueError(f"mutant {m.name}: the text to replace occurs {text.count(m.old)} "
+                         f"times in raft/{m.file} (stale mutant)")
+    path.write_text(text.replace(m.old, m.new))
+
+
+def run_mutant(m: Mutant | None, seeds: int | None = None, budget_s: float = 240.0,
+               rev: str | None = None, sim: str | None = None, first: int = 0) -> dict:
+    """Run one mutant in a child process; returns the worker's verdict."""
+    with tempfile.TemporaryDirectory(prefix="raft-mutant-") as tmp:
+        try:
+            make_copy(m, Path(tmp), rev)
+        except ValueError as e:
+            return {"killed": False, "stale": str(e)}
+        env = dict(os.environ, PYTHONPATH=f"{tmp}{os.pathsep}{ROOT}", PYTHONHASHSEED="0")
+        n = seeds if seeds is not None else (m.seeds if m else 50)
+        args = [sys.executable, "-m", "tests.sim.mutants", "--worker", sim or (m.sim if m else
+                "real"), str(first), str(n), str(budget_s)]
+        t0 = time.monotonic()
+        try:
+            out = subprocess.run(args, env=env, cwd=tmp, capture_output=True, text=True,
+                                 timeout=budget_s + 60)
+        except subprocess.TimeoutExpired:
+            return {"killed": False, "timeout": True}
+        lines = [x for x in out.stdout.splitlines() if x.startswith("{")]
+        if out.returncode != 0 or not lines:
+            return {"killed": False, "crash": out.stderr[-2000:]}
+        verdict = json.loads(lines[-1])
+        verdict["elapsed_s"] = round(time.monotonic() - t0, 1)
+        return verdict
+
+
+def table(rows: list[tuple[Mutant, dict]]) -> str:
+    out = ["| mutant | what | killed by | seed | seeds run |", "|---|---|---|---|---|"]
+    for m, v in rows:
+        if v.get("killed"):
+            res, seed = v["invariant"], str(v["seed"])
+        else:
+            res = "stale" if "stale" in v else "timeout" if v.get("timeout") else \
+                "harness crash" if "crash" in v else "SURVIVED"
+            seed = "-"
+        out.append(f"| `{m.name}` | {m.what} ({m.sim} sim) | {res} | {seed} | "
+                   f"{v.get('seeds', '-')} |")
+    return "\n".join(out)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--worker", nargs=4, metavar=("SIM", "FIRST", "COUNT", "BUDGET"))
+    ap.add_argument("--fast", action="store_true", help="the CI subset only")
+    ap.add_argument("--only", action="append", help="mutant name (repeatable)")
+    ap.add_argument("--seeds", type=int, help="seeds per mutant (default: the mutant's)")
+    ap.add_argument("--budget", type=float, default=240.0, help="seconds per mutant")
+    ap.add_argument("--rev", help="mutate this git revision instead of the worktree")
+    a = ap.parse_args()
+    if a.worker:
+        sim, first, count, budget = a.worker
+        print(json.dumps(_worker(sim, int(first), int(count), float(budget))))
+        return
+    chosen = [m for m in MUTANTS if (not a.fast or m.fast) and (not a.only or m.name in a.only)]
+    rows = []
+    for m in chosen:
+        v = run_mutant(m, a.seeds, a.budget, a.rev)
+        print(f"{m.name}: {json.dumps(v)}", file=sys.stderr, flush=True)
+        rows.append((m, v))
+    print(table(rows))
+    if not all(v.get("killed") for _, v in rows):
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
