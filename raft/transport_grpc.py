@@ -233,8 +233,8 @@ class GrpcTransport:
         """Queue messages; never blocks. Flushed as one Batch per peer this loop turn."""
         for m in msgs:
             link = self._links.get(m.to)
-            if link is None:
-                log.warning("transport: message for unknown node %d dropped", m.to)
+            if link is None:  # not (or no longer) a peer: Raft treats it as down
+                self._unreachable(m.to, {m.group})
                 continue
             if m.type == MsgType.SNAP and self._snapshot_source is not None:
                 self._spawn(self._snapshot_task(m))
