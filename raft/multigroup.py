@@ -447,21 +447,27 @@ class MultiRaft:
         self._mark(group)
         return await fut
 
-    async def read_index(self, group: str) -> None:
+    async def read_index(self, group: str, timeout: float | None = None) -> None:
         """Linearizable read barrier: returns once the local state machine has
-        applied everything committed before the call."""
+        applied everything committed before the call. Raises TimeoutError
+        after `timeout` seconds (default: two election timeouts), e.g. when
+        the leader cannot reach a quorum; the read may simply be retried."""
         g = self._group(group)
         if g.core.lead == NONE:
             raise NotLeader(NONE)
+        if timeout is None:
+            timeout = 2 * self.election_tick * self.tick_interval_s
         ctx = b"r" + next(self._ctx).to_bytes(8, "big")
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         g.reads[ctx] = fut
         g.core.read_index(ctx)
         self._mark(group)
         try:
-            await fut
+            async with self.clock.timeout(timeout):
+                await fut
         finally:
             g.reads.pop(ctx, None)
+            g.read_waits = [(i, f) for i, f in g.read_waits if not f.done()]
 
     async def transfer_leader(self, group: str, to: int, timeout: float = 10.0) -> None:
         g = self._group(group)
