@@ -164,6 +164,10 @@ class _GroupState:
         self.ckpt = None
         self.truncate_from(self.snap.index + 1)
         self.snap = SnapshotMeta(meta.index, meta.term, meta.conf_state)
+        if self.hs.commit < meta.index:
+            # A snapshot holds committed entries only. Said here (live and in replay),
+            # the hard state stays valid when the HARD_STATE after the record is lost.
+            self.hs = HardState(self.hs.term, self.hs.vote, meta.index)
         self.known = self.snap
         if meta.index >= self.hole:
             self.hole = 0
@@ -387,10 +391,6 @@ class NodeLog:
         self._cache.drop(group, g.snap.index + 1, g.last_index() + 1)
         g.install(meta)
         self._repin(g)
-        if g.hs.commit < meta.index:
-            # A snapshot holds committed entries only: restating that keeps the hard
-            # state valid even if the HARD_STATE that normally follows is lost.
-            self.set_hard_state(group, HardState(g.hs.term, g.hs.vote, meta.index))
         return True
 
     def compact(self, group: str, index: int, conf_state: ConfState | None = None) -> None:
