@@ -325,3 +325,24 @@ async def c_until(pred, timeout: float = 30.0) -> None:
     async with asyncio.timeout(timeout):
         while not pred():
             await asyncio.sleep(0.01)
+
+
+async def test_read_index_gives_up_after_its_timeout(tmp_path):
+    """A leader cut off from its followers cannot confirm its lease: the read
+    must fail with TimeoutError, not wait forever (issue 6: bounds)."""
+    c = Cluster(tmp_path, election_tick=40)  # step-down by check-quorum takes >= 2 s
+    try:
+        for nid in (1, 2, 3):
+            await c.start(nid, ["g"])
+        await c.propose("g", b"x")
+        leader = await c.leader_of("g")
+        await leader.read_index("g", timeout=10)  # connected: answered
+        for nid in c.addrs:
+            if nid != leader.node_id:
+                leader.remove_peer(nid)
+        with pytest.raises(TimeoutError):
+            await leader.read_index("g", timeout=0.2)
+        assert leader.status("g")["state"] == "leader"
+        assert not leader._groups["g"].reads and not leader._groups["g"].read_waits
+    finally:
+        await c.close()
