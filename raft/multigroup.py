@@ -67,6 +67,7 @@ from raft.types import (
 
 log = logging.getLogger(__name__)
 
+PINNING_SNAPSHOTS = 8  # groups snapshotted per pass to release old WAL segments
 _EARLY = frozenset({MsgType.APP, MsgType.HEARTBEAT})  # leader messages that need only the term
 
 
@@ -352,8 +353,10 @@ class MultiRaft:
 
     def _recover_snapshot(self, group: str, sm: Any) -> snapfile.Stored | None:
         gl = self.node_log.group(group)
-        stored = snapfile.load(self.snap_dir, group, disk=self.disk)
         log_snap = gl.snapshot().meta
+        # A received snapshot staged before a crash counts only if the WAL's
+        # SNAPSHOT_META naming it was fsynced (load decides from log_index).
+        stored = snapfile.load(self.snap_dir, group, disk=self.disk, log_index=log_snap.index)
         if stored is None:
             if log_snap.index > 1:
                 raise snapfile.SnapshotFileError(
@@ -405,7 +408,7 @@ class MultiRaft:
     async def _delete_files_after_drop(self, group: str) -> None:
         self._dropping[group] = self._dropping.get(group, 0) + 1
         try:
-            await self.node_log.sync_async()
+            await self.node_log.sync_async(self.io_executor.run)
             async with self._files_lock(group):
                 g = self._groups.get(group)
                 if g is None or g.snap is None or g.snap.path is None:
@@ -644,8 +647,13 @@ class MultiRaft:
             return
         await self._commit_installs(installs)
         if need_sync:
-            await self.node_log.sync_async()
+            await self.node_log.sync_async(self.io_executor.run)
             self._count_sync(len(work))
+        for g, _ in installs:
+            async with self._files_lock(g.name):
+                if self._groups.get(g.name) is g:
+                    await self.io_executor.run(snapfile.promote, self.snap_dir, g.name, self.disk)
+        installs[:] = [(g, st) for g, st in installs if self._groups.get(g.name) is g]
         for g, stored in installs:
             # Off the loop: copying a large image must not stall other groups.
             await self.io_executor.run(g.sm.restore_from, stored.path or self._empty_image())
@@ -660,8 +668,10 @@ class MultiRaft:
         s.max_groups_per_sync = max(s.max_groups_per_sync, groups)
 
     async def _commit_installs(self, installs: list[tuple[_Group, snapfile.Stored]]) -> None:
-        """Commit received snapshot files before the fsync of their
-        SNAPSHOT_META records, so the WAL never names a missing snapshot."""
+        """Stage received snapshot files (data and a `.pending` meta, durable)
+        before the fsync of their SNAPSHOT_META records, so the WAL never names
+        a missing snapshot; they are promoted after that fsync, so a crash in
+        between never leaves a snapshot newer than the log (defect 4)."""
         for i, (g, inc) in enumerate(installs):
             if g.snap_task is not None:
                 # Our own snapshot of the group is being written: let it finish
@@ -672,8 +682,10 @@ class MultiRaft:
                 if self._groups.get(g.name) is not g:
                     snapfile.discard(inc.path, disk=self.disk)  # removed meanwhile
                     continue
+                # Staged only (data and a `.pending` meta, durable): it becomes
+                # the group's snapshot after the SNAPSHOT_META record's fsync.
                 g.snap = await self.io_executor.run(
-                    snapfile.commit, self.snap_dir, g.name, inc.meta, inc.path, inc.size,
+                    snapfile.stage, self.snap_dir, g.name, inc.meta, inc.path, inc.size,
                     inc.crc, self.disk)
             installs[i] = (g, g.snap)
         # A group removed meanwhile is not restored (its state machine may be closed).
@@ -878,7 +890,7 @@ class MultiRaft:
             # The hard state whose commit covers `meta.index` was buffered
             # before the entries were applied: make it durable before the
             # snapshot file can claim that index.
-            await self.node_log.sync_async()
+            await self.node_log.sync_async(self.io_executor.run)
             async with self._files_lock(g.name):
                 if self._groups.get(g.name) is not g:
                     return  # removed meanwhile: leave no meta file behind
@@ -923,7 +935,9 @@ class MultiRaft:
             self._snapshot(g)
 
     def _snapshot_pinning(self) -> None:
-        for name in self.node_log.pinning_groups():
+        # A few at a time: thousands of groups pinning the oldest segment
+        # must not all write images at once.
+        for name in self.node_log.pinning_groups(limit=PINNING_SNAPSHOTS):
             g = self._groups.get(name)
             if g is not None and not g.snapshotting:
                 if g.core.applied > g.core.log.first_index() - 1:

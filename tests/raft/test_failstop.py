@@ -24,10 +24,10 @@ class FailingLog(NodeLog):
 
     fail = False
 
-    async def sync_async(self) -> int:
+    async def sync_async(self, run=None) -> int:
         if self.fail:
             raise OSError(errno.EIO, "fsync: input/output error")
-        return await super().sync_async()
+        return await super().sync_async(run)
 
 
 async def _start(nid: int, tmp, addrs: dict[int, str], fatal: list) -> MultiRaft:
