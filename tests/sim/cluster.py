@@ -484,17 +484,17 @@ class Cluster:
             self.kill(n.id)
 
     def _do_arm(self) -> None:
-        """Arm a crash point in a live node's storage."""
-        n = self.pick_live()
-        if n is None or n.id in self.disk.plans:
+        """Arm a crash point in a node's storage (a down node: in its recovery)."""
+        nid = self.rng.choice(ALL)
+        if nid in self.disk.plans:
             return
         sites = sorted(self.disk.site_counts)
         if sites and self.rng.random() < 0.6:
             # Uniform over call sites seen so far: rare sites get their turn.
-            self.disk.plans[n.id] = CrashPlan(site=self.rng.choice(sites),
-                                              nth=self.rng.randrange(1, 4))
+            self.disk.plans[nid] = CrashPlan(site=self.rng.choice(sites),
+                                             nth=self.rng.randrange(1, 4))
         else:
-            self.disk.plans[n.id] = CrashPlan(countdown=self.rng.randrange(1, 120))
+            self.disk.plans[nid] = CrashPlan(countdown=self.rng.randrange(1, 120))
 
     def _do_partition(self) -> None:
         ids = list(ALL)
@@ -516,7 +516,7 @@ class Cluster:
             if n.mr is None:
                 n.restart_at = self.loop.time()
         deadline = self.loop.time() + 60.0
-        final: int | None = None
+        final: asyncio.Future[None] | None = None
         while self.loop.time() < deadline:
             await asyncio.sleep(0.05)
             self._restart_due()
@@ -527,9 +527,9 @@ class Cluster:
             core = lead.mr._groups[GROUP].core
             if core.log.term_or_zero(core.commit) != core.term:
                 continue
-            if final is None:
-                self.spawn(self._final(lead))
-                final = -1
+            if b"final" not in self.checker.acked.values():
+                if final is None or final.done():
+                    final = asyncio.ensure_future(self._final(lead))
                 continue
             if self._all_applied(core):
                 self._check_final()
@@ -541,8 +541,6 @@ class Cluster:
         await self._propose(lead, b"final")
 
     def _all_applied(self, lead_core: Any) -> bool:
-        if b"final" not in self.checker.acked.values():
-            return False
         cs = lead_core.conf_state
         for nid in (*cs.voters, *cs.learners):
             n = self.nodes[nid]

@@ -126,10 +126,13 @@ def _worker(sim: str, first: int, count: int, budget_s: float) -> dict:
 
 def _core_run(seed: int) -> tuple[str | None, str | None]:
     from tests.raft.network import Violation
-    from tests.sim.test_raft_sim import Sim, _run, schedule
+    from tests.sim.test_raft_sim import Sim, schedule
 
     try:
-        _run(Sim(seed), schedule(seed))
+        sim = Sim(seed)
+        for kind, arg in schedule(seed):
+            sim.run(kind, arg)
+        sim.converge()
     except Violation as v:
         msg = str(v)
         for prefix, name in _CORE_NAMES.items():
