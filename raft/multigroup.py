@@ -125,6 +125,7 @@ class DriverStats:
     snapshots_taken: int = 0
     snapshots_installed: int = 0
     snapshots_discarded: int = 0  # images dropped (raced a membership change or an install)
+    restores_skipped: int = 0  # restarts where the state machine already held the snapshot
     snapshot_bytes_sent: int = 0
     snapshot_bytes_received: int = 0
     ticks: int = 0
@@ -363,7 +364,7 @@ class MultiRaft:
                     f"{group}: log compacted to {log_snap.index} but no snapshot file")
             if log_snap.index == 0:
                 return None
-            sm.restore_from(self._empty_image())  # the bootstrap snapshot: empty state
+            self._restore_at_start(sm, log_snap.index, None)  # bootstrap: the empty state
             return snapfile.Stored(log_snap, None)
         meta = stored.meta
         if meta.index > gl.last_index():
@@ -372,8 +373,19 @@ class MultiRaft:
         elif meta.index > log_snap.index:
             # Crash between saving the file and the COMPACT record: redo it.
             self.node_log.compact(group, meta.index, meta.conf_state)
-        sm.restore_from(stored.path or self._empty_image())
+        self._restore_at_start(sm, meta.index, stored.path)
         return stored
+
+    def _restore_at_start(self, sm: Any, index: int, path: str | None) -> None:
+        """Bring a restarting group's state machine to the snapshot at `index`.
+        A durable state machine that already holds it (`applied_index()`) is
+        left alone: no image is copied back; the entries after it are
+        re-applied and it skips those it holds."""
+        held = getattr(sm, "applied_index", None)
+        if held is not None and held() >= index:
+            self.stats.restores_skipped += 1
+            return
+        sm.restore_from(path or self._empty_image())
 
     def _empty_image(self) -> str:
         """A 0-byte image: what `restore_from` takes as the empty state."""

@@ -1,0 +1,102 @@
+"""Applying committed entries: in batches, in the apply worker (off the event
+loop), into one LMDB environment per node with a named database per group;
+the state machine's own durable applied index spares a restart the copy of
+the snapshot image back. Real NodeLog (fsync), real LMDB."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+
+import pytest
+
+from raft.multigroup import MultiRaft
+from raft.node import LmdbSM, LmdbStore
+from raft.storage import NodeLog
+from tests.raft.test_multigroup import _NoPeers
+
+pytestmark = pytest.mark.timeout(120)
+
+
+class Recording(LmdbSM):
+    """LmdbSM that records where and how it is called."""
+
+    def __init__(self, store: LmdbStore, group: str) -> None:
+        super().__init__(store, group)
+        self.threads: set[int] = set()
+        self.batches: list[int] = []
+        self.restores = 0
+
+    def apply_batch(self, items: list[tuple[int, bytes]]) -> None:
+        self.threads.add(threading.get_ident())
+        self.batches.append(len(items))
+        super().apply_batch(items)
+
+    def restore_from(self, path: str) -> None:
+        self.restores += 1
+        super().restore_from(path)
+
+
+async def _node(tmp) -> MultiRaft:
+    mr = MultiRaft(1, NodeLog(str(tmp / "wal")), _NoPeers(), snap_dir=str(tmp / "snap"),
+                   tick_interval_s=0.01, snapshot_every=10**9)
+    return mr
+
+
+async def test_batches_applied_off_the_loop_in_one_environment(tmp_path):
+    store = LmdbStore(str(tmp_path / "sm"))
+    mr = await _node(tmp_path)
+    sms = {g: Recording(store, g) for g in ("a", "b")}
+    try:
+        for g, sm in sms.items():
+            mr.add_group(g, [1], state_machine=sm)
+        await mr.start()
+        for g in sms:
+            await mr.wait_leader(g)
+        await asyncio.gather(*(mr.propose(g, b"%s-%d" % (g.encode(), k))
+                               for k in range(200) for g in sms))
+        for g, sm in sms.items():
+            assert [d for _, d in sm.entries()] == [b"%s-%d" % (g.encode(), k)
+                                                    for k in range(200)]
+            assert threading.get_ident() not in sm.threads, "applied on the event loop"
+            assert max(sm.batches) > 1, "a burst should reach the state machine as batches"
+        assert sorted(os.listdir(tmp_path / "sm")) == ["data.mdb", "lock.mdb"]
+    finally:
+        await mr.stop()
+        store.close()
+
+
+async def test_restart_does_not_copy_the_image_back_when_the_state_is_there(tmp_path):
+    store = LmdbStore(str(tmp_path / "sm"))
+    mr = await _node(tmp_path)
+    sm = Recording(store, "g")
+    try:
+        mr.add_group("g", [1], state_machine=sm)
+        await mr.start()
+        await mr.wait_leader("g")
+        for k in range(30):
+            await mr.propose("g", b"e%d" % k)
+        mr.snapshot_now("g")
+        async with asyncio.timeout(30):
+            while mr.status("g")["first_index"] < 30:
+                await asyncio.sleep(0.01)
+        for k in range(30, 40):
+            await mr.propose("g", b"e%d" % k)
+        want = sm.entries()
+    finally:
+        await mr.stop()
+        store.close()
+    store = LmdbStore(str(tmp_path / "sm"))
+    mr = await _node(tmp_path)
+    sm = Recording(store, "g")
+    try:
+        mr.add_group("g", [1], state_machine=sm)
+        assert sm.restores == 0 and mr.stats.restores_skipped == 1
+        await mr.start()
+        await mr.wait_leader("g")
+        await mr.propose("g", b"after")
+        assert sm.entries() == [*want, (want[-1][0] + 2, b"after")]  # +1: the new leader's no-op
+    finally:
+        await mr.stop()
+        store.close()
