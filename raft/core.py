@@ -468,7 +468,7 @@ class Raft:
     def _step_leader(self, m: Message) -> None:
         t = m.type
         if t is MsgType.BEAT:
-            self._bcast_heartbeat(b"")
+            self._heartbeat_round()
         elif t is MsgType.READ_INDEX:
             self._leader_read_index(m)
         elif t is MsgType.TRANSFER_LEADER:
@@ -571,6 +571,7 @@ class Raft:
             return False
         self.send(Message(MsgType.APP, to=to, index=pr.next - 1, log_term=prev_term,
                           entries=ents, commit=self.log.committed))
+        pr.app_sent = True
         if ents:
             pr.sent_entries(ents[-1].index)
         elif pr.state is ProgressState.PROBE:
@@ -594,6 +595,20 @@ class Raft:
         for nid in self.prs:
             if nid != self.id:
                 self._send_append(nid)
+
+    def _heartbeat_round(self) -> None:
+        """The periodic heartbeat, only to followers that got no append since
+        the last round: an append resets a follower's election timer and
+        carries the commit index just as well, so a busy group costs no
+        heartbeats (its node's liveness beat and its appends keep it alive),
+        and a follower whose appends stopped (paused, probing) still gets them."""
+        for nid, pr in self.prs.items():
+            if nid == self.id:
+                continue
+            if not pr.app_sent:
+                commit = min(pr.match, self.log.committed)
+                self.send(Message(MsgType.HEARTBEAT, to=nid, commit=commit))
+            pr.app_sent = False
 
     def _bcast_heartbeat(self, ctx: bytes) -> None:
         for nid, pr in self.prs.items():

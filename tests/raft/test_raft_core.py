@@ -693,3 +693,26 @@ def test_storage_append_resp_from_another_node_is_ignored() -> None:
     r.step(Message(MsgType.STORAGE_APPEND_RESP, "", frm=2, to=1, index=idx, log_term=r.term))
     assert r.prs[1].match == match < idx
     assert r.log.unstable.entries == unstable
+
+
+def test_busy_group_sends_no_heartbeats_an_idle_follower_still_gets_them() -> None:
+    """Issue 6 (priority): heartbeats per busy group are redundant: an append
+    resets the follower's election timer and carries the commit index. A
+    round skips followers that got an append since the last one; a follower
+    that got none (idle group, or paused) still gets its heartbeat."""
+    net = Network((1, 2, 3), seed=3)
+    net.elect(1)
+    settle(net)
+    r = net.raft(1)
+    for k in range(5):  # busy: an append to every follower between two rounds
+        since = len(net.sent)
+        r.propose(b"x%d" % k)
+        net.stabilize()
+        net.tick()
+        net.stabilize()
+        assert MsgType.HEARTBEAT not in types_sent(net, since)
+        assert MsgType.APP in types_sent(net, since)
+    since = len(net.sent)
+    settle(net, 2)  # idle: heartbeats again, and nobody campaigns
+    assert types_sent(net, since).count(MsgType.HEARTBEAT) >= 2
+    assert r.state is StateType.LEADER and net.raft(2).lead == 1 and net.raft(3).lead == 1
