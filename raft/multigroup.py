@@ -593,9 +593,8 @@ class MultiRaft:
         if g.incoming is not None:
             snapfile.discard(g.incoming.path, disk=self.disk)
         g.incoming = snapfile.Stored(rx.meta, rx.path, rx.size, rx.crc)
-        g.core.step(header)
-        self._mark(header.group)
-        return True
+        self.on_messages([header])  # a broken invariant here is fatal too
+        return self.failed is None
 
     async def snapshot_source(self, msg: Message) -> AsyncIterator[bytes]:
         """The snapshot a SNAP message announces, as the transport streams it:
