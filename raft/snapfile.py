@@ -189,6 +189,8 @@ def _write_durably(disk: Disk, path: str, buf: bytes) -> None:
 def _remove_files(disk: Disk, dir: str, group: str, keep: str | None,
                   suffixes: tuple[str, ...]) -> None:
     head = _prefix(group) + "."
+    if not disk.exists(dir):
+        return  # nothing was ever written there
     for name in disk.listdir(dir):
         path = os.path.join(dir, name)
         if name.startswith(head) and name.endswith(suffixes) and path != keep:

@@ -169,8 +169,7 @@ class _GroupState:
             # the hard state stays valid when the HARD_STATE after the record is lost.
             self.hs = HardState(self.hs.term, self.hs.vote, meta.index)
         self.known = self.snap
-        if meta.index >= self.hole:
-            self.hole = 0
+        self.hole = 0  # whatever its index: nothing before the snapshot is needed any more
 
     def open_hole(self, index: int) -> None:
         """Replay only: entries <= index sat in deleted segments; a later COMPACT covers them."""
