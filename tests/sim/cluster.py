@@ -489,7 +489,10 @@ class Cluster:
         if nid in self.disk.plans:
             return
         sites = sorted(self.disk.site_counts)
-        if sites and self.rng.random() < 0.6:
+        if self.nodes[nid].mr is None:
+            # A down node: crash inside its recovery (replay, truncation, repair).
+            self.disk.plans[nid] = CrashPlan(countdown=self.rng.randrange(1, 4))
+        elif sites and self.rng.random() < 0.6:
             # Uniform over call sites seen so far: rare sites get their turn.
             self.disk.plans[nid] = CrashPlan(site=self.rng.choice(sites),
                                              nth=self.rng.randrange(1, 4))

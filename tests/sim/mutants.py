@@ -43,6 +43,10 @@ class Mutant:
     sim: str = "real"
     fast: bool = False
     seeds: int = 600  # how many seeds to try before the mutant survives
+    more: tuple[tuple[str, str, str], ...] = ()  # further (file, old, new) edits
+
+    def edits(self) -> list[tuple[str, str, str]]:
+        return [(self.file, self.old, self.new), *self.more]
 
 
 MUTANTS: list[Mutant] = [
@@ -87,6 +91,45 @@ MUTANTS: list[Mutant] = [
         "        self.prs[self.id].maybe_update(self.log.last_index())\n"
         "        return True\n",
         fast=True),
+    # ---- one per defect fixed in issue 6 (lines given by raft-storage / raft-driver) ----
+    Mutant(
+        "d1-stale-conf-after-snapshot", "a membership change at or below a snapshot restored "
+        "since its Ready is applied anyway", "core.py",
+        "if e.type is EntryType.CONF_CHANGE and e.index > floor:",
+        "if e.type is EntryType.CONF_CHANGE:",
+        more=(("multigroup.py", "if e.index > floor and (e.data or", "if (e.data or"),)),
+    Mutant(
+        "d2-delete-before-compact-synced", "a segment deleted before its COMPACT record is fsynced",
+        "storage.py", "doomed, self._doomed = self._doomed, []",
+        "doomed, self._doomed = self._obsolete(), []", fast=True),
+    Mutant(
+        "d3a-roll-fsync-at-end", "a batch across a segment roll fsyncs every segment at the end",
+        "storage.py",
+        "if i + 1 == len(batch) or batch[i + 1].seg != ch.seg:\n"
+        "                    self.disk.fsync(self._fds[ch.seg])\n"
+        "                    self.stats.fsyncs += 1",
+        "pass\n            for seg in dict.fromkeys(c.seg for c in batch):\n"
+        "                self.disk.fsync(self._fds[seg])\n"
+        "                self.stats.fsyncs += 1"),
+    Mutant(
+        "d3b-torn-tail-before-empty-segment", "a torn tail followed by empty segments is "
+        "called corruption", "storage.py",
+        "if later and not repair and not self._all_empty(later):",
+        "if later and not repair:"),
+    Mutant(
+        "d4a-staged-snapshot-trusted", "recovery promotes a staged snapshot its log does not "
+        "describe", "snapfile.py",
+        "if index <= log_index and (current", "if (current"),
+    Mutant(
+        "bug-a-snapshot-below-replay-hole", "replay keeps a hole open across a received "
+        "snapshot below it (found by this simulation)", "storage.py",
+        "        self.hole = 0  # whatever its index: nothing before the snapshot is needed "
+        "any more",
+        "        if meta.index >= self.hole:\n            self.hole = 0"),
+    Mutant(
+        "bug-b-no-snap-dir", "a node with a WAL but no snapshot directory cannot start "
+        "(found by this simulation)", "snapfile.py",
+        "    if not disk.exists(dir):\n        return  # nothing was ever written there\n", ""),
 ]
 
 _CORE_NAMES = {
@@ -103,6 +146,11 @@ def _worker(sim: str, first: int, count: int, budget_s: float) -> dict:
     deadline = time.monotonic() + budget_s
     errors = 0
     ran = 0
+    if sim.startswith("scenario:"):
+        killed = _scenarios(sim.split(":", 1)[1])
+        if killed is None:
+            return {"killed": False, "seeds": 0, "errors": 0}
+        return {"killed": True, "invariant": killed[1], "seed": killed[0], "seeds": 0}
     if sim == "core":
         killed = _scenarios()
         if killed is not None:
@@ -130,12 +178,14 @@ def _worker(sim: str, first: int, count: int, budget_s: float) -> dict:
     return {"killed": False, "seeds": ran, "errors": errors}
 
 
-def _scenarios() -> tuple[str, str, str] | None:
+def _scenarios(only: str | None = None) -> tuple[str, str, str] | None:
     """The written-out adversarial schedules of tests/sim/scenarios.py."""
     from tests.raft.network import Violation
     from tests.sim.scenarios import SCENARIOS
 
     for name, fn in SCENARIOS.items():
+        if only is not None and name != only:
+            continue
         try:
             fn()
         except Violation as v:
@@ -182,38 +232,68 @@ def make_copy(m: Mutant | None, dest: Path, rev: str | None = None) -> None:
         subprocess.run(["tar", "-x", "-C", str(dest)], input=tar, check=True)
     if m is None:
         return
-    path = pkg / m.file
-    text = path.read_text()
-    if text.count(m.old) != 1:
-        raise ValueError(f"mutant {m.name}: the text to replace occurs {text.count(m.old)} "
-                         f"times in raft/{m.file} (stale mutant)")
-    path.write_text(text.replace(m.old, m.new))
+    for file, old, new in m.edits():
+        path = pkg / file
+        text = path.read_text()
+        if text.count(old) != 1:
+            raise ValueError(f"mutant {m.name}: the text to replace occurs {text.count(old)} "
+                             f"times in raft/{file} (stale mutant)")
+        path.write_text(text.replace(old, new))
+
+
+def _child(src: str, sim: str, first: int, count: int, budget_s: float) -> dict:
+    env = dict(os.environ, PYTHONPATH=f"{src}{os.pathsep}{ROOT}", PYTHONHASHSEED="0")
+    args = [sys.executable, "-m", "tests.sim.mutants", "--worker", sim, str(first), str(count),
+            str(budget_s)]
+    try:
+        out = subprocess.run(args, env=env, cwd=src, capture_output=True, text=True,
+                             timeout=budget_s + 120)
+    except subprocess.TimeoutExpired:
+        return {"killed": False, "timeout": True}
+    lines = [x for x in out.stdout.splitlines() if x.startswith("{")]
+    if out.returncode != 0 or not lines:
+        return {"killed": False, "crash": out.stderr[-2000:]}
+    return json.loads(lines[-1])
 
 
 def run_mutant(m: Mutant | None, seeds: int | None = None, budget_s: float = 240.0,
                rev: str | None = None, sim: str | None = None, first: int = 0) -> dict:
-    """Run one mutant in a child process; returns the worker's verdict."""
-    with tempfile.TemporaryDirectory(prefix="raft-mutant-") as tmp:
+    """Run one mutant in a child process; returns the verdict.
+
+    A kill counts only if the same seed passes on the unmutated code: a
+    failure the original shares is the original's bug, not the mutant's."""
+    sim = sim or (m.sim if m else "real")
+    n = seeds if seeds is not None else (m.seeds if m else 50)
+    t0 = time.monotonic()
+    shared: list[object] = []
+    with tempfile.TemporaryDirectory(prefix="raft-mutant-") as tmp, \
+            tempfile.TemporaryDirectory(prefix="raft-base-") as base:
         try:
             make_copy(m, Path(tmp), rev)
+            make_copy(None, Path(base), rev)
         except ValueError as e:
             return {"killed": False, "stale": str(e)}
-        env = dict(os.environ, PYTHONPATH=f"{tmp}{os.pathsep}{ROOT}", PYTHONHASHSEED="0")
-        n = seeds if seeds is not None else (m.seeds if m else 50)
-        args = [sys.executable, "-m", "tests.sim.mutants", "--worker", sim or (m.sim if m else
-                "real"), str(first), str(n), str(budget_s)]
-        t0 = time.monotonic()
-        try:
-            out = subprocess.run(args, env=env, cwd=tmp, capture_output=True, text=True,
-                                 timeout=budget_s + 60)
-        except subprocess.TimeoutExpired:
-            return {"killed": False, "timeout": True}
-        lines = [x for x in out.stdout.splitlines() if x.startswith("{")]
-        if out.returncode != 0 or not lines:
-            return {"killed": False, "crash": out.stderr[-2000:]}
-        verdict = json.loads(lines[-1])
-        verdict["elapsed_s"] = round(time.monotonic() - t0, 1)
-        return verdict
+        seed, end = first, first + n
+        while True:
+            left = budget_s - (time.monotonic() - t0)
+            v = _child(tmp, sim, seed, end - seed, max(left, 1.0))
+            if not v.get("killed") or m is None:
+                break
+            if isinstance(v["seed"], str):  # a written-out scenario
+                ok = _child(base, "scenario:" + v["seed"].split()[-1], 0, 1, 60.0)
+            else:
+                ok = _child(base, sim, v["seed"], 1, 120.0)
+            if not ok.get("killed"):
+                break
+            shared.append(v["seed"])  # the original fails this seed too: keep looking
+            if isinstance(v["seed"], str) or v["seed"] + 1 >= end:
+                v = {"killed": False, "seeds": n}
+                break
+            seed = v["seed"] + 1
+    v["elapsed_s"] = round(time.monotonic() - t0, 1)
+    if shared:
+        v["also_fails_unmutated"] = shared
+    return v
 
 
 def table(rows: list[tuple[Mutant, dict]]) -> str:
