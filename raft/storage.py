@@ -333,7 +333,7 @@ class NodeLog:
             self.disk.makedirs(dir)
             if self.archive_dir:
                 self.disk.makedirs(self.archive_dir)
-                self.disk.fsync_dir(dir)
+                self._fsync_dir()
             self._recover(repair)
 
     # ---- group access ------------------------------------------------
@@ -707,6 +707,7 @@ class NodeLog:
                 fd = self.disk.open(os.path.join(self.dir, segment_name(seq)))
             self.disk.ftruncate(fd, 0)
             self.disk.fsync(fd)
+            self.stats.fsyncs += 1
             self.disk.close(fd)
             self.disk.unlink(os.path.join(self.dir, segment_name(seq)))
             log.error("wal: dropped segment %s after a torn or corrupt one", segment_name(seq))
