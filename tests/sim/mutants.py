@@ -44,6 +44,7 @@ class Mutant:
     fast: bool = False
     seeds: int = 600  # how many seeds to try before the mutant survives
     more: tuple[tuple[str, str, str], ...] = ()  # further (file, old, new) edits
+    hint: int = 0  # the seed that killed it in the full run: CI starts there
 
     def edits(self) -> list[tuple[str, str, str]]:
         return [(self.file, self.old, self.new), *self.more]
@@ -318,6 +319,8 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, help="seeds per mutant (default: the mutant's)")
     ap.add_argument("--budget", type=float, default=240.0, help="seconds per mutant")
     ap.add_argument("--rev", help="mutate this git revision instead of the worktree")
+    ap.add_argument("--from-hints", action="store_true",
+                    help="start at each mutant's recorded killing seed (CI)")
     a = ap.parse_args()
     if a.worker:
         sim, first, count, budget = a.worker
@@ -326,7 +329,7 @@ def main() -> None:
     chosen = [m for m in MUTANTS if (not a.fast or m.fast) and (not a.only or m.name in a.only)]
     rows = []
     for m in chosen:
-        v = run_mutant(m, a.seeds, a.budget, a.rev)
+        v = run_mutant(m, a.seeds, a.budget, a.rev, first=m.hint if a.from_hints else 0)
         print(f"{m.name}: {json.dumps(v)}", file=sys.stderr, flush=True)
         rows.append((m, v))
     print(table(rows))
