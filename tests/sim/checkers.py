@@ -17,6 +17,8 @@ counts a mutant as killed only through one of these names:
   majorities that can miss each other.
 * RECOVERY: a crashed node cannot restart from its own disk.
 * CORE_INVARIANT: the core's own always-on assertions (`raft.log.invariant`).
+* FAIL_STOP: a node whose WAL write or fsync failed is still running (it must
+  stop: a retry would trust a page cache that may have dropped the data).
 """
 
 from __future__ import annotations
@@ -34,9 +36,10 @@ READ_LINEARIZABLE = "read linearizability"
 MEMBERSHIP = "membership"
 RECOVERY = "recovery"
 CORE_INVARIANT = "core invariant"
+FAIL_STOP = "fail-stop"
 
 NAMES = (ELECTION, LOG_MATCHING, LEADER_COMPLETENESS, SM_SAFETY, ACKED_LOST,
-         READ_LINEARIZABLE, MEMBERSHIP, RECOVERY, CORE_INVARIANT)
+         READ_LINEARIZABLE, MEMBERSHIP, RECOVERY, CORE_INVARIANT, FAIL_STOP)
 
 
 class Violation(AssertionError):

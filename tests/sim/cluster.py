@@ -36,7 +36,7 @@ from raft.log import InvariantError
 from raft.multigroup import MultiRaft
 from raft.storage import NodeLog
 from raft.types import MsgType
-from tests.sim.checkers import CORE_INVARIANT, RECOVERY, Checker, Violation
+from tests.sim.checkers import CORE_INVARIANT, FAIL_STOP, RECOVERY, Checker, Violation
 from tests.sim.simdisk import CrashPlan, SimCrash, SimDisk, patch_modules
 from tests.sim.simloop import SimClock, SimExecutor, SimLoop
 from tests.sim.simnet import NetFaults, SimNet
@@ -63,6 +63,7 @@ class RunResult:
     conf_changes: int = 0
     crashes: int = 0
     disk_crashes: int = 0
+    fail_stops: int = 0
     crash_contexts: set[str] = field(default_factory=set)
     crash_sites: set[str] = field(default_factory=set)
     sites_seen: set[str] = field(default_factory=set)
@@ -132,6 +133,7 @@ class Node:
     sm: SimSM | None = None
     tasks: set[asyncio.Task[Any]] = field(default_factory=set)
     restart_at: float | None = None
+    eio_at: float | None = None  # when a WAL call of this incarnation failed with EIO
 
 
 class _SeededSecrets:
@@ -159,6 +161,7 @@ class Cluster:
         self.disk = SimDisk(random.Random(rng.getrandbits(64)),
                             tear=rng.choice((0.3, 0.6, 0.9)), flip=rng.choice((0.0, 0.1, 0.3)))
         self.disk.on_crash = self._on_disk_crash
+        self.disk.on_eio = self._on_eio
         faults = NetFaults(drop=rng.choice((0.0, 0.01, 0.05)), dup=rng.choice((0.0, 0.01, 0.05)),
                            slow=rng.choice((0.0, 0.05, 0.2)))
         self.net = SimNet(self.loop, random.Random(rng.getrandbits(64)), faults)
@@ -304,6 +307,7 @@ class Cluster:
         for task in n.tasks:
             task.cancel()
         n.mr = n.sm = None
+        n.eio_at = None
 
     def kill(self, nid: int) -> None:
         """Power cut at an arbitrary moment (not inside a disk operation)."""
@@ -326,6 +330,10 @@ class Cluster:
         self._drop(n)
         n.restart_at = self.loop.time() + self.rng.uniform(0.05, 1.5)
         return ctx
+
+    def _on_eio(self, nid: int, site: str) -> None:
+        if "@raft.storage." in site:
+            self.nodes[nid].eio_at = self.loop.time()
 
     def _crash_context(self, n: Node, site: str, stack: set[str]) -> frozenset[str]:
         """Is the node inside a segment roll, a compaction or a snapshot install?"""
@@ -367,18 +375,35 @@ class Cluster:
             if isinstance(exc, Violation):
                 raise exc
             raise HarnessError(f"unexpected error in the simulation: {exc!r}") from exc
-        for nid, n in self.live().items():
-            failed = getattr(n.mr, "failed", None)
-            if failed is not None and not isinstance(failed, SimCrash):
-                if isinstance(failed, Violation):
-                    raise failed
-                if isinstance(failed, InvariantError):
-                    raise Violation(CORE_INVARIANT, f"node {nid}: {failed}")
-                raise HarnessError(f"node {nid} stopped itself: {failed!r}")
+        self._check_fail_stop()
         live = self.live()
         cores = {nid: n.mr._groups[GROUP].core for nid, n in live.items()}
         sms = {nid: n.sm for nid, n in live.items()}
         self.checker.check(cores, sms)
+
+    def _check_fail_stop(self) -> None:
+        now = self.loop.time()
+        for nid, n in self.nodes.items():
+            if n.mr is None:
+                continue
+            failed = getattr(n.mr, "failed", None)
+            if failed is None:
+                if n.eio_at is not None and now > n.eio_at + 2.0:
+                    raise Violation(FAIL_STOP, f"node {nid} still runs 2 s after a failed "
+                                               f"WAL call")
+                continue
+            if isinstance(failed, SimCrash):
+                continue
+            if isinstance(failed, Violation):
+                raise failed
+            if isinstance(failed, InvariantError):
+                raise Violation(CORE_INVARIANT, f"node {nid}: {failed}")
+            if n.eio_at is None and not _caused_by_eio(failed):
+                raise HarnessError(f"node {nid} stopped itself: {failed!r}")
+            # Fail-stop after an injected I/O error, as it must: the process
+            # exits and its supervisor restarts it.
+            self.result.fail_stops += 1
+            self.kill(nid)
 
     # ---- actions -------------------------------------------------------------------------------
 
@@ -408,8 +433,11 @@ class Cluster:
             self.spawn(self._propose(n, b"p%d" % self.nprop))
 
     async def _propose(self, n: Node, data: bytes) -> None:
+        mr = n.mr
+        if mr is None:
+            return  # the node died before the client got to it
         try:
-            index = await n.mr.propose(GROUP, data)
+            index = await mr.propose(GROUP, data)
         except (raft.multigroup.NotLeader, raft.multigroup.ProposalDropped, KeyError,
                 SimCrash):
             return
@@ -425,6 +453,8 @@ class Cluster:
 
     async def _read(self, n: Node, need: int) -> None:
         mr = n.mr
+        if mr is None:
+            return
         try:
             async with asyncio.timeout(3.0):
                 await mr.read_index(GROUP)
@@ -492,6 +522,10 @@ class Cluster:
         if self.nodes[nid].mr is None:
             # A down node: crash inside its recovery (replay, truncation, repair).
             self.disk.plans[nid] = CrashPlan(countdown=self.rng.randrange(1, 4))
+        elif self.rng.random() < 0.15:
+            wal = [x for x in sites if "@raft.storage." in x]
+            if wal:
+                self.disk.plans[nid] = CrashPlan(site=self.rng.choice(wal), eio=True)
         elif sites and self.rng.random() < 0.6:
             # Uniform over call sites seen so far: rare sites get their turn.
             self.disk.plans[nid] = CrashPlan(site=self.rng.choice(sites),
@@ -590,6 +624,14 @@ def _record_types(chunks: list[Any]) -> set[int]:
         types.update(int(r.type) for r in sc)
         sc.close()
     return types
+
+
+def _caused_by_eio(exc: BaseException | None) -> bool:
+    while exc is not None:
+        if isinstance(exc, OSError) and "simulated EIO" in str(exc):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
 
 
 def _where(e: BaseException) -> str:

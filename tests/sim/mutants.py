@@ -122,6 +122,11 @@ MUTANTS: list[Mutant] = [
         "describe", "snapfile.py",
         "if index <= log_index and (current", "if (current"),
     Mutant(
+        "d7-no-fail-stop", "a node whose ready loop died (failed WAL write or fsync) limps on",
+        "multigroup.py",
+        "        if exc is None or self.failed is not None:\n            return\n",
+        "        if exc is not None:\n            return\n"),
+    Mutant(
         "bug-a-snapshot-below-replay-hole", "replay keeps a hole open across a received "
         "snapshot below it (found by this simulation)", "storage.py",
         "        self.hole = 0  # whatever its index: nothing before the snapshot is needed "

@@ -77,6 +77,7 @@ class CrashPlan:
     countdown: int | None = None
     site: str | None = None
     nth: int = 1
+    eio: bool = False  # fail that operation with EIO instead of crashing the node
 
 
 @dataclass
@@ -148,11 +149,13 @@ class SimDisk:
         self.plans: dict[int, CrashPlan] = {}
         self.site_counts: dict[str, int] = {}  # every mutating op seen, by site
         self.crashes: list[CrashRecord] = []
+        self.eio: list[tuple[int, str]] = []  # injected I/O errors (node, site)
         self.ops = 0
         # Called at a planned crash, before the node's files are rolled back:
         # returns context tags ("roll", "compaction", "install") and lets the
         # cluster mark the node down at once.
         self.on_crash: Callable[[int, str, set[str]], frozenset[str]] | None = None
+        self.on_eio: Callable[[int, str], None] | None = None
 
     # ---- crash machinery -------------------------------------------------------
 
@@ -176,6 +179,11 @@ class SimDisk:
             hit = hit or plan.nth <= 0
         if hit:
             del self.plans[node]
+            if plan.eio:
+                self.eio.append((node, site))
+                if self.on_eio is not None:
+                    self.on_eio(node, site)
+                raise OSError(5, f"simulated EIO at {site}")
             self.fail(node, site, stack_functions())
 
     def fail(self, node: int, site: str, stack: set[str] | None = None) -> None:
