@@ -118,14 +118,42 @@ class LmdbSM:
                 f.write(v)
         return applied
 
+    RESTORE_TXN_BYTES = 16 << 20
+
     def restore_from(self, path: str) -> None:
-        """Replace this group's records by an image, in one write transaction."""
-        with open(path, "rb") as f, self.env.begin(write=True) as txn:
-            txn.drop(self.db, delete=False)
-            while head := f.read(_KV.size):
-                klen, vlen = _KV.unpack(head)
-                key = f.read(klen)
-                txn.put(key, f.read(vlen), db=self.db)
+        """Replace this group's records by an image, in write transactions of
+        about RESTORE_TXN_BYTES: LMDB has one writer per environment, so one
+        huge transaction would stall every other group's applies. The first
+        transaction empties the database (the `applied` key too) and the
+        `applied` key is written last, so a crash midway leaves
+        `applied_index()` at 0 and the driver restores again."""
+        with open(path, "rb") as f:
+            applied: bytes | None = None
+            txn = self.env.begin(write=True, db=self.db)
+            try:
+                txn.drop(self.db, delete=False)
+                size = 0
+                while head := f.read(_KV.size):
+                    if len(head) != _KV.size:
+                        raise ValueError(f"{path}: image truncated")
+                    klen, vlen = _KV.unpack(head)
+                    key, value = f.read(klen), f.read(vlen)
+                    if len(key) != klen or len(value) != vlen:
+                        raise ValueError(f"{path}: image truncated")
+                    if key == _APPLIED:
+                        applied = value
+                        continue
+                    txn.put(key, value)
+                    size += klen + vlen
+                    if size >= self.RESTORE_TXN_BYTES:
+                        txn.commit()
+                        txn, size = self.env.begin(write=True, db=self.db), 0
+                if applied is not None:
+                    txn.put(_APPLIED, applied)
+                txn.commit()
+            except BaseException:
+                txn.abort()
+                raise
 
     def on_leader_change(self, leader_id: int, term: int) -> None:
         self.leader = (leader_id, term)

@@ -100,3 +100,27 @@ async def test_restart_does_not_copy_the_image_back_when_the_state_is_there(tmp_
     finally:
         await mr.stop()
         store.close()
+
+
+def test_restore_in_several_transactions_marks_applied_last(tmp_path):
+    """A large image is restored in several write transactions (one huge one
+    would hold LMDB's single writer lock against every other group); the
+    `applied` key comes last, so a restore cut short reads as applied 0."""
+    store = LmdbStore(str(tmp_path / "sm"))
+    src, dst = LmdbSM(store, "src"), LmdbSM(store, "dst")
+    try:
+        src.apply_batch([(i, b"v" * 1000) for i in range(1, 301)])
+        image = tmp_path / "img"
+        assert src.snapshot_to(str(image)) == 300
+        dst.apply_batch([(1, b"old")])
+        dst.RESTORE_TXN_BYTES = 10_000  # about 10 records per transaction
+        cut = tmp_path / "cut"
+        cut.write_bytes(image.read_bytes()[: image.stat().st_size // 2 + 3])
+        with pytest.raises(ValueError, match="truncated"):
+            dst.restore_from(str(cut))
+        assert dst.applied_index() == 0  # restart would restore again
+        assert 0 < len(dst.entries()) < 300
+        dst.restore_from(str(image))
+        assert dst.applied_index() == 300 and dst.entries() == src.entries()
+    finally:
+        store.close()
