@@ -209,6 +209,8 @@ class MultiRaft:
         # small Lock per group name ever hosted); names whose files await deletion.
         self._files: dict[str, asyncio.Lock] = {}
         self._dropping: dict[str, int] = {}
+        self._apply_idle = asyncio.Event()  # clear while a batch is in the apply worker
+        self._apply_idle.set()
         # Fail-stop: the first fatal error, and who to tell (the process exits).
         self.failed: BaseException | None = None
         self.on_fatal = on_fatal
@@ -420,6 +422,9 @@ class MultiRaft:
     async def _delete_files_after_drop(self, group: str) -> None:
         self._dropping[group] = self._dropping.get(group, 0) + 1
         try:
+            # A batch handed to the apply worker before the removal may still
+            # be writing to the group's state machine.
+            await self._apply_idle.wait()
             await self.node_log.sync_async(self.io_executor.run)
             async with self._files_lock(group):
                 g = self._groups.get(group)
@@ -433,7 +438,9 @@ class MultiRaft:
                 del self._dropping[group]
 
     async def removed(self, group: str) -> None:
-        """Until a removed group's files are deleted (tests, callers that care)."""
+        """Until a removed group is fully gone: no apply of it in flight, its
+        DROP durable, its files deleted. Await it before deleting the state
+        machine's own data."""
         while group in self._dropping:
             await self.clock.sleep(self.tick_interval_s)
 
@@ -721,7 +728,11 @@ class MultiRaft:
         # (log order per group); the loop keeps stepping messages meanwhile.
         batches = [(g.sm, ents) for g, rd in work if (ents := self._to_apply(g, rd))]
         if batches:
-            await self.apply_executor.run(_apply_batches, batches)
+            self._apply_idle.clear()
+            try:
+                await self.apply_executor.run(_apply_batches, batches)
+            finally:
+                self._apply_idle.set()
         for g, rd in work:
             self._settle(g, rd)
             g.core.advance(rd)
