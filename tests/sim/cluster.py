@@ -240,7 +240,10 @@ class Cluster:
             await asyncio.sleep(self.rng.expovariate(1 / 0.01))
             self._restart_due()
             kind = self.rng.choices(self.kinds, self.weights)[0]
-            getattr(self, "_do_" + kind)()
+            try:
+                getattr(self, "_do_" + kind)()
+            except (raft.multigroup.ProposalDropped, raft.multigroup.NotLeader, KeyError):
+                pass  # a node that stopped itself (fail-stop): the check below restarts it
             self.check()
             del step
         await self._converge()
@@ -367,7 +370,8 @@ class Cluster:
 
     def live(self) -> dict[int, Node]:
         return {nid: n for nid, n in self.nodes.items()
-                if n.mr is not None and GROUP in n.mr._groups}
+                if n.mr is not None and GROUP in n.mr._groups
+                and getattr(n.mr, "failed", None) is None}
 
     def check(self) -> None:
         if self.failure is not None:
