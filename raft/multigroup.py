@@ -130,6 +130,7 @@ class DriverStats:
     snapshot_bytes_received: int = 0
     ticks: int = 0
     wakes_for_dead_peer: int = 0
+    sync_rolls: int = 0  # drain-pass syncs whose batch started a new WAL segment
 
 
 @dataclass(eq=False)
@@ -211,6 +212,10 @@ class MultiRaft:
         self._dropping: dict[str, int] = {}
         self._apply_idle = asyncio.Event()  # clear while a batch is in the apply worker
         self._apply_idle.set()
+        # What is in flight, for `activity()` (crash tests aim kills with it).
+        self._receiving = 0  # snapshot streams being received
+        self._sync_roll = False  # the drain pass's sync writes a segment roll
+        self._synced_top = 0  # newest segment at the previous drain-pass sync
         # Fail-stop: the first fatal error, and who to tell (the process exits).
         self.failed: BaseException | None = None
         self.on_fatal = on_fatal
@@ -585,6 +590,7 @@ class MultiRaft:
         if g is None or header.snapshot is None:
             return False
         rx = snapfile.Receiver(self.snap_dir, header.group, disk=self.disk)
+        self._receiving += 1
         try:
             async for piece in chunks:
                 await self.io_executor.run(rx.feed, piece)
@@ -594,6 +600,8 @@ class MultiRaft:
             rx.close()
             snapfile.discard(rx.path, disk=self.disk)
             raise
+        finally:
+            self._receiving -= 1
         if rx.meta != header.snapshot.meta or self._groups.get(header.group) is not g:
             snapfile.discard(rx.path, disk=self.disk)
             return False
@@ -665,7 +673,14 @@ class MultiRaft:
             return
         await self._commit_installs(installs)
         if need_sync:
-            await self.node_log.sync_async(self.io_executor.run)
+            top = self._newest_segment()
+            self._sync_roll = top != self._synced_top
+            try:
+                await self.node_log.sync_async(self.io_executor.run)
+            finally:
+                self._sync_roll = False
+            self.stats.sync_rolls += top != self._synced_top
+            self._synced_top = top
             self._count_sync(len(work))
         for g, _ in installs:
             async with self._files_lock(g.name):
@@ -678,6 +693,26 @@ class MultiRaft:
         self.stats.drains += 1
         self.stats.readies += len(work)
         await self._finish(work, installs)
+
+    def _newest_segment(self) -> int:
+        segments = getattr(self.node_log, "segments", None)  # a test double may lack it
+        segs = segments() if segments is not None else []
+        return segs[-1] if segs else 0
+
+    def activity(self) -> dict[str, int]:
+        """What is in flight right now (operators, and the process crash test,
+        which aims kill -9 at these moments): a drain-pass sync that writes a
+        segment roll, snapshots being written/committed/compacted, snapshots
+        being received or installed, membership changes proposed by this
+        leader and not applied yet. O(groups): on request only."""
+        gs = list(self._groups.values())
+        return {
+            "sync_roll": int(self._sync_roll),
+            "snapshotting": sum(g.snapshotting for g in gs),
+            "installing": self._receiving + sum(g.installing for g in gs),
+            "conf_changing": sum(g.core.state is StateType.LEADER
+                                 and g.core.pending_conf_index > g.core.log.applied for g in gs),
+        }
 
     def _count_sync(self, groups: int) -> None:
         s = self.stats

@@ -3,6 +3,7 @@
     python -m raft.node --id 1 --dir D --listen 127.0.0.1:P \\
         --peers 1=127.0.0.1:P,2=127.0.0.1:Q,3=127.0.0.1:R --control-port C \\
         [--groups 3] [--voters 1,2,3] [--sm full|count] [--snapshot-every N]
+        [--segment-bytes N]
 
 Hosts groups `g0`..`g<N-1>` (initial voters `--voters`, default every peer;
 a node not among them joins empty, to be added with `add_member`). Each group
@@ -14,8 +15,8 @@ each response echoes it:
 
     {"id": 1, "op": "propose", "group": "g0", "data": "x"}  -> {"ok": true, "index": 7}
     errors: {"ok": false, "err": "not_leader", "leader": 2} / {"ok": false, "err": "..."}
-    ops: propose, entries, status, stats, add_member, remove_member, transfer,
-         read_index, snapshot
+    ops: propose, entries, status, stats, activity, add_member, remove_member,
+         transfer, read_index, snapshot
 """
 
 from __future__ import annotations
@@ -270,6 +271,8 @@ class Control:
         if op == "stats":
             return {"driver": vars(mr.stats), "wal": _slots(mr.node_log.stats),
                     "leaders": sum(1 for g in mr.groups() if mr.leader(g) == mr.node_id)}
+        if op == "activity":
+            return {"activity": mr.activity()}
         if op == "add_member":
             return {"index": await mr.add_member(group, req["node"], req.get("learner", False))}
         if op == "remove_member":
@@ -309,7 +312,8 @@ async def run(args: argparse.Namespace) -> None:
         stop.set()
 
     mr = create(args.id, args.dir, args.listen, peers, tick_interval_s=args.tick,
-                snapshot_every=args.snapshot_every, on_fatal=on_fatal)
+                snapshot_every=args.snapshot_every, on_fatal=on_fatal,
+                log_options={"segment_bytes": args.segment_bytes})
     sms = {}
     store = LmdbStore(os.path.join(args.dir, "sm")) if args.sm == "full" else None
     for k in range(args.groups):
@@ -342,6 +346,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--voters", default="")
     ap.add_argument("--sm", choices=("full", "count"), default="full")
     ap.add_argument("--snapshot-every", type=int, default=10_000)
+    ap.add_argument("--segment-bytes", type=int, default=64 << 20)
     ap.add_argument("--tick", type=float, default=0.1)
     ap.add_argument("--uvloop", action="store_true")
     args = ap.parse_args(argv)
