@@ -60,6 +60,8 @@ log = logging.getLogger(__name__)
 _SEGMENT_RE = re.compile(r"^wal-(\d{16})\.log$")
 CACHE_BYTES = 8 << 20
 SCAN_CHUNK = 4 << 20  # recovery reads segments in pieces this big
+RELOCATE_ENTRIES_MAX = 64  # a pinning group's live tail is copied forward if this short
+RELOCATE_SCAN_MAX = 1024  # pinning groups looked at per roll
 # Per-entry size overhead for `max_bytes`, equal to raft.log.ENTRY_OVERHEAD (not imported to keep
 # storage independent of the core); tests/raft/test_storage.py checks both agree.
 ENTRY_OVERHEAD = 16  # recent entries kept decoded in memory, across all groups
@@ -82,6 +84,7 @@ class WalStats:
     records: int = 0
     segments_deleted: int = 0
     torn_bytes_truncated: int = 0
+    entries_relocated: int = 0  # copied forward at a roll (see _relocate_short_tails)
 
 
 @dataclass(slots=True)
@@ -325,6 +328,7 @@ class NodeLog:
         self._cache = _EntryCache(cache_bytes)
         self._cur_seg = 0
         self._cur_size = 0
+        self._seg_base = 0  # bytes of the current segment's checkpoint and copied tails
         self._rolling = False
         self._dir_dirty = False
         self._failed: BaseException | None = None
@@ -467,7 +471,7 @@ class NodeLog:
         """Buffer records; returns the (segment, offset) of the first."""
         if self._failed is not None:
             raise StorageFatalError("the log failed earlier; refusing writes") from self._failed
-        if self._cur_size >= self._segment_bytes and not self._rolling:
+        if self._cur_size - self._seg_base >= self._segment_bytes and not self._rolling:
             self._roll()
         if not self._pending or self._pending[-1].seg != self._cur_seg:
             self._pending.append(_Chunk(self._cur_seg, self._cur_size))
@@ -492,14 +496,39 @@ class NodeLog:
             blob = b"".join(p for p, _ in parts)
             if blob:
                 self._emit(blob, count=sum(n for _, n in parts))
+            self._relocate_short_tails(self._segment_bytes // 8)
         finally:
             self._rolling = False
+        # A segment holds segment_bytes besides its checkpoint: with many groups and
+        # small segments, a checkpoint alone must not trigger the next roll.
+        self._seg_base = self._cur_size
+
+    def _relocate_short_tails(self, budget: int) -> None:
+        """Copy forward (COPY records) the whole live tail of groups that pin the
+        oldest segment with only a few entries (an idle group's last writes), so
+        that segment can go without forcing each of them to snapshot. Replay
+        ignores a copy while the original is there (a torn run of copies changes
+        nothing) and uses it once the original's segment is gone. Bounded per roll
+        by `budget` bytes and RELOCATE_SCAN_MAX groups looked at."""
+        oldest = next(iter(self._fds))
+        if oldest == self._cur_seg:
+            return
+        for g in list(itertools.islice(self._pins.get(oldest, {}), RELOCATE_SCAN_MAX)):
+            if len(g.terms) > RELOCATE_ENTRIES_MAX or sum(g.lens) > budget:
+                continue
+            budget -= sum(g.lens)
+            tail = [self._load(g, i) for i in range(g.snap.index + 1, g.last_index() + 1)]
+            for e in tail:
+                rec = encode(RecordType.COPY, g.key, e.term, e.index, e.type, e.data)
+                seg, off = self._emit(rec)
+                self._put(g, e.term, e.index, e.type, seg, off + header_len(g.key), len(e.data))
+            self.stats.entries_relocated += len(tail)
 
     def _open_segment(self, seq: int) -> None:
         path = os.path.join(self.dir, segment_name(seq))
         with self._fatal("create segment"):
             self._fds[seq] = self.disk.open(path, create=True)
-        self._cur_seg, self._cur_size = seq, 0
+        self._cur_seg, self._cur_size, self._seg_base = seq, 0, 0
         self._dir_dirty = True
 
     @contextlib.contextmanager
@@ -750,7 +779,9 @@ class NodeLog:
                 self._forget(gone)
             return
         g = self._state(rec.group)
-        if rec.type is RecordType.ENTRY:
+        if rec.type is RecordType.COPY and self._holds(g, rec.index, rec.term):
+            return  # the original is still here: the copy changes nothing
+        if rec.type in (RecordType.ENTRY, RecordType.COPY):
             if g.hole and g.known.index < rec.index <= g.snap.index:
                 g.rewind(rec.index)
             if rec.index <= g.snap.index:
@@ -767,6 +798,10 @@ class NodeLog:
             g.install(SnapshotMeta(rec.index, rec.term, conf))
         elif rec.type is RecordType.COMPACT:
             g.compact_to(rec.index, rec.term, decode_conf_state(rec.payload))
+
+    @staticmethod
+    def _holds(g: _GroupState, index: int, term: int) -> bool:
+        return g.snap.index < index <= g.last_index() and g.terms[index - g.snap.index - 1] == term
 
     def _truncate_tail(self, seq: int, path: str, end: int, error: str) -> None:
         size = self.disk.size(self._fds[seq])

@@ -81,6 +81,15 @@ MUTANTS = (
            "            self.ckpt = (out, n)\n        return self.ckpt",
            "            self.ckpt = None\n            return (out, n)\n        return self.ckpt",
            ("tests/raft/test_storage_scale.py",)),
+    Mutant("RELOC idle groups' short tails are not copied forward at a roll", "raft/storage.py",
+           "            self._relocate_short_tails(self._segment_bytes // 8)\n", "",
+           ("tests/raft/test_storage_scale.py",)),
+    Mutant("COPY a copied-forward entry supersedes the entries after it", "raft/storage.py",
+           "        if rec.type is RecordType.COPY and self._holds(g, rec.index, rec.term):\n"
+           "            return  # the original is still here: the copy changes nothing\n", "",
+           (CRASH,)),
+    Mutant("STORM a checkpoint bigger than a segment rolls again at once", "raft/storage.py",
+           "        self._seg_base = self._cur_size\n", "", ("tests/raft/test_storage_scale.py",)),
     Mutant("BUGA replayed install keeps a hole below its index", "raft/storage.py",
            "        self.hole = 0  # whatever its index: nothing before the snapshot is needed"
            " any more",

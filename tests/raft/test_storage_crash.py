@@ -105,6 +105,39 @@ def test_crash_anywhere_in_a_batch_across_a_roll_recovers_every_acked_entry(poli
         wal.sync()
 
 
+def copy_workload(disk: CrashDisk, acked: list[int]) -> None:
+    """An idle group's short tail is copied forward at each roll a busy group causes."""
+    wal = NodeLog(WAL, segment_bytes=4096, disk=disk)
+    wal.append("idle", [entry(i, size=30) for i in range(1, 11)])
+    wal.sync()
+    acked.append(10)
+    for i in range(1, 80):
+        wal.append("busy", [entry(i)])
+        if i % 7 == 0:
+            wal.sync()
+            wal.compact("busy", i - 3)
+
+
+@pytest.mark.parametrize("policy", POLICIES, ids=lambda p: p.__name__)
+def test_a_torn_run_of_copied_entries_cuts_nothing(policy):
+    probe = new_disk()
+    copy_workload(probe, [])
+    wal = NodeLog(WAL, disk=probe.crashed(keep_all))
+    assert wal.segments()[0] > 1  # the copies let the first segment go
+    for crash_at in range(1, probe.ops + 1):
+        disk = new_disk()
+        disk.crash_at = crash_at
+        acked: list[int] = []
+        with pytest.raises(Crash):
+            copy_workload(disk, acked)
+        wal = NodeLog(WAL, segment_bytes=4096, disk=disk.crashed(policy))
+        g = wal.group("idle")
+        if acked:
+            assert g.last_index() == 10, crash_at
+        for e in g.entries(g.first_index(), g.last_index() + 1):
+            assert e.data == entry(e.index, size=30).data
+
+
 # ---- defect 4: a received snapshot committed before its WAL records are durable ---------
 
 

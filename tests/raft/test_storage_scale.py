@@ -66,8 +66,8 @@ def one_round(wal: NodeLog) -> Callable[[], None]:
 
 def test_a_sync_does_the_same_work_for_100_and_10000_groups(tmp_path):
     small, big = many_groups(tmp_path, 100), many_groups(tmp_path, 10_000)
-    # the oldest segment is pinned by every group: the worst case for deletion checks
-    assert len(big.pinning_groups()) == 10_000 and len(big.segments()) >= 3
+    # the oldest segment is pinned by most groups (rolls copied some short tails forward)
+    assert len(big.pinning_groups()) > 5_000 and len(big.segments()) >= 3
     one_round(small)()  # warm both up (first reads, caches)
     one_round(big)()
     lines_small, _ = traced(one_round(small))
@@ -99,4 +99,31 @@ def test_a_roll_reencodes_only_groups_that_changed_and_skips_dropped_ones(tmp_pa
     wal = NodeLog(str(tmp_path), segment_bytes=1 << 20)
     assert "g8" not in wal.groups() and "g7" in wal.groups()
     assert wal.group("g7").initial_state()[0] == HardState(2, 7, 1)
+    wal.close()
+
+
+def test_idle_groups_release_old_segments_without_snapshots(tmp_path):
+    wal = NodeLog(str(tmp_path), segment_bytes=16 << 10)
+    idle = [f"idle{k}" for k in range(300)]
+    for name in idle:  # a few entries each, then silence
+        wal.apply_snapshot(name, SnapshotMeta(1, 1, CS))
+        wal.append(name, [Entry(1, i, data=name.encode() * 3) for i in (2, 3, 4)])
+    wal.sync()
+    first = wal.segments()[0]
+    for i in range(1, 3_000):  # one busy group, compacting itself as the driver would
+        wal.append("busy", [Entry(1, i, data=b"b" * 100)])
+        if i % 100 == 0:
+            wal.compact("busy", i - 50)
+            wal.sync()
+    wal.sync()
+    assert wal.segments()[0] > first and wal.stats.entries_relocated > 0
+    assert wal.stats.segments_deleted > 0
+    # checkpoints (300 groups, about 18 KiB) are bigger than a segment here: no roll storm
+    assert len(wal.segments()) + wal.stats.segments_deleted < 40
+    wal.close()
+    wal = NodeLog(str(tmp_path), segment_bytes=16 << 10)
+    for name in idle:
+        g = wal.group(name)
+        assert (g.first_index(), g.last_index()) == (2, 4)
+        assert [e.data for e in g.entries(2, 5)] == [name.encode() * 3] * 3
     wal.close()
