@@ -152,6 +152,11 @@ class _Group:
     snap_task: asyncio.Task[Any] | None = None
     installing: bool = False  # a received snapshot is being committed / restored
     conf_applied: list[int] = field(default_factory=list)  # conf changes during snapshotting
+    # What a durable state machine already held at start. It can be above the
+    # commit index the WAL remembers (a commit-only hard state is not fsynced
+    # before the apply), so the core re-applies up to it as it re-learns the
+    # commit; no image is taken before (it would hold entries not applied here).
+    held_at_start: int = 0
 
 
 class MultiRaft:
@@ -352,6 +357,9 @@ class MultiRaft:
         cfg.rng.seed(self._seed * 1_000_003 + zlib.crc32(group.encode()))  # stable across runs
         g = _Group(group, Raft(cfg, gl), state_machine, snap=snap)
         g.durable_tv = (hs.term, hs.vote)
+        held = getattr(state_machine, "applied_index", None)
+        if held is not None and not fresh:
+            g.held_at_start = held()
         self._groups[group] = g
         for nid in g.core.prs:
             if nid != self.node_id:
@@ -921,6 +929,8 @@ class MultiRaft:
     def _snapshot(self, g: _Group) -> None:
         if g.snapshotting or g.installing:
             return  # never two images at once, nor an image during a restore
+        if g.core.applied < g.held_at_start:
+            return  # still re-applying what the state machine held at start
         core = g.core
         g.snapshotting = True
         g.conf_applied = []

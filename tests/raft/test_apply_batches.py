@@ -14,6 +14,7 @@ import pytest
 from raft.multigroup import MultiRaft
 from raft.node import LmdbSM, LmdbStore
 from raft.storage import NodeLog
+from raft.types import HardState
 from tests.raft.test_multigroup import _NoPeers
 
 pytestmark = pytest.mark.timeout(120)
@@ -123,4 +124,50 @@ def test_restore_in_several_transactions_marks_applied_last(tmp_path):
         dst.restore_from(str(image))
         assert dst.applied_index() == 300 and dst.entries() == src.entries()
     finally:
+        store.close()
+
+
+async def test_state_machine_ahead_of_the_known_commit_after_a_crash(tmp_path):
+    """A commit-only hard state is not fsynced before the apply (Raft does
+    not need it durable), so after kill -9 the LMDB state machine can hold
+    entries beyond the commit index the WAL remembers. While the core
+    re-learns the commit, an image taken then reports an index above the
+    core's applied one: that must not stop the node (found by
+    tests/raft/test_process_crash.py: `image holds index 13997, applied 13995`)."""
+    store = LmdbStore(str(tmp_path / "sm"))
+    mr = await _node(tmp_path)
+    sm = Recording(store, "g")
+    try:
+        mr.add_group("g", [1], state_machine=sm)
+        await mr.start()
+        await mr.wait_leader("g")
+        for k in range(40):
+            await mr.propose("g", b"e%d" % k)
+        term = mr.status("g")["term"]
+    finally:
+        await mr.stop()
+        store.close()
+    # The crash: the last commit-only HARD_STATE never reached the WAL.
+    wal = NodeLog(str(tmp_path / "wal"))
+    wal.set_hard_state("g", HardState(term, 1, commit=12))
+    wal.sync()
+    wal.close()
+    store = LmdbStore(str(tmp_path / "sm"))
+    mr = MultiRaft(1, NodeLog(str(tmp_path / "wal")), _NoPeers(), snap_dir=str(tmp_path / "snap"),
+                   tick_interval_s=0.02, snapshot_every=5)
+    sm = Recording(store, "g")
+    held = sm.applied_index()
+    try:
+        mr.add_group("g", [1], state_machine=sm)
+        await mr.start()
+        await mr.wait_leader("g")  # an election timeout: images are taken meanwhile
+        await mr.propose("g", b"after")
+        async with asyncio.timeout(30):
+            while mr.status("g")["first_index"] <= held:
+                mr.snapshot_now("g")
+                await asyncio.sleep(0.02)
+        assert mr.failed is None
+        assert [d for _, d in sm.entries()] == [b"e%d" % k for k in range(40)] + [b"after"]
+    finally:
+        await mr.stop()
         store.close()
