@@ -71,7 +71,7 @@ MUTANTS: list[Mutant] = [
         "        self.reads[m.context] = _ReadRequest(self.log.committed, frm, {self.id})\n"
         "        self._bcast_heartbeat(m.context)\n",
         "        self._answer_read(_ReadRequest(self.log.committed, frm, set()), m.context)\n",
-        fast=True),
+        sim="core", fast=True),
     Mutant(
         "conf-in-flight-guard", "a second membership change accepted while one is unapplied",
         "core.py",
@@ -142,6 +142,7 @@ _CORE_NAMES = {
     "election safety": "election safety", "leader completeness": "leader completeness",
     "log matching": "log matching", "state machine safety": "state machine safety",
     "node ": "state machine safety", "leader ": "leader completeness",
+    "read linearizability": "read linearizability",
 }
 
 

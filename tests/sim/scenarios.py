@@ -259,8 +259,31 @@ def _try_win(net: Network, nid: int, pending: bool = False) -> None:
     _pump(net, 4)
 
 
+def stale_leader_read() -> None:
+    """ReadIndex needs a heartbeat round: a leader cut off from the others
+    (check-quorum off, so it keeps believing) must not answer a read from its
+    own commit index, which a new leader has already passed."""
+    from tests.raft.network import Violation
+
+    net = Network((1, 2, 3), seed=1, pre_vote=False, check_quorum=False, election_tick=10)
+    _win(net, 1)
+    _pump(net)
+    net.partition([1], [2, 3])
+    _win(net, 3)
+    net.propose(3, b"X")
+    _pump(net, 6)
+    committed = net.raft(3).commit
+    net.raft(1).read_index(b"r1")
+    _pump(net, 6)
+    for rs in net.nodes[1].read_states:
+        if rs.index < committed:
+            raise Violation(f"read linearizability: node 1 answered a read at {rs.index}, "
+                            f"after {committed} was committed")
+
+
 SCENARIOS: dict[str, Callable[[], None]] = {
     "figure8": figure8,
     "two-conf-changes": two_conf_changes,
     "campaign-unapplied-conf": campaign_unapplied_conf,
+    "stale-leader-read": stale_leader_read,
 }
