@@ -91,7 +91,7 @@ MUTANTS: list[Mutant] = [
         "        self.log.append(ents)\n"
         "        self.prs[self.id].maybe_update(self.log.last_index())\n"
         "        return True\n",
-        fast=True),
+        sim="core", fast=True),
     # ---- one per defect fixed in issue 6 (lines given by raft-storage / raft-driver) ----
     Mutant(
         "d1-stale-conf-after-snapshot", "a membership change at or below a snapshot restored "

@@ -281,9 +281,42 @@ def stale_leader_read() -> None:
                             f"after {committed} was committed")
 
 
+def leader_commit_before_fsync() -> None:
+    """The leader counts its own entry only once fsynced. Leader S1's append
+    of X leaves before its fsync (allowed); S2 stores and acks X while S1's
+    write is still in flight. Counting itself, S1 would call X committed
+    with S2 alone. S1 then loses power, and X with it; S3 wins with S1's vote
+    and puts Y at X's index: an index whose committed entry changed."""
+    from tests.raft.network import Violation
+
+    net = Network((1, 2, 3), seed=1, pre_vote=False, check_quorum=False, election_tick=10,
+                  leader_sends_early=True, hold_while_pending=False)
+    _win(net, 1)
+    _pump(net)
+    x = net.propose(1, b"X")
+    assert x is not None
+    net.partition([1, 2], [3])
+    net.take_ready(1)  # X is being written on S1; its append leaves early
+    net.deliver_all({MsgType.APP})
+    net.process(2)
+    net.deliver_all({MsgType.APP_RESP})
+    claimed = net.raft(1).commit >= x  # what S1 believes committed before its fsync
+    net.crash(1, lose_tail=True)
+    net.restart(1)
+    net.partition([1, 3], [2])
+    _win(net, 3)
+    net.propose(3, b"Y")
+    _pump(net, 6)
+    r3 = net.raft(3)
+    if claimed and r3.commit >= x and r3.log.slice(x, x + 1)[0].data != b"X":
+        raise Violation(f"state machine safety: leader 1 counted X committed at {x}, "
+                        f"then {r3.log.slice(x, x + 1)[0].data!r} was committed there")
+
+
 SCENARIOS: dict[str, Callable[[], None]] = {
     "figure8": figure8,
     "two-conf-changes": two_conf_changes,
     "campaign-unapplied-conf": campaign_unapplied_conf,
     "stale-leader-read": stale_leader_read,
+    "leader-commit-before-fsync": leader_commit_before_fsync,
 }
