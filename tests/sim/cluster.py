@@ -483,8 +483,9 @@ class Cluster:
             target = self.rng.choice(spare)
             coro = lead.mr.add_member(GROUP, target, learner=self.rng.random() < 0.3
                                       and target not in learners)
-        elif len(voters) > 3:
-            target = self.rng.choice(sorted(voters))
+        elif len(voters - self.removed) > 3:
+            # Removals already asked for count too: never below three voters.
+            target = self.rng.choice(sorted(voters - self.removed))
             self.removed.add(target)  # never re-add a removed id
             coro = lead.mr.remove_member(GROUP, target)
         else:

@@ -64,7 +64,7 @@ MUTANTS: list[Mutant] = [
         "            early.extend(self._take_early(g, rd))\n"
         "            early.extend(m for m in rd.messages if m.type is MsgType.VOTE_RESP)\n"
         "            rd.messages = [m for m in rd.messages if m.type is not MsgType.VOTE_RESP]\n",
-        fast=True),
+        fast=True, hint=14),
     Mutant(
         "readindex-no-heartbeat", "ReadIndex answered from the leader's commit, no heartbeat round",
         "core.py",
