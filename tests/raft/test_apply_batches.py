@@ -11,7 +11,7 @@ import threading
 
 import pytest
 
-from raft.multigroup import MultiRaft
+from raft.multigroup import INLINE_APPLY_BYTES, INLINE_APPLY_ENTRIES, MultiRaft
 from raft.node import LmdbSM, LmdbStore
 from raft.storage import NodeLog
 from raft.types import HardState
@@ -27,11 +27,13 @@ class Recording(LmdbSM):
         super().__init__(store, group)
         self.threads: set[int] = set()
         self.batches: list[int] = []
+        self.calls: list[tuple[int, int]] = []  # (thread, entries) per apply_batch
         self.restores = 0
 
     def apply_batch(self, items: list[tuple[int, bytes]]) -> None:
         self.threads.add(threading.get_ident())
         self.batches.append(len(items))
+        self.calls.append((threading.get_ident(), len(items)))
         super().apply_batch(items)
 
     def restore_from(self, path: str) -> None:
@@ -39,15 +41,15 @@ class Recording(LmdbSM):
         super().restore_from(path)
 
 
-async def _node(tmp) -> MultiRaft:
+async def _node(tmp, **kw) -> MultiRaft:
     mr = MultiRaft(1, NodeLog(str(tmp / "wal")), _NoPeers(), snap_dir=str(tmp / "snap"),
-                   tick_interval_s=0.01, snapshot_every=10**9)
+                   tick_interval_s=0.01, snapshot_every=10**9, **kw)
     return mr
 
 
 async def test_batches_applied_off_the_loop_in_one_environment(tmp_path):
     store = LmdbStore(str(tmp_path / "sm"))
-    mr = await _node(tmp_path)
+    mr = await _node(tmp_path, inline_apply_entries=0)  # every pass goes to the worker
     sms = {g: Recording(store, g) for g in ("a", "b")}
     try:
         for g, sm in sms.items():
@@ -168,6 +170,34 @@ async def test_state_machine_ahead_of_the_known_commit_after_a_crash(tmp_path):
                 await asyncio.sleep(0.02)
         assert mr.failed is None
         assert [d for _, d in sm.entries()] == [b"e%d" % k for k in range(40)] + [b"after"]
+    finally:
+        await mr.stop()
+        store.close()
+
+
+async def test_a_few_small_entries_are_applied_on_the_loop_bigger_passes_in_the_worker(tmp_path):
+    """At low load a hop to the apply worker (two thread switches) costs more
+    than the apply: a pass with at most INLINE_APPLY_ENTRIES small entries
+    applies on the loop; a burst still goes to the worker."""
+    store = LmdbStore(str(tmp_path / "sm"))
+    mr = await _node(tmp_path)
+    sm = Recording(store, "g")
+    loop_thread = threading.get_ident()
+    try:
+        mr.add_group("g", [1], state_machine=sm)
+        await mr.start()
+        await mr.wait_leader("g")
+        for k in range(20):  # one at a time: one entry per pass
+            await mr.propose("g", b"one-%d" % k)
+        assert sm.calls and all(t == loop_thread for t, _ in sm.calls), sm.calls
+        sm.calls.clear()
+        await asyncio.gather(*(mr.propose("g", b"burst-%d" % k) for k in range(300)))
+        big = [(t, n) for t, n in sm.calls if n > INLINE_APPLY_ENTRIES]
+        assert big and all(t != loop_thread for t, _ in big), sm.calls
+        sm.calls.clear()
+        await mr.propose("g", b"x" * (INLINE_APPLY_BYTES + 1))  # one entry, but large
+        assert [t for t, _ in sm.calls] != [loop_thread]
+        assert len(sm.entries()) == 321
     finally:
         await mr.stop()
         store.close()
