@@ -98,7 +98,8 @@ MUTANTS: list[Mutant] = [
         "since its Ready is applied anyway", "core.py",
         "if e.type is EntryType.CONF_CHANGE and e.index > floor:",
         "if e.type is EntryType.CONF_CHANGE:",
-        more=(("multigroup.py", "if e.index > floor and (e.data or", "if (e.data or"),)),
+        more=(("multigroup.py", "if e.index > floor and (e.data or", "if (e.data or"),),
+        sim="core"),
     Mutant(
         "d2-delete-before-compact-synced", "a segment deleted before its COMPACT record is fsynced",
         "storage.py", "doomed, self._doomed = self._doomed, []",
@@ -142,7 +143,7 @@ _CORE_NAMES = {
     "election safety": "election safety", "leader completeness": "leader completeness",
     "log matching": "log matching", "state machine safety": "state machine safety",
     "node ": "state machine safety", "leader ": "leader completeness",
-    "read linearizability": "read linearizability",
+    "read linearizability": "read linearizability", "membership": "membership",
 }
 
 

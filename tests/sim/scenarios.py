@@ -313,10 +313,54 @@ def leader_commit_before_fsync() -> None:
                         f"then {r3.log.slice(x, x + 1)[0].data!r} was committed there")
 
 
+def stale_conf_after_snapshot() -> None:
+    """Issue 6 defect 1. S3 persists and acknowledges "add 4" and learns it
+    is committed, but has not applied it yet (its apply runs after the send).
+    Meanwhile S1 removes 4 again and compacts; S3 receives S1's snapshot, whose
+    configuration is {1,2,3}. Finishing the old Ready must not re-apply the
+    older "add 4" on top of it."""
+    from tests.raft.network import Violation
+
+    net = _three(hold_while_pending=False)
+    _win(net, 1)
+    _pump(net)
+    r = net.raft(1)
+    net.partition([1, 2, 4, 5], [3])
+    k = _add(r, 4)
+    _pump(net, 30)
+    assert k is not None
+    net.partition([1, 3], [2], [4, 5])
+    _feed(net, 1, 3, k, apply=False)
+    _send_before_apply(net, 3)  # "add 4" durable and acked on S3, not applied
+    net.deliver_all({MsgType.APP_RESP})
+    net.partition([1, 2, 4, 5], [3])
+    d = r.propose_conf_change(ConfChange(ConfChangeType.REMOVE, 4))
+    _pump(net, 30)
+    net.propose(1, b"after")
+    _pump(net, 10)
+    assert d is not None and r.applied > d, (d, r.applied)
+    net.compact(1)
+    net.partition([1, 3], [2, 4, 5])
+    # S1 probes S3 again (as after its next heartbeat answer): S3's entries are
+    # compacted away, so the probe is a snapshot. It reaches S3 mid-apply.
+    r.prs[3].become_probe()
+    r._send_append(3)
+    net.process(1)
+    net.deliver_all({MsgType.SNAP})
+    _finish_apply(net, 3)
+    want = set(r.conf_state.voters)
+    have = set(net.raft(3).conf_state.voters)
+    if net.raft(3).log.first_index() > k and have != want:
+        raise Violation(f"membership: node 3 has voters {sorted(have)} after a snapshot "
+                        f"with {sorted(want)}")
+    _pump(net, 4)
+
+
 SCENARIOS: dict[str, Callable[[], None]] = {
     "figure8": figure8,
     "two-conf-changes": two_conf_changes,
     "campaign-unapplied-conf": campaign_unapplied_conf,
     "stale-leader-read": stale_leader_read,
     "leader-commit-before-fsync": leader_commit_before_fsync,
+    "stale-conf-after-snapshot": stale_conf_after_snapshot,
 }
