@@ -903,6 +903,12 @@ class MultiRaft:
                     keep.append((idx, fut))
             g.read_waits = keep
         self._notice_leader(g)
+        if g.pending and self.node_id not in core.prs:
+            # This node left the group (it may have led the change): nobody
+            # will send it the fate of its uncommitted proposals any more.
+            for _, fut in g.pending.values():
+                _fail(fut, ProposalDropped("this node left the group: outcome unknown"))
+            g.pending.clear()
         if core.quiesced:
             self._active.pop(g.name, None)
         else:

@@ -346,3 +346,40 @@ async def test_read_index_gives_up_after_its_timeout(tmp_path):
         assert not leader._groups["g"].reads and not leader._groups["g"].read_waits
     finally:
         await c.close()
+
+
+async def test_a_leader_that_removes_itself_settles_every_pending_proposal(tmp_path):
+    """Entries a leader appended after its own removal may never reach it
+    again (it is no longer sent anything): their proposals must fail with
+    ProposalDropped (outcome unknown), not hang. Found by the simulation
+    (tests/sim, seed 21): a final proposal on a self-removed leader."""
+    c = Cluster(tmp_path)
+    try:
+        for nid in (1, 2, 3):
+            await c.start(nid, ["g"])
+        await c.propose("g", b"before")
+        leader = await c.leader_of("g")
+        stop = asyncio.Event()
+        outcomes: list[str] = []
+
+        async def stream() -> None:
+            k = 0
+            while not stop.is_set():
+                try:
+                    await leader.propose("g", b"p%d" % k)
+                    outcomes.append("ok")
+                except NotLeader:
+                    return
+                except multigroup.ProposalDropped:
+                    outcomes.append("dropped")
+                k += 1
+        streams = [asyncio.ensure_future(stream()) for _ in range(8)]
+        await asyncio.sleep(0.05)
+        await leader.remove_member("g", leader.node_id)
+        await asyncio.sleep(0.5)
+        stop.set()
+        async with asyncio.timeout(10):  # without the fix some never return
+            await asyncio.gather(*streams)
+        assert "ok" in outcomes
+    finally:
+        await c.close()
