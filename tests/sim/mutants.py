@@ -103,7 +103,7 @@ MUTANTS: list[Mutant] = [
     Mutant(
         "d2-delete-before-compact-synced", "a segment deleted before its COMPACT record is fsynced",
         "storage.py", "doomed, self._doomed = self._doomed, []",
-        "doomed, self._doomed = self._obsolete(), []", fast=True),
+        "doomed, self._doomed = self._obsolete(), []", fast=True, hint=141),
     Mutant(
         "d3a-roll-fsync-at-end", "a batch across a segment roll fsyncs every segment at the end",
         "storage.py",
@@ -112,12 +112,12 @@ MUTANTS: list[Mutant] = [
         "                    self.stats.fsyncs += 1",
         "pass\n            for seg in dict.fromkeys(c.seg for c in batch):\n"
         "                self.disk.fsync(self._fds[seg])\n"
-        "                self.stats.fsyncs += 1"),
+        "                self.stats.fsyncs += 1", hint=109),
     Mutant(
         "d3b-torn-tail-before-empty-segment", "a torn tail followed by empty segments is "
         "called corruption", "storage.py",
         "if later and not repair and not self._all_empty(later):",
-        "if later and not repair:"),
+        "if later and not repair:", hint=262),
     Mutant(
         "d4a-staged-snapshot-trusted", "recovery promotes a staged snapshot its log does not "
         "describe", "snapfile.py",
@@ -126,7 +126,7 @@ MUTANTS: list[Mutant] = [
         "d7-no-fail-stop", "a node whose ready loop died (failed WAL write or fsync) limps on",
         "multigroup.py",
         "        if exc is None or self.failed is not None:\n            return\n",
-        "        if exc is not None:\n            return\n"),
+        "        if exc is not None:\n            return\n", hint=0, fast=True),
     Mutant(
         "bug-a-snapshot-below-replay-hole", "replay keeps a hole open across a received "
         "snapshot below it (found by this simulation)", "storage.py",
@@ -136,7 +136,8 @@ MUTANTS: list[Mutant] = [
     Mutant(
         "bug-b-no-snap-dir", "a node with a WAL but no snapshot directory cannot start "
         "(found by this simulation)", "snapfile.py",
-        "    if not disk.exists(dir):\n        return  # nothing was ever written there\n", ""),
+        "    if not disk.exists(dir):\n        return  # nothing was ever written there\n", "",
+        hint=14),
 ]
 
 _CORE_NAMES = {
@@ -324,7 +325,7 @@ def main() -> None:
     ap.add_argument("--fast", action="store_true", help="the CI subset only")
     ap.add_argument("--only", action="append", help="mutant name (repeatable)")
     ap.add_argument("--seeds", type=int, help="seeds per mutant (default: the mutant's)")
-    ap.add_argument("--budget", type=float, default=240.0, help="seconds per mutant")
+    ap.add_argument("--budget", type=float, default=150.0, help="seconds per mutant")
     ap.add_argument("--rev", help="mutate this git revision instead of the worktree")
     ap.add_argument("--from-hints", action="store_true",
                     help="start at each mutant's recorded killing seed (CI)")
