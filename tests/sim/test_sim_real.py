@@ -59,7 +59,8 @@ def test_seeded_schedules_of_the_real_code_keep_every_invariant() -> None:
           f"disk crashes {sum(r.disk_crashes for r in results)}, "
           f"power cuts {sum(r.crashes - r.disk_crashes for r in results)}, "
           f"fail-stops after EIO {sum(r.fail_stops for r in results)}, "
-          f"snapshots installed {sum(r.snapshots_installed for r in results)}")
+          f"snapshots installed {sum(r.snapshots_installed for r in results)}; "
+          f"call sites never crashed at: {never}")
     assert not failed, f"{len(failed)} of {SEEDS} seeds failed:\n" + "\n".join(failed)
     assert cov["acked>=100"] >= 0.5, cov
     assert cov["snapshot installed"] >= 0.2, cov
