@@ -134,6 +134,7 @@ class Node:
     tasks: set[asyncio.Task[Any]] = field(default_factory=set)
     restart_at: float | None = None
     eio_at: float | None = None  # when a WAL call of this incarnation failed with EIO
+    recovery_ops: int = 3  # disk operations its last start made (where a recovery can crash)
 
 
 class _SeededSecrets:
@@ -261,6 +262,7 @@ class Cluster:
         self.disk.revive(nid)
         t = self.net.transport(nid, list(ALL))
         sm = SimSM(nid, self.checker, self.disk)
+        ops = self.disk.node_ops.get(nid, 0)
         try:
             log = NodeLog(f"/n{nid}/wal", self.segment_bytes, disk=self.disk)
             mr = MultiRaft(nid, log, t, **self._driver_options(nid))
@@ -277,6 +279,7 @@ class Cluster:
         except Exception as e:  # noqa: BLE001 (any failure to start from its own disk)
             raise Violation(RECOVERY, f"node {nid} cannot restart: {e!r} at {_where(e)}") from e
         n.mr, n.sm, n.restart_at = mr, sm, None
+        n.recovery_ops = max(3, self.disk.node_ops.get(nid, 0) - ops)
 
     async def _restart(self, nid: int) -> None:
         try:
@@ -525,8 +528,10 @@ class Cluster:
             return
         sites = sorted(self.disk.site_counts)
         if self.nodes[nid].mr is None:
-            # A down node: crash inside its recovery (replay, truncation, repair).
-            self.disk.plans[nid] = CrashPlan(countdown=self.rng.randrange(1, 4))
+            # A down node: crash inside its recovery (replay, truncation, repair),
+            # at any of the operations its last start made.
+            n = self.nodes[nid].recovery_ops
+            self.disk.plans[nid] = CrashPlan(countdown=self.rng.randrange(1, n + 1))
         elif self.rng.random() < 0.15:
             wal = [x for x in sites if "@raft.storage." in x]
             if wal:

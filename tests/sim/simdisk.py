@@ -150,6 +150,7 @@ class SimDisk:
         self.site_counts: dict[str, int] = {}  # every mutating op seen, by site
         self.crashes: list[CrashRecord] = []
         self.eio: list[tuple[int, str]] = []  # injected I/O errors (node, site)
+        self.node_ops: dict[int, int] = {}  # mutating operations per node so far
         self.ops = 0
         # Called at a planned crash, before the node's files are rolled back:
         # returns context tags ("roll", "compaction", "install") and lets the
@@ -165,6 +166,7 @@ class SimDisk:
         if kind not in MUTATING:
             return
         self.ops += 1
+        self.node_ops[node] = self.node_ops.get(node, 0) + 1
         site = call_site(kind)
         self.site_counts[site] = self.site_counts.get(site, 0) + 1
         plan = self.plans.get(node)
