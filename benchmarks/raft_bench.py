@@ -129,6 +129,67 @@ async def drive(mr: multigroup.MultiRaft, groups: list[str], size: int, count: i
     }
 
 
+# ---- the physical floor of a commit, measured in the same run -----------------------
+
+_ECHO = """
+import socket, sys
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+while True:
+    data = s.recv(65536)
+    if not data:
+        break
+    s.sendall(data)
+"""
+
+
+def fsync_p50(dir: str, seconds: float = 1.0, size: int = 128) -> float:
+    """p50 seconds of appending `size` bytes to a file in `dir` and fsyncing
+    it: what one member pays per commit at low load."""
+    path = os.path.join(dir, f".floor-{os.getpid()}")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    lat: list[float] = []
+    try:
+        end = time.perf_counter() + seconds
+        while (t := time.perf_counter()) < end:
+            os.write(fd, b"x" * size)
+            os.fsync(fd)
+            lat.append(time.perf_counter() - t)
+    finally:
+        os.close(fd)
+        os.unlink(path)
+    return sorted(lat)[len(lat) // 2]
+
+
+def rtt_p50(seconds: float = 1.0, size: int = 128) -> float:
+    """p50 seconds of a `size`-byte ping-pong with another process over
+    loopback TCP: one network round trip between two members."""
+    with socket.socket() as ls:
+        ls.bind(("127.0.0.1", 0))
+        ls.listen(1)
+        child = subprocess.Popen([sys.executable, "-c", _ECHO, str(ls.getsockname()[1])])
+        conn, _ = ls.accept()
+    lat: list[float] = []
+    with conn:
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        msg = b"p" * size
+        end = time.perf_counter() + seconds
+        while (t := time.perf_counter()) < end:
+            conn.sendall(msg)
+            got = 0
+            while got < size:
+                got += len(conn.recv(size - got))
+            lat.append(time.perf_counter() - t)
+    child.wait(timeout=10)
+    return sorted(lat)[len(lat) // 2]
+
+
+def floor(dir: str, size: int = 128) -> dict[str, float]:
+    """One fsync plus one loopback round trip: no commit can be faster."""
+    f, r = fsync_p50(dir, size=size), rtt_p50()
+    return {"fsync_p50_ms": 1000 * f, "rtt_p50_ms": 1000 * r, "floor_ms": 1000 * (f + r)}
+
+
 def cpu_times(procs: list[psutil.Process]) -> list[float]:
     out = []
     for p in procs:
@@ -160,11 +221,24 @@ async def ours(scenario: str, groups: int, size: int = 128, count: int = 0, wind
                 res = await idle_cpu(c, idle_s)
             else:
                 await drive(mr, c.groups, size, min(count, 500), window)  # warm-up
+                # In a thread: the leader's loop keeps its heartbeats going.
+                before = await asyncio.to_thread(floor, tmp, size) if window == 1 else None
                 res = await drive(mr, c.groups, size, count, window)
+                if before is not None:
+                    res.update(with_floor(res, before, await asyncio.to_thread(floor, tmp, size)))
             return {"impl": "jetraft", "scenario": scenario, "groups": groups, "size": size,
                     "window": window, **res}
         finally:
             await c.stop()
+
+
+def with_floor(res: dict[str, Any], before: dict[str, float],
+               after: dict[str, float]) -> dict[str, Any]:
+    """The floor measured just before and just after our run (the machine is
+    shared: only a ratio within one run means anything), and p50 / floor."""
+    fl = {k: (before[k] + after[k]) / 2 for k in before}
+    return {**fl, "floor_before_ms": before["floor_ms"], "floor_after_ms": after["floor_ms"],
+            "p50_over_floor": res["p50_ms"] / fl["floor_ms"]}
 
 
 def pysyncobj(*args: str) -> dict[str, Any]:
@@ -212,7 +286,11 @@ def fmt(r: dict[str, Any] | None) -> str:
     if "error" in r:
         return "error"
     if "rate" in r:
-        return f"{r['rate']:,.0f}/s, p50 {r['p50_ms']:.1f} ms, p99 {r['p99_ms']:.1f} ms"
+        out = f"{r['rate']:,.0f}/s, p50 {r['p50_ms']:.1f} ms, p99 {r['p99_ms']:.1f} ms"
+        if "floor_ms" in r:
+            out += (f" (floor {r['floor_ms']:.2f} ms = fsync {r['fsync_p50_ms']:.2f} + RTT "
+                    f"{r['rtt_p50_ms']:.3f}; p50 = {r['p50_over_floor']:.1f}x floor)")
+        return out
     return "CPU " + ", ".join(f"{p:.1f}%" for p in r["cpu_pct_per_node"])
 
 

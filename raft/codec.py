@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from proto import cluster_pb2 as pb
 from raft.types import (
+    LOCAL_MSG_TYPES,
     ConfState,
     Entry,
     EntryType,
@@ -101,12 +102,29 @@ def encode_batch(
     return b
 
 
-def decode_batch(b: pb.Batch) -> list[Message]:
-    out = [message_from_pb(p) for p in b.messages]
+# Message types a peer may send us. Anything else in a Batch is dropped: local
+# types (a forged STORAGE_APPEND_RESP would count unsynced entries toward
+# commit) and types this version does not know (a newer peer during a rolling
+# upgrade: dropping one message keeps the stream, Raft retries or ignores).
+WIRE_TYPES = frozenset(t.value for t in MsgType if t not in LOCAL_MSG_TYPES)
+_ENTRY_TYPES = frozenset(t.value for t in EntryType)
+
+
+def decode_wire(b: pb.Batch) -> tuple[list[Message], int]:
+    """The acceptable messages of a Batch from the network, and how many were dropped."""
+    out = []
+    for p in b.messages:
+        if p.type in WIRE_TYPES and all(e.type in _ENTRY_TYPES for e in p.entries):
+            out.append(message_from_pb(p))
+    dropped = len(b.messages) - len(out)
     coalesced = ((MsgType.HEARTBEAT, b.heartbeats), (MsgType.HEARTBEAT_RESP, b.heartbeat_resps))
     for kind, hbs in coalesced:
         for h in hbs:
             out.append(
                 Message(kind, h.group, h.frm, h.to, h.term, commit=h.commit, context=h.context)
             )
-    return out
+    return out, dropped
+
+
+def decode_batch(b: pb.Batch) -> list[Message]:
+    return decode_wire(b)[0]

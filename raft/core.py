@@ -46,6 +46,7 @@ from raft.log import RaftLog, invariant
 from raft.progress import Inflights, Progress, ProgressState
 from raft.quorum import VoteResult, committed_index, has_quorum, vote_result
 from raft.types import (
+    LOCAL_MSG_TYPES,
     NONE,
     CompactedError,
     ConfChange,
@@ -467,7 +468,7 @@ class Raft:
     def _step_leader(self, m: Message) -> None:
         t = m.type
         if t is MsgType.BEAT:
-            self._bcast_heartbeat(b"")
+            self._heartbeat_round()
         elif t is MsgType.READ_INDEX:
             self._leader_read_index(m)
         elif t is MsgType.TRANSFER_LEADER:
@@ -490,6 +491,8 @@ class Raft:
                 self.prs[m.frm].become_probe()
 
     def _on_persisted(self, m: Message) -> None:
+        if m.frm not in (NONE, self.id):
+            return  # only this node's driver reports this node's fsyncs
         self.log.unstable.stable_to(m.index, m.log_term)
         if self.state is not StateType.LEADER:
             return
@@ -568,6 +571,7 @@ class Raft:
             return False
         self.send(Message(MsgType.APP, to=to, index=pr.next - 1, log_term=prev_term,
                           entries=ents, commit=self.log.committed))
+        pr.app_sent = True
         if ents:
             pr.sent_entries(ents[-1].index)
         elif pr.state is ProgressState.PROBE:
@@ -591,6 +595,20 @@ class Raft:
         for nid in self.prs:
             if nid != self.id:
                 self._send_append(nid)
+
+    def _heartbeat_round(self) -> None:
+        """The periodic heartbeat, only to followers that got no append since
+        the last round: an append resets a follower's election timer and
+        carries the commit index just as well, so a busy group costs no
+        heartbeats (its node's liveness beat and its appends keep it alive),
+        and a follower whose appends stopped (paused, probing) still gets them."""
+        for nid, pr in self.prs.items():
+            if nid == self.id:
+                continue
+            if not pr.app_sent:
+                commit = min(pr.match, self.log.committed)
+                self.send(Message(MsgType.HEARTBEAT, to=nid, commit=commit))
+            pr.app_sent = False
 
     def _bcast_heartbeat(self, ctx: bytes) -> None:
         for nid, pr in self.prs.items():
@@ -920,9 +938,13 @@ class Raft:
             invariant(rd.committed_entries[0].index == self.log.applied + 1,
                       "raft: committed entries not contiguous with applied",
                       first=rd.committed_entries[0].index, applied=self.log.applied)
+            # A snapshot restored since this Ready was taken covers entries at
+            # or below its index: its configuration is newer than any change
+            # among them, so such a change must not be applied on top of it.
+            floor = self.log.first_index() - 1
             for e in rd.committed_entries:
                 self.log.applied_to(e.index)
-                if e.type is EntryType.CONF_CHANGE:
+                if e.type is EntryType.CONF_CHANGE and e.index > floor:
                     self.apply_conf_change(decode_conf_change(e.data))
         self.check_invariants()
 
@@ -942,10 +964,7 @@ class Raft:
                       last=log.last_index())
 
 
-_LOCAL = frozenset({
-    MsgType.HUP, MsgType.BEAT, MsgType.PROP, MsgType.UNREACHABLE,
-    MsgType.SNAP_STATUS, MsgType.STORAGE_APPEND_RESP,
-})
+_LOCAL = LOCAL_MSG_TYPES
 _HANDLERS = {
     MsgType.HUP: Raft._on_hup,
     MsgType.VOTE: Raft._on_vote,

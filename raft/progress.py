@@ -60,6 +60,7 @@ class Progress:
     pending_snapshot: int = 0
     recent_active: bool = True
     is_learner: bool = False
+    app_sent: bool = False  # an append went out since the last heartbeat round
     inflights: Inflights = field(default_factory=lambda: Inflights(256))
 
     def _reset(self, state: ProgressState) -> None:

@@ -8,7 +8,10 @@ the core about entries after the sync, so this is just convenience).
 
 Memory stays bounded: per group we keep compact arrays (term, segment,
 offset, length, type per index) and a small shared byte-bounded cache of
-recent entries; older payloads are read back with `os.pread`.
+recent entries; older payloads are read back with `Disk.pread`.
+
+Every file operation goes through an injected `raft.disk.Disk` (default: the
+real filesystem), the seam where the simulation's crashing disk plugs in.
 
 Record format and recovery rules: `raft/wal.py` and docs/raft.md.
 """
@@ -16,14 +19,19 @@ Record format and recovery rules: `raft/wal.py` and docs/raft.md.
 from __future__ import annotations
 
 import asyncio
+import bisect
+import contextlib
+import itertools
 import logging
-import mmap
 import os
 import re
 from array import array
 from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
+from raft.disk import OS_DISK, Disk, StorageFatalError
 from raft.types import (
     CompactedError,
     ConfState,
@@ -51,11 +59,17 @@ log = logging.getLogger(__name__)
 
 _SEGMENT_RE = re.compile(r"^wal-(\d{16})\.log$")
 CACHE_BYTES = 8 << 20
+SCAN_CHUNK = 4 << 20  # recovery reads segments in pieces this big
+RELOCATE_ENTRIES_MAX = 64  # a pinning group's live tail is copied forward if this short
+RELOCATE_SCAN_MAX = 1024  # pinning groups looked at per roll
 # Per-entry size overhead for `max_bytes`, equal to raft.log.ENTRY_OVERHEAD (not imported to keep
 # storage independent of the core); tests/raft/test_storage.py checks both agree.
 ENTRY_OVERHEAD = 16  # recent entries kept decoded in memory, across all groups
 
-__all__ = ["CorruptLogError", "GroupLog", "NodeLog", "WalStats"]
+__all__ = [
+    "ARCHIVE_DIR", "CorruptLogError", "GroupLog", "NodeLog", "StorageFatalError", "WalStats",
+]
+ARCHIVE_DIR = "archive"  # the audit job reads <wal dir>/archive by default
 
 
 def segment_name(seq: int) -> str:
@@ -64,12 +78,13 @@ def segment_name(seq: int) -> str:
 
 @dataclass(slots=True)
 class WalStats:
-    fsyncs: int = 0  # incremented exactly where os.fsync is called
+    fsyncs: int = 0  # incremented exactly where Disk.fsync / fsync_dir is called
     syncs: int = 0
     bytes_written: int = 0
     records: int = 0
     segments_deleted: int = 0
     torn_bytes_truncated: int = 0
+    entries_relocated: int = 0  # copied forward at a roll (see _relocate_short_tails)
 
 
 @dataclass(slots=True)
@@ -84,7 +99,8 @@ class _Chunk:
 class _GroupState:
     """In-memory index of one group's log. Pure: no I/O.
 
-    Entry `i` lives at position `i - snap.index - 1` of the arrays.
+    Entry `i` lives at position `i - snap.index - 1` of the arrays. `segs` is
+    non-decreasing (later entries are written later), which `pinned` relies on.
     """
 
     def __init__(self, name: str) -> None:
@@ -101,6 +117,10 @@ class _GroupState:
         self.offs = array("Q")
         self.lens = array("I")
         self.types = array("B")
+        # Segments holding at least one of our entries above the snapshot, oldest first
+        # (an ordered set): exactly the segments this group keeps from being deleted.
+        self.pinned: dict[int, None] = {}
+        self.ckpt: tuple[bytes, int] | None = None  # cached checkpoint, record count
 
     def last_index(self) -> int:
         return self.snap.index + len(self.terms)
@@ -126,6 +146,7 @@ class _GroupState:
 
     def compact_to(self, index: int, term: int, conf: ConfState | None) -> None:
         """Drop entries <= index; the snapshot now ends at (index, term)."""
+        self.ckpt = None
         cs = conf if conf is not None else self.snap.conf_state
         if index >= self.known.index:
             self.known = SnapshotMeta(index=index, term=term, conf_state=cs)
@@ -143,14 +164,19 @@ class _GroupState:
 
     def install(self, meta: SnapshotMeta) -> None:
         """A snapshot from the leader replaces the whole log."""
+        self.ckpt = None
         self.truncate_from(self.snap.index + 1)
         self.snap = SnapshotMeta(meta.index, meta.term, meta.conf_state)
+        if self.hs.commit < meta.index:
+            # A snapshot holds committed entries only. Said here (live and in replay),
+            # the hard state stays valid when the HARD_STATE after the record is lost.
+            self.hs = HardState(self.hs.term, self.hs.vote, meta.index)
         self.known = self.snap
-        if meta.index >= self.hole:
-            self.hole = 0
+        self.hole = 0  # whatever its index: nothing before the snapshot is needed any more
 
     def open_hole(self, index: int) -> None:
         """Replay only: entries <= index sat in deleted segments; a later COMPACT covers them."""
+        self.ckpt = None
         self.truncate_from(self.snap.index + 1)
         self.snap = SnapshotMeta(index, 0, self.snap.conf_state)
         self.hole = index
@@ -158,11 +184,27 @@ class _GroupState:
     def rewind(self, index: int) -> None:
         """Replay only, hole open: an entry at `index` supersedes everything from there on,
         placeholder range included. Only the part between the true start and it stays unseen."""
+        self.ckpt = None
         if index - 1 == self.known.index:
             self.truncate_from(self.snap.index + 1)
             self.snap, self.hole = self.known, 0
         else:
             self.open_hole(index - 1)
+
+    def checkpoint(self) -> tuple[bytes, int]:
+        """COMPACT + HARD_STATE records restating this group's position (bytes,
+        record count), cached until the position changes."""
+        if self.ckpt is None:
+            out, n = b"", 0
+            if self.snap.index or self.snap.conf_state != ConfState():
+                cs = encode_conf_state(self.snap.conf_state)
+                out = encode(RecordType.COMPACT, self.key, self.snap.term, self.snap.index, 0, cs)
+                n = 1
+            if self.hs != HardState():
+                out += encode_hard_state(self.key, self.hs)
+                n += 1
+            self.ckpt = (out, n)
+        return self.ckpt
 
 
 class _EntryCache:
@@ -251,9 +293,13 @@ class GroupLog:
 class NodeLog:
     """All groups' Raft logs of one node in one segmented, CRC-checked WAL.
 
-    `repair=False` (default): a corrupt record anywhere but the tail of the
-    last segment raises CorruptLogError (fsynced data was lost: the operator
-    decides). `repair=True` keeps the valid prefix and drops the rest.
+    `repair=False` (default): a corrupt record anywhere but the torn tail of
+    the write that was in flight raises CorruptLogError (fsynced data was
+    lost: the operator decides). `repair=True` keeps the valid prefix and
+    drops the rest. `archive_dir` (relative to `dir` unless absolute; the
+    audit job reads `ARCHIVE_DIR`): obsolete segments are moved there instead
+    of deleted. A failed write or fsync raises StorageFatalError and every
+    later write is refused.
     """
 
     def __init__(
@@ -263,24 +309,36 @@ class NodeLog:
         *,
         cache_bytes: int = CACHE_BYTES,
         repair: bool = False,
+        disk: Disk | None = None,
+        archive_dir: str | None = None,
     ) -> None:
         self.dir = dir
+        self.disk: Disk = disk if disk is not None else OS_DISK
+        self.archive_dir = os.path.join(dir, archive_dir) if archive_dir else None
         self.stats = WalStats()
         self._segment_bytes = segment_bytes
         self._groups: dict[str, _GroupState] = {}
         self._views: dict[str, GroupLog] = {}
-        self._fds: dict[int, int] = {}  # segment seq -> fd (O_RDWR)
-        self._seg_max: dict[int, dict[str, int]] = {}  # seg -> group -> highest entry index
+        self._fds: dict[int, int] = {}  # segment seq -> fd, ascending seq order
+        # segment -> groups with live entries in it (ordered set): empty = deletable.
+        self._pins: dict[int, dict[_GroupState, None]] = {}
         self._pending: list[_Chunk] = []
         self._inflight: list[_Chunk] = []
+        self._doomed: list[int] = []  # segments the in-flight sync makes obsolete
         self._cache = _EntryCache(cache_bytes)
         self._cur_seg = 0
         self._cur_size = 0
+        self._seg_base = 0  # bytes of the current segment's checkpoint and copied tails
         self._rolling = False
         self._dir_dirty = False
+        self._failed: BaseException | None = None
         self._sync_lock = asyncio.Lock()
-        os.makedirs(dir, exist_ok=True)
-        self._recover(repair)
+        with self._fatal("open"):
+            self.disk.makedirs(dir)
+            if self.archive_dir:
+                self.disk.makedirs(self.archive_dir)
+                self._fsync_dir()
+            self._recover(repair)
 
     # ---- group access ------------------------------------------------
 
@@ -312,18 +370,16 @@ class NodeLog:
                 raise ValueError(f"{group}: gap, entry {e.index} after {g.last_index()}")
             if e.index <= g.last_index():
                 self._cache.drop(group, e.index, g.last_index() + 1)
-                self._clamp_seg_max(group, e.index - 1)
             rec = encode(RecordType.ENTRY, g.key, e.term, e.index, e.type, e.data)
             seg, off = self._emit(rec)
-            g.put(e.term, e.index, e.type, seg, off + header_len(g.key), len(e.data))
-            per_seg = self._seg_max.setdefault(seg, {})
-            per_seg[group] = max(per_seg.get(group, 0), e.index)
+            self._put(g, e.term, e.index, e.type, seg, off + header_len(g.key), len(e.data))
             self._cache.put(group, Entry(e.term, e.index, e.type, bytes(e.data)))
 
     def set_hard_state(self, group: str, hs: HardState) -> None:
         g = self._state(group)
         self._emit(encode_hard_state(g.key, hs))
         g.hs = HardState(hs.term, hs.vote, hs.commit)
+        g.ckpt = None
 
     def apply_snapshot(self, group: str, meta: SnapshotMeta) -> bool:
         """Install a snapshot received from the leader: the log restarts after it.
@@ -336,8 +392,8 @@ class NodeLog:
         payload = encode_conf_state(meta.conf_state)
         self._emit(encode(RecordType.SNAPSHOT_META, g.key, meta.term, meta.index, 0, payload))
         self._cache.drop(group, g.snap.index + 1, g.last_index() + 1)
-        self._clamp_seg_max(group, 0)
         g.install(meta)
+        self._repin(g)
         return True
 
     def compact(self, group: str, index: int, conf_state: ConfState | None = None) -> None:
@@ -354,49 +410,135 @@ class NodeLog:
         payload = encode_conf_state(conf_state)
         self._emit(encode(RecordType.COMPACT, g.key, term, index, 0, payload))
         g.compact_to(index, term, conf_state)
+        self._repin(g)
 
-    def _clamp_seg_max(self, group: str, keep: int) -> None:
-        # Entries above `keep` are superseded: they no longer pin their segments.
-        for per_seg in self._seg_max.values():
-            if per_seg.get(group, 0) > keep:
-                per_seg[group] = keep
+    def drop_group(self, group: str) -> None:
+        """The group left this node: forget it (entries, hard state, snapshot).
 
-    def _emit(self, rec: bytes) -> tuple[int, int]:
-        """Buffer one record; returns its (segment, offset)."""
-        if self._cur_size >= self._segment_bytes and not self._rolling:
+        After the next sync `group(name)` is fresh, as if never seen; the group
+        no longer pins segments nor appears in checkpoints.
+        """
+        g = self._groups.get(group)
+        if g is None:
+            return
+        self._emit(encode(RecordType.DROP, g.key, 0, 0))
+        self._forget(g)
+
+    def _forget(self, g: _GroupState) -> None:
+        self._cache.drop(g.name, g.snap.index + 1, g.last_index() + 1)
+        g.truncate_from(g.snap.index + 1)
+        self._repin(g)
+        del self._groups[g.name]
+        self._views.pop(g.name, None)
+
+    # ---- which segments each group pins -----------------------------------
+
+    def _put(self, g: _GroupState, term: int, index: int, etype: int, seg: int, off: int,
+             n: int) -> None:
+        """Record an entry (live or replayed) and the segment it pins."""
+        if index <= g.last_index():
+            g.truncate_from(index)  # superseded: their segments may be free now
+            self._repin(g)
+        g.put(term, index, etype, seg, off, n)
+        if seg not in g.pinned:
+            g.pinned[seg] = None
+            self._pins.setdefault(seg, {})[g] = None
+
+    def _repin(self, g: _GroupState) -> None:
+        """After entries left g's arrays (a prefix by compaction, a suffix by
+        truncation, or all): unpin the segments that no longer hold any.
+        Costs one step per segment released, never a scan of all groups."""
+        lo = g.segs[0] if g.segs else None
+        hi = g.segs[-1] if g.segs else None
+        while g.pinned:
+            seg = next(iter(g.pinned))
+            if lo is not None and seg >= lo:
+                break
+            self._unpin(g, seg)
+        while g.pinned:
+            seg = next(reversed(g.pinned))
+            if hi is not None and seg <= hi:
+                break
+            self._unpin(g, seg)
+
+    def _unpin(self, g: _GroupState, seg: int) -> None:
+        del g.pinned[seg]
+        pins = self._pins.get(seg)
+        if pins is not None:
+            pins.pop(g, None)
+
+    def _emit(self, rec: bytes, count: int = 1) -> tuple[int, int]:
+        """Buffer records; returns the (segment, offset) of the first."""
+        if self._failed is not None:
+            raise StorageFatalError("the log failed earlier; refusing writes") from self._failed
+        if self._cur_size - self._seg_base >= self._segment_bytes and not self._rolling:
             self._roll()
         if not self._pending or self._pending[-1].seg != self._cur_seg:
             self._pending.append(_Chunk(self._cur_seg, self._cur_size))
         off = self._cur_size
         self._pending[-1].buf += rec
         self._cur_size += len(rec)
-        self.stats.records += 1
+        self.stats.records += count
         return self._cur_seg, off
 
     def _roll(self) -> None:
-        """Start a new segment, opening it with a checkpoint of every group.
+        """Start a new segment, opening it with a checkpoint of every live group.
 
         The checkpoint (COMPACT + HARD_STATE per group) lets older segments be
-        deleted as a prefix without losing any group's snapshot or vote.
+        deleted as a prefix without losing any group's snapshot or vote. Each
+        group's records are cached bytes, rebuilt only after it changed, so a
+        roll is one join however many groups there are.
         """
         self._open_segment(self._cur_seg + 1)
         self._rolling = True
         try:
-            for g in self._groups.values():
-                if g.snap.index or g.snap.conf_state != ConfState():
-                    cs = encode_conf_state(g.snap.conf_state)
-                    self._emit(encode(RecordType.COMPACT, g.key, g.snap.term, g.snap.index, 0, cs))
-                if g.hs != HardState():
-                    self._emit(encode_hard_state(g.key, g.hs))
+            parts = [g.checkpoint() for g in self._groups.values()]
+            blob = b"".join(p for p, _ in parts)
+            if blob:
+                self._emit(blob, count=sum(n for _, n in parts))
+            self._relocate_short_tails(self._segment_bytes // 8)
         finally:
             self._rolling = False
+        # A segment holds segment_bytes besides its checkpoint: with many groups and
+        # small segments, a checkpoint alone must not trigger the next roll.
+        self._seg_base = self._cur_size
+
+    def _relocate_short_tails(self, budget: int) -> None:
+        """Copy forward (COPY records) the whole live tail of groups that pin the
+        oldest segment with only a few entries (an idle group's last writes), so
+        that segment can go without forcing each of them to snapshot. Replay
+        ignores a copy while the original is there (a torn run of copies changes
+        nothing) and uses it once the original's segment is gone. Bounded per roll
+        by `budget` bytes and RELOCATE_SCAN_MAX groups looked at."""
+        oldest = next(iter(self._fds))
+        if oldest == self._cur_seg:
+            return
+        for g in list(itertools.islice(self._pins.get(oldest, {}), RELOCATE_SCAN_MAX)):
+            if len(g.terms) > RELOCATE_ENTRIES_MAX or sum(g.lens) > budget:
+                continue
+            budget -= sum(g.lens)
+            tail = [self._load(g, i) for i in range(g.snap.index + 1, g.last_index() + 1)]
+            for e in tail:
+                rec = encode(RecordType.COPY, g.key, e.term, e.index, e.type, e.data)
+                seg, off = self._emit(rec)
+                self._put(g, e.term, e.index, e.type, seg, off + header_len(g.key), len(e.data))
+            self.stats.entries_relocated += len(tail)
 
     def _open_segment(self, seq: int) -> None:
         path = os.path.join(self.dir, segment_name(seq))
-        self._fds[seq] = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        self._seg_max.setdefault(seq, {})
-        self._cur_seg, self._cur_size = seq, 0
+        with self._fatal("create segment"):
+            self._fds[seq] = self.disk.open(path, create=True)
+        self._cur_seg, self._cur_size, self._seg_base = seq, 0, 0
         self._dir_dirty = True
+
+    @contextlib.contextmanager
+    def _fatal(self, what: str) -> Iterator[None]:
+        """A failed disk call poisons the log: the caller must stop the node."""
+        try:
+            yield
+        except OSError as e:
+            self._failed = e
+            raise StorageFatalError(f"wal {self.dir}: {what} failed: {e}") from e
 
     # ---- durability ----------------------------------------------------
 
@@ -412,85 +554,113 @@ class NodeLog:
         self._after_sync()
         return n
 
-    async def sync_async(self) -> int:
-        """Like sync(), but the write+fsync runs in a thread; the loop keeps serving.
-
-        Records buffered meanwhile go to the next sync.
-        """
+    async def sync_async(self, run: Callable[..., Awaitable[Any]] | None = None) -> int:
+        """Like sync(), but the write+fsync runs in `run` (default: a thread);
+        the loop keeps serving. Records buffered meanwhile go to the next sync."""
         async with self._sync_lock:
             batch = self._take()
             try:
-                n = await asyncio.to_thread(self._write, batch)
+                n = await (run or asyncio.to_thread)(self._write, batch)
             finally:
                 self._inflight = []
             self._after_sync()
             return n
 
     def _take(self) -> list[_Chunk]:
+        if self._failed is not None:
+            raise StorageFatalError("the log failed earlier; refusing writes") from self._failed
         batch, self._pending = self._pending, []
         self._inflight = batch
+        # Decided now, not after the write: a segment is obsolete only by records
+        # in this batch or earlier (defect: a COMPACT buffered during the write
+        # would otherwise justify a delete while it is still only in memory).
+        self._doomed = self._obsolete()
         return batch
 
     def _write(self, batch: list[_Chunk]) -> int:
-        """pwrite every chunk, then fsync each touched segment (normally one)."""
+        """pwrite and fsync segment by segment, in order (normally one).
+
+        A later segment gets its first byte only once the earlier one is
+        durable, so after a crash a torn older segment is followed only by
+        empty ones: recovery can tell a torn batch from lost fsynced data.
+        """
         written = 0
-        touched: list[int] = []
-        for ch in batch:
-            fd = self._fds[ch.seg]
-            view = memoryview(ch.buf)
-            pos = 0
-            while pos < len(view):
-                pos += os.pwrite(fd, view[pos:], ch.start + pos)
-            written += len(view)
-            if ch.seg not in touched:
-                touched.append(ch.seg)
-        if self._dir_dirty:
-            self._fsync_dir()
-        for seg in touched:
-            os.fsync(self._fds[seg])
-            self.stats.fsyncs += 1
+        with self._fatal("write"):
+            if self._dir_dirty:
+                self._fsync_dir()
+            for i, ch in enumerate(batch):
+                self.disk.pwrite(self._fds[ch.seg], ch.buf, ch.start)
+                written += len(ch.buf)
+                if i + 1 == len(batch) or batch[i + 1].seg != ch.seg:
+                    self.disk.fsync(self._fds[ch.seg])
+                    self.stats.fsyncs += 1
         self.stats.syncs += 1
         self.stats.bytes_written += written
         return written
 
-    def _fsync_dir(self) -> None:
-        self._dir_dirty = False
-        fd = os.open(self.dir, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-            self.stats.fsyncs += 1
-        finally:
-            os.close(fd)
+    def _fsync_dir(self, path: str | None = None) -> None:
+        if path is None:
+            self._dir_dirty = False
+        self.disk.fsync_dir(path or self.dir)
+        self.stats.fsyncs += 1
 
     # ---- segment garbage collection --------------------------------------
 
-    def pinning_groups(self) -> list[str]:
-        """Groups whose unsnapshotted entries keep the oldest segment alive."""
-        segs = sorted(self._fds)
-        if len(segs) < 2:
+    def pinning_groups(self, limit: int | None = None) -> list[str]:
+        """Groups whose unsnapshotted entries keep the oldest segment alive
+        (at most `limit`, so callers can spread the snapshots they force)."""
+        if len(self._fds) < 2:
             return []
-        per_seg = self._seg_max.get(segs[0], {})
-        return [name for name, top in per_seg.items() if top > self._groups[name].snap.index]
+        pins = self._pins.get(next(iter(self._fds)), {})
+        names = (g.name for g in pins if self._groups.get(g.name) is g)
+        return list(itertools.islice(names, limit))
 
     def segments(self) -> list[int]:
         return sorted(self._fds)
 
+    def _obsolete(self) -> list[int]:
+        """Oldest segments no live entry needs: a prefix, never the current one."""
+        out: list[int] = []
+        for seq in self._fds:
+            if seq >= self._cur_seg or self._pins.get(seq):
+                break
+            out.append(seq)
+        return out
+
     def _after_sync(self) -> None:
         # Delete oldest-first only: recovery relies on the survivors being a
-        # suffix that starts with a checkpoint. Runs after the fsync so the
-        # COMPACT records that justify the deletion are already durable.
-        deleted = False
-        while len(self._fds) > 1 and not self.pinning_groups():
-            seq = min(self._fds)
-            if seq == self._cur_seg:
-                break
-            os.close(self._fds.pop(seq))
-            self._seg_max.pop(seq, None)
-            os.unlink(os.path.join(self.dir, segment_name(seq)))
-            self.stats.segments_deleted += 1
-            deleted = True
-        if deleted:
-            self._fsync_dir()
+        # suffix that starts with a checkpoint (emitted, hence synced, before
+        # `_take` chose these segments).
+        doomed, self._doomed = self._doomed, []
+        if not doomed:
+            return
+        with self._fatal("retire segment"):
+            for seq in doomed:
+                self._retire(seq)
+            if self.archive_dir:
+                # The archive entry is durable before the log's entry goes away.
+                self._fsync_dir(self.archive_dir)
+            self._fsync_dir(self.dir)
+
+    def _retire(self, seq: int) -> None:
+        path = os.path.join(self.dir, segment_name(seq))
+        self.disk.close(self._fds.pop(seq))
+        self._pins.pop(seq, None)
+        if self.archive_dir:
+            self.disk.rename(path, os.path.join(self.archive_dir, segment_name(seq)))
+        else:
+            self.disk.unlink(path)
+        self.stats.segments_deleted += 1
+
+    @property
+    def _seg_max(self) -> dict[int, dict[str, int]]:
+        """Diagnostics: segment -> group -> highest live entry index in it."""
+        out: dict[int, dict[str, int]] = {seq: {} for seq in self._fds}
+        for g in self._groups.values():
+            for seg in g.pinned:
+                top = g.snap.index + bisect.bisect_right(g.segs, seg)
+                out.setdefault(seg, {})[g.name] = top
+        return out
 
     # ---- reads -----------------------------------------------------------
 
@@ -506,7 +676,8 @@ class NodeLog:
         for ch in (*self._inflight, *self._pending):
             if ch.seg == seg and ch.start <= off < ch.start + len(ch.buf):
                 return bytes(ch.buf[off - ch.start : off - ch.start + n])
-        data = os.pread(self._fds[seg], n, off)
+        with self._fatal("read"):
+            data = self.disk.pread(self._fds[seg], n, off)
         if len(data) != n:
             raise CorruptLogError(f"short read in {segment_name(seg)} at {off}")
         return data
@@ -514,82 +685,136 @@ class NodeLog:
     # ---- recovery ----------------------------------------------------------
 
     def _recover(self, repair: bool) -> None:
-        seqs = sorted(
-            int(m.group(1)) for name in os.listdir(self.dir) if (m := _SEGMENT_RE.match(name))
-        )
+        names = self.disk.listdir(self.dir)
+        seqs = sorted(int(m.group(1)) for name in names if (m := _SEGMENT_RE.match(name)))
         for k, seq in enumerate(seqs):
             path = os.path.join(self.dir, segment_name(seq))
-            end, error = self._replay_segment(seq, path)
-            self._fds[seq] = os.open(path, os.O_RDWR)
+            self._fds[seq] = self.disk.open(path)
+            end, error = self._replay_segment(seq)
             self._cur_seg, self._cur_size = seq, end
             if error is None:
                 continue
-            if k != len(seqs) - 1 and not repair:
+            later = seqs[k + 1 :]
+            if later and not repair and not self._all_empty(later):
                 raise CorruptLogError(f"{path}: {error} (not the last segment; see repair=True)")
             self._truncate_tail(seq, path, end, error)
-            for later in seqs[k + 1 :]:
-                os.unlink(os.path.join(self.dir, segment_name(later)))
-                log.error("wal: dropped segment %s after corruption", segment_name(later))
+            self._drop_segments(later)
+            if later:
+                # New records go after every dropped number: should the unlinks be
+                # undone anyway, the newer records still replay last and win.
+                self._cur_seg = later[-1]
+                self._roll()
             break
+        for g in self._groups.values():
+            self._repin(g)
         holes = [g.name for g in self._groups.values() if g.hole]
         if holes:
             raise CorruptLogError(f"groups with missing log prefix: {holes[:5]}")
         if not self._fds:
-            self._open_segment(1)
+            self._open_segment(self._first_free_seq())
             self._fsync_dir()
 
-    def _replay_segment(self, seq: int, path: str) -> tuple[int, str | None]:
-        size = os.path.getsize(path)
-        self._seg_max.setdefault(seq, {})
-        if size == 0:
-            return 0, None
-        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-            scanner = Scanner(mm, entry_payloads=False)
+    def _all_empty(self, seqs: list[int]) -> bool:
+        """True if these segments hold no byte: the torn segment before them was
+        the one being written when the node stopped (see `_write`), not lost data."""
+        for seq in seqs:
+            fd = self.disk.open(os.path.join(self.dir, segment_name(seq)))
+            try:
+                if self.disk.size(fd):
+                    return False
+            finally:
+                self.disk.close(fd)
+        return True
+
+    def _drop_segments(self, seqs: list[int]) -> None:
+        """Unlink segments after a truncated one, durably: if the unlinks were
+        lost in a crash, their old records would replay after newer ones."""
+        for seq in seqs:
+            # Emptied durably first: even an unlink the crash undid leaves no records.
+            fd = self._fds.pop(seq, None)
+            if fd is None:
+                fd = self.disk.open(os.path.join(self.dir, segment_name(seq)))
+            self.disk.ftruncate(fd, 0)
+            self.disk.fsync(fd)
+            self.stats.fsyncs += 1
+            self.disk.close(fd)
+            self.disk.unlink(os.path.join(self.dir, segment_name(seq)))
+            log.error("wal: dropped segment %s after a torn or corrupt one", segment_name(seq))
+        if seqs:
+            self._fsync_dir()
+
+    def _first_free_seq(self) -> int:
+        """1, or after the archived segments (a reused number would overwrite one)."""
+        if not self.archive_dir:
+            return 1
+        names = self.disk.listdir(self.archive_dir)
+        return max((int(m.group(1)) for n in names if (m := _SEGMENT_RE.match(n))), default=0) + 1
+
+    def _replay_segment(self, seq: int) -> tuple[int, str | None]:
+        """Replay one segment, read in SCAN_CHUNK pieces; (valid length, error)."""
+        fd = self._fds[seq]
+        size = self.disk.size(fd)
+        buf, base, read_at = bytearray(), 0, 0
+        while True:
+            if read_at < size:
+                piece = self.disk.pread(fd, min(SCAN_CHUNK, size - read_at), read_at)
+                read_at += len(piece)
+                size = read_at if not piece else size
+                buf += piece
+            scanner = Scanner(buf, entry_payloads=False)
             try:
                 for rec in scanner:
-                    self._replay(seq, rec)
+                    self._replay(seq, rec, base)
             finally:
-                scanner.close()  # the mmap cannot close while views into it exist
-        return scanner.end, scanner.error
+                scanner.close()  # buf cannot shrink while a view into it exists
+            if read_at >= size:
+                return base + scanner.end, scanner.error
+            # The stop may only mean the record continues in the next piece.
+            del buf[: scanner.end]
+            base += scanner.end
 
-    def _replay(self, seq: int, rec: Record) -> None:
+    def _replay(self, seq: int, rec: Record, base: int) -> None:
+        if rec.type is RecordType.DROP:
+            if (gone := self._groups.get(rec.group)) is not None:
+                self._forget(gone)
+            return
         g = self._state(rec.group)
-        if rec.type is RecordType.ENTRY:
+        if rec.type is RecordType.COPY and self._holds(g, rec.index, rec.term):
+            return  # the original is still here: the copy changes nothing
+        if rec.type in (RecordType.ENTRY, RecordType.COPY):
             if g.hole and g.known.index < rec.index <= g.snap.index:
-                self._clamp_seg_max(g.name, rec.index - 1)
                 g.rewind(rec.index)
             if rec.index <= g.snap.index:
                 return
             if rec.index > g.last_index() + 1:
                 # Older segments were deleted; a later COMPACT must cover this.
                 g.open_hole(rec.index - 1)
-            if rec.index <= g.last_index():
-                self._clamp_seg_max(g.name, rec.index - 1)
-            hl = rec.payload_offset - rec.offset
-            g.put(rec.term, rec.index, rec.entry_type, seq, rec.offset + hl, rec.payload_len)
-            per_seg = self._seg_max[seq]
-            per_seg[g.name] = max(per_seg.get(g.name, 0), rec.index)
+            self._put(g, rec.term, rec.index, rec.entry_type, seq, base + rec.payload_offset,
+                      rec.payload_len)
         elif rec.type is RecordType.HARD_STATE:
             g.hs = HardState(rec.term, decode_vote(rec.payload), rec.index)
         elif rec.type is RecordType.SNAPSHOT_META:
             conf = decode_conf_state(rec.payload) or ConfState()
             g.install(SnapshotMeta(rec.index, rec.term, conf))
-            self._clamp_seg_max(g.name, 0)
         elif rec.type is RecordType.COMPACT:
             g.compact_to(rec.index, rec.term, decode_conf_state(rec.payload))
 
+    @staticmethod
+    def _holds(g: _GroupState, index: int, term: int) -> bool:
+        return g.snap.index < index <= g.last_index() and g.terms[index - g.snap.index - 1] == term
+
     def _truncate_tail(self, seq: int, path: str, end: int, error: str) -> None:
-        size = os.path.getsize(path)
+        size = self.disk.size(self._fds[seq])
         log.warning("wal: %s: %s; truncating %d bytes of torn tail", path, error, size - end)
-        os.ftruncate(self._fds[seq], end)
-        os.fsync(self._fds[seq])
+        self.disk.ftruncate(self._fds[seq], end)
+        self.disk.fsync(self._fds[seq])
         self.stats.fsyncs += 1
         self.stats.torn_bytes_truncated += size - end
 
     def close(self) -> None:
         """Flush what is buffered, then release the files."""
-        if self._pending:
+        if self._pending and self._failed is None:
             self.sync()
         for fd in self._fds.values():
-            os.close(fd)
+            self.disk.close(fd)
         self._fds.clear()

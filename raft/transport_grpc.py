@@ -1,13 +1,24 @@
 """Raft messages between nodes over gRPC (grpc.aio), all groups multiplexed.
 
-One bidirectional `Raft` stream per peer pair: the node with the lower id
-dials and keeps redialing with backoff; the other side accepts. After a
-`hello` exchange both directions carry `Batch`es. Everything `send()` gets
-for a peer during one event-loop turn becomes one Batch (heartbeats
-coalesced by `raft/codec.py`), queued on a bounded per-peer queue drained by
-one writer task, so per-pair order is kept. A message that cannot be queued
-(peer disconnected, queue full) is dropped and reported to `on_messages` as a
-local UNREACHABLE message, which the driver steps into the group.
+Two traffic classes (lanes) per peer pair, each a bidirectional `Raft`
+stream on its own TCP connection: **priority** (heartbeats, votes, responses,
+liveness beats, the meta group's appends: everything small or urgent) and
+**bulk** (appends that carry entries). A stalled bulk stream never holds
+heartbeats back. The node with the lower id dials both and keeps redialing
+with backoff; the other side accepts. After a `hello` exchange (which names
+the lane) both directions carry `Batch`es. Everything `send()` gets for a
+peer and lane during one event-loop turn becomes one Batch (heartbeats
+coalesced by `raft/codec.py`), queued on that lane's queue, bounded by
+BYTES (`queue_bytes`), drained by one writer task, so per-lane order is
+kept. A message that cannot be queued (peer disconnected, queue full) is
+dropped and reported to `on_messages` as a local UNREACHABLE message, which
+the driver steps into the group. A peer without a bulk stream gets
+everything on the priority one.
+
+Received batches are checked, not trusted: a message whose sender is not
+the stream's proven peer, a local-only type, a SNAP outside the Snapshot
+RPC, or a type this version does not know is dropped (counted in
+`dropped_in`), without ending the stream.
 
 Snapshots use their own `Snapshot` RPC on a separate channel (own TCP
 connection), streamed in chunks with every write awaited, so a large transfer
@@ -26,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,7 +46,7 @@ import grpc
 
 from proto import cluster_pb2 as pb
 from proto import cluster_pb2_grpc as pb_grpc
-from raft.codec import decode_batch, encode_batch, message_from_pb, message_size, message_to_pb
+from raft.codec import decode_wire, encode_batch, message_from_pb, message_size, message_to_pb
 from raft.types import Message, MsgType
 
 log = logging.getLogger(__name__)
@@ -46,7 +58,9 @@ TlsFiles = tuple[str | bytes, str | bytes, str | bytes]  # cert, key, ca: PEM by
 
 MAX_GRPC_MESSAGE = 64 << 20
 BATCH_SPLIT_BYTES = 4 << 20  # start a new Batch past this many payload bytes
-QUEUE_BATCHES = 256  # per peer; beyond it messages are dropped (Raft retries)
+QUEUE_BYTES = 16 << 20  # per peer and lane; beyond it messages are dropped (Raft retries)
+LANE_PRIORITY, LANE_BULK = 0, 1  # traffic classes, each on its own stream and connection
+PRIORITY_GROUPS = frozenset({"$meta"})  # groups whose appends never wait behind bulk data
 CHUNK_BYTES = 256 << 10
 HANDSHAKE_TIMEOUT = 3.0
 BACKOFF_MIN, BACKOFF_MAX = 0.05, 2.0
@@ -80,18 +94,35 @@ def _pem(x: str | bytes) -> bytes:
 
 
 @dataclass(eq=False)
+class _Lane:
+    """One traffic class to one peer: its stream, queue (bounded by bytes) and connection."""
+
+    kind: int
+    stream: Any = None  # the live call (dialer) or servicer context (acceptor)
+    pending: list[Message] = field(default_factory=list)  # this loop turn's messages
+    queue: deque[tuple[pb.Batch, set[str], int]] = field(default_factory=deque)
+    queued_bytes: int = 0
+    ready: asyncio.Event = field(default_factory=asyncio.Event)
+    channel: grpc.aio.Channel | None = None
+
+
+@dataclass(eq=False)
 class _Link:
     """State of the connection to one peer."""
 
     peer: int
     addr: str
-    queue: asyncio.Queue[tuple[pb.Batch, set[str]]]
-    stream: Any = None  # the live call (dialer) or servicer context (acceptor)
-    pending: list[Message] = field(default_factory=list)
+    lanes: tuple[_Lane, _Lane] = field(
+        default_factory=lambda: (_Lane(LANE_PRIORITY), _Lane(LANE_BULK)))
     liveness: bool = False
     last_seen: float = 0.0
-    channel: grpc.aio.Channel | None = None
     snap_channel: grpc.aio.Channel | None = None
+    tasks: set[asyncio.Task[Any]] = field(default_factory=set)  # writers, dialers, acceptors
+    removed: bool = False
+
+    @property
+    def stream(self) -> Any:
+        return self.lanes[LANE_PRIORITY].stream
 
 
 class GrpcTransport:
@@ -106,9 +137,10 @@ class GrpcTransport:
         *,
         snapshot_source: SnapshotSource | None = None,
         on_liveness: Callable[[int], None] | None = None,
-        queue_batches: int = QUEUE_BATCHES,
+        queue_bytes: int = QUEUE_BYTES,
         chunk_bytes: int = CHUNK_BYTES,
         tls_names: dict[int, str] | None = None,
+        priority_groups: frozenset[str] = PRIORITY_GROUPS,
     ) -> None:
         self.node_id = node_id
         self.listen_addr = listen_addr
@@ -120,14 +152,19 @@ class GrpcTransport:
         self._tls = tuple(_pem(x) for x in tls) if tls else None
         self._tls_names = dict(tls_names or {})
         self._chunk = chunk_bytes
-        self._links = {
-            p: _Link(p, a, asyncio.Queue(queue_batches)) for p, a in peers.items() if p != node_id
-        }
+        self._queue_bytes = queue_bytes
+        self._priority_groups = priority_groups
+        self._links: dict[int, _Link] = {}
+        for p, a in peers.items():
+            if p != node_id:
+                self._links[p] = _Link(p, a)
+        self._started = False
         self._tasks: set[asyncio.Task[Any]] = set()
         self._server: grpc.aio.Server | None = None
         self._flush_scheduled = False
         self._closing = False
         self.dropped = 0  # messages reported UNREACHABLE
+        self.dropped_in = 0  # received messages refused (forged sender, local or unknown type)
 
     # ---- lifecycle ---------------------------------------------------------
 
@@ -143,10 +180,54 @@ class GrpcTransport:
         else:
             self.port = self._server.add_insecure_port(self.listen_addr)
         await self._server.start()
+        self._started = True
         for link in self._links.values():
-            self._spawn(self._writer(link))
+            self._start_link(link)
+
+    def _start_link(self, link: _Link) -> None:
+        for lane in link.lanes:
+            link.tasks.add(self._spawn(self._writer(link, lane)))
             if self.node_id < link.peer:
-                self._spawn(self._dial_loop(link))
+                link.tasks.add(self._spawn(self._dial_loop(link, lane)))
+
+    def add_peer(self, node: int, addr: str) -> None:
+        """Start talking to `node` at `addr` (runtime membership). Changing
+        the address of a known peer replaces its connection."""
+        if node == self.node_id:
+            return
+        old = self._links.get(node)
+        if old is not None:
+            if old.addr == addr:
+                return
+            self.remove_peer(node)
+        link = _Link(node, addr)
+        self._links[node] = link
+        if self._started and not self._closing:
+            self._start_link(link)
+
+    def remove_peer(self, node: int) -> None:
+        """Stop talking to `node`: its stream, dialer and channels are closed;
+        a later stream it opens is refused as from an unknown peer."""
+        link = self._links.pop(node, None)
+        if link is None:
+            return
+        link.removed = True
+        for t in link.tasks:
+            t.cancel()
+        for lane in link.lanes:
+            stream = lane.stream
+            self._detach(link, lane, stream)
+            if isinstance(stream, grpc.aio.Call):
+                stream.cancel()
+        self._spawn(self._close_channels(link))
+
+    async def _close_channels(self, link: _Link) -> None:
+        for ch in (*(lane.channel for lane in link.lanes), link.snap_channel):
+            if ch is not None:
+                await ch.close()
+
+    def peers(self) -> list[int]:
+        return list(self._links)
 
     async def stop(self) -> None:
         self._closing = True
@@ -156,9 +237,7 @@ class GrpcTransport:
         if self._server is not None:
             await self._server.stop(grace=0.2)
         for link in self._links.values():
-            for ch in (link.channel, link.snap_channel):
-                if ch is not None:
-                    await ch.close()
+            await self._close_channels(link)
 
     def _spawn(self, coro: Awaitable[Any]) -> asyncio.Task[Any]:
         task = asyncio.ensure_future(coro)
@@ -170,9 +249,10 @@ class GrpcTransport:
         return self._links[peer].stream is not None
 
     async def wait_connected(self, timeout: float = 10.0) -> None:
-        """Until every peer's Raft stream is up (tests, startup)."""
+        """Until every peer's streams (both lanes) are up (tests, startup)."""
         async with asyncio.timeout(timeout):
-            while not all(link.stream is not None for link in self._links.values()):
+            while not all(lane.stream is not None for link in self._links.values()
+                          for lane in link.lanes):
                 await asyncio.sleep(0.02)
 
     def last_seen(self, peer: int) -> float:
@@ -185,14 +265,21 @@ class GrpcTransport:
         """Queue messages; never blocks. Flushed as one Batch per peer this loop turn."""
         for m in msgs:
             link = self._links.get(m.to)
-            if link is None:
-                log.warning("transport: message for unknown node %d dropped", m.to)
+            if link is None:  # not (or no longer) a peer: Raft treats it as down
+                self._unreachable(m.to, {m.group})
                 continue
             if m.type == MsgType.SNAP and self._snapshot_source is not None:
                 self._spawn(self._snapshot_task(m))
                 continue
-            link.pending.append(m)
+            link.lanes[self._lane_of(m)].pending.append(m)
         self._schedule_flush()
+
+    def _lane_of(self, m: Message) -> int:
+        """Appends that carry entries are bulk, unless their group is a
+        priority one (the meta group); everything else is small and urgent."""
+        if m.type == MsgType.APP and m.entries and m.group not in self._priority_groups:
+            return LANE_BULK
+        return LANE_PRIORITY
 
     def beat(self) -> None:
         """Send a node-level liveness beat to every peer (with the next flush)."""
@@ -208,32 +295,47 @@ class GrpcTransport:
     def _flush(self) -> None:
         self._flush_scheduled = False
         for link in self._links.values():
-            msgs, link.pending = link.pending, []
             liveness, link.liveness = link.liveness, False
-            if not msgs and not liveness:
+            for lane in link.lanes:
+                msgs, lane.pending = lane.pending, []
+                beat = liveness and lane.kind == LANE_PRIORITY
+                if msgs or beat:
+                    self._flush_lane(link, lane, msgs, beat)
+
+    def _flush_lane(self, link: _Link, lane: _Lane, msgs: list[Message], beat: bool) -> None:
+        # A peer without a bulk stream (an older version, or still dialing)
+        # gets everything on the priority stream.
+        target = lane if lane.stream is not None else link.lanes[LANE_PRIORITY]
+        if target.stream is None:
+            self._unreachable(link.peer, {m.group for m in msgs})
+            return
+        for batch_msgs, size in self._split(msgs) or [([], 0)]:
+            batch = encode_batch(self.node_id, link.peer, batch_msgs, liveness=beat)
+            groups = {m.group for m in batch_msgs}
+            # Bounded by bytes, not batches: a slow peer holds at most
+            # queue_bytes per lane here (one batch more if the queue is empty).
+            if target.queue and target.queued_bytes + size > self._queue_bytes:
+                self._unreachable(link.peer, groups)
                 continue
-            if link.stream is None:
-                self._unreachable(link.peer, {m.group for m in msgs})
-                continue
-            for batch_msgs in self._split(msgs) or [[]]:
-                batch = encode_batch(self.node_id, link.peer, batch_msgs, liveness=liveness)
-                groups = {m.group for m in batch_msgs}
-                try:
-                    link.queue.put_nowait((batch, groups))
-                except asyncio.QueueFull:
-                    self._unreachable(link.peer, groups)
+            target.queue.append((batch, groups, size))
+            target.queued_bytes += size
+            target.ready.set()
 
     @staticmethod
-    def _split(msgs: list[Message]) -> list[list[Message]]:
-        out: list[list[Message]] = []
-        size = BATCH_SPLIT_BYTES
+    def _split(msgs: list[Message]) -> list[tuple[list[Message], int]]:
+        """Messages cut into batches of about BATCH_SPLIT_BYTES, with their sizes."""
+        out: list[tuple[list[Message], int]] = []
+        cur: list[Message] = []
+        size = 0
         for m in msgs:
             n = message_size(m)
-            if size + n > BATCH_SPLIT_BYTES and (not out or out[-1]):
-                out.append([])
-                size = 0
-            out[-1].append(m)
+            if cur and size + n > BATCH_SPLIT_BYTES:
+                out.append((cur, size))
+                cur, size = [], 0
+            cur.append(m)
             size += n
+        if cur:
+            out.append((cur, size))
         return out
 
     def _unreachable(self, peer: int, groups: set[str]) -> None:
@@ -244,10 +346,14 @@ class GrpcTransport:
         # Deliver on a later turn: the driver may be inside send() right now.
         asyncio.get_running_loop().call_soon(self._on_messages, reports)
 
-    async def _writer(self, link: _Link) -> None:
+    async def _writer(self, link: _Link, lane: _Lane) -> None:
         while True:
-            batch, groups = await link.queue.get()
-            stream = link.stream
+            while not lane.queue:
+                lane.ready.clear()
+                await lane.ready.wait()
+            batch, groups, size = lane.queue.popleft()
+            lane.queued_bytes -= size
+            stream = lane.stream
             if stream is None:
                 self._unreachable(link.peer, groups)
                 continue
@@ -255,33 +361,53 @@ class GrpcTransport:
                 await stream.write(batch)
             except Exception as exc:  # any failure means this stream is dead
                 log.info("transport: write to node %d failed: %r", link.peer, exc)
-                self._detach(link, stream)
+                self._detach(link, lane, stream)
                 self._unreachable(link.peer, groups)
 
     # ---- the Raft stream -------------------------------------------------------
 
-    def _attach(self, link: _Link, stream: Any) -> None:
-        link.stream = stream
-        log.info("transport: node %d connected to node %d", self.node_id, link.peer)
+    def _attach(self, lane: _Lane, link: _Link, stream: Any) -> None:
+        lane.stream = stream
+        log.info("transport: node %d connected to node %d (lane %d)", self.node_id, link.peer,
+                 lane.kind)
 
-    def _detach(self, link: _Link, stream: Any) -> None:
-        if link.stream is not stream or stream is None:
+    def _detach(self, link: _Link, lane: _Lane, stream: Any) -> None:
+        if lane.stream is not stream or stream is None:
             return
-        link.stream = None
-        while not link.queue.empty():  # queued for a dead stream: report, do not send later
-            _, groups = link.queue.get_nowait()
+        lane.stream = None
+        while lane.queue:  # queued for a dead stream: report, do not send later
+            _, groups, _ = lane.queue.popleft()
             self._unreachable(link.peer, groups)
+        lane.queued_bytes = 0
 
     def _on_batch(self, link: _Link, batch: pb.Batch) -> None:
+        if batch.from_node != link.peer or batch.to_node != self.node_id:
+            self._drop_in(link, len(batch.messages) + len(batch.heartbeats)
+                          + len(batch.heartbeat_resps) + 1, "batch header")
+            return
         link.last_seen = asyncio.get_running_loop().time()
         if batch.liveness and self._on_liveness is not None:
             self._on_liveness(link.peer)
-        msgs = decode_batch(batch)
+        msgs, dropped = decode_wire(batch)
+        if dropped:
+            self._drop_in(link, dropped, "local or unknown message type")
+        # The stream's peer is who the hello (and with TLS, its certificate)
+        # proved: a message claiming another sender is forged. Snapshots
+        # arrive only on the Snapshot RPC, data and all.
+        ok = [m for m in msgs if m.frm == link.peer and m.to == self.node_id
+              and m.type != MsgType.SNAP]
+        if len(ok) != len(msgs):
+            self._drop_in(link, len(msgs) - len(ok), "sender, receiver or type mismatch")
+        msgs = ok
         if msgs:
             try:
                 self._on_messages(msgs)
             except Exception:  # a driver bug must not tear down the peer's stream
                 log.exception("transport: on_messages failed for a batch from %d", link.peer)
+
+    def _drop_in(self, link: _Link, n: int, why: str) -> None:
+        self.dropped_in += n
+        log.warning("transport: dropped %d message(s) from node %d: %s", n, link.peer, why)
 
     def tls_name(self, node: int) -> str:
         """The name node `node`'s certificate must carry."""
@@ -308,20 +434,23 @@ class GrpcTransport:
             return grpc.aio.secure_channel(link.addr, creds, options=options)
         return grpc.aio.insecure_channel(link.addr, options=options)
 
-    async def _dial_loop(self, link: _Link) -> None:
+    async def _dial_loop(self, link: _Link, lane: _Lane) -> None:
         backoff = BACKOFF_MIN
         while not self._closing:
-            if link.channel is None:
-                link.channel = self._channel(link)
-            call = pb_grpc.ClusterStub(link.channel).Raft(wait_for_ready=True)
+            if lane.channel is None:
+                # The bulk lane has its own TCP connection: a full socket
+                # buffer of appends must not hold heartbeats back.
+                lane.channel = self._channel(link, separate=lane.kind != LANE_PRIORITY)
+            call = pb_grpc.ClusterStub(lane.channel).Raft(wait_for_ready=True)
             try:
-                hello = pb.Batch(from_node=self.node_id, to_node=link.peer, hello=True)
+                hello = pb.Batch(from_node=self.node_id, to_node=link.peer, hello=True,
+                                 lane=lane.kind)
                 async with asyncio.timeout(HANDSHAKE_TIMEOUT):
                     await call.write(hello)
                     reply = await call.read()
                 if reply is grpc.aio.EOF or not reply.hello or reply.from_node != link.peer:
                     raise ConnectionError(f"bad hello from {link.addr}")
-                self._attach(link, call)
+                self._attach(lane, link, call)
                 backoff = BACKOFF_MIN
                 await self._read_loop(link, call.read)
             except (grpc.aio.AioRpcError, TimeoutError, ConnectionError) as exc:
@@ -329,7 +458,7 @@ class GrpcTransport:
             except Exception:  # keep redialing whatever happened
                 log.exception("transport: node %d -> %d: stream failed", self.node_id, link.peer)
             finally:
-                self._detach(link, call)
+                self._detach(link, lane, call)
                 call.cancel()
             await asyncio.sleep(backoff * (0.5 + random.random()))
             backoff = min(backoff * 2, BACKOFF_MAX)
@@ -353,12 +482,20 @@ class GrpcTransport:
                         "name %s", hello.from_node, self.tls_name(hello.from_node))
             await context.abort(grpc.StatusCode.PERMISSION_DENIED,
                                 f"certificate does not name {self.tls_name(hello.from_node)}")
-        await context.write(pb.Batch(from_node=self.node_id, to_node=link.peer, hello=True))
-        self._attach(link, context)  # a redial replaces an older stream
+        if hello.lane not in (LANE_PRIORITY, LANE_BULK):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"unknown lane {hello.lane}")
+        lane = link.lanes[hello.lane]
+        await context.write(pb.Batch(from_node=self.node_id, to_node=link.peer, hello=True,
+                                     lane=lane.kind))
+        self._attach(lane, link, context)  # a redial replaces an older stream
+        me = asyncio.current_task()
+        if me is not None:
+            link.tasks.add(me)  # remove_peer ends this call
         try:
             await self._read_loop(link, context.read)
         finally:
-            self._detach(link, context)
+            link.tasks.discard(me)
+            self._detach(link, lane, context)
 
     # ---- snapshots ----------------------------------------------------------------
 
@@ -400,7 +537,11 @@ class GrpcTransport:
             return pb.SnapshotAck(ok=False, error="no header")
         if self._on_snapshot is None:
             return pb.SnapshotAck(ok=False, error="snapshots not accepted")
+        if first.header.type != MsgType.SNAP:
+            return pb.SnapshotAck(ok=False, error="header is not a SNAP message")
         header = message_from_pb(first.header)
+        if header.to != self.node_id or header.frm not in self._links:
+            return pb.SnapshotAck(ok=False, error="unknown sender or wrong receiver")
         if not self._identified(context, header.frm):
             log.warning("transport: refused a snapshot claiming node %d", header.frm)
             return pb.SnapshotAck(ok=False, error="certificate does not name the sender")

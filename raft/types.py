@@ -58,6 +58,14 @@ class MsgType(IntEnum):
     STORAGE_APPEND_RESP = 18
 
 
+# Generated and consumed inside one node: a transport drops them if they
+# arrive from the network (a peer must not report our own fsyncs).
+LOCAL_MSG_TYPES = frozenset({
+    MsgType.HUP, MsgType.BEAT, MsgType.PROP, MsgType.UNREACHABLE,
+    MsgType.SNAP_STATUS, MsgType.STORAGE_APPEND_RESP,
+})
+
+
 @dataclass(slots=True)
 class Entry:
     term: int

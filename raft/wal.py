@@ -43,6 +43,12 @@ class RecordType(IntEnum):
     HARD_STATE = 2  # term = hs.term, index = hs.commit, payload = vote (u64)
     SNAPSHOT_META = 3  # a snapshot was installed: drop the whole log; payload = ConfState
     COMPACT = 4  # drop entries <= index; payload = ConfState, or empty to keep it
+    DROP = 5  # the group left this node: forget its entries, hard state and snapshot
+    # An entry copied forward (same term, index, entry_type, data) so an old segment can
+    # go. Unlike ENTRY it supersedes nothing while the group still holds that entry, so
+    # a torn run of copies never cuts the log short; where the original is gone it acts
+    # as an ENTRY.
+    COPY = 6
 
 
 class CorruptLogError(Exception):
@@ -171,7 +177,7 @@ class Scanner:
                 group = bytes(view[pos + _PREFIX.size : body_at]).decode("ascii")
             except (ValueError, UnicodeDecodeError):
                 return self._fail(pos, f"unknown record type {rtype} or bad group id")
-            keep = kind is not RecordType.ENTRY or self._entry_payloads
+            keep = kind not in (RecordType.ENTRY, RecordType.COPY) or self._entry_payloads
             payload = bytes(pv) if keep else b""
         return Record(kind, group, term, index, etype, pos, payload_at, plen, payload)
 

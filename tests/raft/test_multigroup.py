@@ -265,3 +265,121 @@ async def test_r1_group_commits_on_its_own_fsync_and_survives_restart(tmp_path):
         assert await mr.propose("r1", b"after") > acked[-1]
     finally:
         await mr.stop()
+
+
+async def _single(tmp, **kw) -> MultiRaft:
+    from raft.storage import NodeLog
+
+    mr = MultiRaft(1, NodeLog(str(tmp / "wal")), _NoPeers(), snap_dir=str(tmp / "snap"),
+                   tick_interval_s=0.01, **kw)
+    await mr.start()
+    return mr
+
+
+class _NoPeers:
+    """The transport of a one-node cluster: nothing to send."""
+
+    async def start(self) -> None: ...
+    async def stop(self) -> None: ...
+    def send(self, msgs) -> None: ...
+    def beat(self) -> None: ...
+    def last_seen(self, peer: int) -> float: raise KeyError(peer)
+    def add_peer(self, node: int, addr: str) -> None: ...
+    def remove_peer(self, node: int) -> None: ...
+
+
+async def test_group_removed_can_be_created_again_under_the_same_name(tmp_path):
+    """Issue 6, defect 6: JetStream deletes and re-creates streams by name."""
+    mr = await _single(tmp_path, snapshot_every=100_000)
+    try:
+        old = AppendLog()
+        mr.add_group("S-ORDERS", [1], state_machine=old)
+        await mr.wait_leader("S-ORDERS")
+        for k in range(5):
+            await mr.propose("S-ORDERS", b"old-%d" % k)
+        mr.snapshot_now("S-ORDERS")  # the old incarnation leaves snapshot files too
+        await c_until(lambda: mr.status("S-ORDERS")["first_index"] > 1)
+        await mr.propose("S-ORDERS", b"old-5")
+        mr.remove_group("S-ORDERS")
+        new = AppendLog()
+        mr.add_group("S-ORDERS", [1], state_machine=new)
+        await mr.wait_leader("S-ORDERS")
+        idx = await mr.propose("S-ORDERS", b"new-0")
+        assert new.datas() == [b"new-0"] and mr.status("S-ORDERS")["first_index"] == 2
+        assert idx <= 3  # a fresh log: bootstrap at 1, the leader's no-op, then ours
+        await mr.removed("S-ORDERS")
+    finally:
+        await mr.stop()
+    # After a restart the group is the new incarnation only.
+    mr = await _single(tmp_path, snapshot_every=100_000)
+    try:
+        again = AppendLog()
+        mr.add_group("S-ORDERS", [1], state_machine=again)
+        await mr.wait_leader("S-ORDERS")
+        await c_until(lambda: again.datas() == [b"new-0"])
+    finally:
+        await mr.stop()
+
+
+async def c_until(pred, timeout: float = 30.0) -> None:
+    async with asyncio.timeout(timeout):
+        while not pred():
+            await asyncio.sleep(0.01)
+
+
+async def test_read_index_gives_up_after_its_timeout(tmp_path):
+    """A leader cut off from its followers cannot confirm its lease: the read
+    must fail with TimeoutError, not wait forever (issue 6: bounds)."""
+    c = Cluster(tmp_path, election_tick=40)  # step-down by check-quorum takes >= 2 s
+    try:
+        for nid in (1, 2, 3):
+            await c.start(nid, ["g"])
+        await c.propose("g", b"x")
+        leader = await c.leader_of("g")
+        await leader.read_index("g", timeout=10)  # connected: answered
+        for nid in c.addrs:
+            if nid != leader.node_id:
+                leader.remove_peer(nid)
+        with pytest.raises(TimeoutError):
+            await leader.read_index("g", timeout=0.2)
+        assert leader.status("g")["state"] == "leader"
+        assert not leader._groups["g"].reads and not leader._groups["g"].read_waits
+    finally:
+        await c.close()
+
+
+async def test_a_leader_that_removes_itself_settles_every_pending_proposal(tmp_path):
+    """Entries a leader appended after its own removal may never reach it
+    again (it is no longer sent anything): their proposals must fail with
+    ProposalDropped (outcome unknown), not hang. Found by the simulation
+    (tests/sim, seed 21): a final proposal on a self-removed leader."""
+    c = Cluster(tmp_path)
+    try:
+        for nid in (1, 2, 3):
+            await c.start(nid, ["g"])
+        await c.propose("g", b"before")
+        leader = await c.leader_of("g")
+        stop = asyncio.Event()
+        outcomes: list[str] = []
+
+        async def stream() -> None:
+            k = 0
+            while not stop.is_set():
+                try:
+                    await leader.propose("g", b"p%d" % k)
+                    outcomes.append("ok")
+                except NotLeader:
+                    return
+                except multigroup.ProposalDropped:
+                    outcomes.append("dropped")
+                k += 1
+        streams = [asyncio.ensure_future(stream()) for _ in range(8)]
+        await asyncio.sleep(0.05)
+        await leader.remove_member("g", leader.node_id)
+        await asyncio.sleep(0.5)
+        stop.set()
+        async with asyncio.timeout(10):  # without the fix some never return
+            await asyncio.gather(*streams)
+        assert "ok" in outcomes
+    finally:
+        await c.close()

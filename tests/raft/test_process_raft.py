@@ -79,7 +79,7 @@ class Proc:
         cmd = [sys.executable, "-m", "raft.node", "--id", str(self.nid), "--dir", str(self.dir),
                "--listen", c.addrs[self.nid], "--peers", peers, "--control-port",
                str(self.control), "--voters", voters, "--tick", "0.05",
-               "--snapshot-every", str(c.snapshot_every), "--groups", "1"]
+               "--snapshot-every", str(c.snapshot_every), "--groups", "1", *c.extra_args]
         log = open(c.tmp / f"n{self.nid}.log", "ab")
         self.popen = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=log)
         async with asyncio.timeout(30):
@@ -87,7 +87,9 @@ class Proc:
                 if self.popen.poll() is not None:
                     raise RuntimeError(f"node {self.nid} exited: see {c.tmp}/n{self.nid}.log")
                 try:
-                    self.conn = Conn(*await asyncio.open_connection("127.0.0.1", self.control))
+                    # A large limit: `entries` of a long log is one big line.
+                    self.conn = Conn(*await asyncio.open_connection(
+                        "127.0.0.1", self.control, limit=64 << 20))
                     return
                 except OSError:
                     await asyncio.sleep(0.05)
@@ -113,9 +115,11 @@ class Proc:
 
 
 class ProcCluster:
-    def __init__(self, tmp: Path, n: int = 3, snapshot_every: int = 100_000) -> None:
+    def __init__(self, tmp: Path, n: int = 3, snapshot_every: int = 100_000,
+                 extra_args: tuple[str, ...] = ()) -> None:
         self.tmp = tmp
         self.snapshot_every = snapshot_every
+        self.extra_args = extra_args  # more `python -m raft.node` options
         self.addrs = {i: f"127.0.0.1:{free_port()}" for i in range(1, n + 1)}
         self.procs = {i: Proc(self, i) for i in self.addrs}
         self.acked: list[str] = []

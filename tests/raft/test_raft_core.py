@@ -14,6 +14,7 @@ from raft.core import (
     Raft,
     StateType,
     decode_conf_change,
+    encode_conf_change,
     storage_append_resp,
 )
 from raft.memstorage import MemoryStorage
@@ -22,9 +23,12 @@ from raft.types import (
     ConfChange,
     ConfChangeType,
     ConfState,
+    Entry,
     EntryType,
     Message,
     MsgType,
+    Snapshot,
+    SnapshotMeta,
 )
 from tests.raft.network import Network, key
 
@@ -643,3 +647,72 @@ def test_pending_reads_are_bounded() -> None:
     for i in range(MAX_PENDING_READS + 50):
         r.read_index(b"r%d" % i)
     assert len(r.reads) == MAX_PENDING_READS
+
+
+def test_conf_change_in_flight_is_not_applied_over_a_newer_snapshot() -> None:
+    """Issue 6, defect 1. A Ready commits a membership change (add 4); while
+    the driver fsyncs it, a snapshot at a later index arrives whose
+    configuration no longer has 4. Advancing the old Ready must not put 4
+    back: the snapshot's configuration is newer."""
+    st = MemoryStorage.bootstrap(ConfState((1, 2, 3)))
+    f = Raft(Config(id=2), st)
+    rd = f.ready()
+    st.append(rd.entries)
+    f.advance(rd)
+    add4 = Entry(2, 4, EntryType.CONF_CHANGE,
+                 encode_conf_change(ConfChange(ConfChangeType.ADD_VOTER, 4)))
+    f.step(Message(MsgType.APP, frm=1, to=2, term=2, index=3, log_term=1, entries=[add4],
+                   commit=4))
+    r1 = f.ready()
+    assert [e.index for e in r1.committed_entries] == [4]
+    newer = Snapshot(SnapshotMeta(10, 2, ConfState((1, 2, 3))))
+    f.step(Message(MsgType.SNAP, frm=1, to=2, term=2, snapshot=newer))
+    st.append(r1.entries)
+    st.set_hard_state(r1.hard_state)
+    f.step(storage_append_resp(r1))
+    f.advance(r1)
+    assert f.conf_state.voters == (1, 2, 3)
+    r2 = f.ready()
+    assert r2.snapshot is not None
+    st.apply_snapshot(r2.snapshot)
+    f.step(storage_append_resp(r2))
+    f.advance(r2)
+    assert f.conf_state.voters == (1, 2, 3)
+    assert f.applied == 10
+
+
+def test_storage_append_resp_from_another_node_is_ignored() -> None:
+    """Issue 6, defect 8: only this node's driver reports this node's fsyncs. A
+    STORAGE_APPEND_RESP naming another sender (forged, from the wire) must
+    neither mark the leader's tail stable nor count it toward commit."""
+    net = Network((1, 2, 3), seed=1)
+    net.elect(1)
+    r = net.raft(1)
+    idx = r.propose(b"not yet fsynced")
+    match, unstable = r.prs[1].match, list(r.log.unstable.entries)
+    r.step(Message(MsgType.STORAGE_APPEND_RESP, "", frm=2, to=1, index=idx, log_term=r.term))
+    assert r.prs[1].match == match < idx
+    assert r.log.unstable.entries == unstable
+
+
+def test_busy_group_sends_no_heartbeats_an_idle_follower_still_gets_them() -> None:
+    """Issue 6 (priority): heartbeats per busy group are redundant: an append
+    resets the follower's election timer and carries the commit index. A
+    round skips followers that got an append since the last one; a follower
+    that got none (idle group, or paused) still gets its heartbeat."""
+    net = Network((1, 2, 3), seed=3)
+    net.elect(1)
+    settle(net)
+    r = net.raft(1)
+    for k in range(5):  # busy: an append to every follower between two rounds
+        since = len(net.sent)
+        r.propose(b"x%d" % k)
+        net.stabilize()
+        net.tick()
+        net.stabilize()
+        assert MsgType.HEARTBEAT not in types_sent(net, since)
+        assert MsgType.APP in types_sent(net, since)
+    since = len(net.sent)
+    settle(net, 2)  # idle: heartbeats again, and nobody campaigns
+    assert types_sent(net, since).count(MsgType.HEARTBEAT) >= 2
+    assert r.state is StateType.LEADER and net.raft(2).lead == 1 and net.raft(3).lead == 1

@@ -121,10 +121,10 @@ class Probe(LmdbSM):
         self.node: MultiRaft | None = None
         self.seen: list[int] = []
 
-    def apply(self, index: int, data: bytes) -> None:
-        super().apply(index, data)
+    def apply_batch(self, items: list[tuple[int, bytes]]) -> None:
+        super().apply_batch(items)
         if self.node is not None:
-            self.seen.append(self.node.stats.snapshot_bytes_received)
+            self.seen.extend([self.node.stats.snapshot_bytes_received] * len(items))
 
 
 class Nodes:

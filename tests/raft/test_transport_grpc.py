@@ -107,9 +107,11 @@ async def test_many_groups_both_directions_and_coalescing():
         for g in range(200):
             out += [app(f"S-{g}", 1, 2, 1), hb(f"S-{g}", 1, 2)]
         a.send(out[:150])
-        a.send(out[150:])  # same loop turn: one Batch
+        a.send(out[150:])  # same loop turn: one Batch per lane
         await ib.until(lambda: len(ib.msgs) == 400)
-        assert len(ib.calls) == 1
+        # Heartbeats on the priority stream, appends with entries on the bulk one.
+        assert sorted(sorted({m.type for m in call}) for call in ib.calls) == [
+            [MsgType.APP], [MsgType.HEARTBEAT]]
         assert {m.group for m in ib.of(MsgType.HEARTBEAT)} == {f"S-{g}" for g in range(200)}
         assert ib.of(MsgType.APP)[0].entries == [Entry(3, 1, data=b"d")]
         # the acceptor (node 2) answers over the same stream

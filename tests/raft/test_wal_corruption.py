@@ -114,7 +114,8 @@ def test_corruption_in_older_segment_is_fatal_unless_repair(tmp_path):
     wal = NodeLog(str(backup), segment_bytes=1024, repair=True)
     g = wal.group("G")
     assert 0 < g.last_index() < 60
-    assert wal.segments() == [segs[0]]  # later segments dropped
+    # later segments dropped; new records go to a segment numbered after all of them
+    assert wal.segments() == [segs[0], segs[-1] + 1]
     check_prefix(wal, g.last_index())
 
 

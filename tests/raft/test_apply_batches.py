@@ -1,0 +1,203 @@
+"""Applying committed entries: in batches, in the apply worker (off the event
+loop), into one LMDB environment per node with a named database per group;
+the state machine's own durable applied index spares a restart the copy of
+the snapshot image back. Real NodeLog (fsync), real LMDB."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+
+import pytest
+
+from raft.multigroup import INLINE_APPLY_BYTES, INLINE_APPLY_ENTRIES, MultiRaft
+from raft.node import LmdbSM, LmdbStore
+from raft.storage import NodeLog
+from raft.types import HardState
+from tests.raft.test_multigroup import _NoPeers
+
+pytestmark = pytest.mark.timeout(120)
+
+
+class Recording(LmdbSM):
+    """LmdbSM that records where and how it is called."""
+
+    def __init__(self, store: LmdbStore, group: str) -> None:
+        super().__init__(store, group)
+        self.threads: set[int] = set()
+        self.batches: list[int] = []
+        self.calls: list[tuple[int, int]] = []  # (thread, entries) per apply_batch
+        self.restores = 0
+
+    def apply_batch(self, items: list[tuple[int, bytes]]) -> None:
+        self.threads.add(threading.get_ident())
+        self.batches.append(len(items))
+        self.calls.append((threading.get_ident(), len(items)))
+        super().apply_batch(items)
+
+    def restore_from(self, path: str) -> None:
+        self.restores += 1
+        super().restore_from(path)
+
+
+async def _node(tmp, **kw) -> MultiRaft:
+    mr = MultiRaft(1, NodeLog(str(tmp / "wal")), _NoPeers(), snap_dir=str(tmp / "snap"),
+                   tick_interval_s=0.01, snapshot_every=10**9, **kw)
+    return mr
+
+
+async def test_batches_applied_off_the_loop_in_one_environment(tmp_path):
+    store = LmdbStore(str(tmp_path / "sm"))
+    mr = await _node(tmp_path, inline_apply_entries=0)  # every pass goes to the worker
+    sms = {g: Recording(store, g) for g in ("a", "b")}
+    try:
+        for g, sm in sms.items():
+            mr.add_group(g, [1], state_machine=sm)
+        await mr.start()
+        for g in sms:
+            await mr.wait_leader(g)
+        await asyncio.gather(*(mr.propose(g, b"%s-%d" % (g.encode(), k))
+                               for k in range(200) for g in sms))
+        for g, sm in sms.items():
+            assert [d for _, d in sm.entries()] == [b"%s-%d" % (g.encode(), k)
+                                                    for k in range(200)]
+            assert threading.get_ident() not in sm.threads, "applied on the event loop"
+            assert max(sm.batches) > 1, "a burst should reach the state machine as batches"
+        assert sorted(os.listdir(tmp_path / "sm")) == ["data.mdb", "lock.mdb"]
+    finally:
+        await mr.stop()
+        store.close()
+
+
+async def test_restart_does_not_copy_the_image_back_when_the_state_is_there(tmp_path):
+    store = LmdbStore(str(tmp_path / "sm"))
+    mr = await _node(tmp_path)
+    sm = Recording(store, "g")
+    try:
+        mr.add_group("g", [1], state_machine=sm)
+        await mr.start()
+        await mr.wait_leader("g")
+        for k in range(30):
+            await mr.propose("g", b"e%d" % k)
+        mr.snapshot_now("g")
+        async with asyncio.timeout(30):
+            while mr.status("g")["first_index"] < 30:
+                await asyncio.sleep(0.01)
+        for k in range(30, 40):
+            await mr.propose("g", b"e%d" % k)
+        want = sm.entries()
+    finally:
+        await mr.stop()
+        store.close()
+    store = LmdbStore(str(tmp_path / "sm"))
+    mr = await _node(tmp_path)
+    sm = Recording(store, "g")
+    try:
+        mr.add_group("g", [1], state_machine=sm)
+        assert sm.restores == 0 and mr.stats.restores_skipped == 1
+        await mr.start()
+        await mr.wait_leader("g")
+        await mr.propose("g", b"after")
+        assert sm.entries() == [*want, (want[-1][0] + 2, b"after")]  # +1: the new leader's no-op
+    finally:
+        await mr.stop()
+        store.close()
+
+
+def test_restore_in_several_transactions_marks_applied_last(tmp_path):
+    """A large image is restored in several write transactions (one huge one
+    would hold LMDB's single writer lock against every other group); the
+    `applied` key comes last, so a restore cut short reads as applied 0."""
+    store = LmdbStore(str(tmp_path / "sm"))
+    src, dst = LmdbSM(store, "src"), LmdbSM(store, "dst")
+    try:
+        src.apply_batch([(i, b"v" * 1000) for i in range(1, 301)])
+        image = tmp_path / "img"
+        assert src.snapshot_to(str(image)) == 300
+        dst.apply_batch([(1, b"old")])
+        dst.RESTORE_TXN_BYTES = 10_000  # about 10 records per transaction
+        cut = tmp_path / "cut"
+        cut.write_bytes(image.read_bytes()[: image.stat().st_size // 2 + 3])
+        with pytest.raises(ValueError, match="truncated"):
+            dst.restore_from(str(cut))
+        assert dst.applied_index() == 0  # restart would restore again
+        assert 0 < len(dst.entries()) < 300
+        dst.restore_from(str(image))
+        assert dst.applied_index() == 300 and dst.entries() == src.entries()
+    finally:
+        store.close()
+
+
+async def test_state_machine_ahead_of_the_known_commit_after_a_crash(tmp_path):
+    """A commit-only hard state is not fsynced before the apply (Raft does
+    not need it durable), so after kill -9 the LMDB state machine can hold
+    entries beyond the commit index the WAL remembers. While the core
+    re-learns the commit, an image taken then reports an index above the
+    core's applied one: that must not stop the node (found by
+    tests/raft/test_process_crash.py: `image holds index 13997, applied 13995`)."""
+    store = LmdbStore(str(tmp_path / "sm"))
+    mr = await _node(tmp_path)
+    sm = Recording(store, "g")
+    try:
+        mr.add_group("g", [1], state_machine=sm)
+        await mr.start()
+        await mr.wait_leader("g")
+        for k in range(40):
+            await mr.propose("g", b"e%d" % k)
+        term = mr.status("g")["term"]
+    finally:
+        await mr.stop()
+        store.close()
+    # The crash: the last commit-only HARD_STATE never reached the WAL.
+    wal = NodeLog(str(tmp_path / "wal"))
+    wal.set_hard_state("g", HardState(term, 1, commit=12))
+    wal.sync()
+    wal.close()
+    store = LmdbStore(str(tmp_path / "sm"))
+    mr = MultiRaft(1, NodeLog(str(tmp_path / "wal")), _NoPeers(), snap_dir=str(tmp_path / "snap"),
+                   tick_interval_s=0.02, snapshot_every=5)
+    sm = Recording(store, "g")
+    held = sm.applied_index()
+    try:
+        mr.add_group("g", [1], state_machine=sm)
+        await mr.start()
+        await mr.wait_leader("g")  # an election timeout: images are taken meanwhile
+        await mr.propose("g", b"after")
+        async with asyncio.timeout(30):
+            while mr.status("g")["first_index"] <= held:
+                mr.snapshot_now("g")
+                await asyncio.sleep(0.02)
+        assert mr.failed is None
+        assert [d for _, d in sm.entries()] == [b"e%d" % k for k in range(40)] + [b"after"]
+    finally:
+        await mr.stop()
+        store.close()
+
+
+async def test_a_few_small_entries_are_applied_on_the_loop_bigger_passes_in_the_worker(tmp_path):
+    """At low load a hop to the apply worker (two thread switches) costs more
+    than the apply: a pass with at most INLINE_APPLY_ENTRIES small entries
+    applies on the loop; a burst still goes to the worker."""
+    store = LmdbStore(str(tmp_path / "sm"))
+    mr = await _node(tmp_path)
+    sm = Recording(store, "g")
+    loop_thread = threading.get_ident()
+    try:
+        mr.add_group("g", [1], state_machine=sm)
+        await mr.start()
+        await mr.wait_leader("g")
+        for k in range(20):  # one at a time: one entry per pass
+            await mr.propose("g", b"one-%d" % k)
+        assert sm.calls and all(t == loop_thread for t, _ in sm.calls), sm.calls
+        sm.calls.clear()
+        await asyncio.gather(*(mr.propose("g", b"burst-%d" % k) for k in range(300)))
+        big = [(t, n) for t, n in sm.calls if n > INLINE_APPLY_ENTRIES]
+        assert big and all(t != loop_thread for t, _ in big), sm.calls
+        sm.calls.clear()
+        await mr.propose("g", b"x" * (INLINE_APPLY_BYTES + 1))  # one entry, but large
+        assert [t for t, _ in sm.calls] != [loop_thread]
+        assert len(sm.entries()) == 321
+    finally:
+        await mr.stop()
+        store.close()

@@ -1,0 +1,92 @@
+"""Races inside one driver, made deterministic by a WAL whose fsync waits for
+the test: what arrives while a drain pass is fsyncing. Real NodeLog, real
+snapshot files."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from raft import snapfile
+from raft.core import encode_conf_change
+from raft.multigroup import MultiRaft
+from raft.storage import NodeLog
+from raft.types import (
+    ConfChange,
+    ConfChangeType,
+    ConfState,
+    Entry,
+    EntryType,
+    Message,
+    MsgType,
+    Snapshot,
+    SnapshotMeta,
+)
+from tests.raft.test_multigroup import AppendLog, _NoPeers
+
+pytestmark = pytest.mark.timeout(60)
+
+
+class GatedLog(NodeLog):
+    """A NodeLog whose next sync waits until the test opens the gate."""
+
+    def __init__(self, *a, **kw) -> None:
+        super().__init__(*a, **kw)
+        self.gate = asyncio.Event()
+        self.gate.set()
+        self.waiting = asyncio.Event()
+
+    async def sync_async(self, run=None) -> int:
+        if not self.gate.is_set():
+            self.waiting.set()
+            await self.gate.wait()
+        return await super().sync_async(run)
+
+
+class ConfLog(AppendLog):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conf: list[int] = []
+
+    def on_conf_change(self, index: int, cc: ConfChange) -> None:
+        self.conf.append(index)
+
+
+async def _chunks(meta: SnapshotMeta):
+    yield snapfile.encode_head(meta, 0, 0)  # the empty state: a head and no data
+
+
+async def test_conf_change_in_flight_is_not_applied_over_a_newer_snapshot(tmp_path):
+    """Issue 6, defect 1 at the driver: a Ready commits a membership change;
+    during its fsync a snapshot at a later index arrives. After the fsync the
+    state machine must not see the stale change, and the group keeps the
+    snapshot's configuration."""
+    wal = GatedLog(str(tmp_path / "wal"))
+    mr = MultiRaft(2, wal, _NoPeers(), snap_dir=str(tmp_path / "snap"), tick_interval_s=60)
+    sm = ConfLog()
+    mr.add_group("g", [1, 2, 3], state_machine=sm)
+    await mr.start()
+    try:
+        async with asyncio.timeout(10):
+            while mr.status("g")["applied"] < 1:
+                await asyncio.sleep(0.005)
+        wal.gate.clear()
+        add4 = Entry(2, 2, EntryType.CONF_CHANGE,
+                     encode_conf_change(ConfChange(ConfChangeType.ADD_VOTER, 4)))
+        mr.on_messages([Message(MsgType.APP, "g", 1, 2, term=2, index=1, log_term=1,
+                                entries=[add4], commit=2)])
+        async with asyncio.timeout(10):
+            await wal.waiting.wait()  # the pass holding the change is fsyncing
+        meta = SnapshotMeta(10, 2, ConfState((1, 2, 3)))
+        snap = Message(MsgType.SNAP, "g", 1, 2, term=2, snapshot=Snapshot(meta))
+        assert await mr.on_snapshot(snap, _chunks(meta))
+        wal.gate.set()
+        async with asyncio.timeout(10):
+            while mr.status("g")["applied"] < 10:
+                await asyncio.sleep(0.005)
+        assert sm.conf == [], "the stale membership change reached the state machine"
+        assert mr.status("g")["voters"] == [1, 2, 3]
+        assert mr.failed is None
+    finally:
+        await mr.stop()
