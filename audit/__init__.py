@@ -14,5 +14,5 @@ Module map (one concern each; the pure ones import no Spark):
     verdicts.py pure: coverage and missing-entry verdicts from the log pass, on the driver
     job.py      the Spark job: session, code shipping, stages; `spark-submit audit/job.py`
     progress.py the progress line while Spark works
-    report.py   report.json; html.py report.html with matplotlib plots
+    report.py   report.json; page.py report.html with matplotlib plots
 """

@@ -23,8 +23,9 @@ import zipfile
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-if __package__ in (None, ""):  # run as a file by spark-submit
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if __package__ in (None, ""):  # run as a file by spark-submit: import from the repo root,
+    # not from audit/ (its module names must not shadow the standard library's)
+    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 from audit import checks, layout, verdicts  # noqa: E402
 from audit.acked import AckFileError, check_file, parse_numbered  # noqa: E402

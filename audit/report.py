@@ -57,7 +57,7 @@ def build(out: Any) -> dict[str, Any]:
 
 
 def write_reports(out: Any, dir: str) -> dict[str, Any]:
-    from audit.html import render
+    from audit.page import render
 
     report = build(out)
     os.makedirs(dir, exist_ok=True)

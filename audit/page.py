@@ -12,6 +12,7 @@ import matplotlib
 
 matplotlib.use("Agg")  # no display: render to memory only
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 _CSS = """body{font-family:sans-serif;margin:2em;max-width:1100px}
 .verdict{font-size:1.6em;padding:.6em 1em;border-radius:6px;color:#fff}
@@ -56,9 +57,12 @@ def _png(fig: Any, title: str) -> str:
 
 def plot_entries(groups: dict[str, Any]) -> str:
     fig, ax = plt.subplots(figsize=(10, 3.2))
-    for grp, g in groups.items():
+    width = 0.8 / max(1, len(groups))
+    for k, (grp, g) in enumerate(groups.items()):
         pts = g["entries_per_term"]
-        ax.plot([t for t, _ in pts], [n for _, n in pts], marker="o", label=grp)
+        ax.bar([t - 0.4 + (k + 0.5) * width for t, _ in pts], [n for _, n in pts], width,
+               label=grp)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set(xlabel="term (Raft's logical clock)", ylabel="committed entries",
            title="Entries per group over time")
     _legend(ax, groups)
@@ -68,7 +72,7 @@ def plot_entries(groups: dict[str, Any]) -> str:
 def plot_terms(groups: dict[str, Any]) -> str:
     fig, ax = plt.subplots(figsize=(10, 3.2))
     for grp, g in groups.items():
-        starts = g["term_starts"]
+        starts = _with_first_term(g)
         if starts:
             ax.step([i for i, _ in starts], [t for _, t in starts], where="post", marker="o",
                     label=grp)
@@ -77,10 +81,21 @@ def plot_terms(groups: dict[str, Any]) -> str:
                 if who is not None:
                     ax.annotate(f"n{who}", (i, t), fontsize=7, xytext=(2, 2),
                                 textcoords="offset points")
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set(xlabel="log index where the term starts", ylabel="term",
            title="Term and leader changes (label: candidate most nodes voted for)")
     _legend(ax, groups)
     return _png(fig, "Term and leader changes along the log")
+
+
+def _with_first_term(g: dict[str, Any]) -> list[tuple[int, int]]:
+    """Term starts, plus the oldest term at the first index any log still holds."""
+    starts = [tuple(x) for x in g["term_starts"]]
+    firsts = [c["first"] for c in g["logs"] if c["first"] is not None]
+    terms = [t for t, _ in g["entries_per_term"]]
+    if firsts and terms and min(terms) not in {t for _, t in starts}:
+        starts.insert(0, (min(firsts), min(terms)))
+    return starts
 
 
 def plot_lag(groups: dict[str, Any]) -> str:
@@ -111,6 +126,9 @@ def plot_divergence(report: dict[str, Any]) -> str:
         mine = [f for f in hits if f["kind"] == kind]
         ax.scatter([f["index"] for f in mine], [groups.index(f.get("group", "?")) for f in mine],
                    label=kind, marker="x", s=60)
+    ends = [c["last"] or 0 for g in report["groups"].values() for c in g["logs"]]
+    if ends and max(ends) > 0:
+        ax.set_xlim(0, max(ends) + 1)  # the whole log: divergence is seen where it sits
     if hits:
         ax.set_yticks(range(len(groups)), groups)
         ax.legend(fontsize=8)
