@@ -102,11 +102,13 @@ def plot_lag(groups: dict[str, Any]) -> str:
     fig, ax = plt.subplots(figsize=(10, 3.2))
     labels, lag_last, lag_commit = [], [], []
     for grp, g in groups.items():
-        top_last = max((c["last"] or 0) for c in g["logs"])
+        ends = {c["node"]: max(c["last"] or 0, c["snapshot"][1] if c["snapshot"] else 0)
+                for c in g["logs"]}  # a log that is only a snapshot ends where it does
+        top_last = max(ends.values())
         top_commit = max(c["commit"] for c in g["logs"])
         for c in g["logs"]:
             labels.append(f"{grp}\n{c['node']}")
-            lag_last.append(top_last - (c["last"] or 0))
+            lag_last.append(top_last - ends[c["node"]])
             lag_commit.append(top_commit - c["commit"])
     xs = range(len(labels))
     ax.bar([x - 0.2 for x in xs], lag_last, width=0.4, label="behind the longest log")

@@ -44,9 +44,11 @@ class LogCoverage:
     unavailable: Range | None = None  # in deleted segments (no archive)
 
     def to_json(self) -> dict[str, Any]:
+        def pair(r: Range | None) -> list[int] | None:
+            return None if r is None else [r[0], r[1]]
         return {"node": self.node, "commit": self.commit, "first": self.first,
-                "last": self.last, "checked": self.checked, "snapshot": self.snapshot,
-                "unavailable": self.unavailable}
+                "last": self.last, "checked": [[a, b] for a, b in self.checked],
+                "snapshot": pair(self.snapshot), "unavailable": pair(self.unavailable)}
 
 
 def checked_runs(first: int | None, last: int | None, gaps: list[Range]) -> list[Range]:

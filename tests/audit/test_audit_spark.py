@@ -8,6 +8,7 @@ finding it should, naming the node, group, index and term.
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 
@@ -113,3 +114,22 @@ def test_torn_tail_is_a_note_and_corruption_a_violation(spark, logs):
     assert violations(report) == sorted([
         (model.COMMITTED_MISSING, "n2", "g0", e.index, e.term),
         (model.CORRUPT_RECORD, "n2", None, None, None)])
+
+
+def test_archive_gives_full_history_and_without_it_ranges_are_reported(spark, tmp_path):
+    from tests.audit.nodelogs import write_log
+
+    write_log(tmp_path / "a" / "wal")
+    assert len(list((tmp_path / "a" / "wal" / "archive").glob("wal-*.log"))) > 3
+    shutil.copytree(tmp_path / "a", tmp_path / "b", ignore=shutil.ignore_patterns("archive"))
+    report = audit(spark, {"dirs": [tmp_path / "a", tmp_path / "b"]}, acked=False)
+    assert violations(report) == []
+    assert report["stats"]["archived_segments"] > 3
+    for grp in ("g0", "g1"):
+        cov = {c["node"]: c for c in report["groups"][grp]["logs"]}
+        assert cov["a"]["checked"] == [[1, 400]] and cov["a"]["unavailable"] is None
+        lo, hi = cov["b"]["unavailable"]
+        assert lo == 1 and hi == cov["b"]["first"] - 1 > 0
+        assert cov["b"]["checked"] == [[hi + 1, 400]]
+    notes = sorted((f["kind"], f["node"], f["group"]) for f in report["findings"])
+    assert notes == [(model.HISTORY_TRUNCATED, "b", "g0"), (model.HISTORY_TRUNCATED, "b", "g1")]
