@@ -7,15 +7,19 @@ with what each node believes). A hook says which groups it wants; the job
 hands it, inside one Spark task per group, the group's committed entries in
 index order with their payloads read back from the segments (one at a time:
 bounded memory), and the data directories, and collects its findings.
-No hooks are registered until JetStream exists; the job skips the stage then.
+The one hook so far checks `python -m raft.node`'s LMDB append-log state
+machine (audit/hook_lmdbsm.py): the same shape JetStream's stream hook takes.
+A group no hook wants costs nothing (the stage is skipped).
 """
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Protocol
+from itertools import groupby
+from typing import Any, Protocol
 
 from audit.model import Finding
 
@@ -31,13 +35,17 @@ class CommittedEntry:
 class ReplayHook(Protocol):
     name: str
 
-    def wants(self, group: str) -> bool: ...
+    def wants(self, group: str, data_dirs: dict[str, str]) -> bool: ...
 
     def replay(self, group: str, entries: Iterable[CommittedEntry],
                data_dirs: dict[str, str]) -> Iterator[Finding]: ...
 
 
-HOOKS: list[ReplayHook] = []  # JetStream registers its stream and meta hooks here
+def default_hooks() -> list[ReplayHook]:
+    """Every registered hook; JetStream adds its stream and meta hooks here."""
+    from audit.hook_lmdbsm import LmdbAppendLogHook
+
+    return [LmdbAppendLogHook()]
 
 
 def header_len_at(head: bytes) -> int:
@@ -49,18 +57,45 @@ def header_len_at(head: bytes) -> int:
     return FIXED_HEADER + glen + plen
 
 
-def read_payload(path: str, off: int) -> tuple[int, bytes]:
-    """(entry_type, payload) of the ENTRY record at `off` of a segment file."""
-    from raft.wal import Scanner
+class PayloadReader:
+    """Reads ENTRY records back by (segment path, offset), CRC checked; keeps fds open."""
 
-    fd = os.open(path, os.O_RDONLY)
-    try:
+    def __init__(self) -> None:
+        self._fds: dict[str, int] = {}
+
+    def read(self, path: str, off: int) -> tuple[int, bytes]:
+        from raft.wal import Scanner
+
+        fd = self._fds.get(path)
+        if fd is None:
+            fd = self._fds[path] = os.open(path, os.O_RDONLY)
         head = os.pread(fd, 512, off)
         need = header_len_at(head)
-        buf = head if len(head) >= need else os.pread(fd, need, off)
+        buf = head[:need] if len(head) >= need else os.pread(fd, need, off)
+        rec = next(iter(Scanner(buf)), None)
+        if rec is None:
+            raise ValueError(f"{path}: no valid record at {off}")
+        return rec.entry_type, rec.payload
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+
+
+def run_hooks(rows: Iterable[Any], hooks: list[ReplayHook], data_dirs: dict[str, str],
+              paths: dict[tuple[str, int], str]) -> Iterator[str]:
+    """Spark task: rows (grp, idx, node, term, etype, seg, off) sorted by group and
+    index, one per committed index; yields findings as JSON text."""
+    reader = PayloadReader()
+    try:
+        for grp, group_rows in groupby(rows, key=lambda r: r.grp):
+            hook = next((h for h in hooks if h.wants(grp, data_dirs)), None)
+            if hook is None:
+                continue
+            entries = (CommittedEntry(r.idx, r.term, *reader.read(paths[(r.node, r.seg)], r.off))
+                       for r in group_rows)
+            for f in hook.replay(grp, entries, data_dirs):
+                yield json.dumps(f.to_json())
     finally:
-        os.close(fd)
-    rec = next(iter(Scanner(buf)), None)
-    if rec is None:
-        raise ValueError(f"{path}: no valid record at {off}")
-    return rec.entry_type, rec.payload
+        reader.close()

@@ -40,6 +40,7 @@ class NodeDirs:
     wal: str
     snap: str | None
     segments: tuple[Segment, ...] = field(default_factory=tuple)
+    root: str = ""  # the data directory as given (replay hooks find the stores there)
 
     @property
     def seqs(self) -> list[int]:
@@ -117,7 +118,7 @@ def node_dirs(data_dirs: list[str]) -> list[NodeDirs]:
         names.add(name)
         snap = os.path.join(os.path.dirname(wal), "snap")
         out.append(NodeDirs(name, wal, snap if os.path.isdir(snap) else None,
-                            list_segments(wal)))
+                            list_segments(wal), os.path.abspath(d)))
     return out
 
 

@@ -32,6 +32,8 @@ PREFIX_MISSING = "prefix_missing"  # entries lost before the log's first entry, 
 ACKED_MISSING = "acked_missing"
 ACKED_DUPLICATED = "acked_duplicated"
 ACKED_UNCHECKED = "acked_unchecked"  # not found, but part of the log could not be checked
+# Replay hooks (audit/hooks.py):
+STORE_MISMATCH = "store_mismatch"  # a node's store differs from the replayed committed log
 
 DIGEST_BYTES = 16  # first 16 bytes of sha256(payload): payloads compare by digest only
 

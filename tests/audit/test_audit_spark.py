@@ -46,6 +46,7 @@ def test_healthy_cluster_logs_have_no_violation(spark, logs):
     assert g0["n1"]["conf_changes"] == 2
     assert len(report["groups"]["g0"]["leaders"]) >= 3  # two transfers: three terms
     assert report["stats"]["splits"] > 4
+    assert report["stats"]["replayed_groups"] == ["g0"]  # the LMDB store = replay hook ran
     saved = json.loads((logs["tmp"] / "report" / "report.json").read_text())
     assert saved["verdict"]["text"] == "PASS: 0 violations, 0 notes"
 
@@ -87,13 +88,40 @@ def test_deleted_committed_entry_is_reported_missing(spark, logs):
 def test_acked_write_missing_from_every_node(spark, logs):
     acked = [json.loads(x) for x in logs["acked"].read_text().splitlines()]
     victim = next(a for a in acked if a["data"] == "b7")
-    for d in logs["dirs"]:
+    for d in logs["dirs"]:  # every replica lost it, WAL and store alike: they still agree
         seg = segment(d)
         for e in entries(seg):
             if e.payload == b"b7":
                 rewrite(seg, e, payload=b"x7")
+        _set_store(d, victim["index"], b"b7", b"x7")
     report = audit(spark, logs)
     assert violations(report) == [(model.ACKED_MISSING, None, "g0", victim["index"], None)]
+
+
+def _set_store(node_dir, index: int, old: bytes, new: bytes | None) -> None:
+    """Change one entry in raft.node's LMDB store (None deletes it), if the node holds it."""
+    import lmdb
+
+    env = lmdb.open(str(node_dir / "sm" / "g0" / "env"))
+    try:
+        with env.begin(write=True) as txn:
+            key = b"e" + index.to_bytes(8, "big")
+            if txn.get(key) is None:
+                return
+            assert txn.get(key) == old
+            txn.delete(key) if new is None else txn.put(key, new)
+    finally:
+        env.close()
+
+
+def test_store_that_differs_from_the_replayed_log(spark, logs):
+    seg = segment(logs["dirs"][1])
+    gone, changed = _committed_data_entry(seg, skip=40), _committed_data_entry(seg, skip=41)
+    _set_store(logs["dirs"][1], gone.index, gone.payload, None)
+    _set_store(logs["dirs"][2], changed.index, changed.payload, b"?")
+    report = audit(spark, logs, acked=False)
+    assert violations(report) == [(model.STORE_MISMATCH, "n2", "g0", gone.index, gone.term),
+                                  (model.STORE_MISMATCH, "n3", "g0", changed.index, changed.term)]
 
 
 def test_torn_tail_is_a_note_and_corruption_a_violation(spark, logs):
