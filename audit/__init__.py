@@ -10,6 +10,7 @@ Module map (one concern each; the pure ones import no Spark):
     snapmeta.py pure, read-only: the snapshot meta files (`snap/<hex group>.meta`)
     acked.py    pure: the acknowledged-writes file (JSON lines)
     hooks.py    per-group replay hooks (store = replay, meta group) that run inside Spark
+    hook_lmdbsm.py  the hook for raft.node's LMDB append-log store (JetStream's comes next)
     checks.py   the cross-node checks, as Spark DataFrame jobs
     verdicts.py pure: coverage and missing-entry verdicts from the log pass, on the driver
     job.py      the Spark job: session, code shipping, stages; `spark-submit audit/job.py`

@@ -19,6 +19,7 @@ import json
 import os
 import sys
 import tempfile
+import time
 import zipfile
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -256,20 +257,39 @@ def run(spark, data_dirs: list[str], acked: str | None = None,
         split_bytes: int = layout.SPLIT_BYTES, progress=None) -> Outcome:
     nodes = layout.node_dirs(data_dirs)
     out = Outcome()
-    say = progress.phase if progress else (lambda _: None)
-    say("reading segments")
+    timer = _PhaseTimer(out, progress)
+    timer("reading segments")
     records = read_stage(spark, nodes, out, split_bytes)
-    say("replaying each node's logs")
+    timer("replaying each node's logs")
     survivors, small = log_pass(records, out)
     points = judge_logs(nodes, small, out)
-    say("comparing nodes")
+    timer("comparing nodes")
     committed = cross_checks(spark, records, survivors, points, nodes, acked, out)
-    say("replaying groups through their stores")
+    timer("replaying groups through their stores")
     replay_stage(survivors, committed, nodes, out)
     out.stats["records"] = records.count()
     out.stats["nodes"] = [n.name for n in nodes]
     out.stats["archived_segments"] = sum(s.archived for n in nodes for s in n.segments)
+    timer(None)
     return out
+
+
+class _PhaseTimer:
+    """Shows each phase on the progress line and keeps its wall time in the stats."""
+
+    def __init__(self, out: Outcome, progress) -> None:
+        self.times = out.stats.setdefault("phase_s", {})
+        self.progress = progress
+        self.name: str | None = None
+        self.t0 = time.monotonic()
+
+    def __call__(self, name: str | None) -> None:
+        now = time.monotonic()
+        if self.name is not None:
+            self.times[self.name] = round(now - self.t0, 2)
+        self.name, self.t0 = name, now
+        if name is not None and self.progress is not None:
+            self.progress.phase(name)
 
 
 # ---- command line ------------------------------------------------------------------

@@ -20,12 +20,13 @@ S (the summary of this log, last).
 from __future__ import annotations
 
 import json
+from collections import namedtuple
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from itertools import groupby
 from typing import Any
 
-from audit.model import TERM_REGRESSION, VIOLATION, VOTE_CHANGED, Finding
+from audit.model import RECORD_FIELDS, TERM_REGRESSION, VIOLATION, VOTE_CHANGED, Finding
 from raft.wal import RecordType
 
 _ENTRY, _HS, _SNAP, _COMPACT = (int(RecordType.ENTRY), int(RecordType.HARD_STATE),
@@ -143,8 +144,11 @@ def one_log(node: str, grp: str, rows: Iterable[Any]) -> Iterator[tuple]:
     yield _summary(s)
 
 
+Rec = namedtuple("Rec", RECORD_FIELDS)  # field access ~10x faster than on a Spark Row
+
+
 def run_partition(rows: Iterable[Any]) -> Iterator[tuple]:
     """Rows of many logs, each log's rows contiguous and newest first; streamed
     (groupby hands out each log lazily), never a whole log in memory."""
-    for (node, grp), log_rows in groupby(rows, key=lambda r: (r.node, r.grp)):
+    for (node, grp), log_rows in groupby(map(Rec._make, rows), key=lambda r: (r.node, r.grp)):
         yield from one_log(node, grp, log_rows)

@@ -96,6 +96,7 @@ def audit(nodes: list[Path], out: Path, driver_memory: str) -> dict:
     report = json.loads((out / "report.json").read_text())
     return {"rc": proc.returncode, "wall_s": round(wall, 1), "peak_rss_mb": peak >> 20,
             "records": report["stats"]["records"], "verdict": report["verdict"]["text"],
+            "phase_s": report["stats"].get("phase_s", {}),
             "stdout": proc.stdout.read().strip()}
 
 

@@ -85,17 +85,22 @@ def test_deleted_committed_entry_is_reported_missing(spark, logs):
     assert violations(report) == [(model.COMMITTED_MISSING, "n2", "g0", e.index, e.term)]
 
 
-def test_acked_write_missing_from_every_node(spark, logs):
-    acked = [json.loads(x) for x in logs["acked"].read_text().splitlines()]
-    victim = next(a for a in acked if a["data"] == "b7")
-    for d in logs["dirs"]:  # every replica lost it, WAL and store alike: they still agree
+def test_acked_write_missing_from_every_node_or_committed_twice(spark, logs):
+    acked = {a["data"]: a for a in map(json.loads, logs["acked"].read_text().splitlines())}
+    # Every replica lost b7 and turned c3 into a second b8, WAL and store alike: the
+    # replicas still agree with each other, only the clients' acks show the loss.
+    for d in logs["dirs"]:
         seg = segment(d)
-        for e in entries(seg):
-            if e.payload == b"b7":
-                rewrite(seg, e, payload=b"x7")
-        _set_store(d, victim["index"], b"b7", b"x7")
+        for old, new in ((b"b7", b"x7"), (b"c3", b"b8")):
+            for e in entries(seg):
+                if e.payload == old:
+                    rewrite(seg, e, payload=new)
+            _set_store(d, acked[old.decode()]["index"], old, new)
     report = audit(spark, logs)
-    assert violations(report) == [(model.ACKED_MISSING, None, "g0", victim["index"], None)]
+    assert violations(report) == [
+        (model.ACKED_DUPLICATED, None, "g0", acked["b8"]["index"], None),
+        (model.ACKED_MISSING, None, "g0", acked["b7"]["index"], None),
+        (model.ACKED_MISSING, None, "g0", acked["c3"]["index"], None)]
 
 
 def _set_store(node_dir, index: int, old: bytes, new: bytes | None) -> None:
