@@ -17,13 +17,13 @@ from audit.model import (
     ACKED_MISSING,
     ACKED_UNCHECKED,
     COMMITTED_MISMATCH,
+    ENTRY_TYPES,
     LOG_MATCHING,
     NOTE,
     VIOLATION,
     Finding,
 )
 from audit.verdicts import minority
-from raft.wal import RecordType
 
 _VARIANT_LIMIT = 8
 
@@ -39,8 +39,8 @@ def _variants(df: DataFrame, keys: list[str], value: str) -> list[Any]:
 
 def log_matching(records: DataFrame) -> list[Finding]:
     """Same group, index and term on two nodes => same payload (every valid record,
-    superseded ones included: a leader creates (index, term) exactly once)."""
-    entries = records.filter(F.col("rtype") == int(RecordType.ENTRY))
+    superseded ones and copies included: a leader creates (index, term) exactly once)."""
+    entries = records.filter(F.col("rtype").isin(*ENTRY_TYPES))
     out = []
     for row in _variants(entries.select("node", "grp", "idx", "term", "digest"),
                          ["grp", "idx", "term"], "digest"):

@@ -51,10 +51,6 @@ class NodeDirs:
         """True when the first segment ever written is here: no history was deleted."""
         return bool(self.segments) and self.segments[0].seq == 1
 
-    @property
-    def last_seq(self) -> int:
-        return self.segments[-1].seq if self.segments else 0
-
 
 @dataclass(frozen=True)
 class Split:

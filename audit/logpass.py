@@ -10,6 +10,16 @@ checks (terms never decrease, no holes, where each term starts) need no
 second sort and no memory that grows with the log. COMPACT does not remove
 history: a compacted entry still on disk is checked like any other.
 
+Two record types come from the storage with audit retention (docs/raft.md;
+codes 5 and 6, named here by number so this module reads logs of either
+version): DROP (the group left the node: what came before belongs to an
+earlier incarnation, discarded like a snapshot install) and COPY (an entry
+copied forward so an old segment can go: it supersedes nothing while its
+original is there). Read backwards, a COPY waits in `pending` until its
+original turns up (then it is dropped) or the log ends (the original's
+segment is gone: the copy stands for it). Copies are few per roll and their
+originals close behind, so `pending` stays small.
+
 Input: record rows (audit.model.RECORD_FIELDS) of one (node, group), sorted by
 (segment, offset) descending. Output: PASS_FIELDS rows: E (a surviving entry),
 G (a hole between two survivors), T (a term starts here), V (a vote cast),
@@ -31,6 +41,7 @@ from raft.wal import RecordType
 
 _ENTRY, _HS, _SNAP, _COMPACT = (int(RecordType.ENTRY), int(RecordType.HARD_STATE),
                                 int(RecordType.SNAPSHOT_META), int(RecordType.COMPACT))
+_DROP, _COPY = 5, 6  # raft.wal.RecordType.DROP / COPY on storage versions that write them
 _INF = float("inf")
 
 
@@ -40,6 +51,8 @@ class _State:
     grp: str
     min_later: float = _INF
     installed_at: int | None = None  # index of the newest SNAPSHOT_META
+    dropped: bool = False  # a DROP came after: older records are an earlier incarnation
+    pending: dict[int, Any] = field(default_factory=dict)  # copies waiting for originals
     max_compact: int = 0
     hs: tuple[int, int, int] | None = None  # newest hard state: term, vote, commit
     vote_term: int | None = None
@@ -66,12 +79,35 @@ def _finding(s: _State, f: Finding) -> tuple:
 
 
 def _entry(s: _State, r: Any) -> Iterator[tuple]:
-    idx, term = r.idx, r.term
-    if s.installed_at is not None or idx >= s.min_later:
+    idx = r.idx
+    if s.installed_at is not None or s.dropped or idx >= s.min_later:
         s.superseded += 1
         s.min_later = min(s.min_later, idx)
         return
     s.min_later = idx
+    copy = s.pending.pop(idx, None)
+    if copy is not None and copy.term != r.term:
+        s.superseded += 1  # cannot happen in a sane log; the entry written last wins
+        r = copy
+    yield from _flush_copies(s, above=idx)
+    yield from _emit(s, r)
+
+
+def _copy(s: _State, r: Any) -> None:
+    if s.installed_at is not None or s.dropped or r.idx >= s.min_later or r.idx in s.pending:
+        s.superseded += 1
+        return
+    s.pending[r.idx] = r
+
+
+def _flush_copies(s: _State, above: int) -> Iterator[tuple]:
+    """Copies whose original never came: the copy is the entry (its segment is gone)."""
+    for idx in sorted((i for i in s.pending if i > above), reverse=True):
+        yield from _emit(s, s.pending.pop(idx))
+
+
+def _emit(s: _State, r: Any) -> Iterator[tuple]:
+    idx, term = r.idx, r.term
     if s.prev is not None:
         pidx, pterm = s.prev
         if pidx - idx > 1:
@@ -93,7 +129,9 @@ def _entry(s: _State, r: Any) -> Iterator[tuple]:
 
 
 def _hard_state(s: _State, r: Any) -> Iterator[tuple]:
-    if s.hs is None:
+    # Votes count across a DROP (a node must not vote twice in a term, whatever it forgot);
+    # the commit index of an earlier incarnation does not.
+    if s.hs is None and not s.dropped:
         s.hs = (r.term, r.vote, r.idx)
     if r.term != s.vote_term:
         if s.vote_term is not None and r.term > s.vote_term:
@@ -113,6 +151,8 @@ def _hard_state(s: _State, r: Any) -> Iterator[tuple]:
 
 
 def _point(s: _State, r: Any) -> Iterator[tuple]:
+    if s.dropped:
+        return  # an earlier incarnation's compaction says nothing about this one
     if r.rtype == _SNAP and s.installed_at is None:
         s.installed_at = r.idx
     if r.rtype == _COMPACT:
@@ -137,10 +177,16 @@ def one_log(node: str, grp: str, rows: Iterable[Any]) -> Iterator[tuple]:
     for r in rows:
         if r.rtype == _ENTRY:
             yield from _entry(s, r)
+        elif r.rtype == _COPY:
+            _copy(s, r)
         elif r.rtype == _HS:
             yield from _hard_state(s, r)
+        elif r.rtype == _DROP:
+            yield from _flush_copies(s, above=0)
+            s.dropped = True
         else:
             yield from _point(s, r)
+    yield from _flush_copies(s, above=0)
     yield _summary(s)
 
 

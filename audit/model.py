@@ -17,7 +17,7 @@ NOTE = "note"
 # Finding kinds. Reading:
 CORRUPT_RECORD = "corrupt_record"  # unreadable bytes with durable data after them
 TORN_TAIL = "torn_tail"  # unreadable bytes at the end of the newest segment
-SEGMENT_MISSING = "segment_missing"  # a segment between two present ones is gone
+SEGMENT_MISSING = "segment_missing"  # a segment number skipped (a repair or torn roll does that)
 SNAPSHOT_META_BAD = "snapshot_meta_bad"
 HISTORY_TRUNCATED = "history_truncated"  # segments deleted, no archive: a range not checked
 # Raft safety:
@@ -35,6 +35,9 @@ ACKED_UNCHECKED = "acked_unchecked"  # not found, but part of the log could not 
 # Replay hooks (audit/hooks.py):
 STORE_MISMATCH = "store_mismatch"  # a node's store differs from the replayed committed log
 
+# Record types that carry an entry: ENTRY, and COPY (6, an entry copied forward at a
+# segment roll by storage versions that write it; see audit/logpass.py).
+ENTRY_TYPES = (1, 6)
 DIGEST_BYTES = 16  # first 16 bytes of sha256(payload): payloads compare by digest only
 
 # The record rows the reader emits (one per valid WAL record), in this order.

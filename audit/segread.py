@@ -20,7 +20,7 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from audit.model import DIGEST_BYTES
+from audit.model import DIGEST_BYTES, ENTRY_TYPES
 from raft.wal import MAGIC, Record, RecordType, Scanner, decode_conf_state, decode_vote
 
 Row = tuple  # RECORD_FIELDS, see audit/model.py
@@ -46,7 +46,7 @@ def conf_text(payload: bytes) -> str:
 
 def _row(node: str, seq: int, rec: Record, view: memoryview) -> Row:
     digest, vote, conf = None, None, None
-    if rec.type is RecordType.ENTRY:
+    if int(rec.type) in ENTRY_TYPES:
         with view[rec.payload_offset : rec.payload_offset + rec.payload_len] as pv:
             digest = hashlib.sha256(pv).digest()[:DIGEST_BYTES]
     elif rec.type is RecordType.HARD_STATE:

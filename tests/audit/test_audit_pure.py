@@ -86,7 +86,7 @@ def test_empty_segment_reads_as_nothing(tmp_path):
 
 # ---- the per-log pass ---------------------------------------------------------------
 
-E, HS, SNAP, COMPACT = 1, 2, 3, 4
+E, HS, SNAP, COMPACT, DROP, COPY = 1, 2, 3, 4, 5, 6
 
 
 def _rows(spec: list[tuple]) -> list[SimpleNamespace]:
@@ -121,6 +121,32 @@ def test_hole_term_regression_and_double_vote_are_found():
     kinds = sorted(model.Finding.from_json(__import__("json").loads(r[9])).kind
                    for r in got["F"])
     assert kinds == [model.TERM_REGRESSION, model.VOTE_CHANGED]
+
+
+def test_copies_stand_in_only_for_originals_that_are_gone():
+    # Originals there: the copies change nothing, survivors are the originals.
+    got = _pass([(E, 1, 1), (E, 1, 2), (E, 1, 3), (COPY, 1, 2), (COPY, 1, 3), (E, 1, 4)])
+    assert [(r[3], r[8]) for r in got["E"]] == [(4, 5), (3, 2), (2, 1), (1, 0)]
+    # Their segment deleted: the copies are the entries.
+    got = _pass([(COMPACT, 1, 1), (COPY, 1, 2), (COPY, 1, 3), (E, 1, 4)])
+    assert [(r[3], r[8]) for r in got["E"]] == [(4, 3), (3, 2), (2, 1)]
+    assert "G" not in got
+    # A torn run of copies (3 never copied) cuts nothing: unlike an ENTRY at 2 would.
+    got = _pass([(E, 1, 1), (E, 1, 2), (E, 1, 3), (COPY, 1, 2)])
+    assert [r[3] for r in got["E"]] == [3, 2, 1]
+
+
+def test_a_drop_starts_a_new_incarnation_of_the_group():
+    got = _pass([(E, 1, 1), (E, 1, 2), (HS, 1, 2, 1), (DROP, 0, 0), (SNAP, 2, 5),
+                 (E, 2, 6), (HS, 2, 6, 2)])
+    assert [r[3] for r in got["E"]] == [6]
+    summary = __import__("json").loads(got["S"][0][9])
+    assert (summary["commit"], summary["installed_at"]) == (6, 5)
+    assert sorted((r[4], r[9]) for r in got["V"]) == [(1, '{"vote": 1}'), (2, '{"vote": 2}')]
+    # Dropped and never back: nothing of the old log or its commit index is this node's now.
+    got = _pass([(E, 1, 1), (E, 1, 2), (HS, 1, 2, 1), (DROP, 0, 0)])
+    summary = __import__("json").loads(got["S"][0][9])
+    assert "E" not in got and summary["commit"] == 0
 
 
 # ---- verdicts -------------------------------------------------------------------------
