@@ -62,6 +62,7 @@ class _State:
     last: int | None = None
     survivors: int = 0
     superseded: int = 0
+    copies: int = 0  # COPY records that were not needed (their original was read)
     conf_changes: int = 0
     conf: str | None = None
     last_point: tuple[int, int] | None = None
@@ -86,16 +87,17 @@ def _entry(s: _State, r: Any) -> Iterator[tuple]:
         return
     s.min_later = idx
     copy = s.pending.pop(idx, None)
-    if copy is not None and copy.term != r.term:
-        s.superseded += 1  # cannot happen in a sane log; the entry written last wins
-        r = copy
+    if copy is not None:
+        s.copies += 1
+        if copy.term != r.term:
+            r = copy  # cannot happen in a sane log; the record written last wins
     yield from _flush_copies(s, above=idx)
     yield from _emit(s, r)
 
 
 def _copy(s: _State, r: Any) -> None:
     if s.installed_at is not None or s.dropped or r.idx >= s.min_later or r.idx in s.pending:
-        s.superseded += 1
+        s.copies += 1
         return
     s.pending[r.idx] = r
 
@@ -168,7 +170,8 @@ def _summary(s: _State) -> tuple:
     term, vote, commit = s.hs if s.hs is not None else (0, 0, 0)
     return _tagged(s, "S", info={
         "commit": commit, "hs_term": term, "vote": vote, "first": s.first, "last": s.last,
-        "survivors": s.survivors, "superseded": s.superseded, "conf_changes": s.conf_changes,
+        "survivors": s.survivors, "superseded": s.superseded, "copies": s.copies,
+        "conf_changes": s.conf_changes,
         "installed_at": s.installed_at, "max_compact": s.max_compact, "conf": s.conf or ""})
 
 

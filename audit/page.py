@@ -22,7 +22,7 @@ padding:3px 8px;font-size:.9em;text-align:left}tr.violation td{background:#fdece
 figure.plot{margin:1em 0}figure.plot img{max-width:100%}"""
 _FINDING_COLS = ("severity", "kind", "node", "group", "index", "term", "detail")
 _LOG_COLS = ("node", "first", "last", "commit", "hs_term", "survivors", "superseded",
-             "conf_changes", "checked", "snapshot", "unavailable", "conf")
+             "copies", "conf_changes", "checked", "snapshot", "unavailable", "conf")
 _FINDINGS_SHOWN = 500
 
 

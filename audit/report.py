@@ -45,7 +45,8 @@ def build(out: Any) -> dict[str, Any]:
         infos = {c["node"]: out.summaries[(c["node"], grp)] for c in logs}
         groups[grp] = {
             "logs": [{**c, **{k: infos[c["node"]][k] for k in
-                             ("survivors", "superseded", "conf_changes", "hs_term", "conf")}}
+                             ("survivors", "superseded", "copies", "conf_changes", "hs_term",
+                              "conf")}}
                      for c in sorted(logs, key=lambda c: c["node"])],
             "uncovered": blind.get(grp, []),
             "leaders": {str(t): v for t, v in lead.get(grp, {}).items()},
