@@ -9,13 +9,17 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("pyspark")
-if shutil.which("java") is None:
-    pytest.skip("no Java runtime (see .ci/run)", allow_module_level=True)
+
+def need_spark() -> None:
+    pytest.importorskip("pyspark")
+    pytest.importorskip("matplotlib")
+    if shutil.which("java") is None:
+        pytest.skip("no Java runtime (see .ci/run)")
 
 
 @pytest.fixture(scope="session")
 def spark():
+    need_spark()
     from audit.job import session
 
     s = session("local[2]")

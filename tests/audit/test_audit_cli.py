@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.audit.conftest import segment
+from tests.audit.conftest import need_spark, segment
 from tests.audit.faults import commit_of, entries, rewrite
 from tests.ports import free_port
 
@@ -36,6 +36,7 @@ def _spark_bin(name: str) -> str:
 
 
 def test_bad_data_dir_is_a_usage_error(tmp_path):
+    pytest.importorskip("pyspark")
     r = subprocess.run([sys.executable, "-m", "node.cli", "audit", str(tmp_path / "nope")],
                        cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=60)
     assert r.returncode == 2
@@ -43,6 +44,7 @@ def test_bad_data_dir_is_a_usage_error(tmp_path):
 
 
 def test_cli_reports_a_violation_and_chromium_renders_it(logs, tmp_path):
+    need_spark()
     seg = segment(logs["dirs"][2])
     e = [x for x in entries(seg) if x.payload and x.index <= commit_of(seg)][5]
     rewrite(seg, e, payload=e.payload + b"!")
@@ -92,6 +94,7 @@ def _wait_for(log: Path, text: str, proc: subprocess.Popen, limit_s: float = 90)
 
 
 def test_spark_submit_on_a_standalone_cluster(logs, tmp_path):
+    need_spark()
     env = _env()
     port = free_port()
     master_url = f"spark://127.0.0.1:{port}"

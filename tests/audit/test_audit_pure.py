@@ -185,6 +185,13 @@ def test_a_term_starting_at_two_indexes_names_both_sides():
     assert sorted((f.node, f.index) for f in found) == [("a", 5), ("b", 5), ("c", 7)]
 
 
+def test_the_minority_is_named_and_a_tie_names_everyone():
+    from audit.verdicts import minority
+
+    assert minority([("x", ["a", "c"]), ("y", ["b"])]) == (["b"], ["a", "c"])
+    assert minority([("x", ["a"]), ("y", ["b"])]) == (["a", "b"], [])
+
+
 # ---- acknowledged writes --------------------------------------------------------------
 
 
