@@ -45,7 +45,7 @@ def test_healthy_cluster_logs_have_no_violation(spark, logs):
     assert set(g0) == {"n1", "n2", "n3", "n4"}
     assert g0["n4"]["snapshot"][1] > 1  # the joiner installed a snapshot
     assert g0["n3"]["commit"] < g0["n1"]["commit"]  # removed: stopped following
-    assert g0["n1"]["conf_changes"] == 2
+    assert max(c["conf_changes"] for c in g0.values()) == 2  # add node 4, remove node 3
     assert len(report["groups"]["g0"]["leaders"]) >= 3  # two transfers: three terms
     assert report["stats"]["splits"] > 4
     assert report["stats"]["replayed_groups"] == ["g0"]  # the LMDB store = replay hook ran
@@ -109,7 +109,7 @@ def test_acked_write_missing_from_every_node_or_committed_twice(spark, logs):
         (model.ACKED_MISSING, None, "g0", acked["c3"]["index"], None)]
 
 
-def _set_store(node_dir, index: int, old: bytes, new: bytes | None) -> None:
+def _set_store(node_dir, index: int, old: bytes, new: bytes | None) -> bool:
     """Change one entry in raft.node's LMDB store (None deletes it), if the node holds it."""
     import lmdb
 
@@ -118,9 +118,10 @@ def _set_store(node_dir, index: int, old: bytes, new: bytes | None) -> None:
         with env.begin(write=True) as txn:
             key = b"e" + index.to_bytes(8, "big")
             if txn.get(key) is None:
-                return
+                return False
             assert txn.get(key) == old
             txn.delete(key) if new is None else txn.put(key, new)
+            return True
     finally:
         env.close()
 
@@ -128,8 +129,8 @@ def _set_store(node_dir, index: int, old: bytes, new: bytes | None) -> None:
 def test_store_that_differs_from_the_replayed_log(spark, logs):
     seg = segment(logs["dirs"][1])
     gone, changed = _committed_data_entry(seg, skip=40), _committed_data_entry(seg, skip=41)
-    _set_store(logs["dirs"][1], gone.index, gone.payload, None)
-    _set_store(logs["dirs"][2], changed.index, changed.payload, b"?")
+    assert _set_store(logs["dirs"][1], gone.index, gone.payload, None)
+    assert _set_store(logs["dirs"][2], changed.index, changed.payload, b"?")
     report = audit(spark, logs, acked=False)
     assert violations(report) == [(model.STORE_MISMATCH, "n2", "g0", gone.index, gone.term),
                                   (model.STORE_MISMATCH, "n3", "g0", changed.index, changed.term)]
