@@ -54,16 +54,20 @@ def log_matching(records: DataFrame) -> list[Finding]:
     return out
 
 
-def committed_points(spark: SparkSession, survivors: DataFrame,
-                     commits: list[tuple[str, str, int]],
-                     points: list[tuple[str, str, int, int]]) -> DataFrame:
-    """(node, grp, idx, term) a node holds as committed: its entries up to its own
-    commit index, its compaction points and its snapshot points."""
+def committed_entries(spark: SparkSession, survivors: DataFrame,
+                      commits: list[tuple[str, str, int]]) -> DataFrame:
+    """Each node's surviving entries up to its own commit index (all survivor columns)."""
     cdf = spark.createDataFrame(commits, "node string, grp string, commit long")
-    own = (survivors.join(F.broadcast(cdf), ["node", "grp"])
-           .filter(F.col("idx") <= F.col("commit")).select("node", "grp", "idx", "term"))
+    return (survivors.join(F.broadcast(cdf), ["node", "grp"])
+            .filter(F.col("idx") <= F.col("commit")).drop("commit"))
+
+
+def committed_points(spark: SparkSession, own: DataFrame,
+                     points: list[tuple[str, str, int, int]]) -> DataFrame:
+    """(node, grp, idx, term) a node holds as committed: its committed entries, its
+    compaction points and its snapshot points."""
     pdf = spark.createDataFrame(points, "node string, grp string, idx long, term long")
-    return own.unionByName(pdf)
+    return own.select("node", "grp", "idx", "term").unionByName(pdf)
 
 
 def committed_mismatch(committed: DataFrame) -> list[Finding]:
@@ -92,13 +96,10 @@ def terms_at(committed: DataFrame, spark: SparkSession,
     return {(r["grp"], r["idx"]): r["term"] for r in rows}
 
 
-def acked_writes(spark: SparkSession, acks: DataFrame, survivors: DataFrame,
-                 committed: DataFrame, uncovered: dict[str, list[tuple[int, int]]]
-                 ) -> list[Finding]:
+def acked_writes(acks: DataFrame, own: DataFrame,
+                 uncovered: dict[str, list[tuple[int, int]]]) -> list[Finding]:
     """Every acknowledged write is in its group's committed log once (>= once if retried)."""
-    entries = survivors.select("node", "grp", "idx", "term", "digest")
-    held = (entries.join(committed, ["node", "grp", "idx", "term"], "left_semi")
-            .select("grp", "idx", "digest").distinct())
+    held = own.select("grp", "idx", "digest").distinct()
     counts = held.groupBy("grp", "digest").agg(
         F.count("idx").alias("n"), F.slice(F.sort_array(F.collect_list("idx")), 1, 5).alias("at"))
     joined = acks.join(counts, ["grp", "digest"], "left")
@@ -126,10 +127,8 @@ def _ack_finding(r: Any, uncovered: list[tuple[int, int]]) -> Finding:
                    f"{where} is in no node's committed log", group=r["grp"], index=r["told"])
 
 
-def entries_per_term(committed: DataFrame, survivors: DataFrame) -> list[tuple[str, int, int]]:
+def entries_per_term(own: DataFrame) -> list[tuple[str, int, int]]:
     """(group, term, committed entries): the plot of entries over Raft's logical time."""
-    held = committed.join(survivors.select("node", "grp", "idx", "term"),
-                          ["node", "grp", "idx", "term"], "left_semi")
-    rows = (held.select("grp", "idx", "term").distinct().groupBy("grp", "term").count()
+    rows = (own.select("grp", "idx", "term").distinct().groupBy("grp", "term").count()
             .orderBy("grp", "term").collect())
     return [(r["grp"], r["term"], r["count"]) for r in rows]

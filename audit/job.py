@@ -214,19 +214,20 @@ def cross_checks(spark, records, survivors, points, nodes, acked: str | None, ou
         metas += [(n.name, g, i, t) for g, i, t in found]
         out.findings += bad
     commits = [(node, grp, info["commit"]) for (node, grp), info in out.summaries.items()]
-    committed = checks.committed_points(spark, survivors, commits, points + metas).persist()
+    own = checks.committed_entries(spark, survivors, commits).persist()
+    committed = checks.committed_points(spark, own, points + metas).persist()
     out.findings += checks.log_matching(records)
     out.findings += checks.committed_mismatch(committed)
     _fill_missing_terms(spark, committed, out)
     if acked:
         lines = spark.sparkContext.textFile(acked).zipWithIndex().map(parse_numbered)
         acks = spark.createDataFrame(lines.filter(lambda x: x is not None), ACK_SCHEMA)
-        out.findings += checks.acked_writes(spark, acks, survivors, committed, uncovered(out))
-    out.per_term = checks.entries_per_term(committed, survivors)
-    return committed
+        out.findings += checks.acked_writes(acks, own, uncovered(out))
+    out.per_term = checks.entries_per_term(own)
+    return own
 
 
-def replay_stage(survivors, committed, nodes: list[layout.NodeDirs], out: Outcome) -> None:
+def replay_stage(own, nodes: list[layout.NodeDirs], out: Outcome) -> None:
     """Per-group replay hooks (audit/hooks.py), one Spark task per group, index order."""
     from pyspark.sql import functions as F
 
@@ -237,8 +238,7 @@ def replay_stage(survivors, committed, nodes: list[layout.NodeDirs], out: Outcom
     if not groups:
         return
     paths = {(n.name, s.seq): s.path for n in nodes for s in n.segments}
-    one_copy = (survivors.filter(F.col("grp").isin(groups))
-                .join(committed, ["node", "grp", "idx", "term"], "left_semi")
+    one_copy = (own.filter(F.col("grp").isin(groups))
                 .groupBy("grp", "idx")
                 .agg(F.min(F.struct("node", "term", "etype", "seg", "off")).alias("c"))
                 .select("grp", "idx", "c.*")
@@ -269,9 +269,9 @@ def run(spark, data_dirs: list[str], acked: str | None = None,
     survivors, small = log_pass(records, out)
     points = judge_logs(nodes, small, out)
     timer("comparing nodes")
-    committed = cross_checks(spark, records, survivors, points, nodes, acked, out)
+    own = cross_checks(spark, records, survivors, points, nodes, acked, out)
     timer("replaying groups through their stores")
-    replay_stage(survivors, committed, nodes, out)
+    replay_stage(own, nodes, out)
     out.stats["records"] = records.count()
     out.stats["nodes"] = [n.name for n in nodes]
     out.stats["archived_segments"] = sum(s.archived for n in nodes for s in n.segments)
