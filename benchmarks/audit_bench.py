@@ -71,14 +71,19 @@ def make_nodes(base: Path, entries: int) -> list[Path]:
     return nodes
 
 
-def tree_rss(proc: psutil.Process) -> int:
-    total = 0
+def tree_rss(proc: psutil.Process) -> tuple[int, int]:
+    """(JVM, Python) resident bytes of the audit's process tree."""
+    jvm = py = 0
     for p in [proc, *proc.children(recursive=True)]:
         try:
-            total += p.memory_info().rss
+            rss = p.memory_info().rss
+            if "java" in p.name():
+                jvm += rss
+            else:
+                py += rss
         except psutil.NoSuchProcess:
             pass
-    return total
+    return jvm, py
 
 
 def audit(nodes: list[Path], out: Path, driver_memory: str) -> dict:
@@ -88,13 +93,15 @@ def audit(nodes: list[Path], out: Path, driver_memory: str) -> dict:
     t0 = time.monotonic()
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL, text=True)
-    ps, peak = psutil.Process(proc.pid), 0
+    ps, peak, peak_jvm, peak_py = psutil.Process(proc.pid), 0, 0, 0
     while proc.poll() is None:
-        peak = max(peak, tree_rss(ps))
+        jvm, py = tree_rss(ps)
+        peak, peak_jvm, peak_py = max(peak, jvm + py), max(peak_jvm, jvm), max(peak_py, py)
         time.sleep(0.2)
     wall = time.monotonic() - t0
     report = json.loads((out / "report.json").read_text())
     return {"rc": proc.returncode, "wall_s": round(wall, 1), "peak_rss_mb": peak >> 20,
+            "peak_jvm_mb": peak_jvm >> 20, "peak_python_mb": peak_py >> 20,
             "records": report["stats"]["records"], "verdict": report["verdict"]["text"],
             "phase_s": report["stats"].get("phase_s", {}),
             "stdout": proc.stdout.read().strip()}
@@ -120,7 +127,8 @@ def main() -> None:
         finally:
             shutil.rmtree(base, ignore_errors=True)
         print(f"{n:>9} entries x 3 nodes ({res['wal_mb_total']} MB): audit {res['wall_s']} s, "
-              f"peak RSS (driver + JVM + workers) {res['peak_rss_mb']} MB, {res['verdict']}",
+              f"peak RSS {res['peak_rss_mb']} MB (JVM {res['peak_jvm_mb']}, Python "
+              f"{res['peak_python_mb']}), {res['verdict']}",
               flush=True)
         results.append(res)
     doc = {"machine": f"{os.cpu_count()} cores", "results": results}
