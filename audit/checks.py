@@ -14,6 +14,7 @@ from pyspark.sql import functions as F
 
 from audit.model import (
     ACKED_DUPLICATED,
+    ACKED_MISPLACED,
     ACKED_MISSING,
     ACKED_UNCHECKED,
     COMMITTED_MISMATCH,
@@ -98,21 +99,33 @@ def terms_at(committed: DataFrame, spark: SparkSession,
 
 def acked_writes(acks: DataFrame, own: DataFrame,
                  uncovered: dict[str, list[tuple[int, int]]]) -> list[Finding]:
-    """Every acknowledged write is in its group's committed log once (>= once if retried)."""
+    """Every acknowledged write is in its group's committed log once (>= once if retried),
+    at the index the client was told if it was told one."""
     held = own.select("grp", "idx", "digest").distinct()
     counts = held.groupBy("grp", "digest").agg(
         F.count("idx").alias("n"), F.slice(F.sort_array(F.collect_list("idx")), 1, 5).alias("at"))
     joined = acks.join(counts, ["grp", "digest"], "left")
-    bad = joined.filter(F.col("n").isNull() | ((F.col("n") > 1) & ~F.col("retried")))
+    once = (F.col("n") == 1) & ~F.col("retried")
+    elsewhere = once & F.col("told").isNotNull() & (F.col("told") != F.col("at")[0])
+    bad = joined.filter(F.col("n").isNull() | ((F.col("n") > 1) & ~F.col("retried"))
+                        | elsewhere)
     out = []
     for r in bad.orderBy("line").limit(10_000).collect():
-        out.append(_ack_finding(r, uncovered.get(r["grp"], [])))
+        f = _ack_finding(r, uncovered.get(r["grp"], []))
+        if f is not None:
+            out.append(f)
     return out
 
 
-def _ack_finding(r: Any, uncovered: list[tuple[int, int]]) -> Finding:
+def _ack_finding(r: Any, uncovered: list[tuple[int, int]]) -> Finding | None:
     where = f"acked write on line {r['line']}" + (
         f" (told index {r['told']})" if r["told"] is not None else "")
+    if r["n"] == 1:  # found once, elsewhere than told
+        if any(lo <= r["told"] <= hi for lo, hi in uncovered):
+            return None  # a second copy may sit at the told index, unseen
+        return Finding(ACKED_MISPLACED, VIOLATION,
+                       f"{where} is committed at {r['at'][0]} instead", group=r["grp"],
+                       index=r["told"])
     if r["n"] is not None:
         return Finding(ACKED_DUPLICATED, VIOLATION,
                        f"{where} is committed {r['n']} times, at {list(r['at'])}",

@@ -31,6 +31,7 @@ PREFIX_MISSING = "prefix_missing"  # entries lost before the log's first entry, 
 # Acknowledged writes:
 ACKED_MISSING = "acked_missing"
 ACKED_DUPLICATED = "acked_duplicated"
+ACKED_MISPLACED = "acked_misplaced"  # committed once, but not at the index the client was told
 ACKED_UNCHECKED = "acked_unchecked"  # not found, but part of the log could not be checked
 # Replay hooks (audit/hooks.py):
 STORE_MISMATCH = "store_mismatch"  # a node's store differs from the replayed committed log

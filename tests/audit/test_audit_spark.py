@@ -102,9 +102,17 @@ def test_acked_write_missing_from_every_node_or_committed_twice(spark, logs):
                 if e.payload == old:
                     rewrite(seg, e, payload=new)
             _set_store(d, acked[old.decode()]["index"], old, new)
+    # And a client was told the wrong index for one write (sent once: no retry).
+    lines = logs["acked"].read_text().splitlines()
+    moved = next(a for k, a in acked.items() if k.startswith("d") and not a["retried"])
+    told = moved["index"] + 1
+    logs["acked"].write_text("".join(
+        (json.dumps({**moved, "index": told}) if json.loads(x) == moved else x) + "\n"
+        for x in lines))
     report = audit(spark, logs)
     assert violations(report) == [
         (model.ACKED_DUPLICATED, None, "g0", acked["b8"]["index"], None),
+        (model.ACKED_MISPLACED, None, "g0", told, None),
         (model.ACKED_MISSING, None, "g0", acked["b7"]["index"], None),
         (model.ACKED_MISSING, None, "g0", acked["c3"]["index"], None)]
 
