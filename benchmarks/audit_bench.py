@@ -9,6 +9,8 @@ driver, JVM, Python workers) every 0.2 s.
     python benchmarks/audit_bench.py                      # 100k and 1M entries
     python benchmarks/audit_bench.py --entries 100000     # one size
 
+Raw JSON goes to benchmarks/results/audit.json (not committed); the summary is audit.md.
+
 Prints one line per size and a JSON document (also written to --json).
 """
 
