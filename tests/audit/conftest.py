@@ -1,5 +1,5 @@
-"""Shared fixtures: ONE Spark session and ONE set of real cluster logs per test run
-(JVM start-up and a 4-process Raft run are the slow parts)."""
+"""Shared fixtures: ONE Spark session (for test_audit_spark.py) and ONE set of real
+cluster logs per test run (JVM start-up and a 4-process Raft run are the slow parts)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ def need_spark() -> None:
         pytest.skip("no Java runtime (see .ci/run)")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")  # one module uses it: its JVM goes away with that module
 def spark():
     need_spark()
     from audit.job import session
