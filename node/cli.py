@@ -8,6 +8,7 @@ argument that is not a flag.
 
     jetraft [serve] [flags]              run a server (`serve` may be omitted)
     jetraft signal <sig>[=<pid>] [--pid PID | -P PIDFILE]
+    jetraft audit DATA_DIR... [--master URL] [--out DIR] [--acked FILE]   (audit/job.py)
     jetraft --version
 
 Installed under the name `nats-server` (a symlink, as drop-in installs do),
@@ -351,6 +352,16 @@ def serve(argv: Sequence[str], out: TextIO, err: TextIO) -> int:
     return run(opts)
 
 
+def _audit_command(args: list[str], err: TextIO) -> int:
+    """The Raft log audit; its dependencies (pyspark, matplotlib) are the `audit` extra."""
+    try:
+        from audit.job import main as audit_main
+    except ImportError as e:
+        print(f"{PROG} audit: {e}; install with: pip install 'jetraft[audit]'", file=err)
+        return 2
+    return audit_main(args)
+
+
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None,
          err: TextIO | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
@@ -361,6 +372,8 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None,
     try:
         if args and args[0] == "signal":
             return _signal_command(args[1:], err)
+        if args and args[0] == "audit":
+            return _audit_command(args[1:], err)
         if args and args[0] == "serve":
             args = args[1:]
         elif args and not args[0].startswith("-"):
