@@ -31,6 +31,7 @@ import nacl.exceptions
 import nacl.signing
 import nkeys
 
+from node.account import GLOBAL_ACCOUNT
 from node.options import Options, Permissions, User
 
 # Error texts sent as `-ERR '<text>'`, identical to nats-server 2.x.
@@ -258,11 +259,24 @@ class PermissionSet:
 
 # --------------------------------------------------------------------------- identity
 
+# Connection types a user may be limited to (`allowed_connection_types`).
+CONN_STANDARD = "STANDARD"
+CONN_WEBSOCKET = "WEBSOCKET"
+CONNECTION_TYPES = frozenset({CONN_STANDARD, CONN_WEBSOCKET, "LEAFNODE", "LEAFNODE_WS", "MQTT",
+                              "MQTT_WS", "IN_PROCESS"})
+
 
 @dataclass
 class Identity:
-    name: str | None
-    permissions: PermissionSet | None  # None: everything allowed
+    """Who a connection is: its user, the account it lives in, what it may do."""
+
+    user: str | None
+    account: str = GLOBAL_ACCOUNT
+    permissions: PermissionSet | None = None  # None: everything allowed
+
+    @property
+    def name(self) -> str | None:
+        return self.user
 
 
 @dataclass(frozen=True)
@@ -273,15 +287,23 @@ class _Account:
     password: str | None
     nkey: str | None
     perms: CompiledPermissions | None
+    conn_types: frozenset[str] | None = None  # None: every connection type
 
     def identity(self) -> Identity:
         perms = PermissionSet(self.perms) if self.perms is not None else None
-        return Identity(name=self.name or self.nkey, permissions=perms)
+        return Identity(user=self.name or self.nkey, permissions=perms)
+
+    def allows(self, conn_type: str) -> bool:
+        return self.conn_types is None or conn_type in self.conn_types
 
 
-def _account(user: User) -> _Account:
-    perms = CompiledPermissions.build(user.permissions) if user.permissions else None
-    return _Account(user.user, user.password, user.nkey, perms)
+def _account(user: User, default: Permissions | None) -> _Account:
+    # nats-server: default_permissions apply to every listed user without its own.
+    perms = user.permissions if user.permissions is not None else default
+    compiled = CompiledPermissions.build(perms) if perms else None
+    types = frozenset(t.upper() for t in user.allowed_connection_types) \
+        if user.allowed_connection_types else None
+    return _Account(user.user, user.password, user.nkey, compiled, types)
 
 
 def _is_bcrypt(secret: str) -> bool:
@@ -324,31 +346,59 @@ def verify_nkey(public: str, nonce: str, sig: str) -> bool:
     return True
 
 
-class _SecretChecker:
-    """Constant-time comparison of plain secrets, bcrypt for hashed ones.
-    bcrypt costs ~0.1 s per check, so successful checks are remembered (as a
-    digest) to keep reconnect storms from stalling the event loop."""
+@dataclass(frozen=True)
+class SlowCheck:
+    """A bcrypt comparison that must run off the event loop (~0.1-0.3 s of CPU).
 
-    def __init__(self) -> None:
-        self._verified: dict[bytes, None] = {}
+    `run()` is safe in a worker thread (bcrypt releases the GIL); hand its
+    result to `Authenticator.finish` back on the loop."""
 
-    def check(self, configured: str | None, given: Any) -> bool:
-        if configured is None or not isinstance(given, str):
-            return False
-        if not _is_bcrypt(configured):
-            return hmac.compare_digest(configured.encode(), given.encode())
-        key = hashlib.sha256(configured.encode() + b"\0" + given.encode()).digest()
-        if key in self._verified:
-            return True
+    hashed: str
+    given: str
+    identity: Identity | None  # what a match grants (None for a token: all allowed)
+    digest: bytes
+
+    def run(self) -> bool:
         try:
-            ok = bcrypt.checkpw(given.encode(), configured.encode())
+            return bcrypt.checkpw(self.given.encode(), self.hashed.encode())
         except ValueError:
             return False
-        if ok:
-            if len(self._verified) >= _BCRYPT_CACHE_MAX:
-                self._verified.clear()
-            self._verified[key] = None
-        return ok
+
+
+AuthResult = Identity | SlowCheck | None
+
+
+class _SecretChecker:
+    """Constant-time comparison of plain secrets; bcrypt ones become a
+    `SlowCheck`. Outcomes of bcrypt checks are remembered (as digests), both
+    ways, so reconnect storms and repeated wrong guesses cost no hashing."""
+
+    def __init__(self) -> None:
+        self._known: dict[bytes, bool] = {}
+
+    def check(self, configured: str | None, given: Any, grants: Identity | None) -> AuthResult:
+        """`grants` when `given` matches, None when it does not, or a SlowCheck."""
+        if configured is None or not isinstance(given, str):
+            return None
+        if not _is_bcrypt(configured):
+            ok = hmac.compare_digest(configured.encode(), given.encode())
+            return _granted(ok, grants)
+        digest = hashlib.sha256(configured.encode() + b"\0" + given.encode()).digest()
+        known = self._known.get(digest)
+        if known is not None:
+            return _granted(known, grants)
+        return SlowCheck(configured, given, grants, digest)
+
+    def remember(self, check: SlowCheck, ok: bool) -> None:
+        if len(self._known) >= _BCRYPT_CACHE_MAX:
+            self._known.clear()
+        self._known[check.digest] = ok
+
+
+def _granted(ok: bool, grants: Identity | None) -> AuthResult:
+    if not ok:
+        return None
+    return grants if grants is not None else Identity(user=None)
 
 
 class Authenticator:
@@ -358,18 +408,27 @@ class Authenticator:
         self.auth_timeout = options.auth_timeout
         self._token = options.token
         self._secrets = _SecretChecker()
+        self._tls_map = bool(options.tls and options.tls.verify and options.tls.verify_and_map)
         users = list(options.users)
         if options.user is not None:
+            # nats-server ignores `permissions` for a single user or token: only listed
+            # users (and no_auth_user) get default_permissions.
             users.append(User(user=options.user, password=options.password))
-        self._by_name = {u.user: _account(u) for u in users if u.user is not None}
-        self._by_nkey = {u.nkey: _account(u) for u in users if u.nkey is not None}
-        self._no_auth: _Account | None = None
-        if options.no_auth_user is not None:
-            self._no_auth = self._by_name.get(options.no_auth_user)
-            if self._no_auth is None:
-                raise ValueError(f"no_auth_user {options.no_auth_user!r} is not a configured user")
+            default = None
+        else:
+            default = options.default_permissions
+        self._by_name = {u.user: _account(u, default) for u in users if u.user is not None}
+        self._by_nkey = {u.nkey: _account(u, default) for u in users if u.nkey is not None}
+        self._no_auth = self._named_user(options.no_auth_user, "no_auth_user")
+        # websocket { no_auth_user }: WebSocket clients without credentials only. INFO
+        # still advertises auth_required to them, as nats-server's does.
+        ws = options.websocket
+        self._ws_no_auth = self._named_user(ws.no_auth_user if ws else None,
+                                            "websocket no_auth_user")
+        # Every connection must authenticate (send CONNECT, or fall back to no_auth_user).
         self.configured = bool(users) or self._token is not None
-        # nats-server leaves auth_required out of INFO when no_auth_user is set.
+        # What INFO advertises: nats-server leaves auth_required out when no_auth_user is
+        # set, although it still expects CONNECT (or applies that user) before any PUB/SUB.
         self.required = self.configured and self._no_auth is None
 
     def new_nonce(self) -> str | None:
@@ -378,35 +437,249 @@ class Authenticator:
             return None
         return base64.urlsafe_b64encode(secrets.token_bytes(_NONCE_BYTES)).rstrip(b"=").decode()
 
-    def authenticate(
-        self, connect: dict[str, Any], nonce: str | None, tls_peer_cert: dict | None = None
-    ) -> Identity | None:
-        """The identity for this CONNECT, or None: reply `AUTH_VIOLATION` and
-        close. May take ~0.1 s on a first bcrypt check."""
+    def _named_user(self, name: str | None, setting: str) -> _Account | None:
+        if name is None:
+            return None
+        user = self._by_name.get(name)
+        if user is None:
+            raise ValueError(f"{setting} {name!r} is not a configured user")
+        return user
+
+    def no_auth_identity(self, conn_type: str = CONN_STANDARD) -> Identity | None:
+        """The identity of a client that never sent credentials, or None."""
+        user = self._no_auth
+        if conn_type == CONN_WEBSOCKET and self._ws_no_auth is not None:
+            user = self._ws_no_auth
+        if user is None or not user.allows(conn_type):
+            return None
+        return user.identity()
+
+    def begin(self, connect: dict[str, Any], nonce: str | None, tls_peer_cert: dict | None = None,
+              conn_type: str = CONN_STANDARD) -> AuthResult:
+        """The identity for this CONNECT, None (reply `AUTH_VIOLATION` and close),
+        or a SlowCheck to run off the loop and pass to `finish`."""
         if not self.configured:
-            return Identity(name=None, permissions=None)
-        if self._no_auth is not None and not _has_credentials(connect):
-            return self._no_auth.identity()
+            return Identity(user=None)
+        if not _has_credentials(connect):
+            identity = self.no_auth_identity(conn_type)
+            if identity is not None:
+                return identity
         nkey = connect.get("nkey")
         if isinstance(nkey, str) and nkey and self._by_nkey:
-            return self._auth_nkey(nkey, connect.get("sig"), nonce)
+            return self._auth_nkey(nkey, connect.get("sig"), nonce, conn_type)
         if self._token is not None:
-            if self._secrets.check(self._token, connect.get("auth_token")):
-                return Identity(name=None, permissions=None)
-            return None
+            return self._secrets.check(self._token, connect.get("auth_token"), None)
+        if self._tls_map and self._by_name:
+            # The verified certificate is the credential; a CONNECT that names
+            # another user is refused, as nats-server does.
+            identity = self._auth_cert(tls_peer_cert, conn_type)
+            given = connect.get("user")
+            if identity is not None and given and given != identity.user:
+                return None
+            return identity
         account = self._by_name.get(connect.get("user"))  # type: ignore[arg-type]
-        if account is None or not self._secrets.check(account.password, connect.get("pass")):
+        if account is None or not account.allows(conn_type):
             return None
-        return account.identity()
+        return self._secrets.check(account.password, connect.get("pass"), account.identity())
 
-    def _auth_nkey(self, nkey: str, sig: Any, nonce: str | None) -> Identity | None:
+    def _auth_cert(self, cert: dict | None, conn_type: str) -> Identity | None:
+        """tls { verify_and_map }: the user named by the client certificate, as
+        nats-server looks it up: e-mail SANs, DNS SANs, URI SANs, then the subject."""
+        if not cert:
+            return None
+        for name in cert_user_names(cert):
+            account = self._by_name.get(name)
+            if account is not None:
+                return account.identity() if account.allows(conn_type) else None
+        subject = _subject_rdns(cert)
+        if subject is None:
+            return None
+        for name, account in self._by_name.items():
+            if name is not None and _parse_dn(name) == subject:
+                return account.identity() if account.allows(conn_type) else None
+        return None
+
+    def finish(self, check: SlowCheck, ok: bool) -> Identity | None:
+        """The outcome of a SlowCheck whose `run()` returned `ok`."""
+        self._secrets.remember(check, ok)
+        return _granted(ok, check.identity)  # type: ignore[return-value]
+
+    def authenticate(self, connect: dict[str, Any], nonce: str | None,
+                     tls_peer_cert: dict | None = None,
+                     conn_type: str = CONN_STANDARD) -> Identity | None:
+        """`begin` and, if needed, the bcrypt check inline (tests and tools only:
+        it may block for a bcrypt check)."""
+        result = self.begin(connect, nonce, tls_peer_cert, conn_type)
+        if isinstance(result, SlowCheck):
+            return self.finish(result, result.run())
+        return result
+
+    def _auth_nkey(self, nkey: str, sig: Any, nonce: str | None,
+                   conn_type: str) -> Identity | None:
         account = self._by_nkey.get(nkey)
         if account is None or nonce is None or not isinstance(sig, str):
             return None
-        if not verify_nkey(nkey, nonce, sig):
+        if not account.allows(conn_type) or not verify_nkey(nkey, nonce, sig):
             return None
         return account.identity()
+
+
+# Attribute names as `ssl.getpeercert()` gives them -> the short names nats-server
+# (Go's pkix) writes in a subject string.
+_DN_NAMES = {
+    "commonName": "CN", "organizationName": "O", "organizationalUnitName": "OU",
+    "countryName": "C", "localityName": "L", "stateOrProvinceName": "ST",
+    "streetAddress": "STREET", "postalCode": "POSTALCODE", "serialNumber": "SERIALNUMBER",
+    "domainComponent": "DC", "userId": "UID",
+}
+_DN_SPECIALS = ',+"\\<>;'
+
+
+def cert_user_names(cert: dict) -> list[str]:
+    """Literal user names a certificate offers, in nats-server's order: e-mail,
+    DNS and URI SANs, then the subject as Go prints it ("CN=a,O=b", last RDN first)."""
+    sans = cert.get("subjectAltName", ())
+    names = [v for kind in ("email", "DNS", "URI") for k, v in sans if k == kind]
+    subject = _subject_rdns(cert)
+    if subject is not None:
+        names.append(",".join("+".join(f"{t}={_dn_escape(v)}" for t, v in rdn)
+                              for rdn in reversed(subject)))
+    return names
+
+
+def _subject_rdns(cert: dict) -> list[tuple[tuple[str, str], ...]] | None:
+    """The subject's RDNs, first to last, with short names; None when an
+    attribute has no short name (such a subject cannot be matched)."""
+    rdns = []
+    for rdn in cert.get("subject", ()):
+        pairs = []
+        for name, value in rdn:
+            short = _DN_NAMES.get(name)
+            if short is None:
+                return None
+            pairs.append((short, value))
+        rdns.append(tuple(pairs))
+    return rdns
+
+
+def _dn_escape(value: str) -> str:
+    out = "".join("\\" + c if c in _DN_SPECIALS else c for c in value)
+    if out.startswith((" ", "#")):
+        out = "\\" + out
+    if out.endswith(" ") and not out.endswith("\\ "):
+        out = out[:-1] + "\\ "
+    return out
+
+
+def _parse_dn(text: str) -> list[tuple[tuple[str, str], ...]] | None:
+    """A configured user name read as a DN ("CN=a, O=b"), in certificate order
+    (a DN string lists the last RDN first); None when it is not one."""
+    rdns = []
+    for part in _split_unescaped(text, ","):
+        pairs = []
+        for ava in _split_unescaped(part, "+"):
+            kind, eq, value = ava.partition("=")
+            if not eq or not kind.strip():
+                return None
+            pairs.append((kind.strip().upper(), _dn_unescape(value.strip())))
+        rdns.append(tuple(pairs))
+    return list(reversed(rdns))
+
+
+def _split_unescaped(text: str, sep: str) -> list[str]:
+    parts, current, escaped = [], [], False
+    for c in text:
+        if escaped:
+            current.append(c)
+            escaped = False
+        elif c == "\\":
+            current.append(c)
+            escaped = True
+        elif c == sep:
+            parts.append("".join(current))
+            current = []
+        else:
+            current.append(c)
+    parts.append("".join(current))
+    return parts
+
+
+def _dn_unescape(value: str) -> str:
+    out, escaped = [], False
+    for c in value:
+        if escaped or c != "\\":
+            out.append(c)
+            escaped = False
+        else:
+            escaped = True
+    return "".join(out)
 
 
 def _has_credentials(connect: dict[str, Any]) -> bool:
     return any(connect.get(k) for k in ("user", "pass", "auth_token", "nkey", "jwt"))
+
+
+# --------------------------------------------------------------------------- throttling
+
+# bcrypt is deliberately slow, so failed guesses are a cheap way to burn our CPU.
+# At most this many checks run or wait at once, across all clients ...
+SLOW_CHECKS_MAX = 32
+# ... and per source address; more are refused at once, without hashing.
+SLOW_CHECKS_PER_HOST_MAX = 4
+# A source address with this many failures inside the window is refused without
+# hashing until its oldest failure leaves the window.
+FAILURES_PER_HOST_MAX = 10
+FAILURE_WINDOW = 60.0
+_HOSTS_TRACKED_MAX = 4096
+
+
+class AuthThrottle:
+    """Bounds the bcrypt work clients can cause: concurrent checks, and
+    repeated failures per source address. Pure: the caller passes `now`."""
+
+    def __init__(self) -> None:
+        self.in_flight = 0
+        self._per_host: dict[str, int] = {}
+        self._failures: dict[str, list[float]] = {}
+
+    def admit(self, host: str, now: float) -> bool:
+        """May a slow check for a client at `host` start (or queue) now?"""
+        if self.in_flight >= SLOW_CHECKS_MAX:
+            return False
+        if self._per_host.get(host, 0) >= SLOW_CHECKS_PER_HOST_MAX:
+            return False
+        if self._count_failures(host, now) >= FAILURES_PER_HOST_MAX:
+            return False
+        self.in_flight += 1
+        self._per_host[host] = self._per_host.get(host, 0) + 1
+        return True
+
+    def done(self, host: str, ok: bool, now: float) -> None:
+        """A check admitted for `host` ended with `ok`."""
+        assert self.in_flight > 0, "done() without admit()"
+        self.in_flight -= 1
+        left = self._per_host.get(host, 1) - 1
+        if left:
+            self._per_host[host] = left
+        else:
+            self._per_host.pop(host, None)
+        if not ok:
+            if host not in self._failures and len(self._failures) >= _HOSTS_TRACKED_MAX:
+                self._forget_oldest(now)
+            self._failures.setdefault(host, []).append(now)
+
+    def _count_failures(self, host: str, now: float) -> int:
+        times = self._failures.get(host)
+        if times is None:
+            return 0
+        while times and now - times[0] > FAILURE_WINDOW:
+            times.pop(0)
+        if not times:
+            del self._failures[host]
+        return len(times)
+
+    def _forget_oldest(self, now: float) -> None:
+        for host in [h for h, t in self._failures.items() if not t or now - t[-1] > FAILURE_WINDOW]:
+            del self._failures[host]
+        while len(self._failures) >= _HOSTS_TRACKED_MAX:
+            del self._failures[next(iter(self._failures))]

@@ -9,6 +9,9 @@ argument that is not a flag.
     jetraft [serve] [flags]              run a server (`serve` may be omitted)
     jetraft signal <sig>[=<pid>] [--pid PID | -P PIDFILE]
     jetraft --version
+
+Installed under the name `nats-server` (a symlink, as drop-in installs do),
+the command takes nats-server's command line: it always serves.
 """
 
 from __future__ import annotations
@@ -24,8 +27,10 @@ from urllib.parse import urlsplit
 
 from node.config import ConfigError, load_options, validate_options
 from node.options import Options, TLSOptions
+from node.version import VERSION
 
 PROG = "jetraft"
+DROP_IN_NAME = "nats-server"  # argv[0] of a drop-in install: act as `jetraft serve`
 
 # nats-server's names for the signals it understands.
 SIGNALS: dict[str, int] = {
@@ -230,13 +235,16 @@ def options_from_flags(values: dict[str, Any], env: dict[str, str] | None = None
 # Output
 
 
-def version() -> str:
-    try:
-        from importlib.metadata import version as dist_version
+def _invoked_as() -> str:
+    """Our name on output lines: `nats-server` under a drop-in install, so
+    scripts that parse `nats-server --version` keep working."""
+    name = os.path.basename(sys.argv[0]) if sys.argv else ""
+    return DROP_IN_NAME if name == DROP_IN_NAME else PROG
 
-        return dist_version("jetraft")
-    except Exception:  # running from a source tree that was never installed
-        return "0.0.0"
+
+def version() -> str:
+    """The version INFO and /varz report (not the Python package's)."""
+    return VERSION
 
 
 def usage() -> str:
@@ -327,7 +335,7 @@ def serve(argv: Sequence[str], out: TextIO, err: TextIO) -> int:
         print(usage(), file=out)
         return 0
     if values.get("v"):
-        print(f"{PROG}: v{version()}", file=out)
+        print(f"{_invoked_as()}: v{version()}", file=out)
         return 0
     if "sl" in values:
         return send_signal(values["sl"], values.get("P"), err)
@@ -348,6 +356,8 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None,
     args = list(sys.argv[1:] if argv is None else argv)
     out = out or sys.stdout
     err = err or sys.stderr
+    if argv is None and _invoked_as() == DROP_IN_NAME:
+        args = ["serve", *args]
     try:
         if args and args[0] == "signal":
             return _signal_command(args[1:], err)
@@ -357,8 +367,8 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None,
             raise UsageError(f"unrecognized command: {args[0]!r}")
         return serve(args, out, err)
     except UsageError as e:
-        print(f"{PROG}: {e}", file=err)
-        print(f"Run '{PROG} --help' for usage.", file=err)
+        print(f"{_invoked_as()}: {e}", file=err)
+        print(f"Run '{_invoked_as()} --help' for usage.", file=err)
         return 2
 
 

@@ -1,36 +1,62 @@
-"""One client connection: parser events in, routed messages out.
+"""One client of any kind: parser events in, its account's messages out.
 
-`ClientConnection` is an `asyncio.Protocol` that only uses the small
-transport surface a WebSocket adapter can also offer (write, close,
-is_closing, get_write_buffer_size, get_extra_info), so TCP, TLS and
-WebSocket connections share this code.
+`Client` has a `kind` (nats-server's names): CLIENT for a network connection,
+SYSTEM, JETSTREAM and ACCOUNT for clients inside the server, later ROUTE.
+A network client is an `asyncio.Protocol` that only uses the small transport
+surface a WebSocket adapter can also offer (write, close, is_closing,
+get_write_buffer_size, get_extra_info), so TCP, TLS and WebSocket
+connections share this code. An internal client has no transport: what it
+receives waits in its own bounded queue and its callbacks run from the
+event loop, never on the publisher's stack.
 
-Hot path (a PUB): the parser's `on_pub` callback (`_on_pub_plain`) -> the
-server's sublist match (cached inside the sublist) -> with exactly one plain
-subscriber, `deliver_direct()` appends the MSG straight to that client's
-output bytearray; otherwise `route()` frames one shared `Message` and each
-subscriber's `deliver()` appends three pre-built pieces of it.  Each output
-buffer is flushed once per event-loop turn, so a burst of messages becomes
-one `transport.write`.  A subscriber whose pending output exceeds
-`max_pending` is closed as a slow consumer; nobody ever waits for it.
+Hot path (a PUB): the parser's `on_pub` callback is made by the client's
+account (`Account.fast_publisher`): it counts the PUB and matches the
+account's sublist; with exactly one plain subscriber, `deliver_direct()`
+appends the MSG straight to that client's output bytearray; otherwise the
+account frames one shared `Message` and each subscriber's `deliver()`
+appends three pre-built pieces of it.  Each output buffer is flushed once
+per event-loop turn, so a burst of messages becomes one `transport.write`.
+A subscriber whose pending output exceeds `max_pending` is closed as a slow
+consumer; nobody ever waits for it.
+
+The client knows the server only through `ClientHost` (below), so this
+module imports neither the server nor the monitor.
 """
 
 from __future__ import annotations
 
 import asyncio
-import random
+import enum
+import json
 import time
-from typing import TYPE_CHECKING, Any
+from collections import deque
+from typing import Any, Protocol
 
 from node import tls
-from node.auth import AUTH_TIMEOUT, AUTH_VIOLATION, pub_violation, sub_violation
+from node.account import GLOBAL_ACCOUNT, Account
+from node.auth import (
+    AUTH_TIMEOUT,
+    AUTH_VIOLATION,
+    CONN_STANDARD,
+    Identity,
+    SlowCheck,
+    pub_violation,
+    sub_violation,
+)
+from node.message import (
+    CRLF,
+    InternalCallback,
+    Message,
+    Subscription,
+    heads,
+    msg_head,
+    size_line,
+    size_lines,
+)
 from node.protocol import writer
 from node.protocol.events import Connect, HPub, Ping, Pong, Pub, Sub, Unsub
 from node.protocol.parser import Parser, ProtocolError
 from node.subject import subject_matches, valid_literal_subject, valid_queue_name, valid_subject
-
-if TYPE_CHECKING:
-    from node.server import Server
 
 STALE_CONNECTION = "Stale Connection"
 MAX_CONNECTIONS = "maximum connections exceeded"
@@ -39,11 +65,56 @@ INVALID_PUB_SUBJECT = "Invalid Publish Subject"
 INVALID_QUEUE = "Invalid Queue Name"
 NO_RESPONDERS_NEEDS_HEADERS = "no responders requires headers support"
 
-_CRLF, _OK, _PONG, _PING = writer.CRLF, writer.OK, writer.PONG, writer.PING  # module globals: fast
+_CRLF, _OK, _PONG, _PING = CRLF, writer.OK, writer.PONG, writer.PING  # module globals: fast
+_heads, _msg_head, _size_lines, _size_line = heads, msg_head, size_lines, size_line
+# What an internal client may hold undelivered; past it, messages to it are dropped
+# (and counted), as a slow consumer's would be.
+INTERNAL_QUEUE_MAX = 65536
+_INTERNAL_BATCH = 256  # callbacks per loop turn, so one busy client cannot hog the loop
+
+
+class Kind(enum.Enum):
+    """What a client is, with nats-server's names (shown by /connz)."""
+
+    CLIENT = "Client"
+    ROUTER = "Router"
+    SYSTEM = "System"
+    JETSTREAM = "JetStream"
+    ACCOUNT = "Account"
+
+
+class ClientHost(Protocol):
+    """What a client needs from the server that runs it."""
+
+    options: Any
+    log: Any
+    auth: Any
+    auth_throttle: Any
+    auth_workers: Any
+    auth_checks: dict[bytes, asyncio.Future[bool]]  # bcrypt checks running, by digest
+    tls_ctx: Any
+    tls_first: bool
+    slow_consumers: int
+    stale_connections: int
+
+    def next_cid(self) -> int: ...
+    def register(self, client: Client) -> bool: ...
+    def unregister(self, client: Client, reason: str) -> None: ...
+    def info_for(self, client: Client) -> dict[str, Any]: ...
+    def lookup_account(self, name: str) -> Account: ...
 # The no-responders status nats-server sends back on the request's reply subject.
 _NO_RESPONDERS_HDR = b"NATS/1.0 503\r\n"
 # CONNECT defaults of a client that never said otherwise, as nats-server has them.
 _DEFAULT_OPTS = {"verbose": True, "pedantic": True, "echo": True}
+
+
+_TRACE_PAYLOAD_MAX = 128  # payload bytes shown by -V
+
+
+def _redacted(options: dict[str, Any]) -> dict[str, Any]:
+    """CONNECT options fit for a log: secrets hidden, as nats-server does."""
+    return {k: ("[REDACTED]" if k in ("pass", "auth_token", "sig", "jwt") else v)
+            for k, v in options.items()}
 
 
 _valid_pub_cache: dict[str, bool] = {}
@@ -61,135 +132,16 @@ def _valid_pub_subject(subject: str) -> bool:
     return ok
 
 
-class Subscription:
-    """A SUB of one client (or an internal one); stored in the sublist."""
+class Client(asyncio.Protocol):
+    """One client: a NATS connection, or a client inside the server."""
 
-    __slots__ = ("subject", "queue", "sid", "client", "sid_sp", "max_msgs", "delivered", "dead",
-                 "direct", "last_subject", "last_size", "last_line")
-
-    def __init__(self, subject: str, queue: str | None, sid: str, client: Any) -> None:
-        self.subject = subject
-        self.queue = queue
-        self.sid = sid
-        self.client = client
-        self.sid_sp = sid.encode() + b" "  # pre-encoded for every MSG line
-        self.max_msgs = 0  # 0: no auto-unsubscribe
-        self.delivered = 0
-        self.dead = False
-        # A plain TCP/TLS/WebSocket client: the single-subscriber fast path may write
-        # straight into its buffer (see ClientConnection._on_pub_plain).
-        self.direct = type(client) is ClientConnection
-        # deliver_direct's last "MSG <subject> <sid> <size>\r\n", reused while it fits.
-        self.last_subject = ""
-        self.last_size = -1
-        self.last_line = b""
-
-
-_heads: dict[str, bytes] = {}  # subject -> b"MSG <subject> ", reused across messages
-_HEADS_MAX = 4096
-
-
-def _msg_head(subject: str) -> bytes:
-    head = _heads.get(subject)
-    if head is None:
-        if len(_heads) >= _HEADS_MAX:
-            _heads.clear()
-        head = _heads[subject] = b"MSG %b " % subject.encode()
-    return head
-
-
-_size_lines: dict[int, bytes] = {}  # payload size -> b"<size>\r\n"
-
-
-def _size_line(n: int) -> bytes:
-    line = _size_lines.get(n)
-    if line is None:
-        if len(_size_lines) >= _HEADS_MAX:
-            _size_lines.clear()
-        line = _size_lines[n] = b"%d\r\n" % n
-    return line
-
-
-class Message:
-    """One published message, framed once and shared by all its deliveries.
-
-    MSG  <subject> <sid> [reply] <len>\\r\\n<payload>\\r\\n
-    HMSG <subject> <sid> [reply] <hdr len> <total len>\\r\\n<hdr><payload>\\r\\n
-    `head` is everything before the sid, `tail` everything after it.
-    """
-
-    __slots__ = ("subject", "reply", "headers", "payload", "head", "tail", "plain_head",
-                 "plain_tail", "size")
-
-    def __init__(self, subject: str, reply: str | None, headers: bytes | None,
-                 payload: bytes) -> None:
-        self.subject = subject
-        self.reply = reply
-        self.headers = headers
-        self.payload = payload
-        n = len(payload)
-        # Cached pieces and plain concatenation: cheaper than a %-format per frame.
-        size = _size_lines.get(n) or _size_line(n)
-        if reply:
-            tail = reply.encode() + b" " + size + payload + _CRLF
-        else:
-            tail = size + payload + _CRLF
-        head = self.plain_head = _msg_head(subject)
-        self.plain_tail = tail
-        if headers is None:
-            self.head, self.tail, self.size = head, tail, n
-        else:
-            h = len(headers)
-            rep = reply.encode() + b" " if reply else b""
-            self.head = b"H" + head
-            self.tail = b"%b%d %d\r\n%b%b\r\n" % (rep, h, h + n, headers, payload)
-            self.size = h + n
-
-
-def route(server: Server, publisher: Any, subject: str, reply: str | None,
-          headers: bytes | None, payload: bytes) -> int:
-    """Deliver a message to every interested subscription; returns deliveries.
-    The message is framed only once, and only if someone wants it."""
-    result = server.sublist.match(subject)
-    psubs, qsubs = result.psubs, result.qsubs
-    if not psubs and not qsubs:
-        return 0
-    msg = Message(subject, reply, headers, payload)
-    skip = publisher if (publisher is not None and not publisher.echo) else None
-    count = 0
-    for sub in psubs:
-        if sub.dead or sub.client is skip:
-            continue
-        sub.client.deliver(sub, msg)
-        count += 1
-    if qsubs:
-        for members in qsubs.values():
-            if _deliver_queue(members, skip, msg):
-                count += 1
-    if server.expired:
-        server.reap()
-    return count
-
-
-def _deliver_queue(members: list, skip: Any, msg: Message) -> bool:
-    """One member per queue group gets the message, chosen at random."""
-    n = len(members)
-    start = random.randrange(n) if n > 1 else 0
-    for i in range(n):
-        sub = members[(start + i) % n]
-        if sub.dead or sub.client is skip:
-            continue
-        sub.client.deliver(sub, msg)
-        return True
-    return False
-
-
-class ClientConnection(asyncio.Protocol):
-    """Protocol state of one NATS client connection."""
-
-    def __init__(self, server: Server, kind: str = "CLIENT") -> None:
+    def __init__(self, server: ClientHost, kind: Kind = Kind.CLIENT,
+                 conn_type: str = CONN_STANDARD, account: Account | None = None) -> None:
         self.server = server
         self.kind = kind
+        self.conn_type = conn_type  # STANDARD or WEBSOCKET (allowed_connection_types)
+        # Network clients only: the fast path may write into this client's buffer.
+        self.direct_ok = kind is Kind.CLIENT
         self.cid = server.next_cid()
         self.transport: Any = None
         self.loop = asyncio.get_running_loop()
@@ -210,7 +162,11 @@ class ClientConnection(asyncio.Protocol):
         self.no_responders = False
         self.perms: Any = None
         self.user: str | None = None
+        self.identity: Identity | None = None
         self.nonce: str | None = None
+        # Events read while a bcrypt check runs off the loop (reading is paused meanwhile).
+        self._held: list[Any] | None = None
+        self.tracing = server.log.trace_enabled
         self.in_msgs = self.in_bytes = self.out_msgs = self.out_bytes = 0
         self.start = time.time()
         self.last_activity = self.start
@@ -223,11 +179,87 @@ class ClientConnection(asyncio.Protocol):
         self._write_timer: asyncio.TimerHandle | None = None  # armed while the socket is full
         self.host, self.port = "", 0
         self.upgrading = False
-        self._fast = False  # see _update_fast
-        self._match = server.sublist.match
-        # Bound once: the parser calls these for every frame.
-        self._pub_cb = self._on_pub_plain
+        # The account whose fast path may take this client's PUBs (see _update_fast);
+        # None while per-message checks apply.
+        self.fast_account: Account | None = None
+        # Until authentication says otherwise, the global account (nothing can be
+        # published or subscribed before that when auth is configured).
+        self.account = account or server.lookup_account(GLOBAL_ACCOUNT)
+        # Made once per account: the parser calls these for every frame.
+        self._pub_cb = self.account.fast_publisher(self)
         self._event_cb = self._on_event
+        self._inbox: deque[tuple[Subscription, Message]] | None = None
+        self.dropped = 0  # internal clients: messages dropped on a full inbox
+
+    # ------------------------------------------------------------------ internal clients
+
+    @classmethod
+    def internal(cls, server: ClientHost, kind: Kind, name: str,
+                 account: Account | None = None) -> Client:
+        """A client inside the server (system services, JetStream, account
+        imports): no transport, always connected, echo on."""
+        assert kind is not Kind.CLIENT, "internal clients have an internal kind"
+        client = cls(server, kind, account=account)
+        client.opts = {**client.opts, "name": name, "verbose": False, "pedantic": False}
+        client.verbose = client.pedantic = False
+        client.connected = True
+        client._inbox = deque()
+        client.deliver = client._deliver_internal  # type: ignore[method-assign]
+        return client
+
+    def subscribe_internal(self, subject: str, callback: InternalCallback,
+                           queue: str | None = None) -> Subscription:
+        """`callback(sub, subject, reply, headers, payload)` runs from the event
+        loop after the publisher's turn; it must not block."""
+        assert self._inbox is not None, "only internal clients subscribe with a callback"
+        sub = Subscription(subject, queue, f"i{self.server.next_cid()}", self, callback)
+        self.subs[sub.sid] = sub
+        self.account.subscribe(sub)
+        return sub
+
+    def publish(self, subject: str, reply: str | None, payload: bytes,
+                headers: bytes | None = None) -> int:
+        """Publish as this client, into its account; returns deliveries."""
+        self.in_msgs += 1
+        self.in_bytes += len(payload)
+        return self.account.publish(self, subject, reply, headers, payload)
+
+    def _deliver_internal(self, sub: Subscription, msg: Message) -> bool:
+        inbox = self._inbox
+        if self.closed or inbox is None:
+            return False
+        if len(inbox) >= INTERNAL_QUEUE_MAX:
+            self.dropped += 1
+            return False
+        if not inbox:
+            self.loop.call_soon(self._drain_inbox)
+        inbox.append((sub, msg))
+        self.out_msgs += 1
+        self.out_bytes += msg.size
+        sub.delivered += 1
+        if sub.max_msgs and sub.delivered >= sub.max_msgs:
+            self.account.expire(sub)
+        return True
+
+    def _drain_inbox(self) -> None:
+        inbox = self._inbox
+        if inbox is None:
+            return
+        for _ in range(min(len(inbox), _INTERNAL_BATCH)):
+            sub, msg = inbox.popleft()
+            if sub.callback is None or self.closed:
+                continue
+            try:
+                sub.callback(sub, msg.subject, msg.reply, msg.headers, msg.payload)
+            except Exception as err:  # noqa: BLE001 - one bad handler must not stop the rest
+                self.server.log.error(f"internal client {self.opts.get('name')!r}: "
+                                      f"handler for {sub.subject!r} failed: {err!r}")
+        if inbox:
+            self.loop.call_soon(self._drain_inbox)
+
+    def close_internal(self) -> None:
+        """Stop an internal client: its subscriptions leave the account."""
+        self._teardown("Server Shutdown")
 
     # ------------------------------------------------------------------ transport
 
@@ -241,18 +273,27 @@ class ClientConnection(asyncio.Protocol):
             self._send_info()
             self.send_err(MAX_CONNECTIONS, close=True)
             return
+        if server.tls_first and self.conn_type == CONN_STANDARD and not self._key_pinned(transport):
+            return
         auth = server.auth
         if auth is not None:
             # no_auth_user leaves auth optional, but nkey users still need the nonce to sign.
             self.nonce = auth.new_nonce()
-        if auth is not None and auth.required:
-            self._auth_timer = self.loop.call_later(auth.auth_timeout, self._auth_timeout)
         self._send_info()
-        if self.kind == "CLIENT" and server.tls_ctx is not None and not server.tls_first:
+        if self.conn_type == CONN_STANDARD and server.tls_ctx is not None and not server.tls_first:
             self.upgrading = True  # output waits for the handshake
             timeout = server.options.tls.timeout if server.options.tls else 2.0
             tls.start_upgrade(transport, self, server.tls_ctx, timeout, self._tls_done)
+        else:
+            self._arm_auth_timer()
         self._schedule_ping(min(server.options.ping_interval, 2.0))
+
+    def _arm_auth_timer(self) -> None:
+        """The client has auth_timeout to authenticate, counted once TLS is up
+        (the handshake has its own timeout), as in nats-server."""
+        auth = self.server.auth
+        if auth is not None and auth.configured and not self.closed:
+            self._auth_timer = self.loop.call_later(auth.auth_timeout, self._auth_timeout)
 
     def _send_info(self) -> None:
         info = self.server.info_for(self)
@@ -268,7 +309,21 @@ class ClientConnection(asyncio.Protocol):
             self._teardown("TLS Handshake Failure")
             return
         self.transport = transport
+        if not self._key_pinned(transport):
+            return
+        self._arm_auth_timer()
         self.flush()
+
+    def _key_pinned(self, transport: Any) -> bool:
+        """tls { pinned_certs }: a client whose key is not listed is closed."""
+        tls_opts = self.server.options.tls
+        if tls_opts is None or tls.pinned_ok(transport, tls_opts.pinned_certs):
+            return True
+        self.server.log.error(f"{self.host}:{self.port} - cid:{self.cid} - "
+                              "TLS handshake error: client certificate not pinned")
+        self.out.clear()
+        self._abort("TLS Handshake Failure")
+        return False
 
     def data_received(self, data: bytes) -> None:
         if self.closed:
@@ -282,7 +337,11 @@ class ClientConnection(asyncio.Protocol):
                 return
             self.server.log.debug(f"{self.host}:{self.port} - cid:{self.cid} - "
                                   f"protocol error: {err}")
-            if getattr(err, "send_err", True):
+            if self._awaiting_connect() and "state=JSON_ARG" not in err.detail \
+                    and self._no_auth_identity() is None:
+                # nats-server refuses anything but CONNECT first under auth (HPUB included).
+                self.send_err(AUTH_VIOLATION, close=True)
+            elif getattr(err, "send_err", True):
                 self.send_err(err.message, close=err.fatal)
             elif err.fatal:
                 self.close("Protocol Violation")
@@ -310,45 +369,27 @@ class ClientConnection(asyncio.Protocol):
 
     # ------------------------------------------------------------------ events
 
-    def _on_pub_plain(self, subject: str, reply: str | None, payload: bytes) -> None:
-        """The parser's PUB callback; the hottest code in the node.
-
-        With no per-message checks to make (`_update_fast`) and exactly one plain
-        subscriber, the MSG is appended straight to that client's buffer: no Message
-        object, no route() frame. Everything else goes through route().
-        """
-        if not self._fast:
-            if not self.closed:
-                self._on_pub(subject, reply, None, payload)
-            return
-        self.in_msgs += 1
-        self.in_bytes += len(payload)
-        result = self._match(subject)
-        psubs = result.psubs
-        if not result.qsubs:
-            if len(psubs) == 1:
-                sub = psubs[0]
-                if sub.direct and not sub.dead and (self.echo or sub.client is not self):
-                    sub.client.deliver_direct(sub, subject, reply, payload)
-                    return
-            elif not psubs:
-                if reply and self.no_responders:
-                    self._send_no_responders(subject, reply)
-                return
-        if route(self.server, self, subject, reply, None, payload) == 0 and reply \
-                and self.no_responders:
-            self._send_no_responders(subject, reply)
+    def on_pub_checked(self, subject: str, reply: str | None, headers: bytes | None,
+                       payload: bytes) -> None:
+        """A PUB the account's fast path hands back: per-message checks apply."""
+        if not self.closed:
+            self._on_pub(subject, reply, headers, payload)
 
     def _on_event(self, ev: Any) -> None:
         if self.closed:
             return  # the rest of a chunk after a close is ignored
+        if self._held is not None:
+            self._held.append(ev)
+            return
+        if self.tracing:
+            self._trace_in(ev)
         t = type(ev)
         if t is Pub:
             self._on_pub(ev.subject, ev.reply, None, ev.payload)
         elif t is HPub:
             self._on_pub(ev.subject, ev.reply, ev.headers, ev.payload)
-        elif not self.connected and t is not Connect and self._auth_required():
-            self.send_err(AUTH_VIOLATION, close=True)
+        elif t is not Connect and not self.connected and not self._admit_before_connect():
+            return
         elif t is Sub:
             self._on_sub(ev)
         elif t is Unsub:
@@ -361,24 +402,89 @@ class ClientConnection(asyncio.Protocol):
             self._on_connect(ev.options)
 
     def _update_fast(self) -> None:
-        """PUBs skip every per-message check only when none can apply."""
-        self._fast = (self.connected and not self.closed and not self.verbose
-                      and not self.pedantic and self.perms is None)
+        """PUBs skip every per-message check only when none can apply, and only
+        in the account the client is in now (a CONNECT may move it mid-read)."""
+        fast = (self.connected and not self.closed and not self.verbose
+                and not self.pedantic and self.perms is None and not self.tracing)
+        self.fast_account = self.account if fast else None
 
-    def _auth_required(self) -> bool:
+    # ------------------------------------------------------------------ authentication
+
+    def _awaiting_connect(self) -> bool:
+        """Authentication is configured and this client has not passed it yet.
+        Apart from INFO's auth_required, which no_auth_user turns off."""
         auth = self.server.auth
-        return auth is not None and auth.required
+        return not self.connected and auth is not None and auth.configured
+
+    def _no_auth_identity(self) -> Identity | None:
+        auth = self.server.auth
+        return auth.no_auth_identity(self.conn_type) if auth is not None else None
+
+    def _admit_before_connect(self) -> bool:
+        """An operation other than CONNECT came first. Without auth it just runs;
+        with no_auth_user it runs as that user, with that user's permissions (as
+        nats-server does); otherwise the client is refused."""
+        if not self._awaiting_connect():
+            return True
+        identity = self._no_auth_identity()
+        if identity is None:
+            self.send_err(AUTH_VIOLATION, close=True)
+            return False
+        self._set_identity(identity)
+        self.connected = True
+        self._update_fast()
+        return True
+
+    def _set_identity(self, identity: Identity) -> None:
+        if self._auth_timer is not None:
+            self._auth_timer.cancel()
+            self._auth_timer = None
+        self.identity = identity
+        self.user = identity.user
+        self.perms = identity.permissions
+        account = self.server.lookup_account(identity.account)
+        if account is not self.account:
+            self._move_to(account)
+
+    def _move_to(self, account: Account) -> None:
+        """Bind to `account` (a later CONNECT may log in as another user)."""
+        subs = list(self.subs.values())
+        self.account.unsubscribe_all(subs)
+        self.account = account
+        self._pub_cb = account.fast_publisher(self)
+        self._update_fast()
+        for sub in subs:
+            account.subscribe(sub)
 
     def _on_connect(self, options: dict[str, Any]) -> None:
         if options.get("no_responders") and not options.get("headers"):
             self.send_err(NO_RESPONDERS_NEEDS_HEADERS, close=True)
             return
-        if self.connected:
-            pass  # a second CONNECT only updates options, as in nats-server
-        elif not self._authenticate(options):
+        auth = self.server.auth
+        if auth is None:
+            self._apply_connect(options)
             return
+        # Every CONNECT is authenticated, a second one too, as in nats-server.
+        cert = tls.peer_cert(self.transport) if self.server.tls_ctx is not None else None
+        result = auth.begin(options, self.nonce, cert, self.conn_type)
+        if type(result) is SlowCheck:
+            self._check_off_loop(result, options)
+        else:
+            self._auth_done(options, result)  # type: ignore[arg-type]
+
+    def _auth_done(self, options: dict[str, Any], identity: Identity | None) -> None:
+        if identity is None:
+            self.server.log.error(f"{self.host}:{self.port} - cid:{self.cid} - "
+                                  f'"{options.get("user") or ""}" - authentication error')
+            self.send_err(AUTH_VIOLATION, close=True)
+            return
+        self._set_identity(identity)
+        self._apply_connect(options)
+
+    def _apply_connect(self, options: dict[str, Any]) -> None:
+        """Options a CONNECT leaves out keep their value (defaults at first)."""
         self.connected = True
-        self.opts = {**_DEFAULT_OPTS, **options}
+        self.opts = {**self.opts, **options}
         o = self.opts
         self.verbose = bool(o.get("verbose"))
         self.pedantic = bool(o.get("pedantic"))
@@ -389,28 +495,80 @@ class ClientConnection(asyncio.Protocol):
         if self.verbose:
             self.write(_OK)
 
-    def _authenticate(self, options: dict[str, Any]) -> bool:
-        auth = self.server.auth
-        if auth is None:
-            return True
-        cert = tls.peer_cert(self.transport) if self.server.tls_ctx is not None else None
-        identity = auth.authenticate(options, self.nonce, cert)
-        if identity is None:
-            self.server.log.error(f"{self.host}:{self.port} - cid:{self.cid} - "
-                                  f'"{options.get("user") or ""}" - authentication error')
-            self.send_err(AUTH_VIOLATION, close=True)
-            return False
-        if self._auth_timer is not None:
-            self._auth_timer.cancel()
-        self.user = identity.name
-        self.perms = identity.permissions
-        return True
+    def _check_off_loop(self, check: SlowCheck, options: dict[str, Any]) -> None:
+        """Run a bcrypt check in the server's auth workers, or wait for the same
+        check another client started (a reconnect storm hashes once). Until it
+        ends, reading pauses and what was already read waits in `_held`, in order."""
+        server = self.server
+        future = server.auth_checks.get(check.digest)
+        if future is None:
+            future = self._start_check(check)
+        if future is None:
+            server.log.error(f"{self.host}:{self.port} - cid:{self.cid} - "
+                             "too many authentication attempts")
+            self._auth_done(options, None)
+            return
+        self._held = []
+        pause = getattr(self.transport, "pause_reading", None)
+        if pause is not None:
+            pause()
+        future.add_done_callback(lambda f: self._check_done(check, options, f))
+
+    def _start_check(self, check: SlowCheck) -> asyncio.Future[bool] | None:
+        """A new check, if the throttle admits one for this client's address."""
+        server, host = self.server, self.host
+        if not server.auth_throttle.admit(host, time.monotonic()):
+            return None
+        try:
+            future = self.loop.run_in_executor(server.auth_workers, check.run)
+        except RuntimeError:  # the workers stopped: the server is shutting down
+            future = self.loop.create_future()
+            future.set_result(False)
+        server.auth_checks[check.digest] = future
+
+        def settle(f: asyncio.Future[bool]) -> None:  # runs before any waiter's callback
+            server.auth_checks.pop(check.digest, None)
+            server.auth_throttle.done(host, _check_ok(f), time.monotonic())
+
+        future.add_done_callback(settle)
+        return future
+
+    def _check_done(self, check: SlowCheck, options: dict[str, Any],
+                    future: asyncio.Future[bool]) -> None:
+        server = self.server
+        identity = server.auth.finish(check, _check_ok(future))
+        held, self._held = self._held or [], None
+        if self.closed:
+            return
+        self._auth_done(options, identity)
+        self._replay(held)
+
+    def _replay(self, held: list[Any]) -> None:
+        for i, item in enumerate(held):
+            if self.closed:
+                return
+            if self._held is not None:  # a held CONNECT went off the loop again
+                self._held.extend(held[i:])
+                return
+            if type(item) is tuple:
+                self._on_pub(*item)
+            else:
+                self._on_event(item)
+        resume = getattr(self.transport, "resume_reading", None)
+        if resume is not None and not self.closed:
+            resume()
+
+    # ------------------------------------------------------------------ publish
 
     def _on_pub(self, subject: str, reply: str | None, headers: bytes | None,
                 payload: bytes) -> None:
-        if not self.connected and self._auth_required():
-            self.send_err(AUTH_VIOLATION, close=True)
+        if self._held is not None:
+            self._held.append((subject, reply, headers, payload))
             return
+        if not self.connected and not self._admit_before_connect():
+            return
+        if self.tracing:
+            self._trace_pub(subject, reply, headers, payload)
         self.in_msgs += 1
         self.in_bytes += len(payload) + (len(headers) if headers else 0)
         if self.pedantic and not _valid_pub_subject(subject):
@@ -421,18 +579,16 @@ class ClientConnection(asyncio.Protocol):
             return
         if self.verbose:
             self.write(_OK)
-        if route(self.server, self, subject, reply, headers, payload) == 0 and reply \
-                and self.no_responders:
-            self._send_no_responders(subject, reply)
+        self.account.publish(self, subject, reply, headers, payload)
 
-    def _send_no_responders(self, subject: str, reply: str) -> None:
+    def send_no_responders(self, subject: str, reply: str) -> None:
         """503 status to the requester's own subscription on the reply subject."""
         for sub in self.subs.values():
             if subject_matches(sub.subject, reply):
                 hdr = _NO_RESPONDERS_HDR + b"Nats-Subject: " + subject.encode() + b"\r\n\r\n"
                 self.deliver(sub, Message(reply, None, hdr, b""))
-                if self.server.expired:
-                    self.server.reap()
+                if self.account.expired:
+                    self.account.reap()
                 return
 
     def _on_sub(self, ev: Sub) -> None:
@@ -450,7 +606,7 @@ class ClientConnection(asyncio.Protocol):
         if sid not in self.subs:  # a duplicate sid keeps the first subscription
             sub = Subscription(subject, queue or None, sid, self)
             self.subs[sid] = sub
-            self.server.add_sub(sub)
+            self.account.subscribe(sub)
         if self.verbose:
             self.write(_OK)
 
@@ -474,17 +630,20 @@ class ClientConnection(asyncio.Protocol):
             return
         sub.dead = True
         self.subs.pop(sub.sid, None)
-        self.server.remove_sub(sub)
+        self.account.unsubscribe(sub)
 
     # ------------------------------------------------------------------ output
 
-    def deliver(self, sub: Subscription, msg: Message) -> None:
-        """Queue `msg` for `sub`. Called on the publisher's path: never blocks."""
+    def deliver(self, sub: Subscription, msg: Message) -> bool:
+        """Queue `msg` for `sub`; False when this client may not receive it.
+        Called on the publisher's path: never blocks."""
         if self.closed:
-            return
+            return False
         perms = self.perms
         if perms is not None and not self._may_receive(perms, msg):
-            return
+            return False
+        if self.tracing:
+            self._trace_msg(sub, msg)
         out = self.out
         if not out:
             self.loop.call_soon(self.flush)
@@ -500,24 +659,25 @@ class ClientConnection(asyncio.Protocol):
         self.out_bytes += msg.size
         sub.delivered += 1
         if sub.max_msgs and sub.delivered >= sub.max_msgs:
-            self.server.expire(sub)
+            self.account.expire(sub)
         if len(out) + self.tpending > self.max_pending:
             self.slow_consumer()
+        return True
 
     def deliver_direct(self, sub: Subscription, subject: str, reply: str | None,
-                       payload: bytes) -> None:
+                       payload: bytes) -> bool:
         """deliver() of a header-less message without framing a shared Message.
 
         Only for a single delivery outside any loop over subscriptions: an expired
         auto-unsubscribe is reaped at once.
         """
         if self.closed:
-            return
-        if self.perms is not None:
-            self.deliver(sub, Message(subject, reply, None, payload))
-            if self.server.expired:
-                self.server.reap()
-            return
+            return False
+        if self.perms is not None or self.tracing:
+            ok = self.deliver(sub, Message(subject, reply, None, payload))
+            if self.account.expired:
+                self.account.reap()
+            return ok
         out = self.out
         if not out:
             self.loop.call_soon(self.flush)
@@ -543,10 +703,11 @@ class ClientConnection(asyncio.Protocol):
         self.out_bytes += n
         sub.delivered += 1
         if sub.max_msgs and sub.delivered >= sub.max_msgs:
-            self.server.expire(sub)
-            self.server.reap()
+            self.account.expire(sub)
+            self.account.reap()
         if len(out) + self.tpending > self.max_pending:
             self.slow_consumer()
+        return True
 
     def _may_receive(self, perms: Any, msg: Message) -> bool:
         if not perms.can_deliver(msg.subject):
@@ -559,6 +720,8 @@ class ClientConnection(asyncio.Protocol):
         """Queue protocol bytes; flushed with everything else this loop turn."""
         if self.closed:
             return
+        if self.tracing:
+            self._trace(f"->> [{bytes(data).rstrip().decode(errors='replace').lstrip('+')}]")
         out = self.out
         if not out:
             self.loop.call_soon(self.flush)
@@ -617,7 +780,7 @@ class ClientConnection(asyncio.Protocol):
         if self.closed:
             return
         self.closed = True
-        self._fast = False
+        self.fast_account = None
         for timer in (self._ping_timer, self._auth_timer, self._write_timer):
             if timer is not None:
                 timer.cancel()
@@ -625,7 +788,12 @@ class ClientConnection(asyncio.Protocol):
         for sub in subs:
             sub.dead = True
         self.subs.clear()
-        self.server.unregister(self, subs, reason)
+        if subs:
+            self.account.unsubscribe_all(subs)
+        if self._inbox is not None:
+            self._inbox.clear()
+        else:
+            self.server.unregister(self, reason)
 
     def _auth_timeout(self) -> None:
         if not self.connected and not self.closed:
@@ -661,7 +829,48 @@ class ClientConnection(asyncio.Protocol):
         info["ldm"] = True
         self.write(writer.info(info))
 
+    # ------------------------------------------------------------------ tracing (-V)
+
+    def _trace(self, text: str) -> None:
+        self.server.log.trace(f"{self.host}:{self.port} - cid:{self.cid} - {text}")
+
+    def _trace_in(self, ev: Any) -> None:
+        """`<<- [OP args]` in nats-server's trace format."""
+        t = type(ev)
+        if t is Pub or t is HPub:
+            return  # traced by _on_pub, which also sees fast-path publishes
+        if t is Sub:
+            line = " ".join(x for x in ("SUB", ev.subject, ev.queue, ev.sid) if x)
+        elif t is Unsub:
+            line = f"UNSUB {ev.sid}" + (f" {ev.max_msgs}" if ev.max_msgs else "")
+        elif t is Connect:
+            line = "CONNECT " + json.dumps(_redacted(ev.options), separators=(",", ":"))
+        else:
+            line = t.__name__.upper()
+        self._trace(f"<<- [{line}]")
+
+    def _trace_pub(self, subject: str, reply: str | None, headers: bytes | None,
+                   payload: bytes) -> None:
+        args = " ".join(x for x in (subject, reply) if x)
+        if headers is None:
+            self._trace(f"<<- [PUB {args} {len(payload)}]")
+        else:
+            self._trace(f"<<- [HPUB {args} {len(headers)} {len(headers) + len(payload)}]")
+        self._trace(f"<<- MSG_PAYLOAD: [{payload[:_TRACE_PAYLOAD_MAX]!r}]")
+
+    def _trace_msg(self, sub: Subscription, msg: Message) -> None:
+        args = " ".join(x for x in (msg.subject, sub.sid, msg.reply) if x)
+        self._trace(f"->> [MSG {args} {len(msg.payload)}]")
+
     def describe(self) -> dict[str, Any]:
         """Fields for /connz (nats-server names)."""
         return {"name": self.opts.get("name") or "", "lang": self.opts.get("lang") or "",
                 "version": self.opts.get("version") or ""}
+
+
+def _check_ok(future: asyncio.Future[bool]) -> bool:
+    return not future.cancelled() and future.exception() is None and bool(future.result())
+
+
+# The name the rest of the node used before clients had kinds.
+ClientConnection = Client

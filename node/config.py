@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import datetime as _dt
+import json
 import os
 import re
 from bisect import bisect_right
@@ -28,6 +29,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from node.auth import CONNECTION_TYPES
 from node.options import (
     JetStreamOptions,
     Options,
@@ -567,14 +569,21 @@ def _apply_block(
     unsupported: frozenset[str],
     opts: Options,
     unknown: str = 'unknown field "{key}"',
+    unenforced: frozenset[str] = frozenset(),
 ) -> None:
     """Dispatch each key of `block`: known keys to their handler, keys that
-    nats-server accepts but Jetraft lacks to `opts.unsupported`, and anything
-    else is an error, as in nats-server (unless the key was a variable)."""
+    nats-server accepts but Jetraft lacks to `opts.unsupported` (a warning),
+    security settings Jetraft cannot enforce yet to `opts.unenforced` (the
+    node refuses to start), and anything else is an error, as in nats-server
+    (unless the key was a variable)."""
     for f in _fields(block, prefix):
         handler = handlers.get(f.key)
         if handler is not None:
             handler(target, f)
+        elif f.key in unenforced:
+            if f.path not in opts.unenforced:
+                opts.unenforced.append(f.path)
+            opts.extra[f.path] = f.value
         elif f.key in unsupported:
             if f.path not in opts.unsupported:
                 opts.unsupported.append(f.path)
@@ -632,9 +641,18 @@ _USER_HANDLERS: dict[str, Handler] = {
     "nkey": _setter("nkey", _str),
     "permissions": _setter("permissions", _permissions),
     "permission": _setter("permissions", _permissions),
+    "allowed_connection_types": _setter("allowed_connection_types", lambda f: _conn_types(f)),
+    "allowed_conn_types": _setter("allowed_connection_types", lambda f: _conn_types(f)),
 }
-_USER_UNSUPPORTED = frozenset({"account", "allowed_connection_types", "allowed_conn_types",
-                               "proxy_required"})
+_USER_UNENFORCED = frozenset({"account", "proxy_required"})
+
+
+def _conn_types(f: _Field) -> list[str]:
+    types = _str_list(f)
+    bad = [t for t in types if t.upper() not in CONNECTION_TYPES]
+    if bad:
+        raise f.fail(f"invalid connection types {json.dumps(bad)}")
+    return [t.upper() for t in types]
 
 
 def _users(opts: Options, f: _Field) -> list[User]:
@@ -642,7 +660,8 @@ def _users(opts: Options, f: _Field) -> list[User]:
     for i, item in enumerate(_want(f, list, "an array of users")):
         entry = _Field(f.key, item, f.where, f"{f.path}[{i}]")
         user = User()
-        _apply_block(user, _block(entry), f"{f.path}.", _USER_HANDLERS, _USER_UNSUPPORTED, opts)
+        _apply_block(user, _block(entry), f"{f.path}.", _USER_HANDLERS, frozenset(), opts,
+                     unenforced=_USER_UNENFORCED)
         if user.nkey is None and user.user is None:
             raise entry.fail(f"{entry.path}: a user needs 'user' or 'nkey'")
         users.append(user)
@@ -658,15 +677,19 @@ def _auth_handlers(opts: Options) -> dict[str, Handler]:
         "token": _setter("token", _str),
         "timeout": _setter("auth_timeout", _duration),
         "users": lambda o, f: setattr(o, "users", _users(opts, f)),
+        # nats-server: both apply to listed users without permissions of their own.
+        "permissions": _setter("default_permissions", _permissions),
+        "default_permissions": _setter("default_permissions", _permissions),
+        "default_permission": _setter("default_permissions", _permissions),
     }
 
 
-_AUTH_UNSUPPORTED = frozenset({"permissions", "default_permissions", "auth_callout", "account",
-                               "nkeys"})
+_AUTH_UNENFORCED = frozenset({"auth_callout", "account"})
 
 
 def _authorization(opts: Options, f: _Field) -> None:
-    _apply_block(opts, _block(f), "authorization.", _auth_handlers(opts), _AUTH_UNSUPPORTED, opts)
+    _apply_block(opts, _block(f), "authorization.", _auth_handlers(opts), frozenset(), opts,
+                 unenforced=_AUTH_UNENFORCED)
     if opts.token and (opts.user or opts.password):
         raise f.fail("Cannot have a user/pass and token")
     if opts.token and opts.users:
@@ -687,19 +710,37 @@ _TLS_HANDLERS: dict[str, Handler] = {
     # A duration here sets a fallback delay; Jetraft treats any value as "on".
     "handshake_first": _setter("handshake_first",
                                lambda f: f.value if isinstance(f.value, bool) else bool(_str(f))),
+    "min_version": _setter("min_version", lambda f: _tls_version(f)),
+    "pinned_certs": _setter("pinned_certs", lambda f: [p.lower() for p in _str_list(f)]),
+    "verify_and_map": lambda t, f: _verify_and_map(t, f),
 }
-_TLS_UNSUPPORTED = frozenset({
-    "verify_and_map", "verify_cert_and_check_known_urls", "cipher_suites", "curve_preferences",
-    "insecure", "pinned_certs", "min_version", "cert_store", "cert_match", "cert_match_by",
-    "cert_match_skip_invalid", "ca_certs_match", "ocsp_peer", "certs", "connection_rate_limit",
-    "handshake_first_fallback",
+_TLS_UNSUPPORTED = frozenset({"insecure", "certs", "handshake_first_fallback"})
+# Each restricts who may connect or how: ignoring one would let in what it keeps out.
+_TLS_UNENFORCED = frozenset({
+    "verify_cert_and_check_known_urls", "cipher_suites", "curve_preferences",
+    "cert_store", "cert_match", "cert_match_by", "cert_match_skip_invalid",
+    "ca_certs_match", "ocsp_peer", "connection_rate_limit",
 })
+
+
+def _verify_and_map(tls: TLSOptions, f: _Field) -> None:
+    # As in nats-server, verify_and_map implies verify.
+    tls.verify_and_map = _bool(f)
+    tls.verify = tls.verify or tls.verify_and_map
+
+
+def _tls_version(f: _Field) -> str:
+    text = str(f.value) if isinstance(f.value, float) else _str(f)
+    if text not in ("1.2", "1.3"):
+        raise f.fail(f"unsupported TLS version {text!r} (Jetraft accepts 1.2 and 1.3)")
+    return text
 
 
 def _tls_options(opts: Options, f: _Field) -> TLSOptions:
     tls = TLSOptions()
     _apply_block(tls, _block(f), f.path + ".", _TLS_HANDLERS, _TLS_UNSUPPORTED, opts,
-                 unknown='error parsing tls config, unknown field "{key}"')
+                 unknown='error parsing tls config, unknown field "{key}"',
+                 unenforced=_TLS_UNENFORCED)
     if tls.cert_file and not tls.key_file:
         raise f.fail("missing 'key_file' in TLS configuration")
     if tls.key_file and not tls.cert_file:
@@ -811,13 +852,19 @@ def _websocket(opts: Options, f: _Field) -> None:
         "no_tls": _setter("no_tls", _bool),
         "compression": _setter("compression", _bool),
         "tls": lambda w, sub: setattr(w, "tls", _tls_options(opts, sub)),
+        "same_origin": _setter("same_origin", _bool),
+        "allowed_origins": _setter("allowed_origins", _str_list),
+        "no_auth_user": _setter("no_auth_user", _str),
     }
-    unsupported = frozenset({
-        "advertise", "same_origin", "allowed_origins", "handshake_timeout", "authorization",
-        "no_auth_user", "jwt_cookie", "username_cookie", "password_cookie", "token_cookie",
-        "headers",
+    unsupported = frozenset({"advertise", "handshake_timeout", "headers"})
+    unenforced = frozenset({
+        "authorization", "jwt_cookie",
+        "username_cookie", "password_cookie", "token_cookie",
     })
-    _apply_block(ws, _block(f), "websocket.", handlers, unsupported, opts)
+    _apply_block(ws, _block(f), "websocket.", handlers, unsupported, opts, unenforced=unenforced)
+    for key in ("pinned_certs", "verify_and_map"):  # checked on the client port's TLS only
+        if ws.tls is not None and getattr(ws.tls, key):
+            opts.unenforced.append(f"websocket.tls.{key}")
     opts.websocket = ws
 
 
@@ -891,10 +938,13 @@ def _top_handlers() -> dict[str, Handler]:
 
 
 # nats-server accepts these; Jetraft records them and warns at start.
-UNSUPPORTED_BLOCKS = frozenset({
-    "leafnodes", "leaf", "gateway", "mqtt", "accounts", "resolver", "account_resolver",
-    "accounts_resolver", "operator", "operators", "root_operators", "root_operator",
-    "system_account", "system",
+UNSUPPORTED_BLOCKS = frozenset({"leafnodes", "leaf", "gateway", "mqtt"})
+# Accounts and operator mode decide who may log in and what crosses between tenants:
+# until Jetraft enforces them, a config using them stops the node at start.
+UNENFORCED_BLOCKS = frozenset({
+    "accounts", "resolver", "account_resolver", "accounts_resolver", "operator", "operators",
+    "root_operators", "root_operator", "system_account", "system", "trusted", "trusted_keys",
+    "resolver_tls", "resolver_preload", "resolver_pinned_accounts",
 })
 _TOP_UNSUPPORTED = UNSUPPORTED_BLOCKS | frozenset({
     "client_advertise", "logtime", "logtime_utc", "trace_verbose", "mappings", "maps",
@@ -912,7 +962,7 @@ _TOP_UNSUPPORTED = UNSUPPORTED_BLOCKS | frozenset({
 def apply_config(d: Mapping[str, Any], opts: Options | None = None) -> Options:
     """A copy of `opts` (default: `Options()`) with config dict `d` applied."""
     out = copy.deepcopy(opts) if opts is not None else Options()
-    _apply_block(out, d, "", _top_handlers(), _TOP_UNSUPPORTED, out)
+    _apply_block(out, d, "", _top_handlers(), _TOP_UNSUPPORTED, out, unenforced=UNENFORCED_BLOCKS)
     return out
 
 

@@ -14,12 +14,34 @@ import json
 import os
 import time
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from itertools import islice
+from typing import Any, Protocol
 from urllib.parse import parse_qs, urlsplit
 
-if TYPE_CHECKING:
-    from node.client import ClientConnection
-    from node.server import Server
+from node.version import GO_VERSION, VERSION
+
+
+class Server(Protocol):
+    """What the monitor reads from the server (which imports this module, never
+    the other way round)."""
+
+    options: Any
+    server_id: str
+    server_name: str
+    port: int
+    http_port: int
+    start_time: float
+    clients: dict[int, Any]
+    total_connections: int
+    slow_consumers: int
+    stale_connections: int
+    http_req_stats: dict[str, int]
+    auth: Any
+    sublist: Any
+
+    def http_host(self) -> str: ...
+    def totals(self) -> dict[str, int]: ...
+    def subscription_count(self) -> int: ...
 
 _MAX_REQUEST = 16 * 1024
 CONNZ_DEFAULT_LIMIT = 1024
@@ -65,10 +87,10 @@ def varz(server: Server) -> dict[str, Any]:
     now = time.time()
     v: dict[str, Any] = {
         "server_id": server.server_id, "server_name": server.server_name,
-        "version": _version(), "proto": 1, "go": "python3.11", "host": o.host,
+        "version": VERSION, "proto": 1, "go": GO_VERSION, "host": o.host,
         "port": server.port, "max_connections": o.max_connections,
         "ping_interval": int(o.ping_interval * 1e9), "ping_max": o.ping_max,
-        "http_host": o.http_host, "http_port": server.http_port, "https_port": 0,
+        "http_host": server.http_host(), "http_port": server.http_port, "https_port": 0,
         "auth_timeout": o.auth_timeout, "max_control_line": o.max_control_line,
         "max_payload": o.max_payload, "max_pending": o.max_pending,
         "tls_timeout": o.tls.timeout if o.tls else 2, "write_deadline": int(o.write_deadline * 1e9),
@@ -78,7 +100,7 @@ def varz(server: Server) -> dict[str, Any]:
         "connections": len(server.clients), "total_connections": server.total_connections,
         "routes": 0, "remotes": 0, "leafnodes": 0,
         "slow_consumers": server.slow_consumers, "stale_connections": server.stale_connections,
-        "subscriptions": server.sublist.count(), "http_req_stats": dict(server.http_req_stats),
+        "subscriptions": server.subscription_count(), "http_req_stats": dict(server.http_req_stats),
         "config_load_time": rfc3339(server.start_time),
     }
     totals = server.totals()
@@ -94,12 +116,6 @@ def varz(server: Server) -> dict[str, Any]:
     return v
 
 
-def _version() -> str:
-    from node.server import VERSION
-
-    return VERSION
-
-
 _cpu_last = [time.monotonic(), time.process_time()]
 
 
@@ -111,10 +127,10 @@ def _cpu_percent() -> float:
     return round(100.0 * dc / dw, 1) if dw > 0 else 0.0
 
 
-def _conn_info(c: ClientConnection, now: float, subs: str | None) -> dict[str, Any]:
+def _conn_info(c: Any, now: float, subs: str | None) -> dict[str, Any]:
     d: dict[str, Any] = {
-        "cid": c.cid, "kind": "Client",
-        "type": "websocket" if c.kind == "WEBSOCKET" else "nats",
+        "cid": c.cid, "kind": c.kind.value,
+        "type": "websocket" if c.conn_type == "WEBSOCKET" else "nats",
         "ip": c.host, "port": c.port, "start": rfc3339(c.start),
         "last_activity": rfc3339(c.last_activity), "rtt": _rtt(c.rtt),
         "uptime": go_duration(now - c.start), "idle": go_duration(now - c.last_activity),
@@ -157,14 +173,25 @@ def subsz(server: Server, query: dict[str, str]) -> dict[str, Any]:
         if k in st:
             out[k] = st[k]
     out.setdefault("num_subscriptions", server.sublist.count())
-    out.update({"total": 0, "offset": 0, "limit": CONNZ_DEFAULT_LIMIT})
+    offset = max(_int(query.get("offset"), 0), 0)
+    limit = _int(query.get("limit"), CONNZ_DEFAULT_LIMIT)
+    if limit <= 0:
+        limit = CONNZ_DEFAULT_LIMIT
+    out.update({"total": 0, "offset": offset, "limit": limit})
     if query.get("subs") not in (None, "0", "false"):
-        subs = [{"subject": s.subject, **({"qgroup": s.queue} if s.queue else {}),
-                 "sid": s.sid, "msgs": s.delivered, "cid": getattr(s.client, "cid", 0)}
-                for s in server.sublist.all_subscriptions()]
-        out["total"] = len(subs)
-        out["subscriptions_list"] = subs
+        # One page, never the whole sublist: this runs on the event loop.
+        page = islice(server.sublist.iter_subscriptions(), offset, offset + limit)
+        out["total"] = server.sublist.count()
+        out["subscriptions_list"] = [_sub_detail(s) for s in page]
     return out
+
+
+def _sub_detail(s: Any) -> dict[str, Any]:
+    d: dict[str, Any] = {"subject": s.subject}
+    if s.queue:
+        d["qgroup"] = s.queue
+    d.update({"sid": s.sid, "msgs": s.delivered, "cid": getattr(s.client, "cid", 0)})
+    return d
 
 
 def _int(s: str | None, default: int) -> int:

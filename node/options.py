@@ -31,6 +31,8 @@ class User:
     password: str | None = None  # plain text, or a bcrypt hash ("$2a$...")
     nkey: str | None = None  # public user nkey ("U...")
     permissions: Permissions | None = None
+    # STANDARD, WEBSOCKET, ...: the connection types this user may log in over (empty: all).
+    allowed_connection_types: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -41,6 +43,11 @@ class TLSOptions:
     verify: bool = False
     timeout: float = 2.0
     handshake_first: bool = False
+    min_version: str | None = None  # "1.2" or "1.3"
+    # Hex SHA-256 of client certificates' public keys (SubjectPublicKeyInfo, DER):
+    # when set, a client must present one of these keys.
+    pinned_certs: list[str] = field(default_factory=list)
+    verify_and_map: bool = False  # the client certificate names the user
 
 
 @dataclass
@@ -50,6 +57,10 @@ class WebsocketOptions:
     no_tls: bool = False
     compression: bool = False
     tls: TLSOptions | None = None
+    # Browser Origin checks (a request without Origin is not a browser's: allowed).
+    same_origin: bool = False
+    allowed_origins: list[str] = field(default_factory=list)
+    no_auth_user: str | None = None  # for WebSocket clients that send no credentials
 
 
 @dataclass
@@ -74,7 +85,7 @@ class JetStreamOptions:
 class Options:
     host: str = "0.0.0.0"
     port: int = DEFAULT_PORT  # -1: a random port
-    http_host: str = "0.0.0.0"
+    http_host: str = ""  # "": the client host, as in nats-server
     http_port: int = 0  # 0: monitoring disabled
     server_name: str | None = None
     max_payload: int = DEFAULT_MAX_PAYLOAD
@@ -93,6 +104,7 @@ class Options:
     token: str | None = None
     users: list[User] = field(default_factory=list)
     no_auth_user: str | None = None
+    default_permissions: Permissions | None = None  # for listed users without their own
     auth_timeout: float = 2.0
 
     tls: TLSOptions | None = None
@@ -110,4 +122,7 @@ class Options:
 
     # Blocks accepted from a config file but not implemented: warned about at start.
     unsupported: list[str] = field(default_factory=list)
+    # Security settings accepted from a config file but not enforced yet: the node
+    # refuses to start ([FTL]) rather than run without them.
+    unenforced: list[str] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)

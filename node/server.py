@@ -1,13 +1,14 @@
-"""The node's asyncio server: listeners, the client registry, signals.
+"""The node's asyncio server: listeners, the client registry, the accounts, signals.
 
 Only socket, timer and signal code lives here.  Protocol handling is in
-`node/client.py`; the subscription index is `node/sublist.py`.  `run()` is
-what `jetraft serve` calls.
+`node/client.py`; publishes are processed by the client's account
+(`node/account.py`).  `run()` is what `jetraft serve` calls.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import math
 import os
@@ -19,13 +20,20 @@ from collections.abc import Callable
 from typing import Any
 
 from node import tls
-from node.client import ClientConnection, Message, Subscription, route
+from node.account import GLOBAL_ACCOUNT, Account
+from node.auth import CONN_STANDARD, CONN_WEBSOCKET, Authenticator, AuthThrottle
+from node.client import Client, Kind
 from node.log import Logger
+from node.message import InternalCallback, Subscription
+from node.monitor import start_monitor
 from node.options import Options
 from node.sublist import SubList
+from node.version import GO_VERSION, VERSION
+from node.websocket import start_websocket
 
-VERSION = "2.15.1-jetraft"
-GO_VERSION = "python3.11"
+__all__ = ["GO_VERSION", "VERSION", "Server", "run"]
+
+AUTH_WORKERS = 2  # threads for bcrypt checks: the event loop never hashes
 _ID_ALPHABET = "ABCDEFGHIJKLMNOPQRSTUVWXYZ234567"  # base32, like nkeys server ids
 
 
@@ -34,11 +42,7 @@ def new_server_id() -> str:
     return "N" + "".join(secrets.choice(_ID_ALPHABET) for _ in range(55))
 
 
-def _optional_auth(options: Options) -> Any:
-    try:
-        from node.auth import Authenticator
-    except ImportError:
-        return None
+def _optional_auth(options: Options) -> Authenticator | None:
     return Authenticator(options)
 
 
@@ -48,23 +52,14 @@ def _optional_tls(options: Options) -> Any:
     return tls.server_context(options.tls)
 
 
-class InternalClient:
-    """A subscriber inside the server (JetStream API, system services).
+class _InternalClientService:
+    """Stops an internal client at shutdown, with the other services."""
 
-    `callback(sub, subject, reply, headers, payload)` runs synchronously on
-    the publisher's path: it must not block (schedule a task for real work).
-    """
+    def __init__(self, client: Client) -> None:
+        self.client = client
 
-    echo = True
-    closed = False
-
-    def __init__(self, name: str, callback: Callable[..., None]) -> None:
-        self.name = name
-        self.callback = callback
-
-    def deliver(self, sub: Subscription, msg: Message) -> None:
-        sub.delivered += 1
-        self.callback(sub, msg.subject, msg.reply, msg.headers, msg.payload)
+    async def stop(self) -> None:
+        self.client.close_internal()
 
 
 class Server:
@@ -75,11 +70,17 @@ class Server:
         self.server_id = new_server_id()
         self.server_name = options.server_name or self.server_id
         self.log = Logger(options.debug, options.trace, options.log_file)
-        self.sublist = SubList()
-        self.clients: dict[int, ClientConnection] = {}
+        # Every user lives in the global account until accounts are configured.
+        self.accounts: dict[str, Account] = {GLOBAL_ACCOUNT: Account(GLOBAL_ACCOUNT)}
+        self.global_account = self.accounts[GLOBAL_ACCOUNT]
+        self.clients: dict[int, Client] = {}  # network clients only
         self._cid = 0
-        self.expired: list[Subscription] = []
+        self._system_client: Client | None = None
         self.auth = _optional_auth(options)
+        self.auth_throttle = AuthThrottle()
+        self.auth_checks: dict[bytes, asyncio.Future[bool]] = {}
+        self.auth_workers = concurrent.futures.ThreadPoolExecutor(
+            AUTH_WORKERS, thread_name_prefix="auth")
         self.tls_ctx = _optional_tls(options)
         self.tls_first = bool(options.tls and options.tls.handshake_first)
         self.start_time = time.time()
@@ -106,7 +107,27 @@ class Server:
         self._cid += 1
         return self._cid
 
-    def register(self, client: ClientConnection) -> bool:
+    def lookup_account(self, name: str) -> Account:
+        account = self.accounts.get(name)
+        if account is None:
+            # Authentication only names accounts the configuration defines.
+            raise KeyError(f"unknown account {name!r}")
+        return account
+
+    def register_account(self, account: Account) -> None:
+        """Add a configured account (its name must be new)."""
+        assert account.name not in self.accounts, f"account {account.name!r} registered twice"
+        self.accounts[account.name] = account
+
+    @property
+    def sublist(self) -> SubList:
+        """The global account's sublist (what /subsz shows today)."""
+        return self.global_account.sublist
+
+    def subscription_count(self) -> int:
+        return sum(a.subscription_count() for a in self.accounts.values())
+
+    def register(self, client: Client) -> bool:
         """False when the connection must be refused (limit reached)."""
         if len(self.clients) >= self.options.max_connections:
             return False
@@ -114,11 +135,9 @@ class Server:
         self.total_connections += 1
         return True
 
-    def unregister(self, client: ClientConnection, subs: list[Subscription], reason: str) -> None:
+    def unregister(self, client: Client, reason: str) -> None:
         if self.clients.pop(client.cid, None) is None:
             return
-        if subs:
-            self.sublist.remove_batch(subs)
         st = self.closed_stats
         st[0] += client.in_msgs
         st[1] += client.in_bytes
@@ -127,56 +146,44 @@ class Server:
         self.log.debug(f"{client.host}:{client.port} - cid:{client.cid} - "
                        f'"{reason}" - connection closed')
 
-    def make_client_protocol(self, kind: str = "CLIENT") -> ClientConnection:
+    def make_client_protocol(self, conn_type: str = CONN_STANDARD) -> Client:
         """A fresh protocol object per connection (TCP, TLS or WebSocket)."""
-        return ClientConnection(self, kind)
-
-    def add_sub(self, sub: Subscription) -> None:
-        self.sublist.insert(sub)
-
-    def remove_sub(self, sub: Subscription) -> None:
-        self.sublist.remove(sub)
-
-    def expire(self, sub: Subscription) -> None:
-        """Auto-unsubscribe reached: removed after the current routing loop,
-        because the loop may be iterating the very list holding `sub`."""
-        sub.dead = True
-        self.expired.append(sub)
-
-    def reap(self) -> None:
-        if not self.expired:
-            return
-        expired, self.expired = self.expired, []
-        for sub in expired:
-            owner = sub.client
-            subs = getattr(owner, "subs", None)
-            if subs is not None and subs.get(sub.sid) is sub:
-                del subs[sub.sid]
-            self.sublist.remove(sub)
+        assert conn_type in (CONN_STANDARD, CONN_WEBSOCKET), conn_type
+        return Client(self, Kind.CLIENT, conn_type)
 
     # ------------------------------------------------------------------ internal API
 
-    def subscribe_internal(self, subject: str, callback: Callable[..., None],
-                           queue: str | None = None, name: str = "internal") -> Subscription:
-        sub = Subscription(subject, queue, f"i{self.next_cid()}", InternalClient(name, callback))
-        self.sublist.insert(sub)
-        return sub
+    def internal_client(self, kind: Kind, name: str, account: str = GLOBAL_ACCOUNT) -> Client:
+        """A client inside the server (needs the running loop)."""
+        client = Client.internal(self, kind, name, self.lookup_account(account))
+        self.services.append(_InternalClientService(client))
+        return client
+
+    @property
+    def system_client(self) -> Client:
+        if self._system_client is None:
+            self._system_client = self.internal_client(Kind.SYSTEM, "system")
+        return self._system_client
+
+    def subscribe_internal(self, subject: str, callback: InternalCallback,
+                           queue: str | None = None) -> Subscription:
+        """Subscribe the system client; `callback` runs from the loop, after the
+        publisher's turn (see Client.subscribe_internal)."""
+        return self.system_client.subscribe_internal(subject, callback, queue)
 
     def unsubscribe_internal(self, sub: Subscription) -> None:
-        if not sub.dead:
-            sub.dead = True
-            self.sublist.remove(sub)
+        sub.client.remove_sub(sub)
 
     def publish_internal(self, subject: str, reply: str | None, payload: bytes,
                          headers: bytes | None = None) -> int:
-        """Route a message originated by the server; returns deliveries."""
+        """Publish as the server's system client; returns deliveries."""
         self.internal_stats[0] += 1
         self.internal_stats[1] += len(payload)
-        return route(self, None, subject, reply, headers, payload)
+        return self.system_client.publish(subject, reply, payload, headers)
 
     # ------------------------------------------------------------------ INFO
 
-    def info_for(self, client: ClientConnection) -> dict[str, Any]:
+    def info_for(self, client: Client) -> dict[str, Any]:
         o = self.options
         info: dict[str, Any] = {
             "server_id": self.server_id, "server_name": self.server_name,
@@ -186,7 +193,7 @@ class Server:
         if self.auth is not None and self.auth.required:
             info["auth_required"] = True
         if self.tls_ctx is not None:
-            if client.kind == "CLIENT":
+            if client.conn_type == CONN_STANDARD:
                 info.update(tls.info_fields(o.tls))
             else:
                 info["tls_available"] = True
@@ -208,10 +215,14 @@ class Server:
         self.log.info(f"  ID:       {self.server_id}")
         if o.config_file:
             self.log.info(f"Using configuration file: {o.config_file}")
+        self._refuse_unenforced()
         if o.jetstream.enabled:
             self.log.warn("JetStream is not available yet in this build: -js is ignored")
         for block in o.unsupported:
             self.log.warn(f"Configuration block {block!r} is not supported by jetraft; ignored")
+        if o.default_permissions is not None and (o.user or o.token):
+            self.log.warn("authorization permissions apply to the users list only: "
+                          "a single user or token gets none (as in nats-server)")
         if o.pid_file:
             with open(o.pid_file, "w") as f:
                 f.write(str(os.getpid()))
@@ -224,16 +235,27 @@ class Server:
         self._write_ports_file()
         self.log.info("Server is ready")
 
-    async def _start_monitor(self) -> None:
-        from node.monitor import start_monitor
+    def _refuse_unenforced(self) -> None:
+        """Security settings fail closed: one we cannot enforce stops the node."""
+        unenforced = self.options.unenforced
+        if unenforced:
+            names = ", ".join(repr(k) for k in unenforced)
+            raise ValueError(f"security configuration not enforced by jetraft yet: {names}; "
+                             "refusing to start without it")
 
+    def http_host(self) -> str:
+        """The monitor listens where clients do unless told otherwise (nats-server)."""
+        return self.options.http_host or self.options.host
+
+    async def _start_monitor(self) -> None:
         o = self.options
+        host = self.http_host()
         port = 0 if o.http_port < 0 else o.http_port
-        self.log.info(f"Starting http monitor on {o.http_host}:{port or '...'}")
+        self.log.info(f"Starting http monitor on {host}:{port or '...'}")
         try:
-            self._monitor = await start_monitor(self, o.http_host, port)
+            self._monitor = await start_monitor(self, host, port)
         except OSError as err:
-            msg = f'Error listening on monitor port: {o.http_host}:{port}, "{err}"'
+            msg = f'Error listening on monitor port: {host}:{port}, "{err}"'
             raise OSError(msg) from err
         self.http_port = self._monitor.sockets[0].getsockname()[1]
 
@@ -244,7 +266,7 @@ class Server:
         ssl = self.tls_ctx if self.tls_first else None
         try:
             srv = await loop.create_server(
-                lambda: ClientConnection(self, "CLIENT"), o.host, port,
+                lambda: Client(self, Kind.CLIENT, CONN_STANDARD), o.host, port,
                 reuse_address=True, backlog=1024, ssl=ssl)
         except OSError as err:
             raise OSError(f"Error listening on port: {o.host}:{port}, \"{err}\"") from err
@@ -253,8 +275,6 @@ class Server:
         self.log.info(f"Listening for client connections on {o.host}:{self.port}")
 
     async def _start_websocket(self) -> None:
-        from node.websocket import start_websocket
-
         ws = self.options.websocket
         srv = await start_websocket(self, ws)
         self._listeners.append(srv)
@@ -336,7 +356,7 @@ class Server:
             await self._close_gradually(clients, spread)
         self.shutdown()
 
-    async def _close_gradually(self, clients: list[ClientConnection], spread: float) -> None:
+    async def _close_gradually(self, clients: list[Client], spread: float) -> None:
         # One batch per millisecond at most; asyncio cannot sleep finer.
         steps = max(1, min(len(clients), int(spread * 1000)))
         batch = math.ceil(len(clients) / steps)
@@ -362,6 +382,7 @@ class Server:
             client.close("Server Shutdown")
         if self._monitor is not None:
             self._monitor.close()
+        self.auth_workers.shutdown(wait=False, cancel_futures=True)
         await asyncio.sleep(0.05)  # let transports hand their last bytes to the kernel
         if self._ports_file:
             try:

@@ -23,6 +23,7 @@ the cache: callers must treat them as read-only.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from itertools import islice
 from typing import Any, Protocol
@@ -320,22 +321,24 @@ class SubList:
         return self._nodes
 
     def all_subscriptions(self) -> list:
-        out: list = []
+        return list(self.iter_subscriptions())
+
+    def iter_subscriptions(self) -> Iterator[Any]:
+        """Every subscription, lazily: a caller wanting a page stops early."""
         stack = [self._root]
         while stack:
             node = stack.pop()
             if node.psubs is not None:
-                out.extend(node.psubs.values())
+                yield from list(node.psubs.values())
             if node.qsubs is not None:
-                for members in node.qsubs.values():
-                    out.extend(members.values())
+                for members in list(node.qsubs.values()):
+                    yield from list(members.values())
             if node.children is not None:
                 stack.extend(node.children.values())
             if node.pwc is not None:
                 stack.append(node.pwc)
             if node.fwc is not None:
                 stack.append(node.fwc)
-        return out
 
     def stats(self) -> dict[str, Any]:
         """The counters nats-server shows on /subsz; fanout is over cached results."""

@@ -10,6 +10,7 @@ listener created with `ssl=` (`listener_ssl`).
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import ssl
 from collections.abc import Callable
@@ -29,6 +30,8 @@ def server_context(tls: TLSOptions) -> ssl.SSLContext:
         raise ValueError("tls needs cert_file and key_file")
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    if tls.min_version == "1.3":
+        ctx.minimum_version = ssl.TLSVersion.TLSv1_3
     ctx.load_cert_chain(tls.cert_file, tls.key_file)
     if tls.ca_file:
         ctx.load_verify_locations(cafile=tls.ca_file)
@@ -109,6 +112,51 @@ async def _upgrade(
         done(None)
         return
     done(new)
+
+
+def _der_item(der: bytes, at: int) -> tuple[int, int, int]:
+    """(tag, start of contents, end of contents) of the DER item at `at`."""
+    tag, first = der[at], der[at + 1]
+    at += 2
+    if first < 0x80:
+        return tag, at, at + first
+    n = first & 0x7F
+    if not 1 <= n <= 4:
+        raise ValueError("unsupported DER length")
+    length = int.from_bytes(der[at:at + n], "big")
+    return tag, at + n, at + n + length
+
+
+def spki_sha256(cert_der: bytes) -> str:
+    """Hex SHA-256 of a certificate's SubjectPublicKeyInfo, what `pinned_certs`
+    lists: Certificate -> tbsCertificate -> [version], serial, signature,
+    issuer, validity, subject, subjectPublicKeyInfo."""
+    _, tbs_at, _ = _der_item(cert_der, 0)
+    tag, start, end = _der_item(cert_der, tbs_at)
+    at = start
+    tag, _, item_end = _der_item(cert_der, at)
+    if tag == 0xA0:  # explicit version
+        at = item_end
+    for _ in range(5):  # serial, signature, issuer, validity, subject
+        _, _, at = _der_item(cert_der, at)
+    tag, _, spki_end = _der_item(cert_der, at)
+    if tag != 0x30 or spki_end > end:
+        raise ValueError("no SubjectPublicKeyInfo")
+    return hashlib.sha256(cert_der[at:spki_end]).hexdigest()
+
+
+def pinned_ok(transport: asyncio.BaseTransport, pins: list[str]) -> bool:
+    """True when no pins are set, or the client's certificate key is pinned."""
+    if not pins:
+        return True
+    ssl_object = transport.get_extra_info("ssl_object")
+    der = ssl_object.getpeercert(binary_form=True) if ssl_object is not None else None
+    if not der:
+        return False
+    try:
+        return spki_sha256(der) in pins
+    except (ValueError, IndexError):
+        return False
 
 
 def peer_cert(transport: asyncio.BaseTransport) -> dict[str, Any] | None:

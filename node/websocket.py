@@ -21,6 +21,7 @@ import logging
 import zlib
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 from node.options import WebsocketOptions
 from node.tls import server_context
@@ -43,6 +44,9 @@ CLOSE_GOING_AWAY = 1001
 CLOSE_PROTOCOL_ERROR = 1002
 CLOSE_NO_STATUS = 1005
 CLOSE_TOO_BIG = 1009
+# Inflated size of one compressed message when the server does not say:
+# nats-server's default max_payload plus max_control_line and two CRLFs.
+DEFAULT_MAX_INFLATED = 1024 * 1024 + 4096 + 4
 _DEFLATE_TAIL = b"\x00\x00\xff\xff"
 
 
@@ -94,7 +98,49 @@ def _tokens(value: str) -> set[str]:
     return {t.strip().lower() for t in value.split(",")}
 
 
-def handshake(raw: bytes, compression: bool) -> Handshake:
+@dataclass(frozen=True)
+class OriginPolicy:
+    """websocket { same_origin, allowed_origins }: which browser pages may connect.
+    Origins compare by scheme, host and port (default 80/443), case-insensitively;
+    with both settings, an origin must pass both, as in nats-server."""
+
+    same_origin: bool = False
+    allowed: tuple[tuple[str, str, int], ...] = ()
+    tls: bool = False  # the listener is wss: a same origin is https
+
+    @classmethod
+    def build(cls, opts: WebsocketOptions, tls: bool) -> OriginPolicy | None:
+        if not opts.same_origin and not opts.allowed_origins:
+            return None
+        allowed = tuple(o for o in (_origin(u) for u in opts.allowed_origins) if o is not None)
+        return cls(opts.same_origin, allowed, tls)
+
+    def allows(self, origin: str | None, host: str) -> bool:
+        if origin is None:
+            return True  # not a browser: nothing to protect against
+        got = _origin(origin)
+        if got is None:
+            return False
+        if self.same_origin:
+            scheme = "https" if self.tls else "http"
+            if got != _origin(f"{scheme}://{host}"):
+                return False
+        return not self.allowed or got in self.allowed
+
+
+def _origin(url: str) -> tuple[str, str, int] | None:
+    try:
+        parts = urlsplit(url.strip())
+        port = parts.port
+    except ValueError:
+        return None
+    scheme = parts.scheme.lower()
+    if scheme not in ("http", "https") or not parts.hostname:
+        return None
+    return scheme, parts.hostname.lower(), port or (443 if scheme == "https" else 80)
+
+
+def handshake(raw: bytes, compression: bool, origins: OriginPolicy | None = None) -> Handshake:
     """Answer an upgrade request (`raw`: the request through the blank line)."""
     parsed = _parse_request(raw)
     if parsed is None or len(parsed[0]) != 3:
@@ -117,6 +163,8 @@ def handshake(raw: bytes, compression: bool) -> Handshake:
         valid_key = False
     if not valid_key:
         return _bad_request("400 Bad Request", "Bad Request")
+    if origins is not None and not origins.allows(headers.get("origin"), headers.get("host", "")):
+        return _bad_request("403 Forbidden", "Forbidden")
     offers = [o.split(";")[0].strip().lower()
               for o in headers.get("sec-websocket-extensions", "").split(",")]
     compress = compression and "permessage-deflate" in offers
@@ -216,8 +264,12 @@ def close_payload(code: int, reason: str = "") -> bytes:
 class WsCodec:
     """Sans-IO WebSocket for the server side of one connection."""
 
-    def __init__(self, compress: bool = False) -> None:
+    def __init__(self, compress: bool = False, max_inflated: int = DEFAULT_MAX_INFLATED) -> None:
         self.compress = compress
+        # A compressed message may inflate to at most this many bytes: deflate reaches
+        # ~1000:1, so without a bound a small frame could claim gigabytes.
+        self.max_inflated = max_inflated
+        self._inflated = 0  # bytes inflated so far in the current message
         self._buf = bytearray()
         self._frame: _Frame | None = None
         self._in_message = False  # inside a fragmented data message
@@ -287,6 +339,7 @@ class WsCodec:
             raise WsError(CLOSE_PROTOCOL_ERROR, "unexpected reserved bits")
         if op != OP_CONT:
             self._inflating = compressed
+            self._inflated = 0
         self._in_message = not frame.fin
 
     def _consume(self, frame: _Frame, events: list[WsEvent]) -> bool:
@@ -313,22 +366,29 @@ class WsCodec:
 
     def _emit(self, chunk: bytes, events: list[WsEvent]) -> None:
         if self._inflating:
-            try:
-                chunk = self._inflater.decompress(chunk)
-            except zlib.error as err:
-                raise WsError(CLOSE_PROTOCOL_ERROR, f"bad compressed data: {err}") from err
+            chunk = self._inflate(chunk)
         if chunk:
             events.append(Data(chunk))
 
     def _emit_tail(self, events: list[WsEvent]) -> None:
         """End of a compressed message: the sender stripped the sync-flush tail."""
         self._inflating = False
-        try:
-            out = self._inflater.decompress(_DEFLATE_TAIL)
-        except zlib.error as err:
-            raise WsError(CLOSE_PROTOCOL_ERROR, f"bad compressed data: {err}") from err
+        out = self._inflate(_DEFLATE_TAIL)
         if out:
             events.append(Data(out))
+
+    def _inflate(self, chunk: bytes) -> bytes:
+        """Inflate, never producing more than the message's remaining budget."""
+        budget = self.max_inflated - self._inflated
+        try:
+            # One byte past the budget tells "exactly full" from "would overflow".
+            out = self._inflater.decompress(chunk, budget + 1)
+        except zlib.error as err:
+            raise WsError(CLOSE_PROTOCOL_ERROR, f"bad compressed data: {err}") from err
+        if len(out) > budget:
+            raise WsError(CLOSE_TOO_BIG, "compressed message exceeds maximum payload")
+        self._inflated += len(out)
+        return out
 
     def _control(self, opcode: int, payload: bytes) -> WsEvent:
         if opcode == OP_PING:
@@ -430,6 +490,7 @@ class WsProtocol(asyncio.Protocol):
     def __init__(self, server: Any, opts: WebsocketOptions) -> None:
         self._server = server
         self._compression = opts.compression
+        self._origins = OriginPolicy.build(opts, opts.tls is not None and not opts.no_tls)
         self._transport: asyncio.Transport | None = None
         self._request = bytearray()
         self._codec: WsCodec | None = None
@@ -458,7 +519,7 @@ class WsProtocol(asyncio.Protocol):
                 self._transport.close()
             return
         rest = bytes(self._request[end + 4:])
-        result = handshake(bytes(self._request[:end + 4]), self._compression)
+        result = handshake(bytes(self._request[:end + 4]), self._compression, self._origins)
         self._request = bytearray()
         self._transport.write(result.response)
         if not result.ok:
@@ -466,7 +527,9 @@ class WsProtocol(asyncio.Protocol):
             return
         if self._timer is not None:
             self._timer.cancel()
-        self._codec = WsCodec(result.compress)
+        opts = self._server.options
+        # One message carries at most a control line and a max_payload body.
+        self._codec = WsCodec(result.compress, opts.max_payload + opts.max_control_line + 4)
         self._adapter = WsTransport(self._transport, self._codec)
         self._inner = self._server.make_client_protocol("WEBSOCKET")
         self._inner.connection_made(self._adapter)

@@ -253,3 +253,69 @@ def test_reply_table_is_bounded():
     assert len(p._replies) <= auth._REPLIES_MAX
     assert p.can_publish(f"r.{auth._REPLIES_MAX + 9}", now=float(auth._REPLIES_MAX + 9))
     assert not p.can_publish("r.0", now=float(auth._REPLIES_MAX + 9))
+
+
+# ----------------------------------------------------------------------- issue 7 additions
+
+
+def test_bcrypt_is_a_slow_check_whose_outcome_is_remembered():
+    hashed = bcrypt.hashpw(b"pw", bcrypt.gensalt(rounds=4)).decode()
+    a = Authenticator(Options(users=[User("u", hashed)]))
+    for given, expected in (("pw", True), ("bad", False)):
+        check = a.begin({"user": "u", "pass": given}, None)
+        assert isinstance(check, auth.SlowCheck)  # never hashed on the caller's thread
+        ident = a.finish(check, check.run())
+        assert (ident is not None) == expected
+        again = a.begin({"user": "u", "pass": given}, None)  # answered from memory
+        assert not isinstance(again, auth.SlowCheck) and (again is not None) == expected
+
+
+def test_default_permissions_go_to_listed_users_without_their_own():
+    own = Permissions(subscribe_allow=["a"])
+    opts = Options(users=[User("u", "p"), User("v", "p", permissions=own)],
+                   default_permissions=Permissions(publish_allow=["a"]))
+    a = Authenticator(opts)
+    u = a.authenticate({"user": "u", "pass": "p"}, None).permissions
+    v = a.authenticate({"user": "v", "pass": "p"}, None).permissions
+    assert u.can_publish("a") and not u.can_publish("b") and u.can_subscribe("b")
+    assert v.can_publish("b") and not v.can_subscribe("b")
+    single = Authenticator(Options(user="s", password="p",
+                                   default_permissions=Permissions(publish_allow=["a"])))
+    assert single.authenticate({"user": "s", "pass": "p"}, None).permissions is None
+
+
+def test_allowed_connection_types():
+    users = [User("w", "p", allowed_connection_types=["WEBSOCKET"]), User("any", "p")]
+    a = Authenticator(Options(users=users, no_auth_user="w"))
+    assert a.authenticate({"user": "w", "pass": "p"}, None, conn_type="STANDARD") is None
+    assert a.authenticate({"user": "w", "pass": "p"}, None, conn_type="WEBSOCKET") is not None
+    assert a.authenticate({"user": "any", "pass": "p"}, None, conn_type="WEBSOCKET") is not None
+    assert a.no_auth_identity("STANDARD") is None
+    assert a.no_auth_identity("WEBSOCKET").user == "w"
+
+
+def test_identity_lives_in_the_global_account():
+    a = Authenticator(Options(users=[User("u", "p")]))
+    assert a.authenticate({"user": "u", "pass": "p"}, None).account == "$G"
+
+
+def test_throttle_bounds_checks_per_host_and_overall():
+    t = auth.AuthThrottle()
+    assert all(t.admit("h1", 0.0) for _ in range(auth.SLOW_CHECKS_PER_HOST_MAX))
+    assert not t.admit("h1", 0.0)
+    for i in range(auth.SLOW_CHECKS_MAX - auth.SLOW_CHECKS_PER_HOST_MAX):
+        assert t.admit(f"other{i}", 0.0)
+    assert not t.admit("h2", 0.0)  # full everywhere
+    t.done("h1", True, 0.0)
+    assert t.admit("h2", 0.0)
+
+
+def test_throttle_refuses_a_host_over_its_failure_budget_until_the_window_passes():
+    t = auth.AuthThrottle()
+    for i in range(auth.FAILURES_PER_HOST_MAX):
+        assert t.admit("h", float(i))
+        t.done("h", False, float(i))
+    assert not t.admit("h", 10.0)
+    assert t.admit("elsewhere", 10.0)
+    later = auth.FAILURE_WINDOW + 0.5  # the first failure has left the window
+    assert t.admit("h", later)

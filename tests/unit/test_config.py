@@ -207,7 +207,7 @@ def test_tls_and_websocket() -> None:
     assert opts.tls.cert_file == "c.pem" and opts.tls.key_file == "k.pem"
     assert opts.tls.ca_file == "ca.pem" and opts.tls.verify and opts.tls.timeout == 3.0
     assert opts.tls.handshake_first
-    assert "tls.cipher_suites" in opts.unsupported
+    assert "tls.cipher_suites" in opts.unenforced  # would let weaker ciphers in
     ws = opts.websocket
     assert (ws.host, ws.port, ws.compression, ws.no_tls) == ("127.0.0.1", 8080, True, False)
     assert ws.tls.cert_file == "c"
@@ -241,7 +241,8 @@ def test_cluster_block() -> None:
 def test_unsupported_blocks_are_recorded_not_dropped() -> None:
     opts = load_options(str(DATA / "valid" / "unsupported.conf"))
     assert opts.port == 4555
-    assert set(opts.unsupported) == {"accounts", "leafnodes", "logtime"}
+    assert set(opts.unsupported) == {"leafnodes", "logtime"}
+    assert opts.unenforced == ["accounts"]  # a security setting: the node will not start
     assert opts.extra["leafnodes"] == {"port": 7422}
 
 

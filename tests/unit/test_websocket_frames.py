@@ -279,3 +279,32 @@ def test_control_frames_out():
     assert parse_server_frames(WsCodec.pong(b"x")) == [(ws.OP_PONG, False, b"x")]
     assert parse_server_frames(WsCodec.close(1000)) == [(ws.OP_CLOSE, False, b"\x03\xe8")]
     assert parse_server_frames(WsCodec.close(ws.CLOSE_NO_STATUS)) == [(ws.OP_CLOSE, False, b"")]
+
+
+def _deflated(data: bytes) -> bytes:
+    deflater = zlib.compressobj(wbits=-15)
+    return (deflater.compress(data) + deflater.flush(zlib.Z_SYNC_FLUSH))[:-4]
+
+
+def test_inflated_size_is_bounded_per_message():
+    limit = 10_000
+    exact = _deflated(b"x" * limit)
+    assert data_of(WsCodec(compress=True, max_inflated=limit).feed(
+        masked(ws.OP_BINARY, exact, rsv1=True))) == b"x" * limit
+    over = _deflated(b"x" * (limit + 1))
+    with pytest.raises(WsError) as info:
+        WsCodec(compress=True, max_inflated=limit).feed(masked(ws.OP_BINARY, over, rsv1=True))
+    assert info.value.code == ws.CLOSE_TOO_BIG
+
+
+def test_inflated_budget_restarts_with_each_message():
+    codec = WsCodec(compress=True, max_inflated=1000)
+    one = masked(ws.OP_BINARY, _deflated(b"y" * 800), rsv1=True)
+    assert data_of(codec.feed(one + one)) == b"y" * 1600
+
+
+def test_a_bomb_is_stopped_without_inflating_it():
+    bomb = _deflated(b"z" * 50_000_000)  # ~50 KB on the wire
+    codec = WsCodec(compress=True, max_inflated=1 << 20)
+    with pytest.raises(WsError):
+        codec.feed(masked(ws.OP_BINARY, bomb, rsv1=True))

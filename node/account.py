@@ -1,0 +1,165 @@
+"""An account: one subject space, and the one place a publish is processed.
+
+Every publish in the node, from a network client or an internal one, goes
+through `Account.publish` (or its fast path, `fast_publisher`): match the
+account's sublist, deliver to each plain subscriber, give each queue group
+to one member that may receive the message, answer no-responders when
+nobody did, and reap auto-unsubscribed subscriptions afterwards. Changes to
+the sublist go through `subscribe`/`unsubscribe`, which is where interest
+changes are announced (to routes, later).
+
+Later this object also holds the account's imports and exports, subject
+mappings, limits and JetStream; users outside any configured account live
+in the global account `$G`, as in nats-server.
+
+Delivery is the subscriber's business (`client.deliver(sub, msg) -> bool`):
+False means it may not receive the message (closed, or its permissions deny
+the subject), and the message then counts as not delivered to it. Internal
+subscribers queue the message and run later, never on the publisher's stack.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from typing import Any
+
+from node.message import Message, Subscription
+from node.sublist import SubList
+
+GLOBAL_ACCOUNT = "$G"
+
+# Called with (subscription, +1 or -1) when a subscription enters or leaves the account.
+InterestListener = Callable[[Subscription, int], None]
+
+
+class Account:
+    """A named subject space with its own sublist."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.sublist = SubList()
+        self._match = self.sublist.match
+        # Auto-unsubscribed while a delivery loop may still hold them: removed after it.
+        self.expired: list[Subscription] = []
+        self.interest_listeners: list[InterestListener] = []
+        self.in_msgs = self.in_bytes = 0  # publishes that entered this account
+
+    def __repr__(self) -> str:
+        return f"Account({self.name!r})"
+
+    # ------------------------------------------------------------------ interest
+
+    def subscribe(self, sub: Subscription) -> None:
+        self.sublist.insert(sub)
+        for listener in self.interest_listeners:
+            listener(sub, 1)
+
+    def unsubscribe(self, sub: Subscription) -> None:
+        if self.sublist.remove(sub):
+            for listener in self.interest_listeners:
+                listener(sub, -1)
+
+    def unsubscribe_all(self, subs: list[Subscription]) -> None:
+        """A client went away: drop its subscriptions in one pass."""
+        self.sublist.remove_batch(subs)
+        for listener in self.interest_listeners:
+            for sub in subs:
+                listener(sub, -1)
+
+    def expire(self, sub: Subscription) -> None:
+        """Auto-unsubscribe reached: removed after the current delivery loop,
+        because the loop may be iterating the very list holding `sub`."""
+        sub.dead = True
+        self.expired.append(sub)
+
+    def reap(self) -> None:
+        expired, self.expired = self.expired, []
+        for sub in expired:
+            owner_subs = getattr(sub.client, "subs", None)
+            if owner_subs is not None and owner_subs.get(sub.sid) is sub:
+                del owner_subs[sub.sid]
+            self.unsubscribe(sub)
+
+    def subscription_count(self) -> int:
+        return self.sublist.count()
+
+    # ------------------------------------------------------------------ publish
+
+    def fast_publisher(self, client: Any) -> Callable[[str, str | None, bytes], None]:
+        """The parser's PUB callback for `client` while it is in this account:
+        the hottest code in the node, hence a closure (one call per PUB).
+
+        It publishes here only while `client.fast_account` is this account, that
+        is with no per-message checks to make (permissions, verbose, pedantic,
+        tracing); otherwise it hands the PUB back (`client.on_pub_checked`), whose
+        checks end in `publish`. With exactly one plain subscriber that is a
+        network client, the MSG goes straight into its buffer and no Message is
+        framed; every other case is `publish`'s. Both paths apply the same
+        delivery and no-responders rules (`deliver_direct` also says whether
+        the subscriber may receive)."""
+        account = self
+        match = self._match
+        deliver = self._deliver
+        checked = client.on_pub_checked
+
+        def on_pub(subject: str, reply: str | None, payload: bytes) -> None:
+            if client.fast_account is not account:
+                checked(subject, reply, None, payload)
+                return
+            client.in_msgs += 1
+            client.in_bytes += len(payload)
+            result = match(subject)
+            psubs = result.psubs
+            if not result.qsubs and len(psubs) == 1:
+                sub = psubs[0]
+                if sub.direct and not sub.dead and (client.echo or sub.client is not client):
+                    if not sub.client.deliver_direct(sub, subject, reply, payload) and reply \
+                            and client.no_responders:
+                        client.send_no_responders(subject, reply)
+                    return
+            deliver(result, client, subject, reply, None, payload)
+
+        return on_pub
+
+    def publish(self, publisher: Any, subject: str, reply: str | None,
+                headers: bytes | None, payload: bytes) -> int:
+        """Deliver a message to every interested subscription; returns how many
+        received it. `publisher` is the sending client (None: the server)."""
+        return self._deliver(self._match(subject), publisher, subject, reply, headers, payload)
+
+    def _deliver(self, result: Any, publisher: Any, subject: str, reply: str | None,
+                 headers: bytes | None, payload: bytes) -> int:
+        psubs, qsubs = result.psubs, result.qsubs
+        count = 0
+        if psubs or qsubs:
+            # Framed once, and only if someone may want it.
+            msg = Message(subject, reply, headers, payload)
+            skip = publisher if (publisher is not None and not publisher.echo) else None
+            for sub in psubs:
+                if not sub.dead and sub.client is not skip and sub.client.deliver(sub, msg):
+                    count += 1
+            if qsubs:
+                for members in qsubs.values():
+                    if _deliver_to_group(members, skip, msg):
+                        count += 1
+            if self.expired:
+                self.reap()
+        if count == 0 and reply and publisher is not None and publisher.no_responders:
+            publisher.send_no_responders(subject, reply)
+        return count
+
+
+def _deliver_to_group(members: list, skip: Any, msg: Message) -> bool:
+    """One member per queue group gets the message, chosen at random; a member
+    that may not receive it (closed, or its permissions deny the subject) passes
+    it on to the next, as in nats-server."""
+    n = len(members)
+    start = random.randrange(n) if n > 1 else 0
+    for i in range(n):
+        sub = members[(start + i) % n]
+        if sub.dead or sub.client is skip:
+            continue
+        if sub.client.deliver(sub, msg):
+            return True
+    return False

@@ -1,0 +1,307 @@
+"""Raft entry formats of a stream's group: what is proposed, replicated, logged and applied.
+
+Every entry starts with an `EntryOp` byte and the proposer's clock reading `now_ns`; applying an
+entry never reads a clock or a random source, so every member (and the audit job replaying the
+WAL) computes the same state. Encoding is explicit little-endian `struct`; a decoder refuses
+unknown op codes, short entries and trailing bytes. docs/jetstream.md lists the layouts.
+
+EntryOp values are append-only: a value, once released, keeps its meaning forever, because old
+WAL segments and snapshots are replayed by newer code.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from enum import IntEnum
+
+
+class EntryOp(IntEnum):
+    STREAM_MSG = 1   # a publish captured by the stream
+    DELETE_MSG = 2   # STREAM.MSG.DELETE
+    PURGE = 3        # STREAM.PURGE, with optional subject filter, seq and keep
+    EXPIRE = 4       # a leader tick: remove what max_age and per-message TTLs expired by now_ns
+    UPDATE_CONFIG = 5        # STREAM.UPDATE: the checked config, as JSON
+    # 6..15 reserved for stream ops
+    CONSUMER_DELIVERED = 16  # the leader delivered a stream message to a consumer
+    CONSUMER_ACK = 17        # +ACK / -NAK / +WPI / +TERM, or a leader's MAX_DELIVER / GONE
+    STREAM_BATCH = 18        # a committed atomic batch, applied all-or-nothing
+    CONSUMER_UPSERT = 19     # create or update a consumer: config JSON + start position
+    CONSUMER_DELETE = 20     # delete a consumer
+
+
+class EntryFormatError(ValueError):
+    """An entry that no version of this code wrote: refuse it, never guess."""
+
+
+_HEAD = struct.Struct("<Bq")                # op, now_ns
+_MSG = struct.Struct("<HHII")               # subject_len, reply_len, hdr_len, data_len
+_DELETE = struct.Struct("<QB")              # seq, flags
+_PURGE = struct.Struct("<QQH")              # seq (0 = none), keep (0 = none), filter_len
+_DELIVERED = struct.Struct("<HQ")           # consumer_len, stream seq
+_ACK = struct.Struct("<HBQq")               # consumer_len, kind, stream seq, delay_ns
+_BATCH = struct.Struct("<HI")               # batch_id_len, message count
+_CONFIG = struct.Struct("<I")               # config_len
+_UPSERT = struct.Struct("<HQQI")            # name_len, start seq, lps_until, config_len
+_NAME = struct.Struct("<H")                 # name_len
+DELETE_NO_ERASE = 0x01
+
+
+@dataclass(frozen=True, slots=True)
+class StreamMsg:
+    now_ns: int
+    subject: str
+    reply: str
+    hdr: bytes
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteMsg:
+    now_ns: int
+    seq: int
+    no_erase: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Purge:
+    now_ns: int
+    filter: str = ""
+    seq: int = 0   # remove messages below this sequence (0: no bound)
+    keep: int = 0  # keep this many newest messages (0: keep none)
+
+
+@dataclass(frozen=True, slots=True)
+class Expire:
+    now_ns: int
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerDelivered:
+    now_ns: int
+    consumer: str
+    sseq: int
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerAck:
+    now_ns: int
+    consumer: str
+    kind: int  # consumer.AckKind
+    sseq: int
+    delay_ns: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class StreamBatch:
+    now_ns: int
+    batch_id: str
+    msgs: tuple[StreamMsg, ...]  # their own now_ns is the batch's
+
+
+@dataclass(frozen=True, slots=True)
+class UpdateConfig:
+    now_ns: int
+    config: bytes  # the stream config JSON (wire form), already checked by the leader
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerUpsert:
+    now_ns: int
+    consumer: str
+    config: bytes  # the consumer config JSON, already checked by the leader
+    start_sseq: int = 1
+    lps_until: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerDelete:
+    now_ns: int
+    consumer: str
+
+
+Op = (StreamMsg | DeleteMsg | Purge | Expire | ConsumerDelivered | ConsumerAck | StreamBatch
+      | UpdateConfig | ConsumerUpsert | ConsumerDelete)
+
+
+def _msg_body(msg: StreamMsg) -> bytes:
+    subject, reply = msg.subject.encode(), msg.reply.encode()
+    return (_MSG.pack(len(subject), len(reply), len(msg.hdr), len(msg.data))
+            + subject + reply + msg.hdr + msg.data)
+
+
+def encode(op: Op) -> bytes:
+    if isinstance(op, StreamMsg):
+        return _HEAD.pack(EntryOp.STREAM_MSG, op.now_ns) + _msg_body(op)
+    if isinstance(op, StreamBatch):
+        batch_id = op.batch_id.encode()
+        return (_HEAD.pack(EntryOp.STREAM_BATCH, op.now_ns)
+                + _BATCH.pack(len(batch_id), len(op.msgs)) + batch_id
+                + b"".join(_msg_body(m) for m in op.msgs))
+    if isinstance(op, DeleteMsg):
+        flags = DELETE_NO_ERASE if op.no_erase else 0
+        return _HEAD.pack(EntryOp.DELETE_MSG, op.now_ns) + _DELETE.pack(op.seq, flags)
+    if isinstance(op, Purge):
+        filt = op.filter.encode()
+        return (_HEAD.pack(EntryOp.PURGE, op.now_ns) + _PURGE.pack(op.seq, op.keep, len(filt))
+                + filt)
+    if isinstance(op, Expire):
+        return _HEAD.pack(EntryOp.EXPIRE, op.now_ns)
+    if isinstance(op, ConsumerDelivered):
+        name = op.consumer.encode()
+        return (_HEAD.pack(EntryOp.CONSUMER_DELIVERED, op.now_ns)
+                + _DELIVERED.pack(len(name), op.sseq) + name)
+    if isinstance(op, ConsumerAck):
+        name = op.consumer.encode()
+        return (_HEAD.pack(EntryOp.CONSUMER_ACK, op.now_ns)
+                + _ACK.pack(len(name), op.kind, op.sseq, op.delay_ns) + name)
+    return _encode_admin(op)
+
+
+def _encode_admin(op: Op) -> bytes:
+    if isinstance(op, UpdateConfig):
+        return _HEAD.pack(EntryOp.UPDATE_CONFIG, op.now_ns) + _CONFIG.pack(len(op.config)) + \
+            op.config
+    if isinstance(op, ConsumerUpsert):
+        name = op.consumer.encode()
+        return (_HEAD.pack(EntryOp.CONSUMER_UPSERT, op.now_ns)
+                + _UPSERT.pack(len(name), op.start_sseq, op.lps_until, len(op.config))
+                + name + op.config)
+    if isinstance(op, ConsumerDelete):
+        name = op.consumer.encode()
+        return _HEAD.pack(EntryOp.CONSUMER_DELETE, op.now_ns) + _NAME.pack(len(name)) + name
+    raise TypeError(f"not an entry op: {op!r}")
+
+
+def decode(entry: bytes) -> Op:
+    if len(entry) < _HEAD.size:
+        raise EntryFormatError(f"entry of {len(entry)} bytes is shorter than its header")
+    code, now_ns = _HEAD.unpack_from(entry)
+    body = memoryview(entry)[_HEAD.size:]
+    try:
+        kind = EntryOp(code)
+    except ValueError as exc:
+        raise EntryFormatError(f"unknown entry op {code}") from exc
+    try:
+        return _DECODERS[kind](now_ns, body)
+    except UnicodeDecodeError as exc:
+        raise EntryFormatError(f"{kind.name} entry has a subject that is not UTF-8") from exc
+
+
+def _fixed(body: memoryview, layout: struct.Struct, what: str) -> tuple[int, ...]:
+    if len(body) < layout.size:
+        raise EntryFormatError(f"{what} entry truncated")
+    return layout.unpack_from(body)
+
+
+def _decode_msg(now_ns: int, body: memoryview) -> StreamMsg:
+    msg, used = _read_msg(now_ns, body)
+    if used != len(body):
+        raise EntryFormatError(f"stream msg entry is {len(body)} bytes, lengths say {used}")
+    return msg
+
+
+def _read_msg(now_ns: int, body: memoryview) -> tuple[StreamMsg, int]:
+    subject_len, reply_len, hdr_len, data_len = _fixed(body, _MSG, "stream msg")
+    total = _MSG.size + subject_len + reply_len + hdr_len + data_len
+    if len(body) < total:
+        raise EntryFormatError(f"stream msg entry is {len(body)} bytes, lengths say {total}")
+    at = _MSG.size
+    subject = bytes(body[at:at + subject_len]).decode()
+    at += subject_len
+    reply = bytes(body[at:at + reply_len]).decode()
+    at += reply_len
+    hdr = bytes(body[at:at + hdr_len])
+    at += hdr_len
+    return StreamMsg(now_ns, subject, reply, hdr, bytes(body[at:total])), total
+
+
+def _decode_batch(now_ns: int, body: memoryview) -> StreamBatch:
+    id_len, count = _fixed(body, _BATCH, "stream batch")
+    at = _BATCH.size + id_len
+    if len(body) < at or count == 0:
+        raise EntryFormatError("stream batch entry truncated or empty")
+    batch_id = bytes(body[_BATCH.size:at]).decode()
+    msgs = []
+    for _ in range(count):
+        msg, used = _read_msg(now_ns, body[at:])
+        msgs.append(msg)
+        at += used
+    if at != len(body):
+        raise EntryFormatError("stream batch entry has trailing bytes")
+    return StreamBatch(now_ns, batch_id, tuple(msgs))
+
+
+def _decode_delete(now_ns: int, body: memoryview) -> DeleteMsg:
+    if len(body) != _DELETE.size:
+        raise EntryFormatError("delete msg entry has the wrong size")
+    seq, flags = _DELETE.unpack_from(body)
+    if flags & ~DELETE_NO_ERASE:
+        raise EntryFormatError(f"delete msg entry has unknown flags {flags:#x}")
+    return DeleteMsg(now_ns, seq, bool(flags & DELETE_NO_ERASE))
+
+
+def _decode_purge(now_ns: int, body: memoryview) -> Purge:
+    seq, keep, filter_len = _fixed(body, _PURGE, "purge")
+    if len(body) != _PURGE.size + filter_len:
+        raise EntryFormatError("purge entry has the wrong size")
+    return Purge(now_ns, bytes(body[_PURGE.size:]).decode(), seq, keep)
+
+
+def _decode_expire(now_ns: int, body: memoryview) -> Expire:
+    if len(body):
+        raise EntryFormatError("expire entry has trailing bytes")
+    return Expire(now_ns)
+
+
+def _decode_delivered(now_ns: int, body: memoryview) -> ConsumerDelivered:
+    name_len, sseq = _fixed(body, _DELIVERED, "consumer delivered")
+    if len(body) != _DELIVERED.size + name_len:
+        raise EntryFormatError("consumer delivered entry has the wrong size")
+    return ConsumerDelivered(now_ns, bytes(body[_DELIVERED.size:]).decode(), sseq)
+
+
+def _decode_ack(now_ns: int, body: memoryview) -> ConsumerAck:
+    name_len, kind, sseq, delay_ns = _fixed(body, _ACK, "consumer ack")
+    if len(body) != _ACK.size + name_len:
+        raise EntryFormatError("consumer ack entry has the wrong size")
+    if not 1 <= kind <= 6:
+        raise EntryFormatError(f"consumer ack entry has unknown kind {kind}")
+    return ConsumerAck(now_ns, bytes(body[_ACK.size:]).decode(), kind, sseq, delay_ns)
+
+
+def _decode_update(now_ns: int, body: memoryview) -> UpdateConfig:
+    (size,) = _fixed(body, _CONFIG, "update config")
+    if len(body) != _CONFIG.size + size:
+        raise EntryFormatError("update config entry has the wrong size")
+    return UpdateConfig(now_ns, bytes(body[_CONFIG.size:]))
+
+
+def _decode_upsert(now_ns: int, body: memoryview) -> ConsumerUpsert:
+    name_len, start, lps, size = _fixed(body, _UPSERT, "consumer upsert")
+    if len(body) != _UPSERT.size + name_len + size:
+        raise EntryFormatError("consumer upsert entry has the wrong size")
+    at = _UPSERT.size + name_len
+    return ConsumerUpsert(now_ns, bytes(body[_UPSERT.size:at]).decode(), bytes(body[at:]),
+                          start, lps)
+
+
+def _decode_consumer_delete(now_ns: int, body: memoryview) -> ConsumerDelete:
+    (name_len,) = _fixed(body, _NAME, "consumer delete")
+    if len(body) != _NAME.size + name_len:
+        raise EntryFormatError("consumer delete entry has the wrong size")
+    return ConsumerDelete(now_ns, bytes(body[_NAME.size:]).decode())
+
+
+_DECODERS = {
+    EntryOp.STREAM_MSG: _decode_msg,
+    EntryOp.DELETE_MSG: _decode_delete,
+    EntryOp.PURGE: _decode_purge,
+    EntryOp.EXPIRE: _decode_expire,
+    EntryOp.CONSUMER_DELIVERED: _decode_delivered,
+    EntryOp.CONSUMER_ACK: _decode_ack,
+    EntryOp.STREAM_BATCH: _decode_batch,
+    EntryOp.UPDATE_CONFIG: _decode_update,
+    EntryOp.CONSUMER_UPSERT: _decode_upsert,
+    EntryOp.CONSUMER_DELETE: _decode_consumer_delete,
+}

@@ -1,0 +1,141 @@
+"""Pull requests (CONSUMER.MSG.NEXT): the waiting queue of one consumer, pure.
+
+The consumer leader keeps the queue; it is not replicated (a new leader starts empty and
+clients re-issue their requests, as with nats-server). Time comes in as `now_ns`.
+
+    queue = PullQueue(consumer_cfg)
+    statuses = queue.add(now, reply, body)        # 409s refuse a request at once
+    target = queue.take(size)                     # which request gets the next message
+    statuses = queue.nothing_pending(now)         # 404 for no_wait requests that wait in vain
+    statuses = queue.tick(now, last_cseq, last_sseq)  # 408 on expiry, 100 heartbeats
+
+A status is a `Status(reply, header block)` the node publishes to the request's reply subject.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+from node.jetstream.headers import format_go_duration
+
+
+@dataclass(frozen=True, slots=True)
+class Status:
+    reply: str
+    hdr: bytes
+
+
+def status(reply: str, code: int, text: str, pairs: list[tuple[str, str]] | None = None
+           ) -> Status:
+    extra = "".join(f"{k}: {v}\r\n" for k, v in pairs or [])
+    return Status(reply, f"NATS/1.0 {code} {text}\r\n{extra}\r\n".encode())
+
+
+@dataclass(slots=True)
+class PullRequest:
+    reply: str
+    remaining: int           # messages still wanted
+    bytes_left: int          # 0: no byte limit
+    deadline_ns: int         # 0: no expiry
+    no_wait: bool
+    heartbeat_ns: int
+    next_heartbeat_ns: int
+    max_bytes: int
+
+
+def parse_next(body: bytes) -> dict[str, Any]:
+    """A MSG.NEXT body: JSON, a bare batch count, or empty (one message)."""
+    text = body.strip()
+    if not text:
+        return {"batch": 1}
+    if text.isdigit():
+        return {"batch": int(text)}
+    try:
+        req = json.loads(text)
+    except ValueError:
+        return {"batch": 1}
+    return req if isinstance(req, dict) else {"batch": 1}
+
+
+class PullQueue:
+    def __init__(self, cfg: dict[str, Any]) -> None:
+        self.max_waiting = cfg.get("max_waiting") or 512
+        self.max_batch = cfg.get("max_batch", 0)
+        self.max_expires = cfg.get("max_expires", 0)
+        self.max_bytes = cfg.get("max_bytes", 0)
+        self.waiting: deque[PullRequest] = deque()
+
+    def add(self, now_ns: int, reply: str, body: bytes) -> list[Status]:
+        req = parse_next(body)
+        batch = max(int(req.get("batch") or 1), 1)
+        expires = int(req.get("expires") or 0)
+        max_bytes = int(req.get("max_bytes") or 0)
+        refusal = self._refusal(batch, expires, max_bytes)
+        if refusal:
+            return [status(reply, 409, refusal)]
+        heartbeat = int(req.get("idle_heartbeat") or 0)
+        self.waiting.append(PullRequest(
+            reply, batch, max_bytes, now_ns + expires if expires else 0,
+            bool(req.get("no_wait")), heartbeat, now_ns + heartbeat if heartbeat else 0,
+            max_bytes))
+        return []
+
+    def _refusal(self, batch: int, expires: int, max_bytes: int) -> str:
+        if self.max_batch > 0 and batch > self.max_batch:
+            return f"Exceeded MaxRequestBatch of {self.max_batch}"
+        if self.max_expires > 0 and expires > self.max_expires:
+            return f"Exceeded MaxRequestExpires of {format_go_duration(self.max_expires)}"
+        if self.max_bytes > 0 and max_bytes > self.max_bytes:
+            return f"Exceeded MaxRequestMaxBytes of {self.max_bytes}"
+        if len(self.waiting) >= self.max_waiting:
+            return "Exceeded MaxWaiting"
+        return ""
+
+    def take(self, size: int) -> tuple[PullRequest | None, list[Status]]:
+        """The request that receives a message of `size` bytes (None: nobody waits), and
+        the statuses of requests that cannot take it (their max_bytes is too small)."""
+        refused: list[Status] = []
+        while self.waiting:
+            req = self.waiting[0]
+            if req.max_bytes and size > req.bytes_left:
+                self.waiting.popleft()
+                refused.append(status(req.reply, 409, "Message Size Exceeds MaxBytes"))
+                continue
+            req.remaining -= 1
+            if req.max_bytes:
+                req.bytes_left -= size
+            if req.remaining <= 0:
+                self.waiting.popleft()  # fully served: nats-server sends no status
+            return req, refused
+        return None, refused
+
+    def nothing_pending(self) -> list[Status]:
+        """The consumer has nothing to deliver now: every no_wait request ends with 404."""
+        done = [r for r in self.waiting if r.no_wait]
+        self.waiting = deque(r for r in self.waiting if not r.no_wait)
+        return [status(r.reply, 404, "No Messages") for r in done]
+
+    def tick(self, now_ns: int, last_cseq: int, last_sseq: int) -> list[Status]:
+        out: list[Status] = []
+        keep: deque[PullRequest] = deque()
+        for req in self.waiting:
+            if req.deadline_ns and now_ns >= req.deadline_ns:
+                out.append(status(req.reply, 408, "Request Timeout", [
+                    ("Nats-Pending-Messages", str(req.remaining)),
+                    ("Nats-Pending-Bytes", str(req.bytes_left if req.max_bytes else 0))]))
+                continue
+            if req.heartbeat_ns and now_ns >= req.next_heartbeat_ns:
+                out.append(status(req.reply, 100, "Idle Heartbeat", [
+                    ("Nats-Last-Consumer", str(last_cseq)), ("Nats-Last-Stream", str(last_sseq))]))
+                req.next_heartbeat_ns = now_ns + req.heartbeat_ns
+            keep.append(req)
+        self.waiting = keep
+        return out
+
+    def next_deadline(self) -> int | None:
+        """When tick() next has something to do."""
+        times = [t for r in self.waiting for t in (r.deadline_ns, r.next_heartbeat_ns) if t]
+        return min(times, default=None)

@@ -1,0 +1,362 @@
+"""LmdbStore: a stream's messages in the node's one LMDB environment.
+
+`NodeEnv` opens the environment once per node with named databases; every stream's keys carry
+its prefix (u16 name length + name), so all streams share the databases:
+
+    js_msgs       prefix | seq u64 BE              -> record (store/base.py: CRC, ts, subject, ...)
+    js_subj       prefix | subject | 0x00 | seq BE -> b""    per-subject index (ordered by seq)
+    js_subjcount  prefix | subject                 -> count u64 LE
+    js_meta       prefix | key                     -> value  (counters, last seq, applied index)
+    js_consumers  prefix | consumer name           -> consumer state record
+    js_ttl        prefix | expires_ns BE | seq BE  -> b""    per-message TTL index
+    js_dedup      prefix | msg id                  -> seq u64 LE | ts_ns i64 LE
+    js_dedup_ts   prefix | ts_ns BE | msg id       -> b""    (prunes the window in order)
+
+Subjects never contain NUL (stream subjects are validated), so `subject | 0x00` sorts every
+sequence of one subject together and before any longer subject.
+
+Writes made inside `batch()` share one write transaction: a batch of Raft entries applied
+together costs one LMDB commit. Nothing per message stays in memory, so memory is bounded
+whatever the stream's size. The durability argument is in docs/jetstream.md.
+"""
+
+from __future__ import annotations
+
+import struct
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import lmdb
+
+from node.jetstream.store.base import (
+    Sizer,
+    StoredMsg,
+    decode_record,
+    encode_record,
+    file_size,
+)
+
+_U64 = struct.Struct("<Q")
+DB_NAMES = ("js_msgs", "js_subj", "js_subjcount", "js_meta", "js_consumers", "js_ttl",
+            "js_dedup", "js_dedup_ts")
+
+
+class NodeEnv:
+    """The node's LMDB environment and its named databases (opened once, shared)."""
+
+    MAP_SIZE = 1 << 40  # address space only; the file grows as data is written
+
+    def __init__(self, path: str, *, sync: bool = True) -> None:
+        # sync=True, metasync=False (MDB_NOMETASYNC): each write txn fdatasyncs its data pages
+        # before the meta page that points at them is written (unsynced). A power loss may
+        # undo the last txn but never leaves a meta page pointing at pages that are not on
+        # disk; the lost txn's entries are re-applied from the Raft WAL. sync=False
+        # (MDB_NOSYNC) could corrupt the file on power loss (pages of an unsynced txn may
+        # overwrite pages the durable meta still uses), so it is for tests only.
+        # docs/jetstream.md has the whole argument.
+        self.env = lmdb.open(path, map_size=self.MAP_SIZE, max_dbs=16, sync=sync,
+                             metasync=False, readahead=False)
+        self.dbs = {name: self.env.open_db(name.encode()) for name in DB_NAMES}
+
+    def sync(self) -> None:
+        """fsync everything committed so far, meta page included. Read the applied indexes
+        BEFORE calling it: those are then durable, and the WAL may be compacted up to them."""
+        self.env.sync(True)
+
+    def close(self) -> None:
+        self.env.close()
+
+
+class LmdbStore:
+    def __init__(self, node_env: NodeEnv, name: str, sizer: Sizer = file_size) -> None:
+        raw = name.encode()
+        self.name = name
+        self.sizer = sizer
+        self._env = node_env.env
+        self._db = node_env.dbs
+        self._prefix = len(raw).to_bytes(2, "big") + raw
+        # The open batch txn belongs to the thread that opened it: applies may run in a
+        # worker thread while the event loop serves reads from its own read txns.
+        self._local = threading.local()
+
+    @property
+    def _txn(self) -> Any:
+        return getattr(self._local, "txn", None)
+
+    @_txn.setter
+    def _txn(self, txn: Any) -> None:
+        self._local.txn = txn
+
+    # -- transactions ----------------------------------------------------------------------
+
+    @contextmanager
+    def batch(self) -> Iterator[None]:
+        if self._txn is not None:  # nested: the outer batch commits
+            yield
+            return
+        with self._env.begin(write=True) as txn:
+            self._txn = txn
+            try:
+                yield
+            finally:
+                self._txn = None
+
+    @contextmanager
+    def _write(self) -> Iterator[Any]:
+        if self._txn is not None:
+            yield self._txn
+            return
+        with self._env.begin(write=True) as txn:
+            yield txn
+
+    @contextmanager
+    def _read(self) -> Iterator[Any]:
+        if self._txn is not None:
+            yield self._txn
+            return
+        with self._env.begin() as txn:
+            yield txn
+
+    # -- keys ------------------------------------------------------------------------------
+
+    def _msg_key(self, seq: int) -> bytes:
+        return self._prefix + seq.to_bytes(8, "big")
+
+    def _subj_key(self, subject: str, seq: int) -> bytes:
+        return self._prefix + subject.encode() + b"\x00" + seq.to_bytes(8, "big")
+
+    def _counter(self, txn: Any, key: str) -> int:
+        raw = txn.get(self._prefix + key.encode(), db=self._db["js_meta"])
+        return _U64.unpack(raw)[0] if raw else 0
+
+    def _add(self, txn: Any, key: str, delta: int) -> None:
+        value = self._counter(txn, key) + delta
+        assert value >= 0, (key, value)
+        txn.put(self._prefix + key.encode(), _U64.pack(value), db=self._db["js_meta"])
+
+    # -- messages --------------------------------------------------------------------------
+
+    def store(self, msg: StoredMsg) -> None:
+        record = encode_record(msg)
+        with self._write() as txn:
+            added = txn.put(self._msg_key(msg.seq), record, db=self._db["js_msgs"],
+                            overwrite=False)
+            assert added, f"seq {msg.seq} stored twice"
+            txn.put(self._subj_key(msg.subject, msg.seq), b"", db=self._db["js_subj"])
+            count_key = self._prefix + msg.subject.encode()
+            raw = txn.get(count_key, db=self._db["js_subjcount"])
+            count = (_U64.unpack(raw)[0] if raw else 0) + 1
+            txn.put(count_key, _U64.pack(count), db=self._db["js_subjcount"])
+            self._add(txn, "\x00msgs", 1)
+            self._add(txn, "\x00bytes", self.sizer(msg.subject, msg.hdr, msg.data))
+
+    def load(self, seq: int) -> StoredMsg | None:
+        with self._read() as txn:
+            raw = txn.get(self._msg_key(seq), db=self._db["js_msgs"])
+            return None if raw is None else decode_record(self.name, seq, bytes(raw))
+
+    def remove(self, seq: int) -> StoredMsg | None:
+        with self._write() as txn:
+            raw = txn.get(self._msg_key(seq), db=self._db["js_msgs"])
+            if raw is None:
+                return None
+            msg = decode_record(self.name, seq, bytes(raw))
+            txn.delete(self._msg_key(seq), db=self._db["js_msgs"])
+            txn.delete(self._subj_key(msg.subject, seq), db=self._db["js_subj"])
+            count_key = self._prefix + msg.subject.encode()
+            count = _U64.unpack(txn.get(count_key, db=self._db["js_subjcount"]))[0] - 1
+            if count:
+                txn.put(count_key, _U64.pack(count), db=self._db["js_subjcount"])
+            else:
+                txn.delete(count_key, db=self._db["js_subjcount"])
+            self._add(txn, "\x00msgs", -1)
+            self._add(txn, "\x00bytes", -self.sizer(msg.subject, msg.hdr, msg.data))
+            return msg
+
+    def first_seq(self) -> int:
+        return next(self.seqs(1), 0)
+
+    def seqs(self, start: int = 1) -> Iterator[int]:
+        """Reads in short read transactions of 1,000 keys so a long walk never pins one."""
+        key = self._msg_key(start)
+        while True:
+            chunk: list[int] = []
+            with self._read() as txn:
+                cur = txn.cursor(db=self._db["js_msgs"])
+                if not cur.set_range(key):
+                    return
+                for k in cur.iternext(keys=True, values=False):
+                    if not k.startswith(self._prefix) or len(chunk) >= 1000:
+                        break
+                    chunk.append(int.from_bytes(k[len(self._prefix):], "big"))
+            if not chunk:
+                return
+            yield from chunk
+            key = self._msg_key(chunk[-1] + 1)
+
+    def seqs_desc(self) -> Iterator[int]:
+        """Highest first, in short read transactions of 1,000 keys."""
+        key = self._prefix + b"\xff" * 8
+        while True:
+            chunk: list[int] = []
+            with self._read() as txn:
+                cur = txn.cursor(db=self._db["js_msgs"])
+                found = cur.set_range(key)
+                moved = cur.prev() if found else cur.last()
+                if not moved:
+                    return
+                for k in cur.iterprev(keys=True, values=False):
+                    if not k.startswith(self._prefix) or len(chunk) >= 1000:
+                        break
+                    chunk.append(int.from_bytes(k[len(self._prefix):], "big"))
+            if not chunk:
+                return
+            yield from chunk
+            key = self._msg_key(chunk[-1])
+
+    def msgs(self) -> int:
+        with self._read() as txn:
+            return self._counter(txn, "\x00msgs")
+
+    def bytes(self) -> int:
+        with self._read() as txn:
+            return self._counter(txn, "\x00bytes")
+
+    # -- per-subject index -----------------------------------------------------------------
+
+    def last_for_subject(self, subject: str) -> int:
+        head = self._prefix + subject.encode() + b"\x00"
+        with self._read() as txn:
+            cur = txn.cursor(db=self._db["js_subj"])
+            if cur.set_range(head + b"\xff" * 8):
+                if not cur.prev():
+                    return 0
+            elif not cur.last():
+                return 0
+            key = cur.key()
+            return int.from_bytes(key[len(head):], "big") if key.startswith(head) else 0
+
+    def first_for_subject(self, subject: str, start: int = 1) -> int:
+        head = self._prefix + subject.encode() + b"\x00"
+        with self._read() as txn:
+            cur = txn.cursor(db=self._db["js_subj"])
+            if not cur.set_range(head + start.to_bytes(8, "big")):
+                return 0
+            key = cur.key()
+            return int.from_bytes(key[len(head):], "big") if key.startswith(head) else 0
+
+    def subject_count(self, subject: str) -> int:
+        with self._read() as txn:
+            raw = txn.get(self._prefix + subject.encode(), db=self._db["js_subjcount"])
+            return _U64.unpack(raw)[0] if raw else 0
+
+    def subjects(self) -> Iterator[tuple[str, int]]:
+        with self._read() as txn:
+            cur = txn.cursor(db=self._db["js_subjcount"])
+            if not cur.set_range(self._prefix):
+                return
+            for key, value in cur:
+                if not key.startswith(self._prefix):
+                    return
+                yield key[len(self._prefix):].decode(), _U64.unpack(value)[0]
+
+    # -- meta and consumers ----------------------------------------------------------------
+
+    def _ttl_key(self, expires_ns: int, seq: int) -> bytes:
+        return self._prefix + max(expires_ns, 0).to_bytes(8, "big") + seq.to_bytes(8, "big")
+
+    def add_ttl(self, expires_ns: int, seq: int) -> None:
+        with self._write() as txn:
+            txn.put(self._ttl_key(expires_ns, seq), b"", db=self._db["js_ttl"])
+
+    def remove_ttl(self, expires_ns: int, seq: int) -> None:
+        with self._write() as txn:
+            txn.delete(self._ttl_key(expires_ns, seq), db=self._db["js_ttl"])
+
+    def due_ttls(self, now_ns: int, limit: int) -> list[tuple[int, int]]:
+        out: list[tuple[int, int]] = []
+        with self._read() as txn:
+            cur = txn.cursor(db=self._db["js_ttl"])
+            if not cur.set_range(self._prefix):
+                return out
+            for key in cur.iternext(keys=True, values=False):
+                if not key.startswith(self._prefix) or len(out) >= limit:
+                    break
+                rest = key[len(self._prefix):]
+                expires, seq = int.from_bytes(rest[:8], "big"), int.from_bytes(rest[8:], "big")
+                if expires > now_ns:
+                    break
+                out.append((expires, seq))
+        return out
+
+    def put_dedup(self, msg_id: str, seq: int, ts_ns: int) -> None:
+        key = self._prefix + msg_id.encode()
+        with self._write() as txn:
+            old = txn.get(key, db=self._db["js_dedup"])
+            if old is not None:
+                old_ts = struct.unpack("<Qq", old)[1]
+                txn.delete(self._dedup_ts_key(old_ts, msg_id), db=self._db["js_dedup_ts"])
+            txn.put(key, struct.pack("<Qq", seq, ts_ns), db=self._db["js_dedup"])
+            txn.put(self._dedup_ts_key(ts_ns, msg_id), b"", db=self._db["js_dedup_ts"])
+
+    def _dedup_ts_key(self, ts_ns: int, msg_id: str) -> bytes:
+        return self._prefix + max(ts_ns, 0).to_bytes(8, "big") + msg_id.encode()
+
+    def get_dedup(self, msg_id: str) -> tuple[int, int] | None:
+        with self._read() as txn:
+            raw = txn.get(self._prefix + msg_id.encode(), db=self._db["js_dedup"])
+            return None if raw is None else struct.unpack("<Qq", raw)
+
+    def prune_dedup(self, before_ns: int, limit: int) -> int:
+        pruned = 0
+        with self._write() as txn:
+            cur = txn.cursor(db=self._db["js_dedup_ts"])
+            if not cur.set_range(self._prefix):
+                return 0
+            while pruned < limit:
+                key = cur.key()
+                if not key.startswith(self._prefix):
+                    break
+                rest = key[len(self._prefix):]
+                if int.from_bytes(rest[:8], "big") >= before_ns:
+                    break
+                txn.delete(self._prefix + rest[8:], db=self._db["js_dedup"])
+                pruned += 1
+                if not cur.delete():
+                    break
+        return pruned
+
+    def put_meta(self, key: str, value: bytes) -> None:
+        with self._write() as txn:
+            txn.put(self._prefix + key.encode(), value, db=self._db["js_meta"])
+
+    def get_meta(self, key: str) -> bytes | None:
+        with self._read() as txn:
+            raw = txn.get(self._prefix + key.encode(), db=self._db["js_meta"])
+            return None if raw is None else bytes(raw)
+
+    def put_consumer(self, name: str, state: bytes) -> None:
+        with self._write() as txn:
+            txn.put(self._prefix + name.encode(), state, db=self._db["js_consumers"])
+
+    def get_consumer(self, name: str) -> bytes | None:
+        with self._read() as txn:
+            raw = txn.get(self._prefix + name.encode(), db=self._db["js_consumers"])
+            return None if raw is None else bytes(raw)
+
+    def delete_consumer(self, name: str) -> None:
+        with self._write() as txn:
+            txn.delete(self._prefix + name.encode(), db=self._db["js_consumers"])
+
+    def consumers(self) -> list[str]:
+        out = []
+        with self._read() as txn:
+            cur = txn.cursor(db=self._db["js_consumers"])
+            if cur.set_range(self._prefix):
+                for key in cur.iternext(keys=True, values=False):
+                    if not key.startswith(self._prefix):
+                        break
+                    out.append(key[len(self._prefix):].decode())
+        return out

@@ -1,0 +1,154 @@
+"""Mutation check for the JetStream safety guards: each mutant must make a test fail.
+
+    python -m tests.jetstream.mutants        (from the worktree root)
+
+Copies the tree to a temp dir, applies one mutant at a time (an exact text replacement that
+must match once), runs the tests that guard it there, and reports killed/survived. Exit 1 when
+a mutant survives or no longer applies.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+J = "node/jetstream/"
+T = "tests/jetstream/"
+
+# (name, file, original text, mutated text, tests that must catch it[, original2, mutated2])
+MUTANTS: list[tuple[str, ...]] = [
+    ("re-applied index not skipped", J + "stream.py", "if index <= self.applied:",
+     "if index < self.applied:", T + "test_stream.py"),
+    ("progress not saved with the batch", J + "stream.py",
+     "                self.applied = index\n            self._save_progress()",
+     "                self.applied = index", T + "test_stream.py"),
+    ("record CRC not checked", J + "store/base.py",
+     "if zlib.crc32(raw[4:], zlib.crc32(_SEQ.pack(seq))) != crc:", "if False:",
+     T + "test_store.py"),
+    ("record CRC ignores the sequence", J + "store/base.py",
+     "if zlib.crc32(raw[4:], zlib.crc32(_SEQ.pack(seq))) != crc:",
+     "if zlib.crc32(raw[4:], zlib.crc32(_SEQ.pack(msg_seq_unused := 0))) != crc and "
+     "zlib.crc32(raw[4:]) != crc:", T + "test_store.py"),
+    # The window is enforced twice (pruning, and the check on lookup), so the mutant breaks
+    # both: either alone is covered by the other.
+    ("dedup window ignored", J + "stream.py",
+     'op.now_ns - seen[1] <= cfg["duplicate_window"]', "True", T + "test_stream.py",
+     'self.store.prune_dedup(now_ns - self.cfg["duplicate_window"], EXPIRE_BATCH)', "None"),
+    ("dedup ignored", J + "stream.py", "            if seen is not None and",
+     "            if False and", T + "test_stream_differential.py"),
+    ("max_age never expires", J + "stream.py",
+     "if msg is None or msg.ts_ns > now_ns - max_age:", "if True:", T + "test_stream.py"),
+    ("discard new off by one", J + "stream.py",
+     'if 0 < cfg["max_msgs"] <= self.store.msgs():',
+     'if 0 < cfg["max_msgs"] < self.store.msgs():', T + "test_stream_differential.py"),
+    ("expected last sequence unchecked", J + "stream.py",
+     "if expected_last is not None and _as_seq(expected_last) != self.last_seq:",
+     "if False:", T + "test_stream_differential.py"),
+    ("max msg size unchecked", J + "stream.py",
+     'if 0 <= cfg["max_msg_size"] < len(op.hdr) + len(op.data):', "if False:",
+     T + "test_stream_differential.py"),
+    ("entry trailing bytes accepted", J + "ops.py", "if used != len(body):",
+     "if used > len(body):", T + "test_ops.py"),
+    ("ttl index not consulted", J + "stream.py",
+     "for _expires, seq in self.store.due_ttls(now_ns, EXPIRE_BATCH):",
+     "for _expires, seq in []:", T + "test_stream.py"),
+    ("subject overlap with other streams unchecked", J + "config.py",
+     "            if any(subjects_collide(mine, theirs) for theirs in other[\"subjects\"]):",
+     "            if False:", T + "test_config_differential.py"),
+    ("redelivery before the ack deadline", J + "consumer.py",
+     "if p.deadline_ns <= now_ns)", "if p.deadline_ns <= now_ns + 1)",
+     T + "test_consumer.py"),
+    ("max_deliver not enforced", J + "consumer.py", "if 0 < self.max_deliver <= count:",
+     "if 0 < self.max_deliver < count:", T + "test_consumer.py"),
+    ("ack floor jumps over an unacked message", J + "consumer.py",
+     "            st.floor_sseq = first - 1", "            st.floor_sseq = first",
+     T + "test_consumer.py"),
+    ("redelivery forgets the first consumer sequence", J + "consumer.py",
+     "Pending(first.cseq if first else cseq,", "Pending(cseq,",
+     T + "test_consumer_differential.py"),
+    ("max_ack_pending not enforced", J + "consumer.py",
+     "if 0 < self.max_ack_pending <= len(st.pending):", "if False:",
+     T + "test_consumer.py"),
+    ("workqueue keeps acked messages", J + "stream.py",
+     "if self.cfg[\"retention\"] == \"limits\":\n            return []",
+     "if True:\n            return []", T + "test_consumer.py"),
+    ("consumer deliver subject cycle unchecked", J + "consumer_config.py",
+     'if any(subjects_collide(deliver, s) for s in stream["subjects"]):', "if False:",
+     T + "test_consumer_config_differential.py"),
+    ("consumer update may change the ack policy", J + "consumer_config.py",
+     '        ("ack_policy", "ack policy can not be updated"),\n', "",
+     T + "test_consumer_config_differential.py"),
+    ("corrupt record served by MSG.GET", J + "get.py",
+     "        return {\"type\": kind, **ApiError.of(\"JSStreamGeneralErrorF\", err=str(exc))"
+     ".to_dict()}",
+     "        return {\"type\": kind, \"message\": {\"subject\": str(exc)}}",
+     T + "test_get_differential.py"),
+    ("pull request batch limit unchecked", J + "pull.py",
+     "if self.max_batch > 0 and batch > self.max_batch:", "if False:",
+     T + "test_pull_differential.py"),
+    ("pull request expiry never ends a request", J + "pull.py",
+     "if req.deadline_ns and now_ns >= req.deadline_ns:", "if False:",
+     T + "test_pull_differential.py"),
+    ("counter keeps no running total", J + "stream.py",
+     'return int(json.loads(msg.data)["val"]) + incr if msg else incr', "return incr",
+     T + "test_stream_differential.py"),
+    ("delete markers left for subjects that still have messages", J + "stream.py",
+     "            if self.store.last_for_subject(subject):\n                continue\n", "",
+     T + "test_stream_differential.py"),
+    ("atomic batch applied partly", J + "stream.py",
+     "            checked = self._check_batch(op)\n",
+     "            checked = [(\"\", 0)] * len(op.msgs)\n",
+     T + "test_batch_differential.py"),
+    ("num_pending cache misses removals", J + "stream.py",
+     "            consumer.on_removed(seq, msg.subject)\n", "            pass\n",
+     T + "test_consumer.py"),
+    ("lmdb per-subject last wrong", J + "store/lmdbstore.py",
+     'if cur.set_range(head + b"\\xff" * 8):', "if cur.set_range(head):",
+     T + "test_store.py"),
+]
+
+
+def main() -> int:
+    failures = 0
+    with tempfile.TemporaryDirectory() as tmp:
+        copy = Path(tmp) / "tree"
+        shutil.copytree(ROOT, copy, ignore=shutil.ignore_patterns(
+            ".git", "node_modules", "__pycache__", ".pytest_cache", ".hypothesis"))
+        for name, rel, original, mutated, tests, *more in MUTANTS:
+            path = copy / rel
+            text = path.read_text()
+            pairs = [(original, mutated)] + list(zip(more[::2], more[1::2], strict=True))
+            stale = [o for o, _ in pairs if text.count(o) != 1]
+            if stale:
+                print(f"STALE     {name}: {stale[0]!r} does not match exactly once")
+                failures += 1
+                continue
+            mutant_text = text
+            for o, m in pairs:
+                mutant_text = mutant_text.replace(o, m)
+            path.write_text(mutant_text)
+            try:
+                result = subprocess.run(
+                    [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
+                     tests], cwd=copy, env={"PYTHONPATH": str(copy), "PATH": _path()},
+                    capture_output=True, text=True, timeout=600)
+            finally:
+                path.write_text(text)
+            killed = result.returncode != 0
+            failures += not killed
+            print(f"{'killed  ' if killed else 'SURVIVED'}  {name}  ({tests})")
+    print(f"{len(MUTANTS) - failures}/{len(MUTANTS)} mutants killed")
+    return 1 if failures else 0
+
+
+def _path() -> str:
+    import os
+    return os.environ.get("PATH", "")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
