@@ -360,3 +360,15 @@ class LmdbStore:
                         break
                     out.append(key[len(self._prefix):].decode())
         return out
+
+    def drop(self) -> None:
+        """Delete every key of this stream in every database (stream deleted, or its group
+        starts again from the empty state). One write transaction: all or nothing."""
+        with self._write() as txn:
+            for db in self._db.values():
+                cur = txn.cursor(db=db)
+                if not cur.set_range(self._prefix):
+                    continue
+                while cur.key().startswith(self._prefix):
+                    if not cur.delete():
+                        break
