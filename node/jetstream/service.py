@@ -387,10 +387,17 @@ class JetStreamService:
 
     async def _h_stream_info(self, call: api.Call, subject: str, reply: str, body: bytes
                              ) -> dict[str, Any]:
-        sm = self._stream(call.stream)
+        sm = self.streams.get(call.stream)
+        if sm is None:  # nats-server's not-found INFO reply carries the paging fields too
+            err = replies.error_reply(_kind(call.op), ApiError.of("JSStreamNotFoundErr"))
+            return {**err, "total": 0, "offset": 0, "limit": 0}
         with sm.lock:
-            return replies.stream_info(sm.stream, body, rfc3339(sm.created_ns), self._now(),
-                                       consumers=len(sm.stream.consumers))
+            out = replies.stream_info(sm.stream, body, rfc3339(sm.created_ns), self._now(),
+                                      consumers=len(sm.stream.consumers))
+        if "error" not in out:
+            # A standalone nats-server names itself the stream's leader in INFO.
+            out = _insert_before(out, "ts", "cluster", {"leader": self.server.server_name})
+        return out
 
     async def _h_stream_delete(self, call: api.Call, subject: str, reply: str, body: bytes
                                ) -> dict[str, Any]:
@@ -663,6 +670,17 @@ class JetStreamService:
                     self._send(status)
                 if due is not None and due <= now and pull.queue.waiting:
                     self._pump(stream, name)
+
+
+def _insert_before(out: dict[str, Any], key: str, new_key: str, value: Any) -> dict[str, Any]:
+    """`out` with `new_key` placed before `key` (nats-server's field order)."""
+    res: dict[str, Any] = {}
+    for k, v in out.items():
+        if k == key:
+            res[new_key] = value
+        res[k] = v
+    res.setdefault(new_key, value)
+    return res
 
 
 class _nolock:
