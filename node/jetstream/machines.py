@@ -30,7 +30,7 @@ from typing import Any
 from node.jetstream import config as stream_config
 from node.jetstream.store.lmdbstore import LmdbStore, NodeEnv
 from node.jetstream.store.memstore import MemStore
-from node.jetstream.stream import Effect, Result, Stream
+from node.jetstream.stream import Delivered, Effect, Result, Stream
 
 _U64 = struct.Struct("<Q")
 META_STORE = "$js.meta"  # a name no stream can have ('.' is not allowed in stream names)
@@ -137,9 +137,12 @@ class StreamMachine:
         self.lock = threading.RLock()
         self.store: Any = self._new_store()
         self.stream = Stream(cfg, self.store)
-        # Result effects (purge, message delete) by Raft index, for the request that
-        # proposed the entry; popped by it once `propose` resolves.
+        # Result effects (purge, message delete) and Delivered effects by Raft index, for
+        # the coroutine that proposed the entry; popped by it once `propose` resolves. Only
+        # kept once `track` is set (after the start-up replay, whose entries nobody awaits).
         self.results: dict[int, dict[str, Any]] = {}
+        self.delivered: dict[int, Delivered] = {}
+        self.track = False
 
     def _new_store(self) -> Any:
         if self.env is None:
@@ -160,9 +163,11 @@ class StreamMachine:
         with self.lock, self.store.batch():
             for index, data in run:
                 produced = self.stream.apply_batch([(index, data)])
-                for effect in produced:
+                for effect in produced if self.track else ():
                     if isinstance(effect, Result):
                         self.results[index] = effect.payload
+                    elif isinstance(effect, Delivered):
+                        self.delivered[index] = effect
                 effects.extend(produced)
         if effects:
             self.sink(self, effects)
@@ -188,6 +193,7 @@ class StreamMachine:
                     self.store = self._new_store()
                 self.stream = Stream(self.initial_cfg, self.store)
                 self.results.clear()
+                self.delivered.clear()
 
     def on_leader_change(self, leader_id: int, term: int) -> None:
         pass

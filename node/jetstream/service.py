@@ -53,6 +53,7 @@ META_GROUP = "$js"
 NODE_ID = 1
 TICK_S = 0.05          # Raft tick; a single voter elects itself within 3-6 ticks
 ELECTION_TICK = 3
+MAX_ROUND = 256        # deliveries proposed together for one consumer
 PULL_TICK_S = 0.1      # pull-request expiries (408) and redeliveries are looked at this often
 _NAME_CHARS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
 _JSON = {"separators": (",", ":")}
@@ -220,6 +221,7 @@ class JetStreamService:
         self.streams[name] = sm
         self.mr.add_group(group, [NODE_ID], state_machine=sm)
         await self._ready(group)
+        sm.track = True
         with sm.lock:
             for cname in sm.stream.consumers:
                 self.consumer_created.setdefault((name, cname), time.time_ns())
@@ -578,52 +580,77 @@ class JetStreamService:
         try:
             while True:
                 pull.again = False
-                while pull.queue.waiting and await self._deliver_one(stream, name, pull):
+                while pull.queue.waiting and await self._deliver_batch(stream, name, pull):
                     pass
                 if not pull.again:
                     return
         finally:
             pull.pumping = False
 
-    async def _deliver_one(self, stream: str, name: str, pull: _Pull) -> bool:
-        """Plan, propose and send one delivery; False when there is nothing to do now.
-        One at a time per consumer: each plan must see the previous delivery applied."""
+    async def _deliver_batch(self, stream: str, name: str, pull: _Pull) -> bool:
+        """Plan, propose and send the deliveries the waiting requests want; False when
+        there is nothing to do now. The CONSUMER_DELIVERED entries of one round are
+        proposed together (one group commit); the next round plans on their applied state."""
         sm = self.streams.get(stream)
         if sm is None:
             return False
         now = time.time_ns()
+        wanted = min(sum(r.remaining for r in pull.queue.waiting), MAX_ROUND)
         with sm.lock:
             consumer = sm.stream.consumers.get(name)
             if consumer is None:
                 return False
-            plan = consumer.plan(now, StreamView(sm.store, consumer.filters()))
-            msg = sm.store.load(plan.sseq) if isinstance(plan, Delivery) else None
-        if plan is None:
+            plans = consumer.plan_batch(now, StreamView(sm.store, consumer.filters()), wanted)
+            msgs = {p.sseq: sm.store.load(p.sseq) for p in plans if isinstance(p, Delivery)}
+        if not plans:
             for status in pull.queue.nothing_pending():
                 self._send(status)
             return False
-        if isinstance(plan, Drop):
-            await self._propose(sm, ops.ConsumerAck(now, name, plan.kind, plan.sseq))
-            return True
-        if msg is None:
-            return False
-        target, refused = pull.queue.take(len(msg.subject) + len(msg.hdr) + len(msg.data))
-        for status in refused:
-            self._send(status)
-        if target is None:
+        sends: list[tuple[Any, Any]] = []  # (message, request) in plan order
+        entries: list[ops.Op] = []
+        for plan in plans:
+            if isinstance(plan, Drop):
+                entries.append(ops.ConsumerAck(now, name, plan.kind, plan.sseq))
+                continue
+            msg = msgs.get(plan.sseq)
+            if msg is None:
+                continue  # removed meanwhile: the next round drops it
+            target, refused = pull.queue.take(len(msg.subject) + len(msg.hdr) + len(msg.data))
+            for status in refused:
+                self._send(status)
+            if target is None:
+                break
+            entries.append(ops.ConsumerDelivered(now, name, plan.sseq))
+            sends.append((msg, target))
+        if not entries:
             return bool(pull.queue.waiting)
-        await self._propose(sm, ops.ConsumerDelivered(now, name, plan.sseq))
+        results = await asyncio.gather(*(self._propose(sm, e) for e in entries),
+                                       return_exceptions=True)
+        indexes = [r for e, r in zip(entries, results, strict=True)
+                   if isinstance(e, ops.ConsumerDelivered)]
+        self._send_deliveries(sm, name, sends, indexes)
+        return True
+
+    def _send_deliveries(self, sm: StreamMachine, name: str, sends: list[tuple[Any, Any]],
+                         indexes: list[Any]) -> None:
+        """Each applied delivery to its request, with the ack subject nats-server sends
+        (its last token: what is still pending after that message)."""
         with sm.lock:
             consumer = sm.stream.consumers.get(name)
             if consumer is None:
-                return False
-            st = consumer.state
-            ack = (f"{api.ACK_PREFIX}{stream}.{name}.{st.deliveries.get(plan.sseq, 1)}."
-                   f"{plan.sseq}.{st.delivered_cseq}.{msg.ts_ns}."
-                   f"{consumer.num_pending(StreamView(sm.store, consumer.filters()))}")
-        self.client.account.deliver_as(self.client, target.reply, msg.subject, ack,
-                                       msg.hdr or None, msg.data)
-        return True
+                return
+            left = consumer.num_pending(StreamView(sm.store, consumer.filters()))
+        done = [(msg, target, sm.delivered.pop(i, None)) for (msg, target), i
+                in zip(sends, indexes, strict=True) if isinstance(i, int)]
+        new_after = sum(1 for _, _, d in done if d is not None and d.deliveries == 1)
+        for msg, target, d in done:
+            if d is None:
+                continue
+            new_after -= d.deliveries == 1
+            ack = (f"{api.ACK_PREFIX}{sm.name}.{name}.{d.deliveries}.{d.sseq}.{d.cseq}."
+                   f"{msg.ts_ns}.{left + new_after}")
+            self.client.account.deliver_as(self.client, target.reply, msg.subject, ack,
+                                           msg.hdr or None, msg.data)
 
     def _on_ack(self, _sub: Any, subject: str, reply: str | None, hdr: bytes | None,
                 body: bytes) -> None:

@@ -7,7 +7,10 @@ restarts: SIGTERM and kill -9 keep every acknowledged message and the consumers'
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
+import random
 import signal
 from pathlib import Path
 from typing import Any
@@ -142,3 +145,112 @@ async def test_restart_keeps_acked_messages_and_ack_floor(servers: Servers, tmp_
     first.stop(sig)
     second = _js_server(servers, store)
     await _check_after_restart(second.url, 30)
+
+
+# --------------------------------------------------------------------------- kill -9 loop
+
+KILL_CYCLES = int(os.environ.get("JS_KILL_CYCLES", "3"))  # 50 by hand
+PUBLISHERS = 3
+WORKER = nats.js.api.ConsumerConfig(ack_wait=1.0)  # unacked ones come back within a second
+
+
+async def _publisher(js: Any, tag: str, acked: list[tuple[int, str]]) -> None:
+    """Publish `<tag>:<i>` for i = 0, 1, ... in order; record (seq, payload) of every PubAck.
+    The tag (publisher, cycle) keeps payloads unique across restarts."""
+    i = 0
+    while True:
+        payload = f"{tag}:{i:06d}"
+        try:
+            ack = await js.publish("k.x", payload.encode(), timeout=2)
+        except Exception:  # noqa: BLE001 - the node was killed under us
+            return
+        acked.append((ack.seq, payload))
+        i += 1
+
+
+async def _acker(js: Any, confirmed: list[int], tried: list[int]) -> None:
+    """Fetch and double-ack in order; record every stream seq whose ack was sent (`tried`)
+    and whose ack was confirmed."""
+    try:
+        psub = await js.pull_subscribe("k.x", "worker", stream="K", config=WORKER)
+        while True:
+            for m in await psub.fetch(5, timeout=1):
+                tried.append(m.metadata.sequence.stream)
+                await m.ack_sync(timeout=2)
+                confirmed.append(m.metadata.sequence.stream)
+    except Exception:  # noqa: BLE001 - killed, or a fetch timed out at the very end
+        return
+
+
+async def _cycle(cycle: int, url: str, rng: random.Random, acked: list[tuple[int, str]],
+                 confirmed: list[int], tried: list[int], proc: ServerProc) -> None:
+    nc = await nats.connect(url, allow_reconnect=False)
+    js = nc.jetstream()
+    await js.add_stream(name="K", subjects=["k.*"])  # an identical re-create is a no-op
+    tasks = [asyncio.ensure_future(_publisher(js, f"{w}:{cycle:03d}", acked))
+             for w in range(PUBLISHERS)]
+    tasks.append(asyncio.ensure_future(_acker(js, confirmed, tried)))
+    await asyncio.sleep(rng.uniform(0.3, 1.5))
+    proc.stop(signal.SIGKILL)
+    await asyncio.wait(tasks, timeout=15)
+    try:
+        await nc.close()
+    except Exception:  # noqa: BLE001 - the connection is already gone
+        pass
+
+
+async def test_kill_9_loop_keeps_every_acked_message_once_in_order(
+        servers: Servers, tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    seed = int(os.environ.get("JS_KILL_SEED", str(random.randrange(1 << 30))))
+    rng = random.Random(seed)
+    acked: list[tuple[int, str]] = []
+    confirmed: list[int] = []
+    tried: list[int] = []
+    for cycle in range(KILL_CYCLES):
+        proc = _js_server(servers, store)
+        await _cycle(cycle, proc.url, rng, acked, confirmed, tried, proc)
+    final = _js_server(servers, store)
+    nc = await nats.connect(final.url)
+    js = nc.jetstream()
+    try:
+        info = await js.stream_info("K")
+        stored: dict[int, str] = {}
+        for seq in range(1, info.state.last_seq + 1):
+            stored[seq] = (await js.get_msg("K", seq)).data.decode()
+        rest = await _drain(js)
+    finally:
+        await nc.close()
+    assert acked, f"seed {seed}: nothing was acknowledged"
+    for seq, payload in acked:  # present, at the sequence its PubAck named
+        got = stored.get(seq)
+        assert got == payload, f"seed {seed}: acked {payload}@{seq} holds {got}"
+    payloads = list(stored.values())
+    assert len(payloads) == len(set(payloads)), f"seed {seed}: a message is stored twice"
+    for w in range(PUBLISHERS):  # each publisher's messages in its order (cycle, i)
+        mine = [p for p in payloads if p.startswith(f"{w}:")]
+        assert mine == sorted(mine), f"seed {seed}: publisher {w} out of order"
+    # The consumer never hands out again a message whose ack was confirmed, and never
+    # skips one nobody acked: all that is not left over had its ack at least sent (an ack
+    # applied just before the kill may have lost only its confirmation).
+    assert not set(rest) & set(confirmed), f"seed {seed}: a confirmed ack was lost"
+    gone = set(stored) - set(rest) - set(confirmed)
+    assert gone <= set(tried), f"seed {seed}: skipped without an ack: {sorted(gone - set(tried))}"
+    assert len(rest) == len(set(rest)), f"seed {seed}: the drain got a message twice"
+
+
+async def _drain(js: Any) -> list[int]:
+    """Fetch and ack until the consumer has nothing left, redeliveries included."""
+    psub = await js.pull_subscribe("k.x", "worker", stream="K", config=WORKER)
+    got: list[int] = []
+    idle = 0
+    while idle < 3:  # ack_wait is 1 s: three empty 1 s fetches in a row mean nothing is left
+        try:
+            msgs = await psub.fetch(100, timeout=1)
+        except nats.errors.TimeoutError:
+            msgs = []
+        idle = 0 if msgs else idle + 1  # an expired request may also end with no messages
+        for m in msgs:
+            await m.ack_sync()
+            got.append(m.metadata.sequence.stream)
+    return got
