@@ -143,7 +143,7 @@ class JetStreamService:
         node_log = NodeLog(os.path.join(raft_dir, "wal"))
         self.mr = MultiRaft(NODE_ID, node_log, _NoPeers(), tick_interval_s=TICK_S,
                             election_tick=ELECTION_TICK, snap_dir=os.path.join(raft_dir, "snap"),
-                            on_fatal=self._on_fatal)
+                            on_fatal=self._on_fatal, snapshot_every=_snapshot_every())
         await self.mr.start()
         self.meta = MetaMachine(self.env, self._meta_changed_threadsafe)
         self.mr.add_group(META_GROUP, [NODE_ID], state_machine=self.meta)
@@ -716,6 +716,12 @@ class _nolock:
 
     def __exit__(self, *exc: Any) -> None:
         return None
+
+
+def _snapshot_every() -> int:
+    """Applied entries between WAL compactions. JETRAFT_JS_SNAPSHOT_EVERY lowers it in
+    tests so compaction happens within a few hundred publishes."""
+    return int(os.environ.get("JETRAFT_JS_SNAPSHOT_EVERY", "10000"))
 
 
 def _filters(cfg: dict[str, Any]) -> list[str]:
