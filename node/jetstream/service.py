@@ -106,12 +106,18 @@ class _NoPeers:
 
 
 class _Pull:
-    """The leader's side of one pull consumer: its waiting requests and its pump."""
+    """The leader's side of one consumer: its pump, and for a pull consumer its waiting
+    requests. A push consumer (`push` = its deliver subject) is a request that never ends."""
 
     def __init__(self, cfg: dict[str, Any]) -> None:
         self.queue = PullQueue(cfg)
+        self.push: str = cfg.get("deliver_subject") or ""
+        self.headers_only = bool(cfg.get("headers_only"))
         self.pumping = False
         self.again = False
+
+    def wants(self) -> bool:
+        return bool(self.push or self.queue.waiting)
 
 
 class JetStreamService:
@@ -155,6 +161,7 @@ class JetStreamService:
         self.client.subscribe_internal(api.ACK_PREFIX + ">", self._on_ack)
         for name in self.streams:
             self._subscribe_stream(name)
+            self._start_push(name)
         self._ticker = asyncio.ensure_future(self._tick_loop())
         self.log.info(f"JetStream started: {len(self.streams)} streams, store {self.store_dir}")
 
@@ -227,6 +234,14 @@ class JetStreamService:
                 self.consumer_created.setdefault((name, cname), time.time_ns())
         if self.client is not None:
             self._subscribe_stream(name)
+            self._start_push(name)
+
+    def _start_push(self, name: str) -> None:
+        """Push consumers deliver on their own: start their pumps (at start, after a create)."""
+        sm = self.streams[name]
+        for cname in list(sm.stream.consumers):
+            if self._pull(name, cname).push:
+                self._pump(name, cname)
 
     async def _close_stream(self, name: str) -> None:
         assert self.mr is not None
@@ -294,9 +309,10 @@ class JetStreamService:
             elif isinstance(effect, Stored):
                 stored = True
         if stored:
-            for (stream, cname), pull in self.pulls.items():
-                if stream == sm.name and pull.queue.waiting:
-                    self._pump(stream, cname)
+            for cname in list(sm.stream.consumers):
+                pull = self._pull(sm.name, cname)
+                if pull.wants():
+                    self._pump(sm.name, cname)
 
     # ------------------------------------------------------------------ $JS.API
 
@@ -474,10 +490,12 @@ class JetStreamService:
             await self._propose(sm, ops.ConsumerUpsert(time.time_ns(), name, _dumps(wire),
                                                        start, lps))
             self.consumer_created.setdefault((call.stream, name), time.time_ns())
-            pull = self.pulls.pop((call.stream, name), None)
-            if pull is not None:  # new limits (max_waiting, ...) for the queue
-                fresh = self._pull(call.stream, name)
-                fresh.queue.waiting = pull.queue.waiting
+            old = self.pulls.pop((call.stream, name), None)
+            fresh = self._pull(call.stream, name)  # new limits (max_waiting, ...)
+            if old is not None:
+                fresh.queue.waiting = old.queue.waiting
+            if fresh.push:
+                self._pump(call.stream, name)
         return self._consumer_info("consumer_create_response", sm, name)
 
     _h_consumer_durable_create = _h_consumer_create
@@ -580,7 +598,7 @@ class JetStreamService:
         try:
             while True:
                 pull.again = False
-                while pull.queue.waiting and await self._deliver_batch(stream, name, pull):
+                while pull.wants() and await self._deliver_batch(stream, name, pull):
                     pass
                 if not pull.again:
                     return
@@ -595,7 +613,8 @@ class JetStreamService:
         if sm is None:
             return False
         now = time.time_ns()
-        wanted = min(sum(r.remaining for r in pull.queue.waiting), MAX_ROUND)
+        wanted = MAX_ROUND if pull.push else \
+            min(sum(r.remaining for r in pull.queue.waiting), MAX_ROUND)
         with sm.lock:
             consumer = sm.stream.consumers.get(name)
             if consumer is None:
@@ -603,7 +622,7 @@ class JetStreamService:
             plans = consumer.plan_batch(now, StreamView(sm.store, consumer.filters()), wanted)
             msgs = {p.sseq: sm.store.load(p.sseq) for p in plans if isinstance(p, Delivery)}
         if not plans:
-            for status in pull.queue.nothing_pending():
+            for status in () if pull.push else pull.queue.nothing_pending():
                 self._send(status)
             return False
         sends: list[tuple[Any, Any]] = []  # (message, request) in plan order
@@ -615,24 +634,28 @@ class JetStreamService:
             msg = msgs.get(plan.sseq)
             if msg is None:
                 continue  # removed meanwhile: the next round drops it
-            target, refused = pull.queue.take(len(msg.subject) + len(msg.hdr) + len(msg.data))
-            for status in refused:
-                self._send(status)
-            if target is None:
-                break
+            if pull.push:
+                target = pull.push
+            else:
+                req, refused = pull.queue.take(len(msg.subject) + len(msg.hdr) + len(msg.data))
+                for status in refused:
+                    self._send(status)
+                if req is None:
+                    break
+                target = req.reply
             entries.append(ops.ConsumerDelivered(now, name, plan.sseq))
             sends.append((msg, target))
         if not entries:
-            return bool(pull.queue.waiting)
+            return bool(pull.queue.waiting) and not pull.push
         results = await asyncio.gather(*(self._propose(sm, e) for e in entries),
                                        return_exceptions=True)
         indexes = [r for e, r in zip(entries, results, strict=True)
                    if isinstance(e, ops.ConsumerDelivered)]
-        self._send_deliveries(sm, name, sends, indexes)
+        self._send_deliveries(sm, name, sends, indexes, pull.headers_only)
         return True
 
-    def _send_deliveries(self, sm: StreamMachine, name: str, sends: list[tuple[Any, Any]],
-                         indexes: list[Any]) -> None:
+    def _send_deliveries(self, sm: StreamMachine, name: str, sends: list[tuple[Any, str]],
+                         indexes: list[Any], headers_only: bool) -> None:
         """Each applied delivery to its request, with the ack subject nats-server sends
         (its last token: what is still pending after that message)."""
         with sm.lock:
@@ -649,8 +672,11 @@ class JetStreamService:
             new_after -= d.deliveries == 1
             ack = (f"{api.ACK_PREFIX}{sm.name}.{name}.{d.deliveries}.{d.sseq}.{d.cseq}."
                    f"{msg.ts_ns}.{left + new_after}")
-            self.client.account.deliver_as(self.client, target.reply, msg.subject, ack,
-                                           msg.hdr or None, msg.data)
+            hdr, data = msg.hdr, msg.data
+            if headers_only:  # the size instead of the body, as nats-server sends it
+                hdr, data = _with_header(hdr, "Nats-Msg-Size", str(len(data))), b""
+            self.client.account.deliver_as(self.client, target, msg.subject, ack,
+                                           hdr or None, data)
 
     def _on_ack(self, _sub: Any, subject: str, reply: str | None, hdr: bytes | None,
                 body: bytes) -> None:
@@ -681,7 +707,7 @@ class JetStreamService:
             await asyncio.sleep(PULL_TICK_S)
             now = time.time_ns()
             for (stream, name), pull in list(self.pulls.items()):
-                if not pull.queue.waiting:
+                if not pull.wants():
                     continue
                 sm = self.streams.get(stream)
                 if sm is None:
@@ -695,7 +721,7 @@ class JetStreamService:
                     statuses = pull.queue.tick(now, st.delivered_cseq, st.delivered_sseq)
                 for status in statuses:
                     self._send(status)
-                if due is not None and due <= now and pull.queue.waiting:
+                if due is not None and due <= now and pull.wants():
                     self._pump(stream, name)
 
 
@@ -716,6 +742,13 @@ class _nolock:
 
     def __exit__(self, *exc: Any) -> None:
         return None
+
+
+def _with_header(hdr: bytes, key: str, value: str) -> bytes:
+    line = f"{key}: {value}\r\n\r\n".encode()
+    if not hdr:
+        return b"NATS/1.0\r\n" + line
+    return hdr[:-2] + line  # a header block ends with an empty line
 
 
 def _snapshot_every() -> int:

@@ -279,3 +279,60 @@ async def test_wal_compaction_below_lmdb_then_kill_9(servers: Servers, tmp_path:
         assert sorted(got) == list(range(400))
     finally:
         await nc.close()
+
+
+async def _kv_script(url: str) -> list[Any]:
+    """Key/Value as nats-py drives it, and a durable push consumer."""
+    nc = await nats.connect(url)
+    js = nc.jetstream()
+    out: list[Any] = []
+    try:
+        kv = await js.create_key_value(bucket="cfg", history=3)
+        out += [await kv.put("a", b"1"), await kv.put("a", b"2"), await kv.put("b", b"x")]
+        entry = await kv.get("a")
+        out.append((entry.key, entry.value, entry.revision))
+        out.append(await kv.create("c", b"new"))
+        for call in (kv.create("c", b"again"), kv.update("c", b"u", last=1)):
+            try:
+                await call
+            except nats.js.errors.KeyWrongLastSequenceError as err:
+                out.append(("wrong last", err.description))
+        out.append(await kv.update("c", b"upd", last=4))
+        await kv.delete("b")
+        try:
+            await kv.get("b")
+        except nats.js.errors.KeyNotFoundError:
+            out.append("b deleted")
+        for i in range(3, 6):
+            await kv.put("a", f"{i}".encode())
+        out.append(sorted(await kv.keys()))
+        out.append([(e.value, e.revision) for e in await kv.history("a")])  # history 3 kept
+        watch = await kv.watchall()
+        seen = []
+        while (e := await watch.updates(timeout=2)) is not None:
+            seen.append((e.key, e.value, e.operation))
+        await kv.put("z", b"9")
+        e = await watch.updates(timeout=2)
+        seen.append((e.key, e.value, e.revision))
+        out.append(seen)
+        status = await kv.status()
+        out.append((status.values, status.history, status.bucket))
+        sub = await js.subscribe("$KV.cfg.>", durable="pushd")
+        for _ in range(3):
+            m = await sub.next_msg(timeout=5)
+            out.append((m.subject, m.data, m.metadata.sequence.stream, m.metadata.num_pending))
+            await m.ack_sync()
+        info = await js.consumer_info("KV_cfg", "pushd")
+        out.append((info.ack_floor.stream_seq, info.num_ack_pending, info.num_pending))
+    finally:
+        await nc.close()
+    return out
+
+
+async def test_key_value_and_push_consumer_match_nats_server(servers: Servers,
+                                                            tmp_path: Path) -> None:
+    ours = _js_server(servers, tmp_path / "ours")
+    theirs = servers.nats_server(args=["-js", "-sd", str(tmp_path / "theirs")])
+    their = await _kv_script(theirs.url)
+    mine = await _kv_script(ours.url)
+    assert mine == their

@@ -55,7 +55,7 @@ def test_snapshot_names_only_the_committed_index(tmp_path: Path) -> None:
     original = sm.stream.apply_batch
 
     def slow(entries: Any) -> Any:
-        out = original(entries)
+        original(entries)
         inside.set()
         release.wait(10)
         raise RuntimeError("crash before the commit")  # the write transaction aborts
