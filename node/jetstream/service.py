@@ -113,8 +113,11 @@ class _Pull:
         self.queue = PullQueue(cfg)
         self.push: str = cfg.get("deliver_subject") or ""
         self.headers_only = bool(cfg.get("headers_only"))
+        self.inactive_ns: int = cfg.get("inactive_threshold") or 0  # 0: never deleted
+        self.last_active = time.time_ns()
         self.pumping = False
         self.again = False
+        self.deleting = False
 
     def wants(self) -> bool:
         return bool(self.push or self.queue.waiting)
@@ -310,8 +313,8 @@ class JetStreamService:
                 stored = True
         if stored:
             for cname in list(sm.stream.consumers):
-                pull = self._pull(sm.name, cname)
-                if pull.wants():
+                pull = self.pulls.get((sm.name, cname))
+                if pull is not None and pull.wants():
                     self._pump(sm.name, cname)
 
     # ------------------------------------------------------------------ $JS.API
@@ -613,6 +616,8 @@ class JetStreamService:
         if sm is None:
             return False
         now = time.time_ns()
+        if pull.push and not self._has_interest(pull.push):
+            return False  # nats-server delivers only while someone listens
         wanted = MAX_ROUND if pull.push else \
             min(sum(r.remaining for r in pull.queue.waiting), MAX_ROUND)
         with sm.lock:
@@ -701,28 +706,49 @@ class JetStreamService:
             self.client.publish(reply, None, b"")  # double ack: confirmed once applied
         self._pump(sm.name, name)
 
+    def _has_interest(self, subject: str) -> bool:
+        result = self.client.account.sublist.match(subject)
+        return bool(result.psubs or result.qsubs)
+
     async def _tick_loop(self) -> None:
-        """Expire pull requests (408), send their heartbeats, redeliver what fell due."""
+        """Expire pull requests (408), redeliver what fell due, feed push consumers, delete
+        consumers inactive past their `inactive_threshold` (every ephemeral has one)."""
         while True:
             await asyncio.sleep(PULL_TICK_S)
             now = time.time_ns()
             for (stream, name), pull in list(self.pulls.items()):
-                if not pull.wants():
-                    continue
-                sm = self.streams.get(stream)
-                if sm is None:
-                    continue
-                with sm.lock:
-                    consumer = sm.stream.consumers.get(name)
-                    if consumer is None:
-                        continue
-                    st = consumer.state
-                    due = consumer.next_deadline()
-                    statuses = pull.queue.tick(now, st.delivered_cseq, st.delivered_sseq)
-                for status in statuses:
-                    self._send(status)
-                if due is not None and due <= now and pull.wants():
-                    self._pump(stream, name)
+                self._tick_consumer(stream, name, pull, now)
+
+    def _tick_consumer(self, stream: str, name: str, pull: _Pull, now: int) -> None:
+        sm = self.streams.get(stream)
+        if sm is None:
+            return
+        active = bool(pull.queue.waiting) or (bool(pull.push) and self._has_interest(pull.push))
+        if active or pull.pumping:
+            pull.last_active = now
+        elif pull.inactive_ns and now - pull.last_active > pull.inactive_ns and not pull.deleting:
+            pull.deleting = True
+            self._spawn(self._expire_consumer(sm, name))
+            return
+        if not active:
+            return
+        with sm.lock:
+            consumer = sm.stream.consumers.get(name)
+            if consumer is None:
+                return
+            st = consumer.state
+            due = consumer.next_deadline()
+            statuses = pull.queue.tick(now, st.delivered_cseq, st.delivered_sseq)
+        for status in statuses:
+            self._send(status)
+        if pull.push or (due is not None and due <= now):
+            self._pump(stream, name)
+
+    async def _expire_consumer(self, sm: StreamMachine, name: str) -> None:
+        """An inactive consumer goes as a deleted one does: through the log."""
+        await self._propose(sm, ops.ConsumerDelete(time.time_ns(), name))
+        self.pulls.pop((sm.name, name), None)
+        self.consumer_created.pop((sm.name, name), None)
 
 
 def _insert_before(out: dict[str, Any], key: str, new_key: str, value: Any) -> dict[str, Any]:

@@ -258,25 +258,32 @@ async def _drain(js: Any) -> list[int]:
 
 async def test_wal_compaction_below_lmdb_then_kill_9(servers: Servers, tmp_path: Path,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    """With a compaction every 50 entries, 400 acked publishes compact the WAL several
-    times; after kill -9 every message is still there (LMDB held what the WAL dropped)."""
+    """With a compaction every 50 entries, acked publishes compact the WAL; after kill -9
+    every message is still there (LMDB held what the WAL dropped)."""
     monkeypatch.setenv("JETRAFT_JS_SNAPSHOT_EVERY", "50")
     store = tmp_path / "store"
     first = _js_server(servers, store)
     nc = await nats.connect(first.url)
     js = nc.jetstream()
     await js.add_stream(name="C", subjects=["c"])
-    acks = await asyncio.gather(*(js.publish("c", f"{i}".encode()) for i in range(400)))
+    snap_dir = store / "raft" / "snap"
+    acks: list[Any] = []
+    for _round in range(50):  # until a snapshot is committed (the image is written async)
+        acks += await asyncio.gather(*(js.publish("c", f"{len(acks) + i}".encode())
+                                       for i in range(100)))
+        if any(p.suffix == ".meta" for p in snap_dir.iterdir()):
+            break
+    acks += await asyncio.gather(*(js.publish("c", f"{len(acks) + i}".encode())
+                                   for i in range(100)))  # more on top of the compaction
     await nc.close()
     first.stop(signal.SIGKILL)
-    snaps = list((store / "raft" / "snap").iterdir())
-    assert any(p.suffix == ".meta" for p in snaps), snaps  # it did compact (hex-named files)
+    assert any(p.suffix == ".meta" for p in snap_dir.iterdir())  # it did compact
     second = _js_server(servers, store)
     nc = await nats.connect(second.url)
     js = nc.jetstream()
     try:
         got = [int((await js.get_msg("C", ack.seq)).data) for ack in acks]
-        assert sorted(got) == list(range(400))
+        assert sorted(got) == list(range(len(acks)))
     finally:
         await nc.close()
 
@@ -336,3 +343,27 @@ async def test_key_value_and_push_consumer_match_nats_server(servers: Servers,
     their = await _kv_script(theirs.url)
     mine = await _kv_script(ours.url)
     assert mine == their
+
+
+async def test_inactive_consumers_are_deleted_as_in_nats_server(servers: Servers,
+                                                                tmp_path: Path) -> None:
+    """An ephemeral (and a durable with inactive_threshold) nobody uses goes away; a plain
+    durable stays. Same answers from both servers."""
+    results = []
+    for srv in (_js_server(servers, tmp_path / "ours"),
+                servers.nats_server(args=["-js", "-sd", str(tmp_path / "theirs")])):
+        nc = await nats.connect(srv.url)
+        try:
+            await _api(nc, "STREAM.CREATE.I", {"name": "I", "subjects": ["i"]})
+            for name, extra in (("eph", {}), ("lazy", {"durable_name": "lazy"}),
+                                ("keep", {"durable_name": "keep"})):
+                cfg = {"ack_policy": "explicit", **extra}
+                if name != "keep":
+                    cfg["inactive_threshold"] = 500_000_000
+                await _api(nc, f"CONSUMER.CREATE.I.{name}", {"stream_name": "I", "config": cfg})
+            await asyncio.sleep(2.5)
+            names = await _api(nc, "CONSUMER.NAMES.I")
+            results.append(names["consumers"])
+        finally:
+            await nc.close()
+    assert results[0] == results[1] == ["keep"]
