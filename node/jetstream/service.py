@@ -42,9 +42,9 @@ from node.jetstream.consumer import (
     parse_ack_subject,
 )
 from node.jetstream.errors import ApiError
-from node.jetstream.machines import MetaMachine, StreamMachine
+from node.jetstream.machines import META_STORE, MetaMachine, StreamMachine
 from node.jetstream.pull import PullQueue, Status
-from node.jetstream.store.lmdbstore import NodeEnv
+from node.jetstream.store.lmdbstore import LmdbStore, NodeEnv, stored_names
 from node.jetstream.stream import Effect, Reply, Republish, Stored, rfc3339
 from raft.multigroup import MultiRaft, ProposalDropped
 from raft.storage import NodeLog
@@ -157,6 +157,7 @@ class JetStreamService:
         self.meta = MetaMachine(self.env, self._meta_changed_threadsafe)
         self.mr.add_group(META_GROUP, [NODE_ID], state_machine=self.meta)
         await self._ready(META_GROUP)
+        self._drop_orphans()
         for name in sorted(self.meta.streams):
             await self._open_stream(name)
         self.client = self.server.internal_client(_jetstream_kind(), "jetstream")
@@ -182,6 +183,19 @@ class JetStreamService:
     def _on_fatal(self, exc: BaseException) -> None:
         self.log.fatal(f"JetStream storage failed, stopping: {exc!r}")
         self.server.shutdown(70)
+
+    def _drop_orphans(self) -> None:
+        """A crash between a stream's delete entry and the removal of its data leaves its
+        WAL group (pinning old segments) and its LMDB keys: the catalogue decides."""
+        assert self.meta is not None and self.mr is not None and self.env is not None
+        groups, names = orphans(self.meta.streams, self.mr.node_log.groups(),
+                                stored_names(self.env))
+        for group in groups:
+            self.log.warn(f"JetStream: dropping the log of deleted stream group {group}")
+            self.mr.node_log.drop_group(group)
+        for name in names:
+            self.log.warn(f"JetStream: dropping the data of deleted stream group {name}")
+            LmdbStore(self.env, name).drop()
 
     async def _ready(self, group: str) -> None:
         """Leader elected and everything committed before applied here."""
@@ -768,6 +782,14 @@ class _nolock:
 
     def __exit__(self, *exc: Any) -> None:
         return None
+
+
+def orphans(catalogue: dict[str, dict[str, Any]], wal_groups: list[str],
+            lmdb_names: set[str]) -> tuple[list[str], list[str]]:
+    """(WAL groups, LMDB store names) that belong to no stream of the catalogue."""
+    live = {META_GROUP, META_STORE} | {e["group"] for e in catalogue.values()}
+    return ([g for g in wal_groups if g not in live],
+            sorted(n for n in lmdb_names if n not in live))
 
 
 def _with_header(hdr: bytes, key: str, value: str) -> bytes:

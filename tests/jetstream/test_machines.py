@@ -112,3 +112,22 @@ def test_meta_catalogue_survives_reopen_and_skips_replays(tmp_path: Path) -> Non
     again.apply_batch([(3, b'{"op":"delete","name":"S"}')])  # at or below applied: skipped
     assert list(again.streams) == ["S"]
     env.close()
+
+
+def test_orphans_are_what_the_catalogue_does_not_name(tmp_path: Path) -> None:
+    from node.jetstream.service import orphans
+    from node.jetstream.store.lmdbstore import LmdbStore, stored_names
+
+    env = NodeEnv(str(tmp_path / "env"))
+    live = _machine(env)  # group js.S.1
+    live.apply_batch([(2, _msg(2))])
+    gone = StreamMachine("T", "js.T.9", _cfg("T"), env, lambda sm, e: None, 9)
+    gone.apply_batch([(2, _msg(2))])
+    catalogue = {"S": {"group": "js.S.1"}}
+    names = stored_names(env)
+    assert names == {"js.S.1", "js.T.9"}
+    groups, stale = orphans(catalogue, ["$js", "js.S.1", "js.T.9"], names)
+    assert (groups, stale) == (["js.T.9"], ["js.T.9"])
+    LmdbStore(env, "js.T.9").drop()
+    assert stored_names(env) == {"js.S.1"} and live.store.msgs() == 1
+    env.close()
