@@ -113,6 +113,9 @@ async def _fill(url: str, n: int) -> None:
     msgs = await psub.fetch(10, timeout=5)
     for m in msgs[:5]:
         await m.ack_sync()  # confirmed: must survive any restart
+    await js.add_stream(name="GONE", subjects=["g"])
+    await js.publish("g", b"x")
+    await js.delete_stream("GONE")  # the delete is an entry too: it stays deleted
     await nc.close()
 
 
@@ -132,6 +135,7 @@ async def _check_after_restart(url: str, n: int) -> None:
         assert msgs[0].metadata.sequence.stream == 11  # the next new one, nothing skipped
         ack = await js.publish("r.x", b"after")
         assert ack.seq == n + 1
+        assert (await _api(nc, "STREAM.NAMES"))["streams"] == ["R"]
     finally:
         await nc.close()
 
