@@ -138,6 +138,7 @@ class JetStreamService:
         self.client: Any = None
         self.loop: asyncio.AbstractEventLoop | None = None
         self._meta_lock = asyncio.Lock()
+        self._opening: dict[str, asyncio.Future[None]] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._ticker: asyncio.Task[Any] | None = None
         self.api_total = self.api_errors = 0
@@ -230,10 +231,25 @@ class JetStreamService:
                 self._spawn(self._open_stream(name))
 
     async def _open_stream(self, name: str) -> None:
-        assert self.meta is not None and self.mr is not None
+        """Host the stream's group; returns once it is ready and subscribed, also when
+        another caller (a create request, a catalogue change) is already opening it."""
+        opening = self._opening.get(name)
+        if opening is not None:
+            await asyncio.shield(opening)
+            return
+        assert self.meta is not None and self.mr is not None and self.loop is not None
         entry = self.meta.streams.get(name)
         if entry is None or name in self.streams:
             return
+        done = self._opening[name] = self.loop.create_future()
+        try:
+            await self._host_stream(name, entry)
+        finally:
+            del self._opening[name]
+            done.set_result(None)
+
+    async def _host_stream(self, name: str, entry: dict[str, Any]) -> None:
+        assert self.mr is not None
         cfg = stream_config.from_wire(entry["config"])
         group = entry["group"]
         memory = cfg["storage"] == "memory"
