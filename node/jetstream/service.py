@@ -158,6 +158,7 @@ class JetStreamService:
         self.meta = MetaMachine(self.env, self._meta_changed_threadsafe)
         self.mr.add_group(META_GROUP, [NODE_ID], state_machine=self.meta)
         await self._ready(META_GROUP)
+        await self._forget_memory_streams()
         self._drop_orphans()
         for name in sorted(self.meta.streams):
             await self._open_stream(name)
@@ -184,6 +185,15 @@ class JetStreamService:
     def _on_fatal(self, exc: BaseException) -> None:
         self.log.fatal(f"JetStream storage failed, stopping: {exc!r}")
         self.server.shutdown(70)
+
+    async def _forget_memory_streams(self) -> None:
+        """A standalone nats-server does not bring memory streams back after a restart
+        (checked against 2.15.1: STREAM.INFO says not found): delete them through the
+        catalogue; `_drop_orphans` then drops their logs."""
+        assert self.meta is not None and self.mr is not None
+        for name, entry in sorted(self.meta.streams.items()):
+            if entry["config"].get("storage") == "memory":
+                await self.mr.propose(META_GROUP, _dumps({"op": "delete", "name": name}))
 
     def _drop_orphans(self) -> None:
         """A crash between a stream's delete entry and the removal of its data leaves its
@@ -253,9 +263,6 @@ class JetStreamService:
         cfg = stream_config.from_wire(entry["config"])
         group = entry["group"]
         memory = cfg["storage"] == "memory"
-        if memory and group in self.mr.node_log.groups():
-            # An R1 memory stream is empty after a restart (nats-server): its log goes too.
-            self.mr.node_log.drop_group(group)
         sm = StreamMachine(name, group, cfg, None if memory else self.env,
                            self._effects_threadsafe, entry["created_ns"])
         self.streams[name] = sm
@@ -368,6 +375,11 @@ class JetStreamService:
             self.api_errors += 1
             out = replies.error_reply(_kind(call.op), ApiError.of(
                 "JSStreamGeneralErrorF", err=f"not committed: {exc}"))
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            # A request shape the pure checks let through: answer, log, and stay up.
+            self.api_errors += 1
+            self.log.error(f"JetStream API {subject}: {exc!r}")
+            out = replies.error_reply(_kind(call.op), ApiError.of("JSBadRequestErr"))
         if out is not None:
             self.client.publish(reply, None, _dumps(out))
 

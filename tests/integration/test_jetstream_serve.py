@@ -371,3 +371,75 @@ async def test_inactive_consumers_are_deleted_as_in_nats_server(servers: Servers
         finally:
             await nc.close()
     assert results[0] == results[1] == ["keep"]
+
+
+BAD_BODIES = [b"", b"{", b"[]", b"null", b"42", b'"x"', b'{"name": 5}', b'{"config": []}',
+              b'{"stream_name": "F", "config": {"durable_name": 7}}', b'{"seq": -1}',
+              b'{"batch": "x", "expires": -5}', b"\xff\xfe", b'{"filter": 1, "keep": "a"}',
+              b'{"offset": -3, "subject": 9}', b'{"last_by_subj": "a.*.>", "seq": 2}']
+API_SUBJECTS = ["INFO", "STREAM.CREATE.F", "STREAM.UPDATE.F", "STREAM.INFO.F", "STREAM.NAMES",
+                "STREAM.LIST", "STREAM.MSG.GET.F", "STREAM.MSG.DELETE.F", "STREAM.PURGE.F",
+                "CONSUMER.CREATE.F", "CONSUMER.CREATE.F.c", "CONSUMER.DURABLE.CREATE.F.c",
+                "CONSUMER.INFO.F.c", "CONSUMER.NAMES.F", "CONSUMER.LIST.F",
+                "CONSUMER.MSG.NEXT.F.c", "DIRECT.GET.F", "CONSUMER.DELETE.F.c",
+                "STREAM.DELETE.F"]
+
+
+async def test_bad_api_requests_get_answers_and_harm_nothing(servers: Servers,
+                                                             tmp_path: Path) -> None:
+    srv = _js_server(servers, tmp_path / "store")
+    nc = await nats.connect(srv.url)
+    js = nc.jetstream()
+    try:
+        await js.add_stream(name="F", subjects=["f.>"], allow_direct=True)
+        await js.add_consumer("F", durable_name="c", ack_policy="explicit")
+        for i in range(5):
+            await js.publish("f.x", f"{i}".encode())
+        unanswered = []
+        for subject in API_SUBJECTS:
+            if subject.startswith("STREAM.DELETE") or subject.startswith("CONSUMER.DELETE"):
+                continue  # the garbage must not delete what we check below
+            for body in BAD_BODIES:
+                waits = subject.startswith("CONSUMER.MSG.NEXT")  # a pull request may wait
+                try:
+                    await nc.request("$JS.API." + subject, body, timeout=0.5 if waits else 5)
+                except nats.errors.TimeoutError:
+                    unanswered.append((subject, body))
+        # A pull request may legitimately wait (it has no expiry); everything else answers.
+        assert all(s.startswith("CONSUMER.MSG.NEXT") for s, _ in unanswered), unanswered
+        assert srv.alive()
+        info = await js.stream_info("F")
+        assert info.state.messages <= 5 and info.state.last_seq == 5
+        assert "[ERR]" not in srv.log_text(), srv.log_text()[-2000:]
+        assert (await js.publish("f.y", b"still")).seq == 6
+    finally:
+        await nc.close()
+
+
+async def test_memory_stream_is_gone_after_restart_as_in_nats_server(
+        servers: Servers, tmp_path: Path) -> None:
+    results = []
+    for kind in ("ours", "theirs"):
+        store = tmp_path / kind
+
+        def start(store: Path = store, kind: str = kind) -> ServerProc:
+            if kind == "ours":
+                return _js_server(servers, store)
+            return servers.nats_server(args=["-js", "-sd", str(store)])
+
+        srv = start()
+        nc = await nats.connect(srv.url)
+        js = nc.jetstream()
+        await js.add_stream(name="M", subjects=["m"], storage="memory")
+        await js.add_stream(name="FILE", subjects=["f"])
+        for _ in range(3):
+            await js.publish("m", b"x")
+        await nc.close()
+        srv.stop(signal.SIGTERM)
+        srv = start()
+        nc = await nats.connect(srv.url)
+        try:
+            results.append((await _api(nc, "STREAM.NAMES"), await _api(nc, "STREAM.INFO.M")))
+        finally:
+            await nc.close()
+    assert _strip(results[0]) == _strip(results[1])
