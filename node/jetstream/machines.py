@@ -157,20 +157,19 @@ class StreamMachine:
         self.apply_batch([(index, data)])
 
     def apply_batch(self, run: list[tuple[int, bytes]]) -> None:
-        """Every entry of the run in ONE store transaction; effects kept per entry so a
-        request can find the result of its own entry."""
-        effects: list[Effect] = []
-        with self.lock, self.store.batch():
-            for index, data in run:
-                produced = self.stream.apply_batch([(index, data)])
-                for effect in produced if self.track else ():
-                    if isinstance(effect, Result):
-                        self.results[index] = effect.payload
-                    elif isinstance(effect, Delivered):
-                        self.delivered[index] = effect
-                effects.extend(produced)
+        """Every entry of the run in ONE store transaction (consumer states written once);
+        effects kept per entry so a request can find the result of its own entry."""
+        with self.lock:
+            effects = self.stream.apply_batch(run, self._keep if self.track else None)
         if effects:
             self.sink(self, effects)
+
+    def _keep(self, index: int, effects: list[Effect]) -> None:
+        for effect in effects:
+            if isinstance(effect, Result):
+                self.results[index] = effect.payload
+            elif isinstance(effect, Delivered):
+                self.delivered[index] = effect
 
     def applied_index(self) -> int:
         return _committed_applied(self.store)

@@ -52,15 +52,13 @@ def test_snapshot_names_only_the_committed_index(tmp_path: Path) -> None:
     sm = _machine(env)
     sm.apply_batch([(2, _msg(2)), (3, _msg(3))])
     inside, release = threading.Event(), threading.Event()
-    original = sm.stream.apply_batch
 
-    def slow(entries: Any) -> Any:
-        original(entries)
+    def slow() -> None:  # the last step inside the write transaction, before its commit
         inside.set()
         release.wait(10)
         raise RuntimeError("crash before the commit")  # the write transaction aborts
 
-    sm.stream.apply_batch = slow  # type: ignore[method-assign]
+    sm.stream._save_progress = slow  # type: ignore[method-assign]
     worker = threading.Thread(target=lambda: _swallow(sm.apply_batch, [(4, _msg(4))]))
     worker.start()
     assert inside.wait(10)
