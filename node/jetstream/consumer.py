@@ -201,19 +201,8 @@ class Consumer:
 
     def plan(self, now_ns: int, view: StreamView) -> Delivery | Drop | None:
         """What the leader should propose next, or None (nothing to do now). Read-only."""
-        st = self.state
-        due = sorted((p.deadline_ns, s) for s, p in st.pending.items() if p.deadline_ns <= now_ns)
-        for _deadline, sseq in due:  # the redelivery queue: in the order they fell due
-            count = st.deliveries.get(sseq, 1)
-            if 0 < self.max_deliver <= count:
-                return Drop(sseq, AckKind.MAX_DELIVER)
-            if view.subject_of(sseq) is None:
-                return Drop(sseq, AckKind.GONE)
-            return Delivery(sseq, count + 1)
-        if 0 < self.max_ack_pending <= len(st.pending):
-            return None
-        nxt = view.next_matching(st.delivered_sseq + 1, st.lps_until)
-        return Delivery(nxt, 1) if nxt else None
+        plans = self.plan_batch(now_ns, view, 1)
+        return plans[0] if plans else None
 
     def plan_batch(self, now_ns: int, view: StreamView, limit: int) -> list[Delivery | Drop]:
         """Up to `limit` deliveries the leader may propose together (read-only): what
