@@ -33,6 +33,7 @@ from typing import Any
 
 from node.jetstream import api, consumer_config, get, ops, replies, requests
 from node.jetstream import config as stream_config
+from node.jetstream.batch import BatchCollector
 from node.jetstream.consumer import (
     Delivery,
     Drop,
@@ -134,6 +135,7 @@ class JetStreamService:
         self.streams: dict[str, StreamMachine] = {}
         self.subs: dict[str, list[Any]] = {}
         self.pulls: dict[tuple[str, str], _Pull] = {}
+        self.batches: dict[str, BatchCollector] = {}  # open atomic batches, per stream
         self.consumer_created: dict[tuple[str, str], int] = {}
         self.client: Any = None
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -292,6 +294,7 @@ class JetStreamService:
             self.client.remove_sub(sub)
         for key in [k for k in self.pulls if k[0] == name]:
             del self.pulls[key]
+        self.batches.pop(name, None)
         self.mr.remove_group(sm.group)
         await self.mr.removed(sm.group)
         sm.drop()
@@ -323,9 +326,31 @@ class JetStreamService:
         if sm is None:
             return
         op = ops.StreamMsg(time.time_ns(), subject, reply or "", hdr or b"", payload)
+        if BatchCollector.is_batch(op):
+            self._batch_message(sm, op)
+            return
         self._spawn(self._publish(sm, op))
 
-    async def _publish(self, sm: StreamMachine, op: ops.StreamMsg) -> None:
+    def _batch_message(self, sm: StreamMachine, op: ops.StreamMsg) -> None:
+        """Atomic batch publish: collected here (in arrival order, on the loop) until its
+        commit, which is ONE STREAM_BATCH entry applied all-or-nothing."""
+        collector = self.batches.get(sm.name)
+        if collector is None or collector.allow_atomic != bool(sm.stream.cfg.get("allow_atomic")):
+            collector = self.batches[sm.name] = BatchCollector(
+                bool(sm.stream.cfg.get("allow_atomic")))
+        got = collector.add(op)
+        if got.error is not None:
+            if op.reply:
+                body = {**got.error.to_dict(), "stream": sm.name, "seq": 0}
+                self.client.publish(op.reply, None, _dumps(body))
+        elif got.ack_empty:
+            if op.reply:
+                self.client.publish(op.reply, None, b"")  # flow control: send the next one
+        elif got.committed:
+            batch = ops.StreamBatch(op.now_ns, got.batch_id, tuple(got.committed))
+            self._spawn(self._publish(sm, batch))
+
+    async def _publish(self, sm: StreamMachine, op: ops.StreamMsg | ops.StreamBatch) -> None:
         try:
             await self._propose(sm, op)
         except (ProposalDropped, KeyError) as exc:

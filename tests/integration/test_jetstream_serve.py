@@ -19,6 +19,7 @@ import nats
 import pytest
 
 from tests.integration.conftest import RawConn, ServerProc, Servers
+from tests.jetstream import test_batch_differential as batch_script
 
 # `leader` is each server's own (random) name.
 ALLOWED_TO_DIFFER = {"created", "ts", "first_ts", "last_ts", "last_active", "time", "leader"}
@@ -443,3 +444,15 @@ async def test_memory_stream_is_gone_after_restart_as_in_nats_server(
         finally:
             await nc.close()
     assert _strip(results[0]) == _strip(results[1])
+
+
+async def test_atomic_batch_publish_matches_nats_server(servers: Servers, tmp_path: Path) -> None:
+    """The pure test's batch script (tests/jetstream/test_batch_differential.py) over TCP to
+    both servers: every reply, the stream state and every stored message."""
+    ours = _js_server(servers, tmp_path / "ours")
+    theirs = servers.nats_server(args=["-js", "-sd", str(tmp_path / "theirs")])
+    mine = await batch_script._oracle(ours.port)
+    their = await batch_script._oracle(theirs.port)
+    for step, a, b in zip(batch_script.STEPS, mine[0], their[0], strict=True):
+        assert batch_script._norm(a) == batch_script._norm(b), step
+    assert mine[1] == their[1]
