@@ -136,6 +136,7 @@ class JetStreamService:
         self.subs: dict[str, list[Any]] = {}
         self.pulls: dict[tuple[str, str], _Pull] = {}
         self.batches: dict[str, BatchCollector] = {}  # open atomic batches, per stream
+        self._expiring: set[str] = set()  # streams with an EXPIRE entry in flight
         self.consumer_created: dict[tuple[str, str], int] = {}
         self.client: Any = None
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -499,8 +500,12 @@ class JetStreamService:
 
     async def _h_stream_purge(self, call: api.Call, subject: str, reply: str, body: bytes
                               ) -> dict[str, Any]:
-        sm = self._stream(call.stream)
-        index = await self._propose(sm, requests.parse_purge(body, time.time_ns()))
+        try:
+            sm = self._stream(call.stream)
+            op = requests.parse_purge(body, time.time_ns())
+        except ApiError as err:  # nats-server's purge errors carry "purged": 0
+            return {**replies.error_reply(_kind(call.op), err), "purged": 0}
+        index = await self._propose(sm, op)
         result = sm.results.pop(index, {"success": True, "purged": 0})
         return {"type": replies.TYPE_PREFIX + "stream_purge_response", **result}
 
@@ -781,10 +786,31 @@ class JetStreamService:
         """Expire pull requests (408), redeliver what fell due, feed push consumers, delete
         consumers inactive past their `inactive_threshold` (every ephemeral has one)."""
         while True:
-            await asyncio.sleep(PULL_TICK_S)
+            await asyncio.sleep(self._next_tick())
             now = time.time_ns()
             for (stream, name), pull in list(self.pulls.items()):
                 self._tick_consumer(stream, name, pull, now)
+            for sm in list(self.streams.values()):
+                if sm.name not in self._expiring and _expiry_due(sm, now):
+                    self._expiring.add(sm.name)
+                    self._spawn(self._expire(sm, now))
+
+    def _next_tick(self) -> float:
+        """Seconds to the next tick: PULL_TICK_S, or sooner when a pull request expires or
+        owes a heartbeat (nats-server's timers are per request)."""
+        wake = min((dl for p in self.pulls.values() if (dl := p.queue.next_deadline())),
+                   default=None)
+        if wake is None:
+            return PULL_TICK_S
+        return min(PULL_TICK_S, max(0.001, (wake - time.time_ns()) / 1e9 + 0.0005))
+
+    async def _expire(self, sm: StreamMachine, now: int) -> None:
+        """Time passes only through entries: an EXPIRE entry carries the leader's clock, and
+        the stream removes what max_age and per-message TTLs expired by then."""
+        try:
+            await self._propose(sm, ops.Expire(now))
+        finally:
+            self._expiring.discard(sm.name)
 
     def _tick_consumer(self, stream: str, name: str, pull: _Pull, now: int) -> None:
         sm = self.streams.get(stream)
@@ -850,6 +876,20 @@ def _with_header(hdr: bytes, key: str, value: str) -> bytes:
     if not hdr:
         return b"NATS/1.0\r\n" + line
     return hdr[:-2] + line  # a header block ends with an empty line
+
+
+def _expiry_due(sm: StreamMachine, now: int) -> bool:
+    """Has a per-message TTL or `max_age` run out (two LMDB reads, on the loop)?"""
+    with sm.lock:
+        store = sm.store
+        if store.due_ttls(now, 1):
+            return True
+        max_age = sm.stream.cfg["max_age"]
+        if max_age <= 0:
+            return False
+        first = store.first_seq()
+        msg = store.load(first) if first else None
+        return msg is not None and msg.ts_ns <= now - max_age
 
 
 def _snapshot_every() -> int:
