@@ -461,7 +461,8 @@ class JetStreamService:
                 await self.mr.propose(META_GROUP, _dumps(entry))
                 await self._open_stream(stored["name"])
         sm = self._stream(stored["name"])
-        return self._stream_reply("stream_create_response", sm, did_create=created)
+        # nats-server says did_create also for an identical re-create (checked, 2.15.1).
+        return self._stream_reply("stream_create_response", sm, did_create=True)
 
     async def _h_stream_update(self, call: api.Call, subject: str, reply: str, body: bytes
                                ) -> dict[str, Any]:

@@ -16,6 +16,8 @@ import pytest
 
 from tests.integration.conftest import ServerProc, Servers
 from tests.jetstream import (
+    test_config_differential,
+    test_consumer_config_differential,
     test_consumer_differential,
     test_consumer_start_differential,
     test_get_differential,
@@ -43,7 +45,16 @@ def _strip(obj: Any) -> Any:
 
 
 Script = Callable[[int], Awaitable[Any]]
+
+
+async def _each(strip: Callable[[Any], Any], replies: Awaitable[list[Any]]) -> list[Any]:
+    """A script's replies through its own test's strip rules (generated names, ...)."""
+    return [strip(r) for r in await replies]
 SCRIPTS: dict[str, Script] = {
+    "stream_config": lambda port: _each(test_config_differential._strip,
+                                        test_config_differential._oracle_replies(port)),
+    "consumer_config": lambda port: _each(test_consumer_config_differential._strip,
+                                          test_consumer_config_differential._oracle(port)),
     "get": test_get_differential._oracle,
     "info": test_info_differential._oracle,
     "pull": test_pull_differential._oracle,
