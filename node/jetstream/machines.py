@@ -30,7 +30,7 @@ from typing import Any
 from node.jetstream import config as stream_config
 from node.jetstream.store.lmdbstore import LmdbStore, NodeEnv
 from node.jetstream.store.memstore import MemStore
-from node.jetstream.stream import Delivered, Effect, Result, Stream
+from node.jetstream.stream import ConsumerEvent, Delivered, Effect, Result, Stream
 
 _U64 = struct.Struct("<Q")
 META_STORE = "$js.meta"  # a name no stream can have ('.' is not allowed in stream names)
@@ -142,6 +142,7 @@ class StreamMachine:
         # kept once `track` is set (after the start-up replay, whose entries nobody awaits).
         self.results: dict[int, dict[str, Any]] = {}
         self.delivered: dict[int, Delivered] = {}
+        self.events: dict[int, list[ConsumerEvent]] = {}  # for the advisories
         self.track = False
 
     def _new_store(self) -> Any:
@@ -170,6 +171,8 @@ class StreamMachine:
                 self.results[index] = effect.payload
             elif isinstance(effect, Delivered):
                 self.delivered[index] = effect
+            elif isinstance(effect, ConsumerEvent):
+                self.events.setdefault(index, []).append(effect)
 
     def applied_index(self) -> int:
         return _committed_applied(self.store)
@@ -193,6 +196,7 @@ class StreamMachine:
                 self.stream = Stream(self.initial_cfg, self.store)
                 self.results.clear()
                 self.delivered.clear()
+                self.events.clear()
 
     def on_leader_change(self, leader_id: int, term: int) -> None:
         pass

@@ -31,10 +31,12 @@ import secrets
 import time
 from typing import Any
 
-from node.jetstream import api, consumer_config, get, ops, replies, requests
+from node.jetstream import advisories, api, consumer_config, get, ops, replies, requests
 from node.jetstream import config as stream_config
 from node.jetstream.batch import BatchCollector
 from node.jetstream.consumer import (
+    AckInfo,
+    AckKind,
     Delivery,
     Drop,
     StreamView,
@@ -119,6 +121,7 @@ class _Pull:
         self.pumping = False
         self.again = False
         self.deleting = False
+        self.dropping = False
 
     def wants(self) -> bool:
         return bool(self.push or self.queue.waiting)
@@ -460,6 +463,7 @@ class JetStreamService:
                 assert self.mr is not None
                 await self.mr.propose(META_GROUP, _dumps(entry))
                 await self._open_stream(stored["name"])
+                self._advise(advisories.stream_action("create", stored["name"], *self._stamp()))
         sm = self._stream(stored["name"])
         # nats-server says did_create also for an identical re-create (checked, 2.15.1).
         return self._stream_reply("stream_create_response", sm, did_create=True)
@@ -473,6 +477,7 @@ class JetStreamService:
             await self._propose(sm, ops.UpdateConfig(
                 time.time_ns(), _dumps(stream_config.to_wire(stored))))
             self._subscribe_stream(call.stream)
+            self._advise(advisories.stream_action("modify", call.stream, *self._stamp()))
         return self._stream_reply("stream_update_response", sm)
 
     async def _h_stream_info(self, call: api.Call, subject: str, reply: str, body: bytes
@@ -497,6 +502,7 @@ class JetStreamService:
             assert self.mr is not None
             await self.mr.propose(META_GROUP, _dumps({"op": "delete", "name": call.stream}))
             await self._close_stream(call.stream)
+            self._advise(advisories.stream_action("delete", call.stream, *self._stamp()))
         return {"type": replies.TYPE_PREFIX + "stream_delete_response", "success": True}
 
     async def _h_stream_purge(self, call: api.Call, subject: str, reply: str, body: bytes
@@ -565,6 +571,9 @@ class JetStreamService:
                 start, lps = initial_position(cfg, view, sm.stream.last_seq)
             await self._propose(sm, ops.ConsumerUpsert(time.time_ns(), name, _dumps(wire),
                                                        start, lps))
+            if created:
+                self._advise(advisories.consumer_action("create", call.stream, name,
+                                                        *self._stamp()))
             self.consumer_created.setdefault((call.stream, name), time.time_ns())
             old = self.pulls.pop((call.stream, name), None)
             fresh = self._pull(call.stream, name)  # new limits (max_waiting, ...)
@@ -602,6 +611,8 @@ class JetStreamService:
         await self._propose(sm, ops.ConsumerDelete(time.time_ns(), call.consumer))
         self.pulls.pop((call.stream, call.consumer), None)
         self.consumer_created.pop((call.stream, call.consumer), None)
+        self._advise(advisories.consumer_action("delete", call.stream, call.consumer,
+                                                *self._stamp()))
         return {"type": replies.TYPE_PREFIX + "consumer_delete_response", "success": True}
 
     def _page(self, body: bytes, names: list[str], limit: int) -> tuple[int, list[str]]:
@@ -705,9 +716,11 @@ class JetStreamService:
             return False
         sends: list[tuple[Any, Any]] = []  # (message, request) in plan order
         entries: list[ops.Op] = []
+        drops = [p for p in plans if isinstance(p, Drop)]
+        if drops:
+            await self._drop(sm, name, drops)
         for plan in plans:
             if isinstance(plan, Drop):
-                entries.append(ops.ConsumerAck(now, name, plan.kind, plan.sseq))
                 continue
             msg = msgs.get(plan.sseq)
             if msg is None:
@@ -724,7 +737,7 @@ class JetStreamService:
             entries.append(ops.ConsumerDelivered(now, name, plan.sseq))
             sends.append((msg, target))
         if not entries:
-            return bool(pull.queue.waiting) and not pull.push
+            return bool(drops) or (bool(pull.queue.waiting) and not pull.push)
         results = await asyncio.gather(*(self._propose(sm, e) for e in entries),
                                        return_exceptions=True)
         indexes = [r for e, r in zip(entries, results, strict=True)
@@ -766,18 +779,49 @@ class JetStreamService:
             return
         kind, delay, _next = parse_ack_body(body)
         op = ops.ConsumerAck(time.time_ns(), info.consumer, kind, info.sseq, delay)
-        self._spawn(self._ack(sm, info.consumer, op, reply))
+        self._spawn(self._ack(sm, info, op, reply, body))
 
-    async def _ack(self, sm: StreamMachine, name: str, op: ops.ConsumerAck,
-                   reply: str | None) -> None:
+    async def _ack(self, sm: StreamMachine, info: AckInfo, op: ops.ConsumerAck,
+                   reply: str | None, body: bytes) -> None:
+        name = info.consumer
         try:
-            await self._propose(sm, op)
+            index = await self._propose(sm, op)
         except (ProposalDropped, KeyError) as exc:
             self.log.warn(f"JetStream ack on {sm.name}/{name} not recorded: {exc!r}")
             return
         if reply:
             self.client.publish(reply, None, b"")  # double ack: confirmed once applied
+        for event in sm.events.pop(index, []):
+            a = event.advisory
+            if op.kind == AckKind.TERM:
+                self._advise(advisories.terminated(sm.name, name, info.cseq, a.sseq,
+                                                   a.deliveries, advisories.term_reason(body),
+                                                   *self._stamp()))
+            elif op.kind == AckKind.NAK:
+                self._advise(advisories.naked(sm.name, name, info.cseq, a.sseq, a.deliveries,
+                                              *self._stamp()))
         self._pump(sm.name, name)
+
+    async def _drop(self, sm: StreamMachine, name: str, drops: list[Drop]) -> None:
+        """Stop tracking messages out of deliveries (or gone): CONSUMER_ACK entries of kind
+        MAX_DELIVER / GONE, and the max-deliveries advisories they produce."""
+        now = time.time_ns()
+        results = await asyncio.gather(*(self._propose(sm, ops.ConsumerAck(
+            now, name, d.kind, d.sseq)) for d in drops), return_exceptions=True)
+        for index in results:
+            for event in sm.events.pop(index, []) if isinstance(index, int) else ():
+                a = event.advisory
+                if a.kind == "MAX_DELIVERIES":
+                    self._advise(advisories.max_deliveries(sm.name, name, a.sseq,
+                                                           a.deliveries, *self._stamp()))
+
+    def _advise(self, advisory: tuple[str, bytes]) -> None:
+        subject, body = advisory
+        self.client.publish(subject, None, body)
+
+    def _stamp(self) -> tuple[str, str]:
+        """An advisory's id (nats-server: a 22-character nuid) and timestamp."""
+        return "".join(secrets.choice(_NAME_CHARS) for _ in range(22)), self._now()
 
     def _has_interest(self, subject: str) -> bool:
         result = self.client.account.sublist.match(subject)
@@ -817,6 +861,7 @@ class JetStreamService:
         sm = self.streams.get(stream)
         if sm is None:
             return
+        self._timer_drops(sm, name, pull, now)
         active = bool(pull.queue.waiting) or (bool(pull.push) and self._has_interest(pull.push))
         if active or pull.pumping:
             pull.last_active = now
@@ -838,11 +883,31 @@ class JetStreamService:
         if pull.push or (due is not None and due <= now):
             self._pump(stream, name)
 
+    def _timer_drops(self, sm: StreamMachine, name: str, pull: _Pull, now: int) -> None:
+        """The ack timer's own decisions (no pull request needed): messages whose ack wait
+        ran out after their last allowed delivery."""
+        if pull.dropping:
+            return
+        with sm.lock:
+            consumer = sm.stream.consumers.get(name)
+            drops = consumer.timer_drops(now) if consumer is not None else []
+        if drops:
+            pull.dropping = True
+
+            async def run() -> None:
+                try:
+                    await self._drop(sm, name, drops)
+                finally:
+                    pull.dropping = False
+
+            self._spawn(run())
+
     async def _expire_consumer(self, sm: StreamMachine, name: str) -> None:
         """An inactive consumer goes as a deleted one does: through the log."""
         await self._propose(sm, ops.ConsumerDelete(time.time_ns(), name))
         self.pulls.pop((sm.name, name), None)
         self.consumer_created.pop((sm.name, name), None)
+        self._advise(advisories.consumer_action("delete", sm.name, name, *self._stamp()))
 
 
 def _insert_before(out: dict[str, Any], key: str, new_key: str, value: Any) -> dict[str, Any]:
