@@ -79,6 +79,8 @@ def _kind(op: str) -> str:
         "CONSUMER.INFO": "consumer_info_response", "CONSUMER.DELETE": "consumer_delete_response",
         "CONSUMER.NAMES": "consumer_names_response", "CONSUMER.LIST": "consumer_list_response",
         "INFO": "account_info_response",
+        "STREAM.LEADER.STEPDOWN": "stream_leader_stepdown_response",
+        "CONSUMER.LEADER.STEPDOWN": "consumer_leader_stepdown_response",
     }.get(op, "error_response")
 
 
@@ -550,6 +552,12 @@ class JetStreamService:
         for frame in get.direct_get(sm.store, call.stream, body, call.rest):
             self.client.publish(reply, None, frame.data, frame.hdr)
         return None
+
+    async def _h_stream_leader_stepdown(self, *_: Any) -> dict[str, Any]:
+        # A standalone nats-server has no leaders to change (checked, 2.15.1).
+        raise ApiError.of("JSClusterRequiredErr")
+
+    _h_consumer_leader_stepdown = _h_stream_leader_stepdown
 
     # ------------------------------------------------------------------ consumers
 

@@ -81,6 +81,8 @@ async def _script(url: str) -> list[Any]:
         out.append(await _api(nc, "CONSUMER.INFO.ORD.dur"))
         out.append(await _api(nc, "CONSUMER.INFO.ORD.nope"))
         out.append(await _api(nc, "CONSUMER.NAMES.ORD"))
+        out.append(await _api(nc, "STREAM.LEADER.STEPDOWN.ORD"))
+        out.append(await _api(nc, "CONSUMER.LEADER.STEPDOWN.ORD.dur"))
         out.append(await _api(nc, "STREAM.MSG.DELETE.ORD", {"seq": 6}))
         out.append(await _api(nc, "STREAM.INFO.ORD"))
         out.append(await _api(nc, "STREAM.NAMES"))

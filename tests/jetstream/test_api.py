@@ -21,6 +21,8 @@ from node.jetstream.api import Call, route
     ("$JS.API.CONSUMER.DURABLE.CREATE.S.d", Call("CONSUMER.DURABLE.CREATE", "S", "d")),
     ("$JS.API.CONSUMER.MSG.NEXT.S.c", Call("CONSUMER.MSG.NEXT", "S", "c")),
     ("$JS.API.CONSUMER.NAMES.S", Call("CONSUMER.NAMES", "S")),
+    ("$JS.API.STREAM.LEADER.STEPDOWN.S", Call("STREAM.LEADER.STEPDOWN", "S")),
+    ("$JS.API.CONSUMER.LEADER.STEPDOWN.S.c", Call("CONSUMER.LEADER.STEPDOWN", "S", "c")),
 ])
 def test_known_subjects(subject: str, call: Call) -> None:
     assert route(subject) == call
