@@ -132,6 +132,13 @@ class Account:
         received it. `publisher` is the sending client (None: the server)."""
         return self._deliver(self._match(subject), publisher, subject, reply, headers, payload)
 
+    def deliver_as(self, publisher: Any, route: str, subject: str, reply: str | None,
+                   headers: bytes | None, payload: bytes) -> int:
+        """Deliver to the subscribers of `route` a message that shows `subject`: a
+        JetStream delivery reaches a pull request's inbox with the stored message's own
+        subject, as nats-server sends it."""
+        return self._deliver(self._match(route), publisher, subject, reply, headers, payload)
+
     def _deliver(self, result: Any, publisher: Any, subject: str, reply: str | None,
                  headers: bytes | None, payload: bytes) -> int:
         psubs, qsubs = result.psubs, result.qsubs

@@ -33,6 +33,7 @@ from node.websocket import start_websocket
 
 __all__ = ["GO_VERSION", "VERSION", "Server", "run"]
 
+JS_API_LEVEL = 5  # nats-server 2.15.1's INFO api_lvl (node/jetstream/api.py API_LEVEL)
 AUTH_WORKERS = 2  # threads for bcrypt checks: the event loop never hashes
 _ID_ALPHABET = "ABCDEFGHIJKLMNOPQRSTUVWXYZ234567"  # base32, like nkeys server ids
 
@@ -100,6 +101,7 @@ class Server:
         self._done: asyncio.Future[int] | None = None
         self._ports_file: str | None = None
         self.services: list[Any] = []  # objects with async stop(), closed at shutdown
+        self.jetstream: Any = None  # node.jetstream.service.JetStreamService with -js
 
     # ------------------------------------------------------------------ registry
 
@@ -197,11 +199,14 @@ class Server:
                 info.update(tls.info_fields(o.tls))
             else:
                 info["tls_available"] = True
-        # No "jetstream" key until the JetStream API answers: a client that saw it would
-        # send $JS.API requests that nobody serves.
+        # "jetstream" only when the JetStream API answers (nats-server's field order).
+        if self.jetstream is not None:
+            info["jetstream"] = True
         info["client_id"] = client.cid
         if client.host:
             info["client_ip"] = client.host
+        if self.jetstream is not None:
+            info["api_lvl"] = JS_API_LEVEL
         return info
 
     # ------------------------------------------------------------------ lifecycle
@@ -217,7 +222,7 @@ class Server:
             self.log.info(f"Using configuration file: {o.config_file}")
         self._refuse_unenforced()
         if o.jetstream.enabled:
-            self.log.warn("JetStream is not available yet in this build: -js is ignored")
+            await self._start_jetstream()
         for block in o.unsupported:
             self.log.warn(f"Configuration block {block!r} is not supported by jetraft; ignored")
         if o.default_permissions is not None and (o.user or o.token):
@@ -234,6 +239,17 @@ class Server:
         await self._start_clients()
         self._write_ports_file()
         self.log.info("Server is ready")
+
+    async def _start_jetstream(self) -> None:
+        from node.jetstream.service import JetStreamService  # lmdb and raft: only with -js
+
+        service = JetStreamService(self)
+        try:
+            await service.start()
+        except Exception as err:
+            raise ValueError(f"JetStream could not start: {err!r}") from err
+        self.services.insert(0, service)  # stopped first: its last fsyncs while clients wait
+        self.jetstream = service
 
     def _refuse_unenforced(self) -> None:
         """Security settings fail closed: one we cannot enforce stops the node."""

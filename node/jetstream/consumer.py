@@ -201,19 +201,40 @@ class Consumer:
 
     def plan(self, now_ns: int, view: StreamView) -> Delivery | Drop | None:
         """What the leader should propose next, or None (nothing to do now). Read-only."""
+        plans = self.plan_batch(now_ns, view, 1)
+        return plans[0] if plans else None
+
+    def plan_batch(self, now_ns: int, view: StreamView, limit: int) -> list[Delivery | Drop]:
+        """Up to `limit` deliveries the leader may propose together (read-only): what
+        `plan` would answer one after the other if each delivery were applied before the
+        next question. Drops come first and do not count toward `limit`; one pull request
+        is then served by one group commit instead of one per message."""
         st = self.state
+        out: list[Delivery | Drop] = []
+        wanted = 0
         due = sorted((p.deadline_ns, s) for s, p in st.pending.items() if p.deadline_ns <= now_ns)
-        for _deadline, sseq in due:  # the redelivery queue: in the order they fell due
+        for _deadline, sseq in due:
+            if wanted >= limit:
+                return out
             count = st.deliveries.get(sseq, 1)
             if 0 < self.max_deliver <= count:
-                return Drop(sseq, AckKind.MAX_DELIVER)
-            if view.subject_of(sseq) is None:
-                return Drop(sseq, AckKind.GONE)
-            return Delivery(sseq, count + 1)
-        if 0 < self.max_ack_pending <= len(st.pending):
-            return None
-        nxt = view.next_matching(st.delivered_sseq + 1, st.lps_until)
-        return Delivery(nxt, 1) if nxt else None
+                out.append(Drop(sseq, AckKind.MAX_DELIVER))
+            elif view.subject_of(sseq) is None:
+                out.append(Drop(sseq, AckKind.GONE))
+            else:
+                out.append(Delivery(sseq, count + 1))
+                wanted += 1
+        pending = len(st.pending)
+        at = st.delivered_sseq + 1
+        while wanted < limit and not 0 < self.max_ack_pending <= pending:
+            nxt = view.next_matching(at, st.lps_until)
+            if not nxt:
+                break
+            out.append(Delivery(nxt, 1))
+            wanted += 1
+            pending += self.ack_policy != "none"
+            at = nxt + 1
+        return out
 
     def timer_drops(self, now_ns: int) -> list[Drop]:
         """What the leader's ack timer decides on its own, without a pull request: messages

@@ -102,7 +102,7 @@ def decode(body: bytes, root: GoType) -> dict[str, Any]:
     out = state.convert(value, root, [], top=True)
     if state.saved is not None:
         raise GoJsonError(state.saved)
-    return out
+    return {} if out is None else out  # Go: `null` into a struct leaves it zero
 
 
 def _syntax(body: bytes) -> Any:

@@ -14,12 +14,25 @@ A status is a `Status(reply, header block)` the node publishes to the request's 
 
 from __future__ import annotations
 
-import json
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
+from node.jetstream import gojson
 from node.jetstream.headers import format_go_duration
+
+# nats-server decodes a MSG.NEXT body into an anonymous struct (errors name ".batch").
+_INT = gojson.scalar("int")
+NEXT_REQUEST = gojson.struct("", {
+    "batch": _INT, "expires": gojson.scalar("int64"), "no_wait": gojson.BOOL,
+    "max_bytes": _INT, "idle_heartbeat": gojson.scalar("int64"), "heartbeat": _INT,
+    "group": gojson.STRING, "id": gojson.STRING, "min_pending": gojson.scalar("int64"),
+    "min_ack_pending": gojson.scalar("int64"), "priority": _INT,
+})
+
+
+class BadNext(ValueError):
+    """A MSG.NEXT body nats-server answers with `400 Bad Request - <why>`."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,17 +60,22 @@ class PullRequest:
 
 
 def parse_next(body: bytes) -> dict[str, Any]:
-    """A MSG.NEXT body: JSON, a bare batch count, or empty (one message)."""
+    """A MSG.NEXT body: a JSON object, a bare batch count, or anything else (one message).
+    A JSON object that does not decode raises BadNext with Go's reason."""
     text = body.strip()
     if not text:
         return {"batch": 1}
     if text.isdigit():
         return {"batch": int(text)}
-    try:
-        req = json.loads(text)
-    except ValueError:
+    if not text.startswith(b"{"):
         return {"batch": 1}
-    return req if isinstance(req, dict) else {"batch": 1}
+    try:
+        return gojson.decode(text, NEXT_REQUEST)
+    except gojson.GoJsonError as exc:
+        why = str(exc)
+        # json.Unmarshal's words for a truncated document (the decoder says "unexpected EOF")
+        raise BadNext("unexpected end of JSON input" if why == "unexpected EOF" else why) \
+            from exc
 
 
 class PullQueue:
@@ -69,7 +87,10 @@ class PullQueue:
         self.waiting: deque[PullRequest] = deque()
 
     def add(self, now_ns: int, reply: str, body: bytes) -> list[Status]:
-        req = parse_next(body)
+        try:
+            req = parse_next(body)
+        except BadNext as exc:
+            return [status(reply, 400, f"Bad Request - {exc}")]
         batch = max(int(req.get("batch") or 1), 1)
         expires = int(req.get("expires") or 0)
         max_bytes = int(req.get("max_bytes") or 0)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import struct
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -144,15 +144,21 @@ class Stream:
 
     # -- applying --------------------------------------------------------------------------
 
-    def apply_batch(self, entries: Iterable[tuple[int, bytes]]) -> list[Effect]:
+    def apply_batch(self, entries: Iterable[tuple[int, bytes]],
+                    on_entry: Callable[[int, list[Effect]], None] | None = None
+                    ) -> list[Effect]:
         """Apply committed entries in log order in ONE store batch; indexes at or below
-        `applied` were applied before a restart and are skipped."""
+        `applied` were applied before a restart and are skipped. `on_entry(index, effects)`
+        sees each entry's own effects (the node matches results to their proposals)."""
         effects: list[Effect] = []
         with self.store.batch():
             for index, data in entries:
                 if index <= self.applied:
                     continue
-                effects.extend(self.apply(ops.decode(data)))
+                produced = self.apply(ops.decode(data))
+                if on_entry is not None:
+                    on_entry(index, produced)
+                effects.extend(produced)
                 self.applied = index
             self._save_progress()
             for name in sorted(self._dirty):

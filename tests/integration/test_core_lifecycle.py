@@ -53,12 +53,15 @@ def test_unsupported_config_block_warns(servers):
     assert re.search(r"\[WRN\] .*leafnodes", proc.log_text())
 
 
-def test_js_flag_is_not_advertised_before_jetstream_exists(servers, tmp_path, raw):
-    # Until the JetStream API answers, INFO must not invite clients to use it.
+def test_jetstream_is_advertised_only_with_js(servers, tmp_path, raw):
+    # INFO invites clients to use JetStream only when the $JS.API answers (-js).
+    plain = servers.jetraft()
+    info = raw(plain.port).info
+    assert info["server_name"] and "jetstream" not in info and "api_lvl" not in info
     proc = servers.jetraft(args=["-js", "-sd", str(tmp_path / "js")])
-    assert re.search(r"\[WRN\] JetStream is not available", proc.log_text())
+    assert re.search(r"\[INF\] JetStream started", proc.log_text())
     info = raw(proc.port).info
-    assert info["server_name"] and "jetstream" not in info
+    assert info["jetstream"] is True and info["api_lvl"] == 5
 
 
 async def test_reconnect_after_restart_on_same_port(servers):

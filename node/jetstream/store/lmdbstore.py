@@ -360,3 +360,27 @@ class LmdbStore:
                         break
                     out.append(key[len(self._prefix):].decode())
         return out
+
+    def drop(self) -> None:
+        """Delete every key of this stream in every database (stream deleted, or its group
+        starts again from the empty state). One write transaction: all or nothing."""
+        with self._write() as txn:
+            for db in self._db.values():
+                cur = txn.cursor(db=db)
+                if not cur.set_range(self._prefix):
+                    continue
+                while cur.key().startswith(self._prefix):
+                    if not cur.delete():
+                        break
+
+
+
+def stored_names(node_env: NodeEnv) -> set[str]:
+    """Every store name with a key in `js_meta` (each applied stream has its `applied`).
+    `js_meta` holds a handful of keys per stream and consumer: a full walk is cheap."""
+    names: set[str] = set()
+    with node_env.env.begin() as txn:
+        for key in txn.cursor(db=node_env.dbs["js_meta"]).iternext(keys=True, values=False):
+            size = int.from_bytes(key[:2], "big")
+            names.add(bytes(key[2:2 + size]).decode())
+    return names

@@ -1,0 +1,208 @@
+"""The Raft state machines of JetStream: what `MultiRaft` applies committed entries to.
+
+* `MetaMachine` (group `$js`): the stream catalogue. Its entries create and delete streams
+  (JSON: `{"op": "create", "name", "config", "created_ns", "group"}` / `{"op": "delete",
+  "name"}`), so a stream outlives restarts exactly when its create was committed.
+* `StreamMachine` (one group per stream): wraps the pure `Stream` over its store and hands
+  the effects to the node (`on_effects`, called on the event loop, in apply order).
+
+Both keep their state in the node's LMDB environment, with the group's applied Raft index in
+the same write transaction as the data (`applied_index()` lets the driver skip restores).
+
+Snapshots and compaction (docs/jetstream.md, durability rule 4): LMDB itself is the image.
+`snapshot_to` reads the applied index LMDB has COMMITTED (a fresh read transaction, never the
+in-memory counter, which runs ahead of an open write transaction), then fsyncs the environment
+including its meta page, and only then names that index; the driver compacts the WAL up to
+it. The image file only records the index: `restore_from` accepts it when LMDB already holds
+that index (a restart) and refuses otherwise, because a single node has nowhere to copy the
+missing state from. Shipping real images to new members is the cluster issue's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from node.jetstream import config as stream_config
+from node.jetstream.store.lmdbstore import LmdbStore, NodeEnv
+from node.jetstream.store.memstore import MemStore
+from node.jetstream.stream import ConsumerEvent, Delivered, Effect, Result, Stream
+
+_U64 = struct.Struct("<Q")
+META_STORE = "$js.meta"  # a name no stream can have ('.' is not allowed in stream names)
+
+EffectSink = Callable[["StreamMachine", list[Effect]], None]
+
+
+class StoreLostError(RuntimeError):
+    """The store no longer holds what a snapshot says it held: refuse to go on."""
+
+
+def _committed_applied(store: Any) -> int:
+    """The applied index as committed (a read transaction of its own when called outside
+    an apply; MemStore: what it holds)."""
+    raw = store.get_meta("applied")
+    return _U64.unpack(raw)[0] if raw else 0
+
+
+def _write_marker(path: str, name: str, index: int) -> None:
+    with open(path, "wb") as f:
+        f.write(json.dumps({"store": name, "applied": index}).encode())
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _check_marker(path: str, held: int, name: str) -> bool:
+    """True for the empty image (reset to the empty state); raises if LMDB lacks the index."""
+    if os.path.getsize(path) == 0:
+        return True
+    with open(path, "rb") as f:
+        want = json.loads(f.read())["applied"]
+    if held < want:
+        raise StoreLostError(f"{name}: the store holds index {held} but the snapshot needs "
+                             f"{want}: the store directory lost data; refusing to start")
+    return False
+
+
+class MetaMachine:
+    """The stream catalogue (group `$js`)."""
+
+    def __init__(self, env: NodeEnv, on_change: Callable[[], None]) -> None:
+        self.env = env
+        self.store = LmdbStore(env, META_STORE)
+        self.on_change = on_change
+        self.streams: dict[str, dict[str, Any]] = self._load()
+
+    def _load(self) -> dict[str, dict[str, Any]]:
+        raw = self.store.get_meta("streams")
+        return json.loads(raw) if raw else {}
+
+    def apply(self, index: int, data: bytes) -> None:
+        self.apply_batch([(index, data)])
+
+    def apply_batch(self, run: list[tuple[int, bytes]]) -> None:
+        changed = False
+        with self.store.batch():
+            applied = _committed_applied(self.store)
+            for index, data in run:
+                if index <= applied:
+                    continue  # already in LMDB before a restart
+                entry = json.loads(data)
+                if entry["op"] == "create":
+                    self.streams.setdefault(entry["name"], entry)
+                elif entry["op"] == "delete":
+                    self.streams.pop(entry["name"], None)
+                applied, changed = index, True
+            if changed:
+                self.store.put_meta("streams", json.dumps(self.streams).encode())
+                self.store.put_meta("applied", _U64.pack(applied))
+        if changed:
+            self.on_change()
+
+    def applied_index(self) -> int:
+        return _committed_applied(self.store)
+
+    def snapshot_to(self, path: str) -> int:
+        index = _committed_applied(self.store)
+        self.env.sync()  # what `index` covers is durable before the WAL below it goes
+        _write_marker(path, META_STORE, index)
+        return index
+
+    def restore_from(self, path: str) -> None:
+        if _check_marker(path, self.applied_index(), META_STORE):
+            self.store.drop()
+            self.streams = {}
+            self.on_change()
+
+    def on_leader_change(self, leader_id: int, term: int) -> None:
+        pass
+
+
+class StreamMachine:
+    """One stream's group state machine. `lock` guards the pure `Stream` against the event
+    loop's reads (plan, info) while an apply runs in the driver's apply worker."""
+
+    def __init__(self, name: str, group: str, cfg: stream_config.Config, env: NodeEnv | None,
+                 sink: EffectSink, created_ns: int) -> None:
+        self.name = name
+        self.group = group
+        self.initial_cfg = cfg
+        self.env = env
+        self.sink = sink
+        self.created_ns = created_ns
+        self.lock = threading.RLock()
+        self.store: Any = self._new_store()
+        self.stream = Stream(cfg, self.store)
+        # Result effects (purge, message delete) and Delivered effects by Raft index, for
+        # the coroutine that proposed the entry; popped by it once `propose` resolves. Only
+        # kept once `track` is set (after the start-up replay, whose entries nobody awaits).
+        self.results: dict[int, dict[str, Any]] = {}
+        self.delivered: dict[int, Delivered] = {}
+        self.events: dict[int, list[ConsumerEvent]] = {}  # for the advisories
+        self.track = False
+
+    def _new_store(self) -> Any:
+        if self.env is None:
+            return MemStore(self.group)
+        return LmdbStore(self.env, self.group)
+
+    @property
+    def memory(self) -> bool:
+        return self.env is None
+
+    def apply(self, index: int, data: bytes) -> None:
+        self.apply_batch([(index, data)])
+
+    def apply_batch(self, run: list[tuple[int, bytes]]) -> None:
+        """Every entry of the run in ONE store transaction (consumer states written once);
+        effects kept per entry so a request can find the result of its own entry."""
+        with self.lock:
+            effects = self.stream.apply_batch(run, self._keep if self.track else None)
+        if effects:
+            self.sink(self, effects)
+
+    def _keep(self, index: int, effects: list[Effect]) -> None:
+        for effect in effects:
+            if isinstance(effect, Result):
+                self.results[index] = effect.payload
+            elif isinstance(effect, Delivered):
+                self.delivered[index] = effect
+            elif isinstance(effect, ConsumerEvent):
+                self.events.setdefault(index, []).append(effect)
+
+    def applied_index(self) -> int:
+        return _committed_applied(self.store)
+
+    def snapshot_to(self, path: str) -> int:
+        if self.env is None:
+            index = self.stream.applied  # memory: an R1 memory stream starts empty anyway
+        else:
+            index = _committed_applied(self.store)
+            self.env.sync()
+        _write_marker(path, self.group, index)
+        return index
+
+    def restore_from(self, path: str) -> None:
+        if _check_marker(path, self.applied_index(), self.group):
+            with self.lock:
+                if self.env is not None:
+                    self.store.drop()
+                else:
+                    self.store = self._new_store()
+                self.stream = Stream(self.initial_cfg, self.store)
+                self.results.clear()
+                self.delivered.clear()
+                self.events.clear()
+
+    def on_leader_change(self, leader_id: int, term: int) -> None:
+        pass
+
+    def drop(self) -> None:
+        """The stream was deleted: its keys go (after its group is fully removed)."""
+        with self.lock:
+            if self.env is not None:
+                self.store.drop()

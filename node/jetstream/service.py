@@ -1,0 +1,984 @@
+"""JetStream in the node: the async edge around the pure core (`jetraft serve -js`).
+
+    service = JetStreamService(server)
+    await service.start()      # LMDB env, MultiRaft, the catalogue, every stream's group
+    ...
+    await service.stop()
+
+What lives where:
+* `api.py` names the handler of a `$JS.API.` subject; the handlers below parse with the pure
+  modules (`config`, `consumer_config`, `requests`, `get`, `pull`) and reply with `replies`.
+* Every stream is a Raft group on the node's `MultiRaft` (one voter here), its log in the
+  node's one WAL under `<store_dir>/raft`, its state in the node's one LMDB environment under
+  `<store_dir>/lmdb` (`machines.py`). The catalogue is the `$js` group.
+* A publish to a stream subject becomes a STREAM_MSG proposal. The driver fsyncs it, the apply
+  worker runs `Stream.apply_batch` (one LMDB transaction, fdatasynced), and the PubAck is one
+  of the effects, sent from the event loop after that (`_on_effects`).
+* A pull request waits in the consumer's `PullQueue`; the consumer's pump asks `plan`, proposes
+  CONSUMER_DELIVERED, and sends the message with its `$JS.ACK` reply once that entry applied.
+  Acks arriving on `$JS.ACK.>` become CONSUMER_ACK proposals.
+
+nats-server sends v1 ack subjects (`$JS.ACK.<stream>.<consumer>.<dlv>.<sseq>.<cseq>.<ts>.<pend>`,
+checked against 2.15.1); so do we, and both layouts are accepted back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import secrets
+import time
+from typing import Any
+
+from node.jetstream import advisories, api, consumer_config, get, ops, replies, requests
+from node.jetstream import config as stream_config
+from node.jetstream.batch import BatchCollector
+from node.jetstream.consumer import (
+    AckInfo,
+    AckKind,
+    Delivery,
+    Drop,
+    StreamView,
+    initial_position,
+    parse_ack_body,
+    parse_ack_subject,
+)
+from node.jetstream.errors import ApiError
+from node.jetstream.machines import META_STORE, MetaMachine, StreamMachine
+from node.jetstream.pull import PullQueue, Status
+from node.jetstream.store.lmdbstore import LmdbStore, NodeEnv, stored_names
+from node.jetstream.stream import Effect, Reply, Republish, Stored, rfc3339
+from raft.multigroup import MultiRaft, ProposalDropped
+from raft.storage import NodeLog
+
+META_GROUP = "$js"
+NODE_ID = 1
+TICK_S = 0.05          # Raft tick; a single voter elects itself within 3-6 ticks
+ELECTION_TICK = 3
+MAX_ROUND = 256        # deliveries proposed together for one consumer
+PULL_TICK_S = 0.1      # pull-request expiries (408) and redeliveries are looked at this often
+_NAME_CHARS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
+_JSON = {"separators": (",", ":")}
+
+
+def _dumps(obj: Any) -> bytes:
+    return json.dumps(obj, **_JSON).encode()  # type: ignore[arg-type]
+
+
+def _kind(op: str) -> str:
+    """The reply `type` suffix nats-server uses for an API op."""
+    return {
+        "STREAM.CREATE": "stream_create_response", "STREAM.UPDATE": "stream_update_response",
+        "STREAM.INFO": "stream_info_response", "STREAM.DELETE": "stream_delete_response",
+        "STREAM.PURGE": "stream_purge_response", "STREAM.NAMES": "stream_names_response",
+        "STREAM.LIST": "stream_list_response", "STREAM.MSG.GET": "stream_msg_get_response",
+        "STREAM.MSG.DELETE": "stream_msg_delete_response",
+        "CONSUMER.CREATE": "consumer_create_response",
+        "CONSUMER.DURABLE.CREATE": "consumer_create_response",
+        "CONSUMER.INFO": "consumer_info_response", "CONSUMER.DELETE": "consumer_delete_response",
+        "CONSUMER.NAMES": "consumer_names_response", "CONSUMER.LIST": "consumer_list_response",
+        "INFO": "account_info_response",
+        "STREAM.LEADER.STEPDOWN": "stream_leader_stepdown_response",
+        "CONSUMER.LEADER.STEPDOWN": "consumer_leader_stepdown_response",
+    }.get(op, "error_response")
+
+
+class _NoPeers:
+    """The transport of a node without peers: nothing to send (single voter groups)."""
+
+    async def start(self) -> None:
+        pass
+
+    async def stop(self) -> None:
+        pass
+
+    def send(self, msgs: list[Any]) -> None:
+        if msgs:
+            raise RuntimeError(f"single-node JetStream got messages to send: {msgs[:1]!r}")
+
+    def beat(self) -> None:
+        pass
+
+    def last_seen(self, peer: int) -> float:
+        raise KeyError(peer)
+
+    def add_peer(self, node: int, addr: str) -> None:
+        raise RuntimeError("single-node JetStream has no peers")
+
+    def remove_peer(self, node: int) -> None:
+        pass
+
+
+class _Pull:
+    """The leader's side of one consumer: its pump, and for a pull consumer its waiting
+    requests. A push consumer (`push` = its deliver subject) is a request that never ends."""
+
+    def __init__(self, cfg: dict[str, Any]) -> None:
+        self.queue = PullQueue(cfg)
+        self.push: str = cfg.get("deliver_subject") or ""
+        self.headers_only = bool(cfg.get("headers_only"))
+        self.inactive_ns: int = cfg.get("inactive_threshold") or 0  # 0: never deleted
+        self.last_active = time.time_ns()
+        self.pumping = False
+        self.again = False
+        self.deleting = False
+        self.dropping = False
+
+    def wants(self) -> bool:
+        return bool(self.push or self.queue.waiting)
+
+
+class JetStreamService:
+    def __init__(self, server: Any) -> None:
+        self.server = server
+        self.log = server.log
+        self.store_dir = os.path.abspath(server.options.jetstream.store_dir)
+        self.env: NodeEnv | None = None
+        self.mr: MultiRaft | None = None
+        self.meta: MetaMachine | None = None
+        self.streams: dict[str, StreamMachine] = {}
+        self.subs: dict[str, list[Any]] = {}
+        self.pulls: dict[tuple[str, str], _Pull] = {}
+        self.batches: dict[str, BatchCollector] = {}  # open atomic batches, per stream
+        self._expiring: set[str] = set()  # streams with an EXPIRE entry in flight
+        self.consumer_created: dict[tuple[str, str], int] = {}
+        self.client: Any = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._meta_lock = asyncio.Lock()
+        self._opening: dict[str, asyncio.Future[None]] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._ticker: asyncio.Task[Any] | None = None
+        self.api_total = self.api_errors = 0
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        os.makedirs(os.path.join(self.store_dir, "lmdb"), exist_ok=True)
+        self.env = NodeEnv(os.path.join(self.store_dir, "lmdb"))
+        raft_dir = os.path.join(self.store_dir, "raft")
+        node_log = NodeLog(os.path.join(raft_dir, "wal"))
+        self.mr = MultiRaft(NODE_ID, node_log, _NoPeers(), tick_interval_s=TICK_S,
+                            election_tick=ELECTION_TICK, snap_dir=os.path.join(raft_dir, "snap"),
+                            on_fatal=self._on_fatal, snapshot_every=_snapshot_every())
+        await self.mr.start()
+        self.meta = MetaMachine(self.env, self._meta_changed_threadsafe)
+        self.mr.add_group(META_GROUP, [NODE_ID], state_machine=self.meta)
+        await self._ready(META_GROUP)
+        await self._forget_memory_streams()
+        self._drop_orphans()
+        for name in sorted(self.meta.streams):
+            await self._open_stream(name)
+        self.client = self.server.internal_client(_jetstream_kind(), "jetstream")
+        self.client.subscribe_internal(api.API_PREFIX + ">", self._on_api)
+        self.client.subscribe_internal(api.ACK_PREFIX + ">", self._on_ack)
+        for name in self.streams:
+            self._subscribe_stream(name)
+            self._start_push(name)
+        self._ticker = asyncio.ensure_future(self._tick_loop())
+        self.log.info(f"JetStream started: {len(self.streams)} streams, store {self.store_dir}")
+
+    async def stop(self) -> None:
+        if self._ticker is not None:
+            self._ticker.cancel()
+        for task in list(self._tasks):
+            task.cancel()
+        if self.mr is not None:
+            await self.mr.stop()
+        if self.env is not None:
+            self.env.close()
+            self.env = None
+
+    def _on_fatal(self, exc: BaseException) -> None:
+        self.log.fatal(f"JetStream storage failed, stopping: {exc!r}")
+        self.server.shutdown(70)
+
+    async def _forget_memory_streams(self) -> None:
+        """A standalone nats-server does not bring memory streams back after a restart
+        (checked against 2.15.1: STREAM.INFO says not found): delete them through the
+        catalogue; `_drop_orphans` then drops their logs."""
+        assert self.meta is not None and self.mr is not None
+        for name, entry in sorted(self.meta.streams.items()):
+            if entry["config"].get("storage") == "memory":
+                await self.mr.propose(META_GROUP, _dumps({"op": "delete", "name": name}))
+
+    def _drop_orphans(self) -> None:
+        """A crash between a stream's delete entry and the removal of its data leaves its
+        WAL group (pinning old segments) and its LMDB keys: the catalogue decides."""
+        assert self.meta is not None and self.mr is not None and self.env is not None
+        groups, names = orphans(self.meta.streams, self.mr.node_log.groups(),
+                                stored_names(self.env))
+        for group in groups:
+            self.log.warn(f"JetStream: dropping the log of deleted stream group {group}")
+            self.mr.node_log.drop_group(group)
+        for name in names:
+            self.log.warn(f"JetStream: dropping the data of deleted stream group {name}")
+            LmdbStore(self.env, name).drop()
+
+    async def _ready(self, group: str) -> None:
+        """Leader elected and everything committed before applied here."""
+        assert self.mr is not None
+        await self.mr.wait_leader(group)
+        await self.mr.read_index(group)
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            self.log.error(f"JetStream task failed: {task.exception()!r}")
+
+    # ------------------------------------------------------------------ streams
+
+    def _meta_changed_threadsafe(self) -> None:
+        assert self.loop is not None
+        self.loop.call_soon_threadsafe(self._meta_changed)
+
+    def _meta_changed(self) -> None:
+        """The catalogue changed (maybe by a replayed entry): open and close groups to match."""
+        assert self.meta is not None
+        for name in list(self.streams):
+            if name not in self.meta.streams:
+                self._spawn(self._close_stream(name))
+        for name in self.meta.streams:
+            if name not in self.streams:
+                self._spawn(self._open_stream(name))
+
+    async def _open_stream(self, name: str) -> None:
+        """Host the stream's group; returns once it is ready and subscribed, also when
+        another caller (a create request, a catalogue change) is already opening it."""
+        opening = self._opening.get(name)
+        if opening is not None:
+            await asyncio.shield(opening)
+            return
+        assert self.meta is not None and self.mr is not None and self.loop is not None
+        entry = self.meta.streams.get(name)
+        if entry is None or name in self.streams:
+            return
+        done = self._opening[name] = self.loop.create_future()
+        try:
+            await self._host_stream(name, entry)
+        finally:
+            del self._opening[name]
+            done.set_result(None)
+
+    async def _host_stream(self, name: str, entry: dict[str, Any]) -> None:
+        assert self.mr is not None
+        cfg = stream_config.from_wire(entry["config"])
+        group = entry["group"]
+        memory = cfg["storage"] == "memory"
+        sm = StreamMachine(name, group, cfg, None if memory else self.env,
+                           self._effects_threadsafe, entry["created_ns"])
+        self.streams[name] = sm
+        self.mr.add_group(group, [NODE_ID], state_machine=sm)
+        await self._ready(group)
+        sm.track = True
+        with sm.lock:
+            for cname in sm.stream.consumers:
+                self.consumer_created.setdefault((name, cname), time.time_ns())
+        if self.client is not None:
+            self._subscribe_stream(name)
+            self._start_push(name)
+
+    def _start_push(self, name: str) -> None:
+        """Push consumers deliver on their own: start their pumps (at start, after a create)."""
+        sm = self.streams[name]
+        for cname in list(sm.stream.consumers):
+            if self._pull(name, cname).push:
+                self._pump(name, cname)
+
+    async def _close_stream(self, name: str) -> None:
+        assert self.mr is not None
+        sm = self.streams.pop(name, None)
+        if sm is None:
+            return
+        for sub in self.subs.pop(name, []):
+            self.client.remove_sub(sub)
+        for key in [k for k in self.pulls if k[0] == name]:
+            del self.pulls[key]
+        self.batches.pop(name, None)
+        self.mr.remove_group(sm.group)
+        await self.mr.removed(sm.group)
+        sm.drop()
+
+    def _subscribe_stream(self, name: str) -> None:
+        for sub in self.subs.pop(name, []):
+            self.client.remove_sub(sub)
+        sm = self.streams[name]
+        subjects = sm.stream.cfg["subjects"] or [name]
+
+        def on_msg(_sub: Any, subject: str, reply: str | None, hdr: bytes | None,
+                   payload: bytes) -> None:
+            self._on_publish(name, subject, reply, hdr, payload)
+
+        self.subs[name] = [self.client.subscribe_internal(s, on_msg) for s in subjects]
+
+    def _configs(self) -> dict[str, stream_config.Config]:
+        return {n: sm.stream.cfg for n, sm in self.streams.items()}
+
+    async def _propose(self, sm: StreamMachine, op: ops.Op) -> int:
+        assert self.mr is not None
+        return await self.mr.propose(sm.group, ops.encode(op))
+
+    # ------------------------------------------------------------------ publish path
+
+    def _on_publish(self, name: str, subject: str, reply: str | None, hdr: bytes | None,
+                    payload: bytes) -> None:
+        sm = self.streams.get(name)
+        if sm is None:
+            return
+        op = ops.StreamMsg(time.time_ns(), subject, reply or "", hdr or b"", payload)
+        if BatchCollector.is_batch(op):
+            self._batch_message(sm, op)
+            return
+        self._spawn(self._publish(sm, op))
+
+    def _batch_message(self, sm: StreamMachine, op: ops.StreamMsg) -> None:
+        """Atomic batch publish: collected here (in arrival order, on the loop) until its
+        commit, which is ONE STREAM_BATCH entry applied all-or-nothing."""
+        collector = self.batches.get(sm.name)
+        if collector is None or collector.allow_atomic != bool(sm.stream.cfg.get("allow_atomic")):
+            collector = self.batches[sm.name] = BatchCollector(
+                bool(sm.stream.cfg.get("allow_atomic")))
+        got = collector.add(op)
+        if got.error is not None:
+            if op.reply:
+                body = {**got.error.to_dict(), "stream": sm.name, "seq": 0}
+                self.client.publish(op.reply, None, _dumps(body))
+        elif got.ack_empty:
+            if op.reply:
+                self.client.publish(op.reply, None, b"")  # flow control: send the next one
+        elif got.committed:
+            batch = ops.StreamBatch(op.now_ns, got.batch_id, tuple(got.committed))
+            self._spawn(self._publish(sm, batch))
+
+    async def _publish(self, sm: StreamMachine, op: ops.StreamMsg | ops.StreamBatch) -> None:
+        try:
+            await self._propose(sm, op)
+        except (ProposalDropped, KeyError) as exc:
+            # Not stored (or outcome unknown): no PubAck; the client's request times out
+            # and it may retry (with Nats-Msg-Id, exactly once).
+            self.log.warn(f"JetStream publish to {sm.name} not acknowledged: {exc!r}")
+
+    def _effects_threadsafe(self, sm: StreamMachine, effects: list[Effect]) -> None:
+        assert self.loop is not None
+        self.loop.call_soon_threadsafe(self._on_effects, sm, effects)
+
+    def _on_effects(self, sm: StreamMachine, effects: list[Effect]) -> None:
+        """On the loop, in apply order: the entries are fsynced in the WAL and applied to
+        the (fdatasynced) store, so their PubAcks may go out."""
+        stored = False
+        for effect in effects:
+            if isinstance(effect, Reply):
+                self.client.publish(effect.subject, None, effect.payload)
+            elif isinstance(effect, Republish):
+                self.client.publish(effect.subject, None, effect.data, effect.hdr or None)
+            elif isinstance(effect, Stored):
+                stored = True
+        if stored:
+            for cname in list(sm.stream.consumers):
+                pull = self.pulls.get((sm.name, cname))
+                if pull is not None and pull.wants():
+                    self._pump(sm.name, cname)
+
+    # ------------------------------------------------------------------ $JS.API
+
+    def _on_api(self, _sub: Any, subject: str, reply: str | None, hdr: bytes | None,
+                body: bytes) -> None:
+        call = api.route(subject)
+        if call is None or not reply:
+            return
+        self._spawn(self._serve(call, subject, reply, body))
+
+    async def _serve(self, call: api.Call, subject: str, reply: str, body: bytes) -> None:
+        self.api_total += 1
+        handler = getattr(self, "_h_" + call.op.replace(".", "_").lower())
+        try:
+            out = await handler(call, subject, reply, body)
+        except ApiError as err:
+            self.api_errors += 1
+            out = replies.error_reply(_kind(call.op), err)
+        except ProposalDropped as exc:
+            self.api_errors += 1
+            out = replies.error_reply(_kind(call.op), ApiError.of(
+                "JSStreamGeneralErrorF", err=f"not committed: {exc}"))
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            # A request shape the pure checks let through: answer, log, and stay up.
+            self.api_errors += 1
+            self.log.error(f"JetStream API {subject}: {exc!r}")
+            out = replies.error_reply(_kind(call.op), ApiError.of("JSBadRequestErr"))
+        if out is not None:
+            self.client.publish(reply, None, _dumps(out))
+
+    def _stream(self, name: str) -> StreamMachine:
+        sm = self.streams.get(name)
+        if sm is None:
+            raise ApiError.of("JSStreamNotFoundErr")
+        return sm
+
+    def _now(self) -> str:
+        return rfc3339(time.time_ns())
+
+    async def _h_info(self, call: api.Call, *_: Any) -> dict[str, Any]:
+        storage = memory = consumers = 0
+        for sm in self.streams.values():
+            with sm.lock:
+                size = sm.store.bytes()
+                consumers += len(sm.stream.consumers)
+            if sm.memory:
+                memory += size
+            else:
+                storage += size
+        return {"type": replies.TYPE_PREFIX + "account_info_response", "memory": memory,
+                "storage": storage, "reserved_memory": 0, "reserved_storage": 0,
+                "streams": len(self.streams), "consumers": consumers,
+                "limits": {"max_memory": -1, "max_storage": -1, "max_streams": -1,
+                           "max_consumers": -1, "max_ack_pending": -1,
+                           "memory_max_stream_bytes": -1, "storage_max_stream_bytes": -1,
+                           "max_bytes_required": False},
+                "api": {"level": api.API_LEVEL, "total": self.api_total,
+                        "errors": self.api_errors}}
+
+    def _stream_reply(self, kind: str, sm: StreamMachine, did_create: bool = False
+                      ) -> dict[str, Any]:
+        with sm.lock:
+            state = sm.stream.state(len(sm.stream.consumers))
+            cfg = sm.stream.cfg
+        return replies.stream_reply(kind, cfg, state, rfc3339(sm.created_ns), self._now(),
+                                    did_create=did_create)
+
+    async def _h_stream_create(self, call: api.Call, subject: str, reply: str, body: bytes
+                               ) -> dict[str, Any]:
+        cfg, pedantic = stream_config.parse_request(body)
+        async with self._meta_lock:
+            stored, created = stream_config.check_create(call.stream, cfg, pedantic,
+                                                         self._configs())
+            if created:
+                now = time.time_ns()
+                entry = {"op": "create", "name": stored["name"],
+                         "config": stream_config.to_wire(stored), "created_ns": now,
+                         "group": f"js.{stored['name']}.{now}"}
+                assert self.mr is not None
+                await self.mr.propose(META_GROUP, _dumps(entry))
+                await self._open_stream(stored["name"])
+                self._advise(advisories.stream_action("create", stored["name"], *self._stamp()))
+        sm = self._stream(stored["name"])
+        # nats-server says did_create also for an identical re-create (checked, 2.15.1).
+        return self._stream_reply("stream_create_response", sm, did_create=True)
+
+    async def _h_stream_update(self, call: api.Call, subject: str, reply: str, body: bytes
+                               ) -> dict[str, Any]:
+        cfg, pedantic = stream_config.parse_request(body)
+        async with self._meta_lock:
+            stored = stream_config.check_update(call.stream, cfg, pedantic, self._configs())
+            sm = self._stream(call.stream)
+            await self._propose(sm, ops.UpdateConfig(
+                time.time_ns(), _dumps(stream_config.to_wire(stored))))
+            self._subscribe_stream(call.stream)
+            self._advise(advisories.stream_action("modify", call.stream, *self._stamp()))
+        return self._stream_reply("stream_update_response", sm)
+
+    async def _h_stream_info(self, call: api.Call, subject: str, reply: str, body: bytes
+                             ) -> dict[str, Any]:
+        sm = self.streams.get(call.stream)
+        if sm is None:  # nats-server's not-found INFO reply carries the paging fields too
+            err = replies.error_reply(_kind(call.op), ApiError.of("JSStreamNotFoundErr"))
+            return {**err, "total": 0, "offset": 0, "limit": 0}
+        with sm.lock:
+            out = replies.stream_info(sm.stream, body, rfc3339(sm.created_ns), self._now(),
+                                      consumers=len(sm.stream.consumers))
+        if "error" not in out:
+            # A standalone nats-server names itself the stream's leader in INFO.
+            out = _insert_before(out, "ts", "cluster", {"leader": self.server.server_name})
+        return out
+
+    async def _h_stream_delete(self, call: api.Call, subject: str, reply: str, body: bytes
+                               ) -> dict[str, Any]:
+        requests.check_stream_delete(body)
+        async with self._meta_lock:
+            self._stream(call.stream)
+            assert self.mr is not None
+            await self.mr.propose(META_GROUP, _dumps({"op": "delete", "name": call.stream}))
+            await self._close_stream(call.stream)
+            self._advise(advisories.stream_action("delete", call.stream, *self._stamp()))
+        return {"type": replies.TYPE_PREFIX + "stream_delete_response", "success": True}
+
+    async def _h_stream_purge(self, call: api.Call, subject: str, reply: str, body: bytes
+                              ) -> dict[str, Any]:
+        try:
+            sm = self._stream(call.stream)
+            op = requests.parse_purge(body, time.time_ns())
+        except ApiError as err:  # nats-server's purge errors carry "purged": 0
+            return {**replies.error_reply(_kind(call.op), err), "purged": 0}
+        index = await self._propose(sm, op)
+        result = sm.results.pop(index, {"success": True, "purged": 0})
+        return {"type": replies.TYPE_PREFIX + "stream_purge_response", **result}
+
+    async def _h_stream_msg_delete(self, call: api.Call, subject: str, reply: str,
+                                   body: bytes) -> dict[str, Any]:
+        sm = self._stream(call.stream)
+        index = await self._propose(sm, requests.parse_msg_delete(body, time.time_ns()))
+        result = sm.results.pop(index, {"success": True})
+        return {"type": replies.TYPE_PREFIX + "stream_msg_delete_response", **result}
+
+    async def _h_stream_names(self, call: api.Call, subject: str, reply: str, body: bytes
+                              ) -> dict[str, Any]:
+        return requests.names_reply(self._configs(), body)
+
+    async def _h_stream_list(self, call: api.Call, subject: str, reply: str, body: bytes
+                             ) -> dict[str, Any]:
+        infos = {}
+        for name, sm in self.streams.items():
+            full = self._stream_reply("stream_info_response", sm)
+            infos[name] = {"created": full["created"], "state": full["state"],
+                           "ts": full["ts"]}
+        return requests.list_reply(self._configs(), body, infos)
+
+    async def _h_stream_msg_get(self, call: api.Call, subject: str, reply: str, body: bytes
+                                ) -> dict[str, Any]:
+        return get.msg_get(self._stream(call.stream).store, body)
+
+    async def _h_direct_get(self, call: api.Call, subject: str, reply: str, body: bytes
+                            ) -> None:
+        sm = self.streams.get(call.stream)
+        if sm is None or not sm.stream.cfg.get("allow_direct"):
+            # nats-server only listens for streams that allow direct gets: no responders.
+            self.client.publish(reply, None, b"", b"NATS/1.0 503\r\n\r\n")
+            return None
+        for frame in get.direct_get(sm.store, call.stream, body, call.rest):
+            self.client.publish(reply, None, frame.data, frame.hdr)
+        return None
+
+    async def _h_stream_leader_stepdown(self, *_: Any) -> dict[str, Any]:
+        # A standalone nats-server has no leaders to change (checked, 2.15.1).
+        raise ApiError.of("JSClusterRequiredErr")
+
+    _h_consumer_leader_stepdown = _h_stream_leader_stepdown
+
+    # ------------------------------------------------------------------ consumers
+
+    async def _h_consumer_create(self, call: api.Call, subject: str, reply: str, body: bytes
+                                 ) -> dict[str, Any]:
+        req = consumer_config.parse_request(body)
+        sm = self.streams.get(call.stream)
+        with sm.lock if sm else _nolock():
+            stream_cfg = sm.stream.cfg if sm else None
+            existing = {n: c.cfg for n, c in sm.stream.consumers.items()} if sm else {}
+        cfg, name, created = consumer_config.check_create(
+            subject, req, stream_cfg, existing,
+            name_source=lambda: "".join(secrets.choice(_NAME_CHARS) for _ in range(8)))
+        assert sm is not None
+        wire = consumer_config.to_wire(cfg)
+        if created or existing.get(name) is not cfg:
+            with sm.lock:
+                view = StreamView(sm.store, _filters(cfg))
+                start, lps = initial_position(cfg, view, sm.stream.last_seq)
+            await self._propose(sm, ops.ConsumerUpsert(time.time_ns(), name, _dumps(wire),
+                                                       start, lps))
+            if created:
+                self._advise(advisories.consumer_action("create", call.stream, name,
+                                                        *self._stamp()))
+            self.consumer_created.setdefault((call.stream, name), time.time_ns())
+            old = self.pulls.pop((call.stream, name), None)
+            fresh = self._pull(call.stream, name)  # new limits (max_waiting, ...)
+            if old is not None:
+                fresh.queue.waiting = old.queue.waiting
+            if fresh.push:
+                self._pump(call.stream, name)
+        return self._consumer_info("consumer_create_response", sm, name)
+
+    _h_consumer_durable_create = _h_consumer_create
+
+    def _consumer_info(self, kind: str, sm: StreamMachine, name: str) -> dict[str, Any]:
+        with sm.lock:
+            consumer = sm.stream.consumers.get(name)
+            if consumer is None:
+                raise ApiError.of("JSConsumerNotFoundErr")
+            view = StreamView(sm.store, consumer.filters())
+            pull = self.pulls.get((sm.name, name))
+            created = self.consumer_created.get((sm.name, name), sm.created_ns)
+            wire = consumer_config.to_wire(consumer.cfg)
+            return replies.consumer_info(kind, sm.name, name, wire, consumer, view,
+                                         rfc3339(created), self._now(),
+                                         num_waiting=len(pull.queue.waiting) if pull else 0)
+
+    async def _h_consumer_info(self, call: api.Call, subject: str, reply: str, body: bytes
+                               ) -> dict[str, Any]:
+        return self._consumer_info("consumer_info_response", self._stream(call.stream),
+                                   call.consumer)
+
+    async def _h_consumer_delete(self, call: api.Call, subject: str, reply: str, body: bytes
+                                 ) -> dict[str, Any]:
+        sm = self._stream(call.stream)
+        if call.consumer not in sm.stream.consumers:
+            raise ApiError.of("JSConsumerNotFoundErr")
+        await self._propose(sm, ops.ConsumerDelete(time.time_ns(), call.consumer))
+        self.pulls.pop((call.stream, call.consumer), None)
+        self.consumer_created.pop((call.stream, call.consumer), None)
+        self._advise(advisories.consumer_action("delete", call.stream, call.consumer,
+                                                *self._stamp()))
+        return {"type": replies.TYPE_PREFIX + "consumer_delete_response", "success": True}
+
+    def _page(self, body: bytes, names: list[str], limit: int) -> tuple[int, list[str]]:
+        offset = 0
+        if not requests.is_empty_request(body):
+            try:
+                offset = max(int(json.loads(body).get("offset", 0)), 0)
+            except (ValueError, AttributeError, TypeError):
+                offset = 0
+        offset = min(offset, len(names))
+        return offset, names[offset:offset + limit]
+
+    async def _h_consumer_names(self, call: api.Call, subject: str, reply: str, body: bytes
+                                ) -> dict[str, Any]:
+        sm = self._stream(call.stream)
+        names = sorted(sm.stream.consumers)
+        offset, page = self._page(body, names, 1024)
+        return {"type": replies.TYPE_PREFIX + "consumer_names_response", "total": len(names),
+                "offset": offset, "limit": 1024, "consumers": page}
+
+    async def _h_consumer_list(self, call: api.Call, subject: str, reply: str, body: bytes
+                               ) -> dict[str, Any]:
+        sm = self._stream(call.stream)
+        names = sorted(sm.stream.consumers)
+        offset, page = self._page(body, names, 256)
+        infos = []
+        for name in page:
+            info = self._consumer_info("consumer_info_response", sm, name)
+            info.pop("type")
+            infos.append(info)
+        return {"type": replies.TYPE_PREFIX + "consumer_list_response", "total": len(names),
+                "offset": offset, "limit": 256, "consumers": infos}
+
+    # ------------------------------------------------------------------ pull consumers
+
+    def _pull(self, stream: str, name: str) -> _Pull:
+        pull = self.pulls.get((stream, name))
+        if pull is None:
+            sm = self.streams[stream]
+            pull = self.pulls[(stream, name)] = _Pull(sm.stream.consumers[name].cfg)
+        return pull
+
+    async def _h_consumer_msg_next(self, call: api.Call, subject: str, reply: str,
+                                   body: bytes) -> None:
+        sm = self.streams.get(call.stream)
+        if sm is None or call.consumer not in sm.stream.consumers:
+            # nats-server answers a request for a missing consumer with a 404 status.
+            self._send(Status(reply, b"NATS/1.0 404 No Messages\r\n\r\n"))
+            return None
+        pull = self._pull(call.stream, call.consumer)
+        for status in pull.queue.add(time.time_ns(), reply, body):
+            self._send(status)
+        self._pump(call.stream, call.consumer)
+        return None
+
+    def _send(self, status: Status) -> None:
+        self.client.publish(status.reply, None, b"", status.hdr)
+
+    def _pump(self, stream: str, name: str) -> None:
+        pull = self.pulls.get((stream, name))
+        if pull is None:
+            return
+        if pull.pumping:
+            pull.again = True  # the running pump looks again before it stops
+            return
+        pull.pumping = True
+        self._spawn(self._run_pump(stream, name, pull))
+
+    async def _run_pump(self, stream: str, name: str, pull: _Pull) -> None:
+        try:
+            while True:
+                pull.again = False
+                while pull.wants() and await self._deliver_batch(stream, name, pull):
+                    pass
+                if not pull.again:
+                    return
+        finally:
+            pull.pumping = False
+
+    async def _deliver_batch(self, stream: str, name: str, pull: _Pull) -> bool:
+        """Plan, propose and send the deliveries the waiting requests want; False when
+        there is nothing to do now. The CONSUMER_DELIVERED entries of one round are
+        proposed together (one group commit); the next round plans on their applied state."""
+        sm = self.streams.get(stream)
+        if sm is None:
+            return False
+        now = time.time_ns()
+        if pull.push and not self._has_interest(pull.push):
+            return False  # nats-server delivers only while someone listens
+        wanted = MAX_ROUND if pull.push else \
+            min(sum(r.remaining for r in pull.queue.waiting), MAX_ROUND)
+        with sm.lock:
+            consumer = sm.stream.consumers.get(name)
+            if consumer is None:
+                return False
+            plans = consumer.plan_batch(now, StreamView(sm.store, consumer.filters()), wanted)
+            msgs = {p.sseq: sm.store.load(p.sseq) for p in plans if isinstance(p, Delivery)}
+        if not plans:
+            for status in () if pull.push else pull.queue.nothing_pending():
+                self._send(status)
+            return False
+        sends: list[tuple[Any, Any]] = []  # (message, request) in plan order
+        entries: list[ops.Op] = []
+        drops = [p for p in plans if isinstance(p, Drop)]
+        if drops:
+            await self._drop(sm, name, drops)
+        for plan in plans:
+            if isinstance(plan, Drop):
+                continue
+            msg = msgs.get(plan.sseq)
+            if msg is None:
+                continue  # removed meanwhile: the next round drops it
+            if pull.push:
+                target = pull.push
+            else:
+                req, refused = pull.queue.take(len(msg.subject) + len(msg.hdr) + len(msg.data))
+                for status in refused:
+                    self._send(status)
+                if req is None:
+                    break
+                target = req.reply
+            entries.append(ops.ConsumerDelivered(now, name, plan.sseq))
+            sends.append((msg, target))
+        if not entries:
+            return bool(drops) or (bool(pull.queue.waiting) and not pull.push)
+        results = await asyncio.gather(*(self._propose(sm, e) for e in entries),
+                                       return_exceptions=True)
+        indexes = [r for e, r in zip(entries, results, strict=True)
+                   if isinstance(e, ops.ConsumerDelivered)]
+        self._send_deliveries(sm, name, sends, indexes, pull.headers_only)
+        return True
+
+    def _send_deliveries(self, sm: StreamMachine, name: str, sends: list[tuple[Any, str]],
+                         indexes: list[Any], headers_only: bool) -> None:
+        """Each applied delivery to its request, with the ack subject nats-server sends
+        (its last token: what is still pending after that message)."""
+        with sm.lock:
+            consumer = sm.stream.consumers.get(name)
+            if consumer is None:
+                return
+            left = consumer.num_pending(StreamView(sm.store, consumer.filters()))
+        done = [(msg, target, sm.delivered.pop(i, None)) for (msg, target), i
+                in zip(sends, indexes, strict=True) if isinstance(i, int)]
+        new_after = sum(1 for _, _, d in done if d is not None and d.deliveries == 1)
+        for msg, target, d in done:
+            if d is None:
+                continue
+            new_after -= d.deliveries == 1
+            ack = (f"{api.ACK_PREFIX}{sm.name}.{name}.{d.deliveries}.{d.sseq}.{d.cseq}."
+                   f"{msg.ts_ns}.{left + new_after}")
+            hdr, data = msg.hdr, msg.data
+            if headers_only:  # the size instead of the body, as nats-server sends it
+                hdr, data = _with_header(hdr, "Nats-Msg-Size", str(len(data))), b""
+            self.client.account.deliver_as(self.client, target, msg.subject, ack,
+                                           hdr or None, data)
+
+    def _on_ack(self, _sub: Any, subject: str, reply: str | None, hdr: bytes | None,
+                body: bytes) -> None:
+        info = parse_ack_subject(subject)
+        if info is None:
+            return
+        sm = self.streams.get(info.stream)
+        if sm is None or info.consumer not in sm.stream.consumers:
+            return
+        kind, delay, _next = parse_ack_body(body)
+        op = ops.ConsumerAck(time.time_ns(), info.consumer, kind, info.sseq, delay)
+        self._spawn(self._ack(sm, info, op, reply, body))
+
+    async def _ack(self, sm: StreamMachine, info: AckInfo, op: ops.ConsumerAck,
+                   reply: str | None, body: bytes) -> None:
+        name = info.consumer
+        try:
+            index = await self._propose(sm, op)
+        except (ProposalDropped, KeyError) as exc:
+            self.log.warn(f"JetStream ack on {sm.name}/{name} not recorded: {exc!r}")
+            return
+        if reply:
+            self.client.publish(reply, None, b"")  # double ack: confirmed once applied
+        for event in sm.events.pop(index, []):
+            a = event.advisory
+            if op.kind == AckKind.TERM:
+                self._advise(advisories.terminated(sm.name, name, info.cseq, a.sseq,
+                                                   a.deliveries, advisories.term_reason(body),
+                                                   *self._stamp()))
+            elif op.kind == AckKind.NAK:
+                self._advise(advisories.naked(sm.name, name, info.cseq, a.sseq, a.deliveries,
+                                              *self._stamp()))
+        self._pump(sm.name, name)
+
+    async def _drop(self, sm: StreamMachine, name: str, drops: list[Drop]) -> None:
+        """Stop tracking messages out of deliveries (or gone): CONSUMER_ACK entries of kind
+        MAX_DELIVER / GONE, and the max-deliveries advisories they produce."""
+        now = time.time_ns()
+        results = await asyncio.gather(*(self._propose(sm, ops.ConsumerAck(
+            now, name, d.kind, d.sseq)) for d in drops), return_exceptions=True)
+        for index in results:
+            for event in sm.events.pop(index, []) if isinstance(index, int) else ():
+                a = event.advisory
+                if a.kind == "MAX_DELIVERIES":
+                    self._advise(advisories.max_deliveries(sm.name, name, a.sseq,
+                                                           a.deliveries, *self._stamp()))
+
+    def _advise(self, advisory: tuple[str, bytes]) -> None:
+        subject, body = advisory
+        self.client.publish(subject, None, body)
+
+    def _stamp(self) -> tuple[str, str]:
+        """An advisory's id (nats-server: a 22-character nuid) and timestamp."""
+        return "".join(secrets.choice(_NAME_CHARS) for _ in range(22)), self._now()
+
+    def _has_interest(self, subject: str) -> bool:
+        result = self.client.account.sublist.match(subject)
+        return bool(result.psubs or result.qsubs)
+
+    async def _tick_loop(self) -> None:
+        """Expire pull requests (408), redeliver what fell due, feed push consumers, delete
+        consumers inactive past their `inactive_threshold` (every ephemeral has one)."""
+        while True:
+            await asyncio.sleep(self._next_tick())
+            now = time.time_ns()
+            for (stream, name), pull in list(self.pulls.items()):
+                self._tick_consumer(stream, name, pull, now)
+            for sm in list(self.streams.values()):
+                if sm.name not in self._expiring and _expiry_due(sm, now):
+                    self._expiring.add(sm.name)
+                    self._spawn(self._expire(sm, now))
+
+    def _next_tick(self) -> float:
+        """Seconds to the next tick: PULL_TICK_S, or sooner when a pull request expires or
+        owes a heartbeat (nats-server's timers are per request)."""
+        wake = min((dl for p in self.pulls.values() if (dl := p.queue.next_deadline())),
+                   default=None)
+        if wake is None:
+            return PULL_TICK_S
+        return min(PULL_TICK_S, max(0.001, (wake - time.time_ns()) / 1e9 + 0.0005))
+
+    async def _expire(self, sm: StreamMachine, now: int) -> None:
+        """Time passes only through entries: an EXPIRE entry carries the leader's clock, and
+        the stream removes what max_age and per-message TTLs expired by then."""
+        try:
+            await self._propose(sm, ops.Expire(now))
+        finally:
+            self._expiring.discard(sm.name)
+
+    def _tick_consumer(self, stream: str, name: str, pull: _Pull, now: int) -> None:
+        sm = self.streams.get(stream)
+        if sm is None:
+            return
+        self._timer_drops(sm, name, pull, now)
+        active = bool(pull.queue.waiting) or (bool(pull.push) and self._has_interest(pull.push))
+        if active or pull.pumping:
+            pull.last_active = now
+        elif pull.inactive_ns and now - pull.last_active > pull.inactive_ns and not pull.deleting:
+            pull.deleting = True
+            self._spawn(self._expire_consumer(sm, name))
+            return
+        if not active:
+            return
+        with sm.lock:
+            consumer = sm.stream.consumers.get(name)
+            if consumer is None:
+                return
+            st = consumer.state
+            due = consumer.next_deadline()
+            statuses = pull.queue.tick(now, st.delivered_cseq, st.delivered_sseq)
+        for status in statuses:
+            self._send(status)
+        if pull.push or (due is not None and due <= now):
+            self._pump(stream, name)
+
+    def _timer_drops(self, sm: StreamMachine, name: str, pull: _Pull, now: int) -> None:
+        """The ack timer's own decisions (no pull request needed): messages whose ack wait
+        ran out after their last allowed delivery."""
+        if pull.dropping:
+            return
+        with sm.lock:
+            consumer = sm.stream.consumers.get(name)
+            drops = consumer.timer_drops(now) if consumer is not None else []
+        if drops:
+            pull.dropping = True
+
+            async def run() -> None:
+                try:
+                    await self._drop(sm, name, drops)
+                finally:
+                    pull.dropping = False
+
+            self._spawn(run())
+
+    async def _expire_consumer(self, sm: StreamMachine, name: str) -> None:
+        """An inactive consumer goes as a deleted one does: through the log."""
+        await self._propose(sm, ops.ConsumerDelete(time.time_ns(), name))
+        self.pulls.pop((sm.name, name), None)
+        self.consumer_created.pop((sm.name, name), None)
+        self._advise(advisories.consumer_action("delete", sm.name, name, *self._stamp()))
+
+
+def _insert_before(out: dict[str, Any], key: str, new_key: str, value: Any) -> dict[str, Any]:
+    """`out` with `new_key` placed before `key` (nats-server's field order)."""
+    res: dict[str, Any] = {}
+    for k, v in out.items():
+        if k == key:
+            res[new_key] = value
+        res[k] = v
+    res.setdefault(new_key, value)
+    return res
+
+
+class _nolock:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+
+def orphans(catalogue: dict[str, dict[str, Any]], wal_groups: list[str],
+            lmdb_names: set[str]) -> tuple[list[str], list[str]]:
+    """(WAL groups, LMDB store names) that belong to no stream of the catalogue."""
+    live = {META_GROUP, META_STORE} | {e["group"] for e in catalogue.values()}
+    return ([g for g in wal_groups if g not in live],
+            sorted(n for n in lmdb_names if n not in live))
+
+
+def _with_header(hdr: bytes, key: str, value: str) -> bytes:
+    line = f"{key}: {value}\r\n\r\n".encode()
+    if not hdr:
+        return b"NATS/1.0\r\n" + line
+    return hdr[:-2] + line  # a header block ends with an empty line
+
+
+def _expiry_due(sm: StreamMachine, now: int) -> bool:
+    """Has a per-message TTL or `max_age` run out (two LMDB reads, on the loop)?"""
+    with sm.lock:
+        store = sm.store
+        if store.due_ttls(now, 1):
+            return True
+        max_age = sm.stream.cfg["max_age"]
+        if max_age <= 0:
+            return False
+        first = store.first_seq()
+        msg = store.load(first) if first else None
+        return msg is not None and msg.ts_ns <= now - max_age
+
+
+def _snapshot_every() -> int:
+    """Applied entries between WAL compactions. JETRAFT_JS_SNAPSHOT_EVERY lowers it in
+    tests so compaction happens within a few hundred publishes."""
+    return int(os.environ.get("JETRAFT_JS_SNAPSHOT_EVERY", "10000"))
+
+
+def _filters(cfg: dict[str, Any]) -> list[str]:
+    out = list(cfg.get("filter_subjects") or [])
+    if cfg.get("filter_subject"):
+        out.append(cfg["filter_subject"])
+    return out
+
+
+def _jetstream_kind() -> Any:
+    from node.client import Kind  # the client module imports no server or service
+    return Kind.JETSTREAM

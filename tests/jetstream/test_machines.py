@@ -1,0 +1,131 @@
+"""The Raft state machines of JetStream (node/jetstream/machines.py) on a real LMDB env.
+
+The compaction rule: `snapshot_to` names only an index LMDB has committed, never the stream's
+in-memory counter, which runs ahead while an apply's write transaction is open. The driver
+compacts the WAL up to that index, so naming an uncommitted one would let a crash (the open
+transaction lost) take acknowledged entries with it: the WAL no longer has them either.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from node.jetstream import config, ops
+from node.jetstream.machines import MetaMachine, StoreLostError, StreamMachine
+from node.jetstream.store.lmdbstore import NodeEnv
+
+
+def _cfg(name: str = "S") -> config.Config:
+    cfg, pedantic = config.parse_request(f'{{"name":"{name}","subjects":["s.>"]}}'.encode())
+    return config.check_create(name, cfg, pedantic, {})[0]
+
+
+def _msg(i: int) -> bytes:
+    return ops.encode(ops.StreamMsg(1_000 + i, "s.x", f"_r.{i}", b"", f"m{i}".encode()))
+
+
+def _machine(env: NodeEnv, sink: Any = None) -> StreamMachine:
+    return StreamMachine("S", "js.S.1", _cfg(), env, sink or (lambda sm, effects: None), 1)
+
+
+def test_applies_in_one_transaction_and_sends_pub_acks(tmp_path: Path) -> None:
+    env = NodeEnv(str(tmp_path / "env"))
+    seen: list[Any] = []
+    sm = _machine(env, lambda _sm, effects: seen.extend(effects))
+    sm.apply_batch([(i, _msg(i)) for i in range(2, 7)])
+    acks = [e.payload for e in seen if type(e).__name__ == "Reply"]
+    assert acks[0] == b'{"stream":"S","seq":1}' and len(acks) == 5
+    assert sm.applied_index() == 6
+    sm.apply_batch([(i, _msg(i)) for i in range(2, 8)])  # a replay after a restart
+    assert sm.stream.last_seq == 6 and sm.applied_index() == 7
+    env.close()
+
+
+def test_snapshot_names_only_the_committed_index(tmp_path: Path) -> None:
+    """An apply is stopped inside its write transaction (after the stream counted the
+    entries, before the commit) while the driver asks for an image from another thread."""
+    env = NodeEnv(str(tmp_path / "env"))
+    sm = _machine(env)
+    sm.apply_batch([(2, _msg(2)), (3, _msg(3))])
+    inside, release = threading.Event(), threading.Event()
+
+    def slow() -> None:  # the last step inside the write transaction, before its commit
+        inside.set()
+        release.wait(10)
+        raise RuntimeError("crash before the commit")  # the write transaction aborts
+
+    sm.stream._save_progress = slow  # type: ignore[method-assign]
+    worker = threading.Thread(target=lambda: _swallow(sm.apply_batch, [(4, _msg(4))]))
+    worker.start()
+    assert inside.wait(10)
+    assert sm.stream.applied == 4  # the in-memory counter is ahead of LMDB
+    index = sm.snapshot_to(str(tmp_path / "image"))
+    release.set()
+    worker.join(10)
+    assert index == sm.applied_index() == 3, "the image names an index LMDB never committed"
+    env.close()
+
+
+def _swallow(fn: Any, *args: Any) -> None:
+    try:
+        fn(*args)
+    except RuntimeError:
+        pass
+
+
+def test_restore_refuses_a_store_that_lost_the_snapshot(tmp_path: Path) -> None:
+    env = NodeEnv(str(tmp_path / "env"))
+    sm = _machine(env)
+    sm.apply_batch([(i, _msg(i)) for i in range(2, 12)])
+    image = str(tmp_path / "image")
+    assert sm.snapshot_to(image) == 11
+    sm.restore_from(image)  # LMDB holds it: nothing to do
+    assert sm.stream.last_seq == 10
+    sm.store.drop()  # the store lost its data (e.g. a wiped lmdb dir)
+    with pytest.raises(StoreLostError):
+        sm.restore_from(image)
+    empty = tmp_path / "empty"
+    empty.write_bytes(b"")
+    sm.restore_from(str(empty))
+    assert sm.stream.last_seq == 0 and sm.applied_index() == 0
+    env.close()
+
+
+def test_meta_catalogue_survives_reopen_and_skips_replays(tmp_path: Path) -> None:
+    env = NodeEnv(str(tmp_path / "env"))
+    changes: list[int] = []
+    meta = MetaMachine(env, lambda: changes.append(1))
+    create = b'{"op":"create","name":"S","config":{},"created_ns":1,"group":"js.S.1"}'
+    meta.apply_batch([(2, create), (3, b'{"op":"create","name":"T","config":{},'
+                                      b'"created_ns":2,"group":"js.T.2"}')])
+    meta.apply_batch([(4, b'{"op":"delete","name":"T"}')])
+    env.close()
+    env = NodeEnv(str(tmp_path / "env"))
+    again = MetaMachine(env, lambda: changes.append(2))
+    assert list(again.streams) == ["S"] and again.applied_index() == 4
+    again.apply_batch([(3, b'{"op":"delete","name":"S"}')])  # at or below applied: skipped
+    assert list(again.streams) == ["S"]
+    env.close()
+
+
+def test_orphans_are_what_the_catalogue_does_not_name(tmp_path: Path) -> None:
+    from node.jetstream.service import orphans
+    from node.jetstream.store.lmdbstore import LmdbStore, stored_names
+
+    env = NodeEnv(str(tmp_path / "env"))
+    live = _machine(env)  # group js.S.1
+    live.apply_batch([(2, _msg(2))])
+    gone = StreamMachine("T", "js.T.9", _cfg("T"), env, lambda sm, e: None, 9)
+    gone.apply_batch([(2, _msg(2))])
+    catalogue = {"S": {"group": "js.S.1"}}
+    names = stored_names(env)
+    assert names == {"js.S.1", "js.T.9"}
+    groups, stale = orphans(catalogue, ["$js", "js.S.1", "js.T.9"], names)
+    assert (groups, stale) == (["js.T.9"], ["js.T.9"])
+    LmdbStore(env, "js.T.9").drop()
+    assert stored_names(env) == {"js.S.1"} and live.store.msgs() == 1
+    env.close()
