@@ -2,7 +2,8 @@
 
 raft.node's `LmdbSM` (raft/node.py) keeps, per group, every applied entry
 under key `b"e" + index (8 bytes, big-endian)` and the applied index under
-`b"m:applied"`, in `<data dir>/sm/<group>/env`. Replaying the committed log
+`b"m:applied"`, in the named database `<group>` of the node's one LMDB
+environment `<data dir>/sm`. Replaying the committed log
 must give exactly that store: every normal, non-empty committed entry up to
 `applied` is there with the same bytes (no-ops and membership entries are not
 applied), and the store holds nothing else in the replayed range. The
@@ -22,28 +23,42 @@ _ENTRY = b"e"
 _APPLIED = b"m:applied"
 
 
-def _env_path(data_dir: str, group: str) -> str:
-    return os.path.join(data_dir, "sm", group, "env")
+_MAX_DBS = 100_000  # read-only opens of every group's named database
+
+
+def _env_path(data_dir: str) -> str:
+    return os.path.join(data_dir, "sm")
+
+
+def _open_group(path: str, group: str):  # -> (env, db) or None
+    import lmdb
+
+    env = lmdb.open(path, readonly=True, lock=False, subdir=True, max_dbs=_MAX_DBS)
+    try:
+        return env, env.open_db(group.encode(), create=False)
+    except lmdb.NotFoundError:
+        env.close()
+        return None
 
 
 class LmdbAppendLogHook:
     name = "raft.node LmdbSM"
 
     def wants(self, group: str, data_dirs: dict[str, str]) -> bool:
-        return any(os.path.exists(os.path.join(_env_path(d, group), "data.mdb"))
+        return any(os.path.exists(os.path.join(_env_path(d), "data.mdb"))
                    for d in data_dirs.values())
 
     def replay(self, group: str, entries: Iterable[CommittedEntry],
                data_dirs: dict[str, str]) -> Iterator[Finding]:
-        import lmdb
-
         stores = {}
         try:
             for node, d in sorted(data_dirs.items()):
-                path = _env_path(d, group)
+                path = _env_path(d)
+                opened = None
                 if os.path.exists(os.path.join(path, "data.mdb")):
-                    env = lmdb.open(path, readonly=True, lock=False, subdir=True)
-                    stores[node] = _Store(node, group, env)
+                    opened = _open_group(path, group)
+                if opened is not None:
+                    stores[node] = _Store(node, group, *opened)
             for e in entries:
                 # Leader no-ops and membership changes are never applied.
                 applied = e.entry_type == 0 and bool(e.payload)
@@ -59,9 +74,9 @@ class LmdbAppendLogHook:
 class _Store:
     """One node's store, walked with a cursor in step with the replayed entries."""
 
-    def __init__(self, node: str, group: str, env) -> None:
+    def __init__(self, node: str, group: str, env, db) -> None:
         self.node, self.group, self.env = node, group, env
-        self.txn = env.begin()
+        self.txn = env.begin(db=db)
         raw = self.txn.get(_APPLIED)
         self.applied = int.from_bytes(raw, "big") if raw else 0
         self.cursor = self.txn.cursor()

@@ -121,9 +121,9 @@ def _set_store(node_dir, index: int, old: bytes, new: bytes | None) -> bool:
     """Change one entry in raft.node's LMDB store (None deletes it), if the node holds it."""
     import lmdb
 
-    env = lmdb.open(str(node_dir / "sm" / "g0" / "env"))
+    env = lmdb.open(str(node_dir / "sm"), max_dbs=16)
     try:
-        with env.begin(write=True) as txn:
+        with env.begin(write=True, db=env.open_db(b"g0", create=False)) as txn:
             key = b"e" + index.to_bytes(8, "big")
             if txn.get(key) is None:
                 return False
