@@ -103,7 +103,7 @@ MUTANTS: list[Mutant] = [
     Mutant(
         "d2-delete-before-compact-synced", "a segment deleted before its COMPACT record is fsynced",
         "storage.py", "doomed, self._doomed = self._doomed, []",
-        "doomed, self._doomed = self._obsolete(), []", fast=True, hint=141),
+        "doomed, self._doomed = self._obsolete(), []", fast=True, hint=90),
     Mutant(
         "d3a-roll-fsync-at-end", "a batch across a segment roll fsyncs every segment at the end",
         "storage.py",
@@ -132,12 +132,12 @@ MUTANTS: list[Mutant] = [
         "snapshot below it (found by this simulation)", "storage.py",
         "        self.hole = 0  # whatever its index: nothing before the snapshot is needed "
         "any more",
-        "        if meta.index >= self.hole:\n            self.hole = 0"),
+        "        if meta.index >= self.hole:\n            self.hole = 0", hint=470),
     Mutant(
         "bug-b-no-snap-dir", "a node with a WAL but no snapshot directory cannot start "
         "(found by this simulation)", "snapfile.py",
         "    if not disk.exists(dir):\n        return  # nothing was ever written there\n", "",
-        hint=14),
+        hint=32),
 ]
 
 _CORE_NAMES = {
