@@ -41,6 +41,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import secrets
 import zlib
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
@@ -215,6 +216,12 @@ class MultiRaft:
         self._kick = asyncio.Event()
         self._force_sync = False
         self._peers: dict[int, bool] = {}  # peer -> believed alive
+        # ReadIndex contexts: this process's random nonce, then a counter. A
+        # leader may still answer a read of an earlier process of this node
+        # after a restart; with a counter alone (restarting at 1) that late
+        # answer would resolve a new read of the same number with an index
+        # older than the new read's start (a stale read, tests/sim seed 925).
+        self._ctx_nonce = secrets.token_bytes(8)
         self._ctx = itertools.count(1)
         self._tasks: set[asyncio.Task[Any]] = set()
         self._running = False
@@ -500,7 +507,7 @@ class MultiRaft:
             raise NotLeader(NONE)
         if timeout is None:
             timeout = 2 * self.election_tick * self.tick_interval_s
-        ctx = b"r" + next(self._ctx).to_bytes(8, "big")
+        ctx = b"r" + self._ctx_nonce + next(self._ctx).to_bytes(8, "big")
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         g.reads[ctx] = fut
         g.core.read_index(ctx)

@@ -687,6 +687,7 @@ class NodeLog:
     def _recover(self, repair: bool) -> None:
         names = self.disk.listdir(self.dir)
         seqs = sorted(int(m.group(1)) for name in names if (m := _SEGMENT_RE.match(name)))
+        dropped = False
         for k, seq in enumerate(seqs):
             path = os.path.join(self.dir, segment_name(seq))
             self._fds[seq] = self.disk.open(path)
@@ -703,13 +704,23 @@ class NodeLog:
                 # New records go after every dropped number: should the unlinks be
                 # undone anyway, the newer records still replay last and win.
                 self._cur_seg = later[-1]
-                self._roll()
+                dropped = True
             break
         for g in self._groups.values():
             self._repin(g)
         holes = [g.name for g in self._groups.values() if g.hole]
         if holes:
             raise CorruptLogError(f"groups with missing log prefix: {holes[:5]}")
+        if dropped or len(self._fds) > 1:
+            # Never write on in the last segment found: the crash may have taken
+            # its opening checkpoint (created, its first batch lost), and records
+            # added after an empty start would let the segments before it go (a
+            # truncation or compaction unpins them) with no COMPACT / HARD_STATE
+            # left anywhere (tests/sim seed 444). A fresh segment opens with a
+            # checkpoint of every group. A single survivor needs none: either it is
+            # the first segment, or its checkpoint was durable before its
+            # predecessors were deleted.
+            self._roll()
         if not self._fds:
             self._open_segment(self._first_free_seq())
             self._fsync_dir()

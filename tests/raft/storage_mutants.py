@@ -59,9 +59,12 @@ MUTANTS = (
            "                # New records go after every dropped number: should the unlinks be\n"
            "                # undone anyway, the newer records still replay last and win.\n"
            "                self._cur_seg = later[-1]\n"
-           "                self._roll()\n",
+           "                dropped = True\n",
            "            for s in later:\n"
            "                self.disk.unlink(os.path.join(self.dir, segment_name(s)))\n", (CRASH,)),
+    Mutant("D9 recovery writes on in a segment whose checkpoint the crash took",
+           "raft/storage.py",
+           "        if dropped or len(self._fds) > 1:\n", "        if dropped:\n", (CRASH,)),
     Mutant("FATAL the log takes writes after a failed fsync", "raft/storage.py",
            "            self._failed = e\n", "", (CRASH,)),
     Mutant("ARCH WAL directory fsynced before the archive's", "raft/storage.py",

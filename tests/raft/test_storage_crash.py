@@ -208,7 +208,9 @@ def test_repair_drops_later_segments_durably():
     wal.sync()
     segs = wal.segments()
     wal.close()
-    mid = f"{WAL}/wal-{segs[1]:016d}.log"
+    # The first segment: with two or more left the restart rolls anyway, and that
+    # roll's directory fsync would make even bare unlinks durable.
+    mid = f"{WAL}/wal-{segs[0]:016d}.log"
     disk.damage(mid, len(disk.file(mid)) - 20)
     # (big segments from now on: no roll, whose directory fsync would hide the bug)
     wal = NodeLog(WAL, segment_bytes=1 << 20, disk=disk, repair=True)
@@ -248,3 +250,45 @@ def test_failed_write_or_fsync_is_fatal_and_refuses_later_writes(kind):
     ops = disk.ops
     wal.close()
     assert disk.ops == ops, "close() after a failure must not write"
+
+
+# ---- a restart finds a segment whose opening checkpoint the crash took (sim seed 444) --
+
+
+def test_restart_after_a_lost_roll_writes_no_segment_without_checkpoint():
+    """The batch crossing a roll fsyncs the old segment, then the crash takes
+    the new one's first write: the new segment exists, empty. Had the restarted
+    log written on in it, a truncation by a new leader would unpin the old
+    segment and delete it, leaving a survivor with no COMPACT / HARD_STATE."""
+    disk = new_disk()
+    wal = NodeLog(WAL, segment_bytes=4096, disk=disk)
+    wal.apply_snapshot("a", SnapshotMeta(1, 1, CS))
+    wal.set_hard_state("a", HardState(1, 1, 1))
+    wal.sync()
+    i = 2
+    while len(wal.segments()) < 2:
+        wal.append("a", [entry(i)])
+        i += 1
+    last = i - 1
+    # _write: fsync_dir (new segment), pwrite + fsync old segment, pwrite new: crash.
+    disk.crash_at = disk.ops + 4
+    with pytest.raises(Crash):
+        wal.sync()
+    # the crash hit the first write of the new file (offset 0)
+    assert disk.log[-1].startswith("pwrite") and "@0+" in disk.log[-1], disk.log[-5:]
+    disk = disk.crashed(lose_all)
+    wal = NodeLog(WAL, segment_bytes=4096, disk=disk)
+    top = wal.group("a").last_index()
+    assert 2 <= top < last
+    # A new leader (term 2) replaces everything after the snapshot: no entry of
+    # the first segment is live any more, so the sync after it deletes that segment.
+    wal.set_hard_state("a", HardState(2, 2, 1))
+    wal.append("a", [Entry(2, k, data=b"new") for k in range(2, 6)])
+    wal.sync()
+    wal.sync()
+    assert 1 not in wal.segments()
+    wal = NodeLog(WAL, segment_bytes=4096, disk=disk.crashed(lose_all))
+    g = wal.group("a")
+    assert (g.first_index(), g.last_index()) == (2, 5)
+    assert [g.term(k) for k in range(2, 6)] == [2, 2, 2, 2]
+    assert g.initial_state()[0] == HardState(2, 2, 1)

@@ -25,6 +25,7 @@ import asyncio
 import inspect
 import logging
 import random
+import secrets
 import struct
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
@@ -141,8 +142,11 @@ class _SeededSecrets:
     def __init__(self, rng: random.Random) -> None:
         self.rng = rng
 
+    def token_bytes(self, n: int) -> bytes:
+        return self.rng.getrandbits(8 * n).to_bytes(n, "big")
+
     def token_hex(self, n: int) -> str:
-        return self.rng.getrandbits(8 * n).to_bytes(n, "big").hex()
+        return self.token_bytes(n).hex()
 
 
 # Director actions and their base weights; each seed scales them (fault mix varies).
@@ -169,6 +173,8 @@ class Cluster:
         self.executor = SimExecutor(self.loop, random.Random(rng.getrandbits(64)),
                                     max_delay_s=rng.choice((0.001, 0.004, 0.02)))
         self.secrets = _SeededSecrets(random.Random(rng.getrandbits(64)))
+        # The driver's ReadIndex nonces: own stream, so snapshot file names stay as they were.
+        self.read_secrets = _SeededSecrets(random.Random(f"reads-{seed}"))
         self.segment_bytes = rng.choice((1500, 3000, 6000))
         self.snapshot_every = rng.choice((15, 30, 60))
         self.steps = steps if steps is not None else rng.randrange(700, 1000)
@@ -191,6 +197,7 @@ class Cluster:
         undo = patch_modules(self.disk, [raft.multigroup])
         saved_secrets = raft.snapfile.secrets
         raft.snapfile.secrets = self.secrets
+        raft.multigroup.secrets = self.read_secrets
         raft_log = logging.getLogger("raft")
         level = raft_log.level
         raft_log.setLevel(logging.CRITICAL + 1)
@@ -208,6 +215,7 @@ class Cluster:
             asyncio.set_event_loop(None)
             raft_log.setLevel(level)
             raft.snapfile.secrets = saved_secrets
+            raft.multigroup.secrets = secrets
             undo()
         r = self.result
         r.sites_seen = set(self.disk.site_counts)

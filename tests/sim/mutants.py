@@ -132,12 +132,12 @@ MUTANTS: list[Mutant] = [
         "snapshot below it (found by this simulation)", "storage.py",
         "        self.hole = 0  # whatever its index: nothing before the snapshot is needed "
         "any more",
-        "        if meta.index >= self.hole:\n            self.hole = 0"),
+        "        if meta.index >= self.hole:\n            self.hole = 0", hint=470),
     Mutant(
         "bug-b-no-snap-dir", "a node with a WAL but no snapshot directory cannot start "
         "(found by this simulation)", "snapfile.py",
         "    if not disk.exists(dir):\n        return  # nothing was ever written there\n", "",
-        hint=14),
+        hint=32),
 ]
 
 _CORE_NAMES = {

@@ -224,6 +224,7 @@ class Sim:
         net = self.net
         self.heal_all()
         final = None
+        final_term = 0
         for _ in range(rounds):
             net.tick()
             net.stabilize()
@@ -231,13 +232,26 @@ class Sim:
             lead = net.leader()
             if lead is None or not self._leader_settled(lead):
                 continue
+            if final is not None and self._final_lost(lead, final, final_term):
+                final = None  # Raft may drop an uncommitted entry: the client retries
             if final is None:
                 final = net.raft(lead).propose(b"final")
+                final_term = net.raft(lead).term
                 continue
             if self._all_applied(lead, final):
                 return
         raise AssertionError(f"no convergence: leader={net.leader()} final={final} "
                              + self._describe())
+
+    def _final_lost(self, lead: int, final: int, term: int) -> bool:
+        """The final proposal is gone when the settled leader's log does not
+        hold it at its index and term (e.g. its leader removed itself before
+        committing it, and the next leader overwrote or never had it)."""
+        r = self.net.raft(lead)
+        if final > r.log.last_index():
+            return True
+        # 0: compacted away, hence committed and applied before: not lost.
+        return r.log.term_or_zero(final) not in (term, 0)
 
     def _leader_settled(self, lead: int) -> bool:
         r = self.net.raft(lead)
@@ -295,3 +309,13 @@ def test_shrinkable_schedules_keep_raft_safe_and_live(
     seed: int, steps: list[tuple[int, int]]
 ) -> None:
     _run(Sim(seed), [(KINDS[k], a) for k, a in steps])
+
+
+def test_final_proposal_lost_with_its_removed_leader_is_proposed_again() -> None:
+    # Seed 605: the final proposal went to a leader that then applied its own
+    # removal and stepped down; the next leader never had the entry. Raft may
+    # drop an uncommitted entry, so convergence must retry, not wait forever.
+    sim = Sim(605)
+    for kind, arg in schedule(605):
+        sim.run(kind, arg)
+    sim.converge()
