@@ -11,6 +11,10 @@ the same machine load.
     python benchmarks/raft_bench.py                 # default run, a few minutes
     python benchmarks/raft_bench.py --quick         # smaller counts
     python benchmarks/raft_bench.py --idle-1000-pysyncobj   # also 1,000 idle pysyncobj groups
+    python benchmarks/raft_bench.py --only "128 B, window" --repeat 2   # some rows, twice
+
+The machine is shared: every round records the load average before and
+after it, and only ratios within a round mean much.
 
 Prints a markdown table, then one JSON document (also written to --json).
 """
