@@ -281,7 +281,7 @@ def plan(args: argparse.Namespace) -> list[tuple[str, Any, Any]]:
                            "--window", w)),
     ]
     rows.append((f"1,000 busy groups, 128 B, window {args.window}",
-                 lambda: ours("throughput", 1000, 128, 20000 // q, args.window),
+                 lambda: ours("throughput", 1000, 128, args.busy_1000_count // q, args.window),
                  None))  # pysyncobj: 1,000 groups never became ready (see docs/raft.md)
     for n in (1, 100, 1000, 10000):
         def py(n: int = n) -> dict[str, Any]:
@@ -325,6 +325,8 @@ def main() -> None:
     ap.add_argument("--idle-s", type=float, default=8.0)
     ap.add_argument("--idle-1000-pysyncobj", action="store_true")
     ap.add_argument("--only", default="", help="run only rows whose title contains this")
+    ap.add_argument("--busy-1000-count", type=int, default=20000,
+                    help="entries of the 1,000-busy-groups row (more: closer to steady state)")
     ap.add_argument("--repeat", type=int, default=1, help="run every row this many times")
     ap.add_argument("--json", default="")
     args = ap.parse_args()
