@@ -11,6 +11,10 @@ the same machine load.
     python benchmarks/raft_bench.py                 # default run, a few minutes
     python benchmarks/raft_bench.py --quick         # smaller counts
     python benchmarks/raft_bench.py --idle-1000-pysyncobj   # also 1,000 idle pysyncobj groups
+    python benchmarks/raft_bench.py --only "128 B, window" --repeat 2   # some rows, twice
+
+The machine is shared: every round records the load average before and
+after it, and only ratios within a round mean much.
 
 Prints a markdown table, then one JSON document (also written to --json).
 """
@@ -201,14 +205,18 @@ def cpu_times(procs: list[psutil.Process]) -> list[float]:
 async def idle_cpu(c: OurCluster, seconds: float) -> dict[str, Any]:
     mr = c.mr
     assert mr is not None
-    async with asyncio.timeout(120):  # every group quiesces once idle
+    async with asyncio.timeout(600):  # every group quiesces once idle (10,000: minutes)
         while not all(mr.status(g)["quiesced"] for g in c.groups):
             await asyncio.sleep(0.2)
     ps = [psutil.Process()] + [psutil.Process(p.pid) for p in c.procs]
     before = cpu_times(ps)
     await asyncio.sleep(seconds)
     pct = [100 * (a - b) / seconds for a, b in zip(cpu_times(ps), before, strict=True)]
-    return {"cpu_pct_per_node": pct, "cpu_pct_max": max(pct)}
+    # RSS over the group count: an upper bound per group (includes the
+    # interpreter and gRPC); the 1-group row gives the fixed part to subtract.
+    rss = [p.memory_info().rss / 2**20 for p in ps]
+    return {"cpu_pct_per_node": pct, "cpu_pct_max": max(pct), "rss_mib_per_node": rss,
+            "rss_kib_per_group": max(rss) * 1024 / len(c.groups)}
 
 
 async def ours(scenario: str, groups: int, size: int = 128, count: int = 0, window: int = 1,
@@ -220,7 +228,8 @@ async def ours(scenario: str, groups: int, size: int = 128, count: int = 0, wind
             if scenario == "idle":
                 res = await idle_cpu(c, idle_s)
             else:
-                await drive(mr, c.groups, size, min(count, 500), window)  # warm-up
+                # warm-up: at least one proposal per group
+                await drive(mr, c.groups, size, max(min(count, 500), groups), window)
                 # In a thread: the leader's loop keeps its heartbeats going.
                 before = await asyncio.to_thread(floor, tmp, size) if window == 1 else None
                 res = await drive(mr, c.groups, size, count, window)
@@ -271,10 +280,13 @@ def plan(args: argparse.Namespace) -> list[tuple[str, Any, Any]]:
          lambda: pysyncobj("--groups", "100", "--size", "128", "--count", str(20000 // q),
                            "--window", w)),
     ]
-    for n in (1, 100, 1000):
+    rows.append((f"1,000 busy groups, 128 B, window {args.window}",
+                 lambda: ours("throughput", 1000, 128, args.busy_1000_count // q, args.window),
+                 None))  # pysyncobj: 1,000 groups never became ready (see docs/raft.md)
+    for n in (1, 100, 1000, 10000):
         def py(n: int = n) -> dict[str, Any]:
             return pysyncobj("--groups", str(n), "--idle-seconds", str(args.idle_s))
-        skip = n == 1000 and not args.idle_1000_pysyncobj
+        skip = n >= 10000 or (n == 1000 and not args.idle_1000_pysyncobj)
         rows.append((f"idle CPU, {n} groups per node",
                      lambda n=n: ours("idle", n, idle_s=args.idle_s), None if skip else py))
     return rows
@@ -291,7 +303,17 @@ def fmt(r: dict[str, Any] | None) -> str:
             out += (f" (floor {r['floor_ms']:.2f} ms = fsync {r['fsync_p50_ms']:.2f} + RTT "
                     f"{r['rtt_p50_ms']:.3f}; p50 = {r['p50_over_floor']:.1f}x floor)")
         return out
-    return "CPU " + ", ".join(f"{p:.1f}%" for p in r["cpu_pct_per_node"])
+    out = "CPU " + ", ".join(f"{p:.1f}%" for p in r["cpu_pct_per_node"])
+    if "rss_kib_per_group" in r:
+        out += (", RSS " + "/".join(f"{m:.0f}" for m in r["rss_mib_per_node"])
+                + f" MiB, <= {r['rss_kib_per_group']:.1f} KiB per group")
+    return out
+
+
+def load() -> str:
+    """The 1/5/15-minute load average: the machine is shared, so every row
+    records it before and after."""
+    return "/".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 def main() -> None:
@@ -303,20 +325,30 @@ def main() -> None:
     ap.add_argument("--idle-s", type=float, default=8.0)
     ap.add_argument("--idle-1000-pysyncobj", action="store_true")
     ap.add_argument("--only", default="", help="run only rows whose title contains this")
+    ap.add_argument("--busy-1000-count", type=int, default=20000,
+                    help="entries of the 1,000-busy-groups row (more: closer to steady state)")
+    ap.add_argument("--repeat", type=int, default=1, help="run every row this many times")
     ap.add_argument("--json", default="")
     args = ap.parse_args()
     results = []
     for title, mine, theirs in plan(args):
         if args.only and args.only not in title:
             continue
-        a = asyncio.run(mine())
-        b = theirs() if theirs else None
-        results.append({"scenario": title, "jetraft": a, "pysyncobj": b})
-        print(f"{title}: jetraft {fmt(a)} | pysyncobj {fmt(b)}", file=sys.stderr, flush=True)
-    print("| scenario | jetraft (fsync on every member) | pysyncobj 0.3.17 (no fsync) |")
-    print("|---|---|---|")
+        for k in range(args.repeat):
+            la = load()
+            a = asyncio.run(mine())
+            b = theirs() if theirs else None
+            r = {"scenario": title, "round": k + 1, "jetraft": a, "pysyncobj": b,
+                 "load_before": la, "load_after": load()}
+            results.append(r)
+            print(f"{title} #{k + 1}: jetraft {fmt(a)} | pysyncobj {fmt(b)} | load {la} -> "
+                  f"{r['load_after']}", file=sys.stderr, flush=True)
+    print("| scenario | round | jetraft (fsync on every member) | pysyncobj 0.3.17 (no fsync) "
+          "| load before -> after |")
+    print("|---|---|---|---|---|")
     for r in results:
-        print(f"| {r['scenario']} | {fmt(r['jetraft'])} | {fmt(r['pysyncobj'])} |")
+        print(f"| {r['scenario']} | {r['round']} | {fmt(r['jetraft'])} | {fmt(r['pysyncobj'])} "
+              f"| {r['load_before']} -> {r['load_after']} |")
     fs = [r["jetraft"]["leader_fsyncs_per_entry"] for r in results if "rate" in r["jetraft"]]
     if fs:
         print(f"\nfsyncs per committed entry on the leader: {min(fs):.4f} to {max(fs):.3f} "
