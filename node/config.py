@@ -973,7 +973,20 @@ def apply_config(d: Mapping[str, Any], opts: Options | None = None) -> Options:
     """A copy of `opts` (default: `Options()`) with config dict `d` applied."""
     out = copy.deepcopy(opts) if opts is not None else Options()
     _apply_block(out, d, "", _top_handlers(), _TOP_UNSUPPORTED, out, unenforced=UNENFORCED_BLOCKS)
+    _apply_accounts(d, out)
     return out
+
+
+def _apply_accounts(d: Mapping[str, Any], out: Options) -> None:
+    """Accounts hook: `accounts`, `mappings`, `system_account` and operator
+    mode need the whole config (users, other accounts), so they are read
+    after the per-key pass. Imported late: those modules import this one."""
+    from node.accountconf import parse_accounts_config
+    from node.resolver import parse_operator_config
+
+    out.accounts = parse_accounts_config(d, out.users)
+    out.mappings = out.accounts.global_mappings
+    out.operator = parse_operator_config(d)
 
 
 def load_options(path: str, opts: Options | None = None,

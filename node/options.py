@@ -7,7 +7,12 @@ Durations are seconds (float); sizes are bytes (int).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from node.accountconf import AccountsConfig
+    from node.mapping import MappingTable
+    from node.resolver import OperatorConfig
 
 DEFAULT_PORT = 4222
 DEFAULT_MAX_PAYLOAD = 1024 * 1024
@@ -107,6 +112,13 @@ class Options:
     no_auth_user: str | None = None
     default_permissions: Permissions | None = None  # for listed users without their own
     auth_timeout: float = 2.0
+
+    # Accounts, $G's mappings and operator mode, read by node/accountconf.py and
+    # node/resolver.py. Config keys stay in `unsupported` until the routing core
+    # enforces them, so loading them never silently turns a check off.
+    accounts: AccountsConfig | None = None
+    mappings: MappingTable | None = None
+    operator: OperatorConfig | None = None
 
     tls: TLSOptions | None = None
     websocket: WebsocketOptions | None = None

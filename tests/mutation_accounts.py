@@ -1,0 +1,108 @@
+"""Mutation check for the accounts building blocks (not collected by pytest).
+
+Each mutant disables or bends one guarded rule in a copy of the tree; the
+guarding tests must then fail. Run: `nice python tests/mutation_accounts.py`
+(about 25 minutes on 2 cores). Results are recorded in docs/notes/acct.md.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+UNIT = ["tests/unit/test_jwt.py", "tests/unit/test_resolver.py", "tests/unit/test_mapping.py",
+        "tests/unit/test_accountconf.py"]
+INTEG = {"jwt": ["tests/integration/test_jwt_diff.py"],
+         "acc": ["tests/integration/test_accounts_config_diff.py"],
+         "map": ["tests/integration/test_mapping_diff.py"],
+         "imp": ["tests/integration/test_imports_diff.py"]}
+J, A, R, M = "node/jwt.py", "node/accountconf.py", "node/resolver.py", "node/mapping.py"
+MUTANTS = [
+    (J, "ts is not None and issued_at <= ts", "ts is not None and issued_at < ts", "jwt"),
+    (J, "if not verify_signature(claims.issuer, prefix, signed, signature):", "if False:", "jwt"),
+    (J, 'elif not verify_nonce(user.key, nonce, signature or ""):', "elif False:", "jwt"),
+    (J, "if not operator.trusts(account.claims.issuer):", "if False:", "jwt"),
+    (J, "if self.expires and now >= self.expires:", "if False:", "jwt"),
+    (J, "if self.not_before and now < self.not_before:", "if False:", "jwt"),
+    (J, "if not _in_src(user.src, client_ip):", "if False:", "jwt"),
+    (J, "if not _in_times(user.times, user.times_location, now):", "if False:", "jwt"),
+    (J, "connection_type not in user.allowed_connection_types", "False", "jwt"),
+    (J, "if issuer != account.key and issuer not in account.signing_keys:", "if False:", "jwt"),
+    (J, "if user.issuer_account and user.issuer_account != account.key:", "if False:", "jwt"),
+    (J, "if issuer != account.key and not user.issuer_account:", "if False:", "jwt"),
+    (J, "if any(user.claims.nats.get(k) not in", "if False and any(user.claims.nats.get(k) not in",
+     "jwt"),
+    (J, "if account.limits.disallow_bearer:", "if False:", "jwt"),
+    (J, "if nkeys.crc16_checksum(body) != crc:", "if False:", "jwt"),
+    (J, "if body[0] != prefix:", "if False:", "jwt"),
+    (J, "if len(token) > max_bytes:", "if False:", "jwt"),
+    (J, "if self.strict_signing_key_usage:", "if False:", "jwt"),
+    (J, "            elif fail_on_bad:", "            elif False:", "jwt"),
+    (J, "        if allow and not new_allow:", "        if False:", "jwt"),
+    (J, "    raise AuthError(f\"user JWT generated invalid permissions: unknown macro",
+     "    return \" \"  # (f\"user JWT generated invalid permissions: unknown macro", "jwt"),
+    (A, "if source.stream_export_for(acc.name, si.subject) is None:", "if False:", "acc"),
+    (A, "if target.service_export_for(acc.name, vi.subject) is None:", "if False:", "acc"),
+    (A, "if any(_stream_cycle(accounts, added, si.account, local, {acc.name}) for local in walks):",
+     "if False:", "acc"),
+    (A, "if _service_cycle(added, vi.account, vi.local_subject, {acc.name}):", "if False:", "acc"),
+    (A, "if any(s.account == si.account and s.subject == si.subject for s in added[acc.name]):",
+     "if False:", "acc"),
+    (A, "    if exact:\n", "    if False:\n", "acc"),
+    (A, "                        and s.account == imp.account), None)", "), None)", "acc"),
+    (A, "return accounts is None or account in accounts", "return True", "acc"),
+    (A, "    return len(stoks) == len(ptoks)", "    return True", "acc"),
+    (A, "            if u.name in seen:", "            if False:", "acc"),
+    (A, "if source is None or source.stream_export_for(importer, subject) is None:",
+     "if source is None:", "imp"),
+    (A, "            if export is not None:", "            if True:", "imp"),
+    (M, "fnv1a32(_b(key)) % op.number", "fnv1a32(_b(key) + b'x') % op.number", "map"),
+    (M, "            roll -= d.weight", "            pass", "map"),
+    (M, "        if op.fn is Fn.TAIL:", "        if False:", "map"),
+    (M, "    if strict and used < pwcs:", "    if False:", "acc"),
+    (M, "            if index > pwcs:", "            if False:", "acc"),
+    (M, "if totals[cluster] > 100:", "if False:", "acc"),
+    (M, "    if not _GO_INT.fullmatch(t):", "    if False:", "acc"),
+    (R, "if claims.claims.issued_at < old.claims.issued_at:", "if False:", "jwt"),
+    (R, "if cfg.trusts(claims.claims.issuer) is None:", "if False:", "jwt"),
+    (R, "decode_public_key(account_key, PREFIX_ACCOUNT)  # never", "pass  # never", "jwt"),
+    (R, "if expected_key is not None and claims.key != expected_key:", "if False:", "jwt"),
+    (R, "    if has_accounts:", "    if False:", "jwt"),
+    (R, "if claims is not None and claims.key != account_key:", "if False:", "jwt"),
+    (R, "            claims.claims.check_time(now)\n", "            pass\n", "jwt"),
+]
+
+
+def main(only: list[str]) -> int:
+    """`only`: run just the mutants whose original text contains one of these."""
+    chosen = [m for m in MUTANTS if not only or any(o in m[1] for o in only)]
+    survived = 0
+    with tempfile.TemporaryDirectory() as tmp:
+        tree = os.path.join(tmp, "tree")
+        for path, old, new, group in chosen:
+            shutil.rmtree(tree, ignore_errors=True)
+            shutil.copytree(ROOT, tree, ignore=shutil.ignore_patterns(
+                ".git", "node_modules", "__pycache__", ".hypothesis", ".pytest_cache"))
+            target = os.path.join(tree, path)
+            with open(target) as f:
+                text = f.read()
+            assert text.count(old) == 1, (path, old)
+            with open(target, "w") as f:
+                f.write(text.replace(old, new))
+            cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
+                   *UNIT, *INTEG[group]]
+            proc = subprocess.run(cmd, cwd=tree, env={**os.environ, "PYTHONPATH": tree},
+                                  capture_output=True, text=True)
+            killed = proc.returncode != 0
+            survived += not killed
+            print("KILLED  " if killed else "SURVIVED", path, old[:70], flush=True)
+    print(f"killed {len(chosen) - survived} / {len(chosen)}")
+    return 1 if survived else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
