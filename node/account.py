@@ -8,9 +8,10 @@ nobody did, and reap auto-unsubscribed subscriptions afterwards. Changes to
 the sublist go through `subscribe`/`unsubscribe`, which is where interest
 changes are announced (to routes, later).
 
-Later this object also holds the account's imports and exports, subject
-mappings, limits and JetStream; users outside any configured account live
-in the global account `$G`, as in nats-server.
+An account with subject mappings, imports or exports has a `router`
+(node/crossaccount.py) that every publish goes through instead; a plain
+account (such as `$G` without mappings) never pays for it. Users outside any
+configured account live in the global account `$G`, as in nats-server.
 
 Delivery is the subscriber's business (`client.deliver(sub, msg) -> bool`):
 False means it may not receive the message (closed, or its permissions deny
@@ -36,8 +37,18 @@ InterestListener = Callable[[Subscription, int], None]
 class Account:
     """A named subject space with its own sublist."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, limits: Any = None, mappings: Any = None) -> None:
         self.name = name
+        # Per-connection limits from the account config (nats-server applies
+        # max_subscriptions and max_payload to each client); -1 = none.
+        self.max_connections = getattr(limits, "max_connections", -1)
+        self.max_subscriptions = getattr(limits, "max_subscriptions", -1)
+        self.max_payload = getattr(limits, "max_payload", -1)
+        self.connections = 0  # network clients logged into this account
+        self.mappings = mappings
+        # Set when mappings, imports or exports apply here (node/crossaccount.py):
+        # publishes then go through it, and the fast path stays off.
+        self.router: Any = None
         self.sublist = SubList()
         self._match = self.sublist.match
         # Auto-unsubscribed while a delivery loop may still hold them: removed after it.
@@ -130,9 +141,24 @@ class Account:
                 headers: bytes | None, payload: bytes) -> int:
         """Deliver a message to every interested subscription; returns how many
         received it. `publisher` is the sending client (None: the server)."""
+        if self.router is not None:
+            return self.router.publish(self, publisher, subject, reply, headers, payload)
         return self._deliver(self._match(subject), publisher, subject, reply, headers, payload)
 
+    def deliver_local(self, publisher: Any, subject: str, reply: str | None,
+                      headers: bytes | None, payload: bytes) -> int:
+        """This account's subscribers only, without mappings, imports or
+        no-responders: the router's step for each account a message reaches."""
+        return self._fan_out(self._match(subject), publisher, subject, reply, headers, payload)
+
     def _deliver(self, result: Any, publisher: Any, subject: str, reply: str | None,
+                 headers: bytes | None, payload: bytes) -> int:
+        count = self._fan_out(result, publisher, subject, reply, headers, payload)
+        if count == 0 and reply and publisher is not None and publisher.no_responders:
+            publisher.send_no_responders(subject, reply)
+        return count
+
+    def _fan_out(self, result: Any, publisher: Any, subject: str, reply: str | None,
                  headers: bytes | None, payload: bytes) -> int:
         psubs, qsubs = result.psubs, result.qsubs
         count = 0
@@ -149,8 +175,6 @@ class Account:
                         count += 1
             if self.expired:
                 self.reap()
-        if count == 0 and reply and publisher is not None and publisher.no_responders:
-            publisher.send_no_responders(subject, reply)
         return count
 
 

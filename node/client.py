@@ -60,6 +60,8 @@ from node.subject import subject_matches, valid_literal_subject, valid_queue_nam
 
 STALE_CONNECTION = "Stale Connection"
 MAX_CONNECTIONS = "maximum connections exceeded"
+MAX_ACCOUNT_CONNECTIONS = "maximum account active connections exceeded"
+MAX_SUBSCRIPTIONS = "maximum subscriptions exceeded"
 INVALID_SUBJECT = "Invalid Subject"
 INVALID_PUB_SUBJECT = "Invalid Publish Subject"
 INVALID_QUEUE = "Invalid Queue Name"
@@ -188,6 +190,8 @@ class Client(asyncio.Protocol):
         # Until authentication says otherwise, the global account (nothing can be
         # published or subscribed before that when auth is configured).
         self.account = account or server.lookup_account(GLOBAL_ACCOUNT)
+        # Counted in account.connections (only after authentication moved it there).
+        self.connected_to_account = False
         # Made once per account: the parser calls these for every frame.
         self._pub_cb = self.account.fast_publisher(self)
         self._event_cb = self._on_event
@@ -415,7 +419,8 @@ class Client(asyncio.Protocol):
         """PUBs skip every per-message check only when none can apply, and only
         in the account the client is in now (a CONNECT may move it mid-read)."""
         fast = (self.connected and not self.closed and not self.verbose
-                and not self.pedantic and self.perms is None and not self.tracing)
+                and not self.pedantic and self.perms is None and not self.tracing
+                and self.account.router is None)
         self.fast_account = self.account if fast else None
 
     # ------------------------------------------------------------------ authentication
@@ -440,12 +445,22 @@ class Client(asyncio.Protocol):
         if identity is None:
             self.send_err(AUTH_VIOLATION, close=True)
             return False
-        self._set_identity(identity)
+        if not self._set_identity(identity):
+            return False
         self.connected = True
         self._update_fast()
         return True
 
-    def _set_identity(self, identity: Identity) -> None:
+    def _set_identity(self, identity: Identity) -> bool:
+        """Log in as `identity`; False (and closed) when its account is full."""
+        account = self.server.lookup_account(identity.account)
+        if account is not self.account and self.kind is Kind.CLIENT:
+            limit = account.max_connections
+            if 0 <= limit <= account.connections:
+                self.server.log.error(f"{self.host}:{self.port} - cid:{self.cid} - "
+                                      f"{MAX_ACCOUNT_CONNECTIONS}")
+                self.send_err(MAX_ACCOUNT_CONNECTIONS, close=True)
+                return False
         if self._auth_timer is not None:
             self._auth_timer.cancel()
             self._auth_timer = None
@@ -453,15 +468,25 @@ class Client(asyncio.Protocol):
         self.user = identity.user
         self.perms = identity.permissions
         self.delivery_checks = self.perms is not None or self.tracing
-        account = self.server.lookup_account(identity.account)
         if account is not self.account:
             self._move_to(account)
+        return True
 
     def _move_to(self, account: Account) -> None:
         """Bind to `account` (a later CONNECT may log in as another user)."""
         subs = list(self.subs.values())
         self.account.unsubscribe_all(subs)
+        if self.kind is Kind.CLIENT and self.connected_to_account:
+            self.account.connections -= 1
         self.account = account
+        if self.kind is Kind.CLIENT:
+            account.connections += 1
+            self.connected_to_account = True
+        if account.max_payload >= 0:
+            # The account's max_payload applies to each of its clients (nats-server).
+            opts_max = self.server.options.max_payload
+            self.parser.max_payload = min(account.max_payload, opts_max) \
+                if opts_max >= 0 else account.max_payload
         self._pub_cb = account.fast_publisher(self)
         self._update_fast()
         for sub in subs:
@@ -489,8 +514,8 @@ class Client(asyncio.Protocol):
                                   f'"{options.get("user") or ""}" - authentication error')
             self.send_err(AUTH_VIOLATION, close=True)
             return
-        self._set_identity(identity)
-        self._apply_connect(options)
+        if self._set_identity(identity):
+            self._apply_connect(options)
 
     def _apply_connect(self, options: dict[str, Any]) -> None:
         """Options a CONNECT leaves out keep their value (defaults at first)."""
@@ -613,6 +638,12 @@ class Client(asyncio.Protocol):
         perms = self.perms
         if perms is not None and not perms.can_subscribe(subject, queue):
             self.send_err(sub_violation(subject, queue))
+            return
+        limit = self.account.max_subscriptions
+        if 0 <= limit <= len(self.subs) and sid not in self.subs:
+            self.server.log.error(f"{self.host}:{self.port} - cid:{self.cid} - "
+                                  f"{MAX_SUBSCRIPTIONS}")
+            self.send_err(MAX_SUBSCRIPTIONS)
             return
         if sid not in self.subs:  # a duplicate sid keeps the first subscription
             sub = Subscription(subject, queue or None, sid, self)
@@ -795,6 +826,9 @@ class Client(asyncio.Protocol):
         for timer in (self._ping_timer, self._auth_timer, self._write_timer):
             if timer is not None:
                 timer.cancel()
+        if self.connected_to_account:
+            self.connected_to_account = False
+            self.account.connections -= 1
         subs = list(self.subs.values())
         for sub in subs:
             sub.dead = True

@@ -23,6 +23,7 @@ from node import tls
 from node.account import GLOBAL_ACCOUNT, Account
 from node.auth import CONN_STANDARD, CONN_WEBSOCKET, Authenticator, AuthThrottle
 from node.client import Client, Kind
+from node.crossaccount import Router
 from node.log import Logger
 from node.message import InternalCallback, Subscription
 from node.monitor import start_monitor
@@ -73,6 +74,7 @@ class Server:
         # Every user lives in the global account until accounts are configured.
         self.accounts: dict[str, Account] = {GLOBAL_ACCOUNT: Account(GLOBAL_ACCOUNT)}
         self.global_account = self.accounts[GLOBAL_ACCOUNT]
+        self.router = self._build_accounts(options)
         self.clients: dict[int, Client] = {}  # network clients only
         self._cid = 0
         self._system_client: Client | None = None
@@ -113,6 +115,25 @@ class Server:
             # Authentication only names accounts the configuration defines.
             raise KeyError(f"unknown account {name!r}")
         return account
+
+    def _build_accounts(self, options: Options) -> Router | None:
+        """One Account per `accounts {}` entry (and the system account), each
+        with its limits and mappings; a Router for those that need one."""
+        conf = options.accounts
+        if conf is None:
+            return None
+        for name, acc in conf.accounts.items():
+            self.register_account(Account(name, acc.limits, acc.mappings or None))
+        if not conf.no_system_account and conf.system_account not in self.accounts:
+            self.register_account(Account(conf.system_account))
+        self.global_account.mappings = conf.global_mappings or None
+        router = Router(conf, self.accounts, options.cluster.name or None)
+        used = False
+        for account in self.accounts.values():
+            if router.needs_router(account.name):
+                account.router = router
+                used = True
+        return router if used else None
 
     def register_account(self, account: Account) -> None:
         """Add a configured account (its name must be new)."""
