@@ -276,6 +276,11 @@ class Identity:
     user: str | None
     account: str = GLOBAL_ACCOUNT
     permissions: PermissionSet | None = None  # None: everything allowed
+    # Operator mode (node/operatorauth.py): when the JWT expires (epoch seconds,
+    # 0 = never) and the user's own limits (-1 = none).
+    expires: float = 0.0
+    max_subscriptions: int = -1
+    max_payload: int = -1
 
     @property
     def name(self) -> str | None:
@@ -476,7 +481,7 @@ class Authenticator:
         return user.identity()
 
     def begin(self, connect: dict[str, Any], nonce: str | None, tls_peer_cert: dict | None = None,
-              conn_type: str = CONN_STANDARD) -> AuthResult:
+              conn_type: str = CONN_STANDARD, client_ip: str | None = None) -> AuthResult:
         """The identity for this CONNECT, None (reply `AUTH_VIOLATION` and close),
         or a SlowCheck to run off the loop and pass to `finish`."""
         if not self.configured:

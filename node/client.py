@@ -62,6 +62,7 @@ STALE_CONNECTION = "Stale Connection"
 MAX_CONNECTIONS = "maximum connections exceeded"
 MAX_ACCOUNT_CONNECTIONS = "maximum account active connections exceeded"
 MAX_SUBSCRIPTIONS = "maximum subscriptions exceeded"
+AUTH_EXPIRED = "User Authentication Expired"
 INVALID_SUBJECT = "Invalid Subject"
 INVALID_PUB_SUBJECT = "Invalid Publish Subject"
 INVALID_QUEUE = "Invalid Queue Name"
@@ -192,6 +193,10 @@ class Client(asyncio.Protocol):
         self.account = account or server.lookup_account(GLOBAL_ACCOUNT)
         # Counted in account.connections (only after authentication moved it there).
         self.connected_to_account = False
+        # nats-server applies the account's (and a JWT user's) max_subscriptions and
+        # max_payload to each connection; -1 = none.
+        self.max_subs = -1
+        self._expiry_timer: asyncio.TimerHandle | None = None
         # Made once per account: the parser calls these for every frame.
         self._pub_cb = self.account.fast_publisher(self)
         self._event_cb = self._on_event
@@ -470,7 +475,25 @@ class Client(asyncio.Protocol):
         self.delivery_checks = self.perms is not None or self.tracing
         if account is not self.account:
             self._move_to(account)
+        self._apply_user_limits(identity)
         return True
+
+    def _apply_user_limits(self, identity: Identity) -> None:
+        """A JWT user's own limits, on top of its account's; its expiry closes it."""
+        self.max_subs = _tighter(self.account.max_subscriptions, identity.max_subscriptions)
+        max_payload = _tighter(self.account.max_payload, identity.max_payload)
+        self.parser.max_payload = _tighter(self.server.options.max_payload, max_payload)
+        if identity.expires and self.kind is Kind.CLIENT:
+            if self._expiry_timer is not None:
+                self._expiry_timer.cancel()
+            delay = max(0.0, identity.expires - time.time())
+            self._expiry_timer = self.loop.call_later(delay, self._auth_expired)
+
+    def _auth_expired(self) -> None:
+        if not self.closed:
+            self.server.log.error(f"{self.host}:{self.port} - cid:{self.cid} - "
+                                  f"{AUTH_EXPIRED}")
+            self.send_err(AUTH_EXPIRED, close=True)
 
     def _move_to(self, account: Account) -> None:
         """Bind to `account` (a later CONNECT may log in as another user)."""
@@ -482,11 +505,6 @@ class Client(asyncio.Protocol):
         if self.kind is Kind.CLIENT:
             account.connections += 1
             self.connected_to_account = True
-        if account.max_payload >= 0:
-            # The account's max_payload applies to each of its clients (nats-server).
-            opts_max = self.server.options.max_payload
-            self.parser.max_payload = min(account.max_payload, opts_max) \
-                if opts_max >= 0 else account.max_payload
         self._pub_cb = account.fast_publisher(self)
         self._update_fast()
         for sub in subs:
@@ -502,7 +520,7 @@ class Client(asyncio.Protocol):
             return
         # Every CONNECT is authenticated, a second one too, as in nats-server.
         cert = tls.peer_cert(self.transport) if self.server.tls_ctx is not None else None
-        result = auth.begin(options, self.nonce, cert, self.conn_type)
+        result = auth.begin(options, self.nonce, cert, self.conn_type, self.host or None)
         if type(result) is SlowCheck:
             self._check_off_loop(result, options)
         else:
@@ -639,7 +657,7 @@ class Client(asyncio.Protocol):
         if perms is not None and not perms.can_subscribe(subject, queue):
             self.send_err(sub_violation(subject, queue))
             return
-        limit = self.account.max_subscriptions
+        limit = self.max_subs
         if 0 <= limit <= len(self.subs) and sid not in self.subs:
             self.server.log.error(f"{self.host}:{self.port} - cid:{self.cid} - "
                                   f"{MAX_SUBSCRIPTIONS}")
@@ -823,7 +841,8 @@ class Client(asyncio.Protocol):
             return
         self.closed = True
         self.fast_account = None
-        for timer in (self._ping_timer, self._auth_timer, self._write_timer):
+        for timer in (self._ping_timer, self._auth_timer, self._write_timer,
+                      self._expiry_timer):
             if timer is not None:
                 timer.cancel()
         if self.connected_to_account:
@@ -911,6 +930,13 @@ class Client(asyncio.Protocol):
         """Fields for /connz (nats-server names)."""
         return {"name": self.opts.get("name") or "", "lang": self.opts.get("lang") or "",
                 "version": self.opts.get("version") or ""}
+
+
+def _tighter(a: int, b: int) -> int:
+    """The stricter of two limits where a negative one means none."""
+    if a < 0:
+        return b
+    return a if b < 0 else min(a, b)
 
 
 def _check_ok(future: asyncio.Future[bool]) -> bool:

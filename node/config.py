@@ -955,16 +955,17 @@ def _read_later(target: Any, f: _Field) -> None:
 
 # nats-server accepts these; Jetraft records them and warns at start.
 UNSUPPORTED_BLOCKS = frozenset({"leafnodes", "leaf", "gateway", "mqtt"})
-# Operator mode decides who may log in and what crosses between tenants: until
-# Jetraft enforces it, a config using it stops the node at start. (`accounts`,
-# `system_account` and `mappings` are enforced: node/crossaccount.py.)
+# Trust settings Jetraft does not enforce yet: a config using them stops the node
+# at start (accounts, mappings and operator mode are enforced: see _ACCOUNT_KEYS).
 UNENFORCED_BLOCKS = frozenset({
-    "resolver", "account_resolver", "accounts_resolver", "operator", "operators",
-    "root_operators", "root_operator", "trusted", "trusted_keys",
-    "resolver_tls", "resolver_preload", "resolver_pinned_accounts",
+    "trusted", "trusted_keys", "resolver_tls", "resolver_pinned_accounts",
 })
+# Read by node/accountconf.py and node/resolver.py; enforced by node/crossaccount.py
+# and node/operatorauth.py (which refuses, [FTL], the resolvers it cannot run).
 _ACCOUNT_KEYS = frozenset({"accounts", "system_account", "system", "mappings", "maps",
-                           "no_system_account", "no_system", "no_sys_acc"})
+                           "no_system_account", "no_system", "no_sys_acc",
+                           "resolver", "account_resolver", "accounts_resolver", "operator",
+                           "operators", "root_operators", "root_operator", "resolver_preload"})
 _TOP_UNSUPPORTED = UNSUPPORTED_BLOCKS | frozenset({
     "client_advertise", "logtime", "logtime_utc", "trace_verbose",
     "disable_sublist_cache", "no_sublist_cache", "https", "https_port", "http_base_path",

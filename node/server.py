@@ -23,11 +23,14 @@ from node import tls
 from node.account import GLOBAL_ACCOUNT, Account
 from node.auth import CONN_STANDARD, CONN_WEBSOCKET, Authenticator, AuthThrottle
 from node.client import Client, Kind
+from node.config import ConfigError
 from node.crossaccount import Router
 from node.log import Logger
 from node.message import InternalCallback, Subscription
 from node.monitor import start_monitor
+from node.operatorauth import OperatorAuthenticator, enforceable, operator_accounts
 from node.options import Options
+from node.resolver import MemoryResolver
 from node.sublist import SubList
 from node.version import GO_VERSION, VERSION
 from node.websocket import start_websocket
@@ -43,8 +46,18 @@ def new_server_id() -> str:
     return "N" + "".join(secrets.choice(_ID_ALPHABET) for _ in range(55))
 
 
-def _optional_auth(options: Options) -> Authenticator | None:
-    return Authenticator(options)
+def _optional_auth(options: Options) -> Any:
+    """The config's authenticator, or operator mode's (JWT users)."""
+    try:
+        cfg = enforceable(options)
+    except ConfigError as err:
+        raise ValueError(str(err)) from err  # run() logs it as [FTL] and exits
+    if cfg is None:
+        return Authenticator(options)
+    resolver = MemoryResolver(cfg)
+    # Accounts come from the resolver's JWTs, built like configured ones.
+    options.accounts = operator_accounts(cfg, resolver, time.time())
+    return OperatorAuthenticator(options, cfg, resolver)
 
 
 def _optional_tls(options: Options) -> Any:
@@ -74,11 +87,11 @@ class Server:
         # Every user lives in the global account until accounts are configured.
         self.accounts: dict[str, Account] = {GLOBAL_ACCOUNT: Account(GLOBAL_ACCOUNT)}
         self.global_account = self.accounts[GLOBAL_ACCOUNT]
-        self.router = self._build_accounts(options)
         self.clients: dict[int, Client] = {}  # network clients only
         self._cid = 0
         self._system_client: Client | None = None
         self.auth = _optional_auth(options)
+        self.router = self._build_accounts(options)
         self.auth_throttle = AuthThrottle()
         self.auth_checks: dict[bytes, asyncio.Future[bool]] = {}
         self.auth_workers = concurrent.futures.ThreadPoolExecutor(
