@@ -149,17 +149,13 @@ class Account:
                       headers: bytes | None, payload: bytes) -> int:
         """This account's subscribers only, without mappings, imports or
         no-responders: the router's step for each account a message reaches."""
-        return self._fan_out(self._match(subject), publisher, subject, reply, headers, payload)
+        return self._deliver(self._match(subject), publisher, subject, reply, headers, payload,
+                             False)
 
     def _deliver(self, result: Any, publisher: Any, subject: str, reply: str | None,
-                 headers: bytes | None, payload: bytes) -> int:
-        count = self._fan_out(result, publisher, subject, reply, headers, payload)
-        if count == 0 and reply and publisher is not None and publisher.no_responders:
-            publisher.send_no_responders(subject, reply)
-        return count
-
-    def _fan_out(self, result: Any, publisher: Any, subject: str, reply: str | None,
-                 headers: bytes | None, payload: bytes) -> int:
+                 headers: bytes | None, payload: bytes, answer: bool = True) -> int:
+        """`answer`: send no-responders when nobody received it (the router
+        decides that once, over every account the message reached)."""
         psubs, qsubs = result.psubs, result.qsubs
         count = 0
         if psubs or qsubs:
@@ -175,6 +171,8 @@ class Account:
                         count += 1
             if self.expired:
                 self.reap()
+        if count == 0 and answer and reply and publisher is not None and publisher.no_responders:
+            publisher.send_no_responders(subject, reply)
         return count
 
 
