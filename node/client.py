@@ -291,14 +291,25 @@ class Client(asyncio.Protocol):
         if auth is not None:
             # no_auth_user leaves auth optional, but nkey users still need the nonce to sign.
             self.nonce = auth.new_nonce()
-        self._send_info()
         if self.conn_type == CONN_STANDARD and server.tls_ctx is not None and not server.tls_first:
             self.upgrading = True  # output waits for the handshake
-            timeout = server.options.tls.timeout if server.options.tls else 2.0
-            tls.start_upgrade(transport, self, server.tls_ctx, timeout, self._tls_done)
+            transport.pause_reading()
+            # INFO goes out next loop turn, once the pause surely holds (uvloop ignores one
+            # made in connection_made): a client's ClientHello can only follow INFO.
+            self.loop.call_soon(self._start_tls)
         else:
+            self._send_info()
             self._arm_auth_timer()
         self._schedule_ping(min(server.options.ping_interval, 2.0))
+
+    def _start_tls(self) -> None:
+        if self.closed:
+            return
+        server = self.server
+        self.transport.pause_reading()
+        self._send_info()
+        timeout = server.options.tls.timeout if server.options.tls else 2.0
+        tls.start_upgrade(self.transport, self, server.tls_ctx, timeout, self._tls_done)
 
     def _arm_auth_timer(self) -> None:
         """The client has auth_timeout to authenticate, counted once TLS is up

@@ -37,7 +37,7 @@ class Server(Protocol):
     stale_connections: int
     http_req_stats: dict[str, int]
     auth: Any
-    sublist: Any
+    accounts: dict[str, Any]
 
     def http_host(self) -> str: ...
     def totals(self) -> dict[str, int]: ...
@@ -156,6 +156,9 @@ def connz(server: Server, query: dict[str, str]) -> dict[str, Any]:
     if limit <= 0:
         limit = CONNZ_DEFAULT_LIMIT
     clients = sorted(server.clients.values(), key=lambda c: c.cid)
+    acc = query.get("acc")
+    if acc:
+        clients = [c for c in clients if c.account.name == acc]
     now = time.time()
     page = clients[offset:offset + limit]
     subs = query.get("subs")
@@ -164,15 +167,31 @@ def connz(server: Server, query: dict[str, str]) -> dict[str, Any]:
             "connections": [_conn_info(c, now, subs) for c in page]}
 
 
+_SUM_STATS = ("num_subscriptions", "num_cache", "num_inserts", "num_removes", "num_matches")
+
+
+def _sublist_stats(accounts: list[Any]) -> dict[str, Any]:
+    """nats-server's /subsz counters over `accounts` (summed when several)."""
+    if len(accounts) == 1:
+        return dict(accounts[0].sublist.stats())
+    every = [a.sublist.stats() for a in accounts]
+    st: dict[str, Any] = {k: sum(s[k] for s in every) for k in _SUM_STATS}
+    st["max_fanout"] = max((s["max_fanout"] for s in every), default=0)
+    st["cache_hit_rate"] = st["avg_fanout"] = 0  # not meaningful summed over sublists
+    return st
+
+
 def subsz(server: Server, query: dict[str, str]) -> dict[str, Any]:
-    st = dict(server.sublist.stats())
+    acc = query.get("acc")
+    if acc:
+        accounts = [server.accounts[acc]] if acc in server.accounts else []
+    else:
+        accounts = list(server.accounts.values())
+    st = _sublist_stats(accounts)
     out: dict[str, Any] = {"server_id": server.server_id, "now": rfc3339(time.time())}
-    keys = ("num_subscriptions", "num_cache", "num_inserts", "num_removes", "num_matches",
-            "cache_hit_rate", "max_fanout", "avg_fanout")
+    keys = (*_SUM_STATS, "cache_hit_rate", "max_fanout", "avg_fanout")
     for k in keys:
-        if k in st:
-            out[k] = st[k]
-    out.setdefault("num_subscriptions", server.sublist.count())
+        out[k] = st.get(k, 0)
     offset = max(_int(query.get("offset"), 0), 0)
     limit = _int(query.get("limit"), CONNZ_DEFAULT_LIMIT)
     if limit <= 0:
@@ -180,14 +199,15 @@ def subsz(server: Server, query: dict[str, str]) -> dict[str, Any]:
     out.update({"total": 0, "offset": offset, "limit": limit})
     if query.get("subs") not in (None, "0", "false"):
         # One page, never the whole sublist: this runs on the event loop.
-        page = islice(server.sublist.iter_subscriptions(), offset, offset + limit)
-        out["total"] = server.sublist.count()
-        out["subscriptions_list"] = [_sub_detail(s) for s in page]
+        every = ((a.name, s) for a in accounts for s in a.sublist.iter_subscriptions())
+        page = islice(every, offset, offset + limit)
+        out["total"] = sum(a.sublist.count() for a in accounts)
+        out["subscriptions_list"] = [_sub_detail(name, s) for name, s in page]
     return out
 
 
-def _sub_detail(s: Any) -> dict[str, Any]:
-    d: dict[str, Any] = {"subject": s.subject}
+def _sub_detail(account: str, s: Any) -> dict[str, Any]:
+    d: dict[str, Any] = {"account": account, "subject": s.subject}
     if s.queue:
         d["qgroup"] = s.queue
     d.update({"sid": s.sid, "msgs": s.delivered, "cid": getattr(s.client, "cid", 0)})

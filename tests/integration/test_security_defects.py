@@ -428,10 +428,12 @@ async def test_subsz_pages_its_subscription_list(servers, impl):
     assert len(pages["subs=1"]["subscriptions_list"]) == 1024
     assert len(pages["subs=1&limit=10"]["subscriptions_list"]) == 10
     assert pages["subs=1&limit=10"]["limit"] == 10
-    total = pages["subs=1"]["total"]  # nats-server adds its own system subscriptions
-    assert total >= 1500
-    tail = pages["subs=1&offset=1495&limit=10"]["subscriptions_list"]
-    assert len(tail) == min(10, total - 1495)
+    total = pages["subs=1"]["total"]
+    if impl == "jetraft":
+        assert total == 1500
+        assert len(pages["subs=1&offset=1495&limit=10"]["subscriptions_list"]) == 5
+    else:  # its own system subscriptions count too, and its total has been seen to lag
+        assert total > 1024
 
 
 # --------------------------------------------------------------------------- smaller ones
@@ -601,7 +603,7 @@ async def test_pinned_certs_are_enforced(servers, impl, pki, pinned):
     pin = openssl_spki_pin(pki.client_cert if pinned else pki.server_cert)
     config = (f"tls {{ cert_file: {json.dumps(str(pki.server_cert))}, "
               f"key_file: {json.dumps(str(pki.server_key))}, ca_file: {json.dumps(str(pki.ca))}, "
-              f"verify: true, pinned_certs: [{json.dumps(pin.upper())}] }}\n")
+              f"verify: true, timeout: 5, pinned_certs: [{json.dumps(pin.upper())}] }}\n")
     srv = start(servers, impl, config)
     ctx = tls.client_context(str(pki.ca), str(pki.client_cert), str(pki.client_key))
 
@@ -652,7 +654,7 @@ async def test_verify_and_map_names_the_user_by_certificate(servers, impl, pki, 
              {"user": "CN=bob, O=Acme"}, {"user": "someone", "password": "pw"}]
     config = (f"tls {{ cert_file: {json.dumps(str(pki.server_cert))}, "
               f"key_file: {json.dumps(str(pki.server_key))}, ca_file: {json.dumps(str(pki.ca))}, "
-              f"verify_and_map: true }}\n"
+              f"verify_and_map: true, timeout: 5 }}\n"
               f"authorization {{ users: {json.dumps(users)} }}\n")
     srv = start(servers, impl, config)
     d = mapped_certs
@@ -832,3 +834,33 @@ async def test_plain_text_sent_before_the_tls_handshake_is_never_parsed(servers,
     await asyncio.sleep(0.2)
     await nc.close()
     assert got == []
+
+
+# --------------------------------------------------------------------------- ?acc= on the monitor
+
+
+def monitor_json(srv, path: str) -> dict:
+    with urllib.request.urlopen(f"{srv.http}/{path.replace('$', '%24')}", timeout=10) as resp:
+        return json.load(resp)
+
+
+@pytest.mark.parametrize("impl", BOTH)
+def test_monitor_filters_by_account(servers, impl):
+    srv = start(servers, impl, None)
+    sock = socket.create_connection((HOST, srv.port), timeout=10)
+    try:
+        sock.sendall(b'CONNECT {"verbose":false}\r\nSUB acc.probe 1\r\nPING\r\n')
+        got = b""
+        while b"PONG\r\n" not in got:  # INFO, maybe a PING, then our PONG
+            chunk = sock.recv(65536)
+            assert chunk, got
+            got += chunk
+        assert monitor_json(srv, "connz?acc=$G")["num_connections"] == 1
+        assert monitor_json(srv, "connz?acc=NOPE")["num_connections"] == 0
+        subs = monitor_json(srv, "subsz?acc=$G&subs=1")["subscriptions_list"]
+        mine = [s for s in subs if s["subject"] == "acc.probe"]
+        assert len(mine) == 1 and mine[0]["account"] == "$G"
+        empty = monitor_json(srv, "subsz?acc=NOPE&subs=1")
+        assert empty["num_subscriptions"] == 0 and empty["total"] == 0
+    finally:
+        sock.close()
