@@ -78,6 +78,7 @@ class OperatorAuthenticator:
         self.max_jwt_bytes = options.max_control_line
         self.configured = True
         self.required = True
+        self.accounts = frozenset(options.accounts.accounts) if options.accounts else frozenset()
 
     def new_nonce(self) -> str:
         """Every connection gets a fresh nonce: the JWT user signs it."""
@@ -101,6 +102,10 @@ class OperatorAuthenticator:
                 client_ip=client_ip, connection_type=conn_type,
                 max_jwt_bytes=self.max_jwt_bytes)
         except (AuthError, JWTError):
+            return None
+        if who.account_key not in self.accounts:
+            # Valid now but not when the node built its accounts (e.g. its JWT's nbf
+            # was still ahead): no Account to put the user in, so no login.
             return None
         return Identity(user=who.user_key, account=who.account_key,
                         permissions=_permission_set(who.permissions, who.response is not None),

@@ -153,7 +153,7 @@ def main(only: list[str]) -> int:
             killed = proc.returncode != 0
             survived += not killed
             by = next((ln.split("::", 1)[-1] for ln in proc.stdout.splitlines()
-                       if ln.startswith(("FAILED", "ERROR"))), "")
+                       if ln.startswith(("FAILED ", "ERROR ")) and "::" in ln), "")
             print("KILLED  " if killed else "SURVIVED", path, old[:70].strip(), "<-", by,
                   flush=True)
     print(f"killed {len(chosen) - survived} / {len(chosen)}")
