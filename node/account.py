@@ -39,13 +39,8 @@ class Account:
 
     def __init__(self, name: str, limits: Any = None, mappings: Any = None) -> None:
         self.name = name
-        # Per-connection limits from the account config (nats-server applies
-        # max_subscriptions and max_payload to each client); -1 = none.
-        self.max_connections = getattr(limits, "max_connections", -1)
-        self.max_subscriptions = getattr(limits, "max_subscriptions", -1)
-        self.max_payload = getattr(limits, "max_payload", -1)
+        self.set_limits(limits, mappings)
         self.connections = 0  # network clients logged into this account
-        self.mappings = mappings
         # Set when mappings, imports or exports apply here (node/crossaccount.py):
         # publishes then go through it, and the fast path stays off.
         self.router: Any = None
@@ -55,6 +50,14 @@ class Account:
         self.expired: list[Subscription] = []
         self.interest_listeners: list[InterestListener] = []
         self.in_msgs = self.in_bytes = 0  # publishes that entered this account
+
+    def set_limits(self, limits: Any, mappings: Any) -> None:
+        """Per-connection limits from the account config (nats-server applies
+        max_subscriptions and max_payload to each client); -1 = none."""
+        self.max_connections = getattr(limits, "max_connections", -1)
+        self.max_subscriptions = getattr(limits, "max_subscriptions", -1)
+        self.max_payload = getattr(limits, "max_payload", -1)
+        self.mappings = mappings
 
     def __repr__(self) -> str:
         return f"Account({self.name!r})"

@@ -22,7 +22,7 @@ import binascii
 import hashlib
 import hmac
 import secrets
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -281,6 +281,8 @@ class Identity:
     expires: float = 0.0
     max_subscriptions: int = -1
     max_payload: int = -1
+    # Operator mode: runs the login's checks again (after an account JWT update).
+    recheck: Callable[[], bool] | None = None
 
     @property
     def name(self) -> str | None:

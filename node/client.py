@@ -63,6 +63,7 @@ MAX_CONNECTIONS = "maximum connections exceeded"
 MAX_ACCOUNT_CONNECTIONS = "maximum account active connections exceeded"
 MAX_SUBSCRIPTIONS = "maximum subscriptions exceeded"
 AUTH_EXPIRED = "User Authentication Expired"
+AUTH_REVOKED = "User Authentication Revoked"
 INVALID_SUBJECT = "Invalid Subject"
 INVALID_PUB_SUBJECT = "Invalid Publish Subject"
 INVALID_QUEUE = "Invalid Queue Name"
@@ -488,6 +489,22 @@ class Client(asyncio.Protocol):
             self._move_to(account)
         self._apply_user_limits(identity)
         return True
+
+    def account_changed(self, account: Account) -> None:
+        """Operator mode: `account`'s JWT changed (or a router appeared). The
+        fast path is re-decided; a user of it whose login no longer passes goes."""
+        if self.closed:
+            return
+        self._update_fast()
+        identity = self.identity
+        if self.account is not account or identity is None or identity.recheck is None:
+            return
+        if not identity.recheck():
+            self.server.log.error(f"{self.host}:{self.port} - cid:{self.cid} - "
+                                  f"{AUTH_REVOKED}")
+            self.send_err(AUTH_REVOKED, close=True)
+            return
+        self._apply_user_limits(identity)
 
     def _apply_user_limits(self, identity: Identity) -> None:
         """A JWT user's own limits, on top of its account's; its expiry closes it."""

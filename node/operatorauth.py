@@ -25,9 +25,10 @@ from node.auth import (
     PermissionSet,
 )
 from node.config import ConfigError
-from node.jwt import AuthError, JWTError, authenticate_user
+from node.jwt import AuthError, JWTError, JWTIdentity, authenticate_user
 from node.options import Options, Permissions
 from node.resolver import (
+    DirResolver,
     MemoryResolver,
     OperatorConfig,
     account_config_from_claims,
@@ -47,13 +48,19 @@ def enforceable(opts: Options) -> OperatorConfig | None:
     has_accounts = bool(opts.accounts and opts.accounts.accounts)
     validate_operator_start(cfg, has_accounts=has_accounts,
                             has_users=bool(opts.users or opts.user or opts.token))
-    if cfg.resolver is None or cfg.resolver.kind != "MEMORY":
+    if cfg.resolver is None or cfg.resolver.kind not in ("MEMORY", "full"):
         kind = cfg.resolver.kind if cfg.resolver else "none"
         raise ConfigError(f"resolver {kind!r} is not enforced by jetraft yet "
-                          "(only resolver: MEMORY with resolver_preload)")
+                          "(only MEMORY and full)")
     if opts.no_auth_user:
         raise ConfigError("no_auth_user in operator mode is not enforced by jetraft yet")
     return cfg
+
+
+def make_resolver(cfg: OperatorConfig) -> MemoryResolver:
+    if cfg.resolver is not None and cfg.resolver.kind == "full":
+        return DirResolver(cfg, cfg.resolver.dir)
+    return MemoryResolver(cfg)
 
 
 def operator_accounts(cfg: OperatorConfig, resolver: MemoryResolver,
@@ -78,7 +85,8 @@ class OperatorAuthenticator:
         self.max_jwt_bytes = options.max_control_line
         self.configured = True
         self.required = True
-        self.accounts = frozenset(options.accounts.accounts) if options.accounts else frozenset()
+        # Accounts the node has built (the server adds those claim updates create).
+        self.accounts: set[str] = set(options.accounts.accounts) if options.accounts else set()
 
     def new_nonce(self) -> str:
         """Every connection gets a fresh nonce: the JWT user signs it."""
@@ -94,6 +102,22 @@ class OperatorAuthenticator:
             return None
         if sig is not None and not isinstance(sig, str):
             return None
+        who = self._check(token, sig, nonce, conn_type, client_ip)
+        if who is None:
+            return None
+        if who.account_key not in self.accounts:
+            # Valid now but not when the node built its accounts (e.g. its JWT's nbf
+            # was still ahead): no Account to put the user in, so no login.
+            return None
+        return Identity(user=who.user_key, account=who.account_key,
+                        permissions=_permission_set(who.permissions, who.response is not None),
+                        expires=float(who.expires), max_subscriptions=who.max_subscriptions,
+                        max_payload=who.max_payload,
+                        recheck=lambda: self._check(token, sig, nonce, conn_type,
+                                                    client_ip) is not None)
+
+    def _check(self, token: str, sig: str | None, nonce: str, conn_type: str,
+               client_ip: str | None) -> JWTIdentity | None:
         now = time.time()
         try:
             who, _account = authenticate_user(
@@ -103,14 +127,7 @@ class OperatorAuthenticator:
                 max_jwt_bytes=self.max_jwt_bytes)
         except (AuthError, JWTError):
             return None
-        if who.account_key not in self.accounts:
-            # Valid now but not when the node built its accounts (e.g. its JWT's nbf
-            # was still ahead): no Account to put the user in, so no login.
-            return None
-        return Identity(user=who.user_key, account=who.account_key,
-                        permissions=_permission_set(who.permissions, who.response is not None),
-                        expires=float(who.expires), max_subscriptions=who.max_subscriptions,
-                        max_payload=who.max_payload)
+        return who
 
     def finish(self, check: Any, ok: bool) -> Identity | None:
         return None  # never starts a SlowCheck

@@ -120,6 +120,11 @@ MUTANTS = [
      "        for delivery in []:", "wire"),
     (S, "                account.router = router", "                pass", "wire"),
     (S, "Account(name, acc.limits, acc.mappings or None)", "Account(name)", "wire"),
+    # full resolver: claim updates reach the node; revoked users connected go
+    ("node/claimsservice.py", "            server.refresh_operator_account(data[\"account\"])",
+     "            pass", "wire"),
+    (C, "        if not identity.recheck():", "        if False:", "wire"),
+    (S, "            client.account_changed(account)", "            pass", "wire"),
 ]
 
 

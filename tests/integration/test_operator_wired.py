@@ -191,3 +191,66 @@ def test_no_way_to_publish_without_a_valid_login(world: World, both, tmp_path: P
         if name != "probe_received":
             assert line == AUTH_VIOLATION, name
     assert seen["jetraft"]["probe_received"] == []
+
+
+# ---------------------------------------------------------------------- full resolver
+
+def _full_config(tmp: Path, op: ji.Key, sys_: ji.Key, name: str) -> str:
+    (tmp / "op.jwt").write_text(ji.operator_jwt(op, system_account=sys_.public))
+    return (f"operator: {tmp / 'op.jwt'}\nsystem_account: {sys_.public}\n"
+            f"resolver: {{ type: full, dir: '{tmp / name}' }}\n"
+            f"resolver_preload: {{ {sys_.public}: {ji.account_jwt(sys_, op)} }}\n")
+
+
+async def _claims(server: Any, tmp: Path, op: ji.Key, sys_: ji.Key,
+                  acc: ji.Key) -> dict[str, Any]:
+    sysc = await _connect(server, _creds(tmp, sys_, f"sys{server.port}"))
+    out: dict[str, Any] = {}
+
+    async def update(subject: str, body: bytes) -> Any:
+        reply = json.loads((await sysc.request(subject, body, timeout=5)).data)
+        reply.pop("server", None)
+        return reply
+
+    user = ji.user_key()
+    token = ji.user_jwt(user, acc, iat=int(time.time()) - 10)
+    out["before"] = _nats_server_accepts(server.port, token, user, "ok")[0]
+    out["new"] = await update("$SYS.REQ.CLAIMS.UPDATE", ji.account_jwt(acc, op, name="v1").encode())
+    out["garbage"] = await update("$SYS.REQ.CLAIMS.UPDATE", b"garbage")
+    out["after"] = _nats_server_accepts(server.port, token, user, "ok")[0]
+    # Only the system account can reach the claim subjects.
+    outsider = await _connect(server, _creds(tmp, acc, f"acc{server.port}"))
+    try:
+        await outsider.request("$SYS.REQ.CLAIMS.UPDATE", ji.account_jwt(acc, op).encode(),
+                               timeout=2)
+        out["outsider"] = "answered"
+    except (nats.errors.NoRespondersError, nats.errors.TimeoutError) as err:
+        out["outsider"] = type(err).__name__
+    await outsider.close()
+    s, _ = _login(server.port, token, user)
+    s.makefile("rb").readline()  # PONG: logged in
+    revoking = ji.account_jwt(acc, op, name="v2", revocations={user.public: int(time.time())})
+    out["revoke"] = await update(f"$SYS.REQ.ACCOUNT.{acc.public}.CLAIMS.UPDATE",
+                                 revoking.encode())
+    out["connected_user"] = (await asyncio.to_thread(_read_until_closed, s, 3)).decode() \
+        .replace("PING\r\n", "")
+    s.close()
+    out["relogin"] = _nats_server_accepts(server.port, token, user, "ok")[0]
+    lookup = await sysc.request(f"$SYS.REQ.ACCOUNT.{acc.public}.CLAIMS.LOOKUP", b"", timeout=5)
+    out["lookup_is_latest"] = lookup.data.decode() == revoking
+    await sysc.close()
+    return out
+
+
+def test_full_resolver_claim_updates_like_nats_server(servers, tmp_path: Path) -> None:
+    op, sys_, acc = ji.operator_key(), ji.account_key(), ji.account_key()
+    seen = {}
+    for impl, start in (("nats-server", servers.nats_server), ("jetraft", servers.jetraft)):
+        srv = start(_full_config(tmp_path, op, sys_, impl))
+        seen[impl] = asyncio.run(_claims(srv, tmp_path, op, sys_, acc))
+    assert seen["jetraft"] == seen["nats-server"]
+    theirs = seen["nats-server"]
+    assert (theirs["before"], theirs["after"], theirs["relogin"]) == (False, True, False)
+    assert theirs["new"]["data"]["code"] == 200 and theirs["lookup_is_latest"]
+    assert theirs["connected_user"] == "-ERR 'User Authentication Revoked'\r\n"
+    assert theirs["outsider"] == "NoRespondersError"
