@@ -254,3 +254,66 @@ def test_full_resolver_claim_updates_like_nats_server(servers, tmp_path: Path) -
     assert theirs["new"]["data"]["code"] == 200 and theirs["lookup_is_latest"]
     assert theirs["connected_user"] == "-ERR 'User Authentication Revoked'\r\n"
     assert theirs["outsider"] == "NoRespondersError"
+
+
+# ---------------------------------------------------------------------- JWT imports
+
+def _jwt_import_config(tmp: Path) -> tuple[str, ji.Key, ji.Key]:
+    op, sys_, a, b = ji.operator_key(), ji.account_key(), ji.account_key(), ji.account_key()
+    a_jwt = ji.account_jwt(a, op, name="A", exports=[
+        {"name": "news", "subject": "news.>", "type": "stream"},
+        {"name": "help", "subject": "help.*", "type": "service"},
+        {"name": "tok", "subject": "tok.>", "type": "stream", "token_req": True}])
+    b_jwt = ji.account_jwt(b, op, name="B", imports=[
+        {"name": "n", "subject": "news.>", "account": a.public, "type": "stream",
+         "local_subject": "from_a.news.>"},
+        {"name": "h", "subject": "help.*", "account": a.public, "type": "service",
+         "local_subject": "ask.*"},
+        {"name": "t", "subject": "tok.>", "account": a.public, "type": "stream"},
+        {"name": "x", "subject": "nothere.>", "account": a.public, "type": "stream"}])
+    (tmp / "op.jwt").write_text(ji.operator_jwt(op, system_account=sys_.public))
+    config = (f"operator: {tmp / 'op.jwt'}\nsystem_account: {sys_.public}\n"
+              f"resolver: MEMORY\nresolver_preload: {{ {sys_.public}: "
+              f"{ji.account_jwt(sys_, op)}, {a.public}: {a_jwt}, {b.public}: {b_jwt} }}\n")
+    return config, a, b
+
+
+async def _jwt_imports(server: Any, tmp: Path, a: ji.Key, b: ji.Key) -> dict[str, Any]:
+    nc_a = await _connect(server, _creds(tmp, a, f"a{server.port}"))
+    nc_b = await _connect(server, _creds(tmp, b, f"b{server.port}"))
+    got: list[str] = []
+
+    async def on_b(msg: Any) -> None:
+        got.append(msg.subject)
+
+    async def serve_a(msg: Any) -> None:
+        await nc_a.publish(msg.reply, b"served:" + msg.subject.encode())
+
+    await nc_b.subscribe(">", cb=on_b)
+    await nc_a.subscribe("help.*", cb=serve_a)
+    for nc in (nc_a, nc_b):
+        await nc.flush()
+    for subject in ["news.x", "tok.x", "nothere.x", "other"]:
+        await nc_a.publish(subject, b"m")
+    await nc_a.flush()
+    await nc_b.flush()
+    await asyncio.sleep(0.1)
+    out: dict[str, Any] = {"streams": sorted(got)}
+    for subject in ["ask.q", "help.q"]:
+        try:
+            out[subject] = (await nc_b.request(subject, b"r", timeout=1)).data.decode()
+        except (nats.errors.NoRespondersError, nats.errors.TimeoutError) as err:
+            out[subject] = type(err).__name__
+    await nc_a.close()
+    await nc_b.close()
+    return out
+
+
+def test_account_jwt_exports_and_imports_route_like_nats_server(servers, tmp_path) -> None:
+    config, a, b = _jwt_import_config(tmp_path)
+    seen = {impl: asyncio.run(_jwt_imports(start(config), tmp_path, a, b))
+            for impl, start in (("nats-server", servers.nats_server),
+                                ("jetraft", servers.jetraft))}
+    assert seen["jetraft"] == seen["nats-server"]
+    assert seen["nats-server"]["ask.q"] == "served:help.q"
+    assert "from_a.news.x" in seen["nats-server"]["streams"]
