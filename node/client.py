@@ -511,9 +511,10 @@ class Client(asyncio.Protocol):
         self.max_subs = _tighter(self.account.max_subscriptions, identity.max_subscriptions)
         max_payload = _tighter(self.account.max_payload, identity.max_payload)
         self.parser.max_payload = _tighter(self.server.options.max_payload, max_payload)
+        if self._expiry_timer is not None:  # an earlier login's expiry no longer applies
+            self._expiry_timer.cancel()
+            self._expiry_timer = None
         if identity.expires and self.kind is Kind.CLIENT:
-            if self._expiry_timer is not None:
-                self._expiry_timer.cancel()
             delay = max(0.0, identity.expires - time.time())
             self._expiry_timer = self.loop.call_later(delay, self._auth_expired)
 

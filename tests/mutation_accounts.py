@@ -150,15 +150,16 @@ def main(only: list[str]) -> int:
             # A check guarded twice (defence in depth) is mutated in both places.
             for p, o, n in [(path, old, new), *(also[0] if also else [])]:
                 _mutate(os.path.join(tree, p), o, n)
-            unit = [] if group == "wire" else UNIT
-            cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
+            # The wiring group runs every test (no -x) and names all that fail.
+            unit, stop = ([], []) if group == "wire" else (UNIT, ["-x"])
+            cmd = [sys.executable, "-m", "pytest", "-q", *stop, "-p", "no:cacheprovider",
                    *unit, *INTEG[group]]
             proc = subprocess.run(cmd, cwd=tree, env={**os.environ, "PYTHONPATH": tree},
                                   capture_output=True, text=True)
             killed = proc.returncode != 0
             survived += not killed
-            by = next((ln.split("::", 1)[-1] for ln in proc.stdout.splitlines()
-                       if ln.startswith(("FAILED ", "ERROR ")) and "::" in ln), "")
+            by = ", ".join(ln.split("::", 1)[-1].split(" - ")[0] for ln in proc.stdout.splitlines()
+                           if ln.startswith(("FAILED ", "ERROR ")) and "::" in ln)
             print("KILLED  " if killed else "SURVIVED", path, old[:70].strip(), "<-", by,
                   flush=True)
     print(f"killed {len(chosen) - survived} / {len(chosen)}")
