@@ -118,7 +118,8 @@ MUTANTS = [
     (X, "        if mappings:\n", "        if False:\n", "wire"),
     (X, "        for delivery in self.index.stream_deliveries(account.name, subject):",
      "        for delivery in []:", "wire"),
-    (S, "                account.router = router", "                pass", "wire"),
+    (S, "            account.router = router if router.needs_router(account.name) else None",
+     "            account.router = None", "wire"),
     (S, "Account(name, acc.limits, acc.mappings or None)", "Account(name)", "wire"),
     # full resolver: claim updates reach the node; revoked users connected go
     ("node/claimsservice.py", "            server.refresh_operator_account(data[\"account\"])",
