@@ -8,9 +8,10 @@ nobody did, and reap auto-unsubscribed subscriptions afterwards. Changes to
 the sublist go through `subscribe`/`unsubscribe`, which is where interest
 changes are announced (to routes, later).
 
-Later this object also holds the account's imports and exports, subject
-mappings, limits and JetStream; users outside any configured account live
-in the global account `$G`, as in nats-server.
+An account with subject mappings, imports or exports has a `router`
+(node/crossaccount.py) that every publish goes through instead; a plain
+account (such as `$G` without mappings) never pays for it. Users outside any
+configured account live in the global account `$G`, as in nats-server.
 
 Delivery is the subscriber's business (`client.deliver(sub, msg) -> bool`):
 False means it may not receive the message (closed, or its permissions deny
@@ -36,14 +37,27 @@ InterestListener = Callable[[Subscription, int], None]
 class Account:
     """A named subject space with its own sublist."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, limits: Any = None, mappings: Any = None) -> None:
         self.name = name
+        self.set_limits(limits, mappings)
+        self.connections = 0  # network clients logged into this account
+        # Set when mappings, imports or exports apply here (node/crossaccount.py):
+        # publishes then go through it, and the fast path stays off.
+        self.router: Any = None
         self.sublist = SubList()
         self._match = self.sublist.match
         # Auto-unsubscribed while a delivery loop may still hold them: removed after it.
         self.expired: list[Subscription] = []
         self.interest_listeners: list[InterestListener] = []
         self.in_msgs = self.in_bytes = 0  # publishes that entered this account
+
+    def set_limits(self, limits: Any, mappings: Any) -> None:
+        """Per-connection limits from the account config (nats-server applies
+        max_subscriptions and max_payload to each client); -1 = none."""
+        self.max_connections = getattr(limits, "max_connections", -1)
+        self.max_subscriptions = getattr(limits, "max_subscriptions", -1)
+        self.max_payload = getattr(limits, "max_payload", -1)
+        self.mappings = mappings
 
     def __repr__(self) -> str:
         return f"Account({self.name!r})"
@@ -130,6 +144,8 @@ class Account:
                 headers: bytes | None, payload: bytes) -> int:
         """Deliver a message to every interested subscription; returns how many
         received it. `publisher` is the sending client (None: the server)."""
+        if self.router is not None:
+            return self.router.publish(self, publisher, subject, reply, headers, payload)
         return self._deliver(self._match(subject), publisher, subject, reply, headers, payload)
 
     def deliver_as(self, publisher: Any, route: str, subject: str, reply: str | None,
@@ -139,8 +155,17 @@ class Account:
         subject, as nats-server sends it."""
         return self._deliver(self._match(route), publisher, subject, reply, headers, payload)
 
+    def deliver_local(self, publisher: Any, subject: str, reply: str | None,
+                      headers: bytes | None, payload: bytes) -> int:
+        """This account's subscribers only, without mappings, imports or
+        no-responders: the router's step for each account a message reaches."""
+        return self._deliver(self._match(subject), publisher, subject, reply, headers, payload,
+                             False)
+
     def _deliver(self, result: Any, publisher: Any, subject: str, reply: str | None,
-                 headers: bytes | None, payload: bytes) -> int:
+                 headers: bytes | None, payload: bytes, answer: bool = True) -> int:
+        """`answer`: send no-responders when nobody received it (the router
+        decides that once, over every account the message reached)."""
         psubs, qsubs = result.psubs, result.qsubs
         count = 0
         if psubs or qsubs:
@@ -156,7 +181,7 @@ class Account:
                         count += 1
             if self.expired:
                 self.reap()
-        if count == 0 and reply and publisher is not None and publisher.no_responders:
+        if count == 0 and answer and reply and publisher is not None and publisher.no_responders:
             publisher.send_no_responders(subject, reply)
         return count
 

@@ -22,9 +22,9 @@ import binascii
 import hashlib
 import hmac
 import secrets
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import bcrypt
 import nacl.exceptions
@@ -33,6 +33,9 @@ import nkeys
 
 from node.account import GLOBAL_ACCOUNT
 from node.options import Options, Permissions, User
+
+if TYPE_CHECKING:
+    from node.accountconf import AccountUser
 
 # Error texts sent as `-ERR '<text>'`, identical to nats-server 2.x.
 AUTH_VIOLATION = "Authorization Violation"
@@ -273,6 +276,13 @@ class Identity:
     user: str | None
     account: str = GLOBAL_ACCOUNT
     permissions: PermissionSet | None = None  # None: everything allowed
+    # Operator mode (node/operatorauth.py): when the JWT expires (epoch seconds,
+    # 0 = never) and the user's own limits (-1 = none).
+    expires: float = 0.0
+    max_subscriptions: int = -1
+    max_payload: int = -1
+    # Operator mode: runs the login's checks again (after an account JWT update).
+    recheck: Callable[[], bool] | None = None
 
     @property
     def name(self) -> str | None:
@@ -288,10 +298,11 @@ class _Account:
     nkey: str | None
     perms: CompiledPermissions | None
     conn_types: frozenset[str] | None = None  # None: every connection type
+    account: str = GLOBAL_ACCOUNT
 
     def identity(self) -> Identity:
         perms = PermissionSet(self.perms) if self.perms is not None else None
-        return Identity(user=self.name or self.nkey, permissions=perms)
+        return Identity(user=self.name or self.nkey, account=self.account, permissions=perms)
 
     def allows(self, conn_type: str) -> bool:
         return self.conn_types is None or conn_type in self.conn_types
@@ -304,6 +315,16 @@ def _account(user: User, default: Permissions | None) -> _Account:
     types = frozenset(t.upper() for t in user.allowed_connection_types) \
         if user.allowed_connection_types else None
     return _Account(user.user, user.password, user.nkey, compiled, types)
+
+
+def _account_user(user: AccountUser) -> _Account:
+    """A user of an `accounts {}` block (its account's default_permissions
+    were applied when the block was read)."""
+    perms = user.permissions
+    compiled = CompiledPermissions.build(perms) if perms else None
+    types = frozenset(t.upper() for t in user.allowed_connection_types) \
+        if user.allowed_connection_types else None
+    return _Account(user.user, user.password, user.nkey, compiled, types, user.account)
 
 
 def _is_bcrypt(secret: str) -> bool:
@@ -419,6 +440,13 @@ class Authenticator:
             default = options.default_permissions
         self._by_name = {u.user: _account(u, default) for u in users if u.user is not None}
         self._by_nkey = {u.nkey: _account(u, default) for u in users if u.nkey is not None}
+        # Users of named accounts log in exactly like listed users, into their account.
+        conf = options.accounts
+        for au in conf.users() if conf is not None else ():
+            if au.user is not None:
+                self._by_name[au.user] = _account_user(au)
+            if au.nkey is not None:
+                self._by_nkey[au.nkey] = _account_user(au)
         self._no_auth = self._named_user(options.no_auth_user, "no_auth_user")
         # websocket { no_auth_user }: WebSocket clients without credentials only. INFO
         # still advertises auth_required to them, as nats-server's does.
@@ -426,7 +454,7 @@ class Authenticator:
         self._ws_no_auth = self._named_user(ws.no_auth_user if ws else None,
                                             "websocket no_auth_user")
         # Every connection must authenticate (send CONNECT, or fall back to no_auth_user).
-        self.configured = bool(users) or self._token is not None
+        self.configured = bool(self._by_name or self._by_nkey) or self._token is not None
         # What INFO advertises: nats-server leaves auth_required out when no_auth_user is
         # set, although it still expects CONNECT (or applies that user) before any PUB/SUB.
         self.required = self.configured and self._no_auth is None
@@ -440,7 +468,7 @@ class Authenticator:
     def _named_user(self, name: str | None, setting: str) -> _Account | None:
         if name is None:
             return None
-        user = self._by_name.get(name)
+        user = self._by_name.get(name) or self._by_nkey.get(name)
         if user is None:
             raise ValueError(f"{setting} {name!r} is not a configured user")
         return user
@@ -455,7 +483,7 @@ class Authenticator:
         return user.identity()
 
     def begin(self, connect: dict[str, Any], nonce: str | None, tls_peer_cert: dict | None = None,
-              conn_type: str = CONN_STANDARD) -> AuthResult:
+              conn_type: str = CONN_STANDARD, client_ip: str | None = None) -> AuthResult:
         """The identity for this CONNECT, None (reply `AUTH_VIOLATION` and close),
         or a SlowCheck to run off the loop and pass to `finish`."""
         if not self.configured:

@@ -60,6 +60,10 @@ from node.subject import subject_matches, valid_literal_subject, valid_queue_nam
 
 STALE_CONNECTION = "Stale Connection"
 MAX_CONNECTIONS = "maximum connections exceeded"
+MAX_ACCOUNT_CONNECTIONS = "maximum account active connections exceeded"
+MAX_SUBSCRIPTIONS = "maximum subscriptions exceeded"
+AUTH_EXPIRED = "User Authentication Expired"
+AUTH_REVOKED = "User Authentication Revoked"
 INVALID_SUBJECT = "Invalid Subject"
 INVALID_PUB_SUBJECT = "Invalid Publish Subject"
 INVALID_QUEUE = "Invalid Queue Name"
@@ -188,6 +192,12 @@ class Client(asyncio.Protocol):
         # Until authentication says otherwise, the global account (nothing can be
         # published or subscribed before that when auth is configured).
         self.account = account or server.lookup_account(GLOBAL_ACCOUNT)
+        # Counted in account.connections (only after authentication moved it there).
+        self.connected_to_account = False
+        # nats-server applies the account's (and a JWT user's) max_subscriptions and
+        # max_payload to each connection; -1 = none.
+        self.max_subs = -1
+        self._expiry_timer: asyncio.TimerHandle | None = None
         # Made once per account: the parser calls these for every frame.
         self._pub_cb = self.account.fast_publisher(self)
         self._event_cb = self._on_event
@@ -426,7 +436,8 @@ class Client(asyncio.Protocol):
         """PUBs skip every per-message check only when none can apply, and only
         in the account the client is in now (a CONNECT may move it mid-read)."""
         fast = (self.connected and not self.closed and not self.verbose
-                and not self.pedantic and self.perms is None and not self.tracing)
+                and not self.pedantic and self.perms is None and not self.tracing
+                and self.account.router is None)
         self.fast_account = self.account if fast else None
 
     # ------------------------------------------------------------------ authentication
@@ -451,12 +462,22 @@ class Client(asyncio.Protocol):
         if identity is None:
             self.send_err(AUTH_VIOLATION, close=True)
             return False
-        self._set_identity(identity)
+        if not self._set_identity(identity):
+            return False
         self.connected = True
         self._update_fast()
         return True
 
-    def _set_identity(self, identity: Identity) -> None:
+    def _set_identity(self, identity: Identity) -> bool:
+        """Log in as `identity`; False (and closed) when its account is full."""
+        account = self.server.lookup_account(identity.account)
+        if account is not self.account and self.kind is Kind.CLIENT:
+            limit = account.max_connections
+            if 0 <= limit <= account.connections:
+                self.server.log.error(f"{self.host}:{self.port} - cid:{self.cid} - "
+                                      f"{MAX_ACCOUNT_CONNECTIONS}")
+                self.send_err(MAX_ACCOUNT_CONNECTIONS, close=True)
+                return False
         if self._auth_timer is not None:
             self._auth_timer.cancel()
             self._auth_timer = None
@@ -464,15 +485,55 @@ class Client(asyncio.Protocol):
         self.user = identity.user
         self.perms = identity.permissions
         self.delivery_checks = self.perms is not None or self.tracing
-        account = self.server.lookup_account(identity.account)
         if account is not self.account:
             self._move_to(account)
+        self._apply_user_limits(identity)
+        return True
+
+    def account_changed(self, account: Account) -> None:
+        """Operator mode: `account`'s JWT changed (or a router appeared). The
+        fast path is re-decided; a user of it whose login no longer passes goes."""
+        if self.closed:
+            return
+        self._update_fast()
+        identity = self.identity
+        if self.account is not account or identity is None or identity.recheck is None:
+            return
+        if not identity.recheck():
+            self.server.log.error(f"{self.host}:{self.port} - cid:{self.cid} - "
+                                  f"{AUTH_REVOKED}")
+            self.send_err(AUTH_REVOKED, close=True)
+            return
+        self._apply_user_limits(identity)
+
+    def _apply_user_limits(self, identity: Identity) -> None:
+        """A JWT user's own limits, on top of its account's; its expiry closes it."""
+        self.max_subs = _tighter(self.account.max_subscriptions, identity.max_subscriptions)
+        max_payload = _tighter(self.account.max_payload, identity.max_payload)
+        self.parser.max_payload = _tighter(self.server.options.max_payload, max_payload)
+        if self._expiry_timer is not None:  # an earlier login's expiry no longer applies
+            self._expiry_timer.cancel()
+            self._expiry_timer = None
+        if identity.expires and self.kind is Kind.CLIENT:
+            delay = max(0.0, identity.expires - time.time())
+            self._expiry_timer = self.loop.call_later(delay, self._auth_expired)
+
+    def _auth_expired(self) -> None:
+        if not self.closed:
+            self.server.log.error(f"{self.host}:{self.port} - cid:{self.cid} - "
+                                  f"{AUTH_EXPIRED}")
+            self.send_err(AUTH_EXPIRED, close=True)
 
     def _move_to(self, account: Account) -> None:
         """Bind to `account` (a later CONNECT may log in as another user)."""
         subs = list(self.subs.values())
         self.account.unsubscribe_all(subs)
+        if self.kind is Kind.CLIENT and self.connected_to_account:
+            self.account.connections -= 1
         self.account = account
+        if self.kind is Kind.CLIENT:
+            account.connections += 1
+            self.connected_to_account = True
         self._pub_cb = account.fast_publisher(self)
         self._update_fast()
         for sub in subs:
@@ -488,7 +549,7 @@ class Client(asyncio.Protocol):
             return
         # Every CONNECT is authenticated, a second one too, as in nats-server.
         cert = tls.peer_cert(self.transport) if self.server.tls_ctx is not None else None
-        result = auth.begin(options, self.nonce, cert, self.conn_type)
+        result = auth.begin(options, self.nonce, cert, self.conn_type, self.host or None)
         if type(result) is SlowCheck:
             self._check_off_loop(result, options)
         else:
@@ -500,8 +561,8 @@ class Client(asyncio.Protocol):
                                   f'"{options.get("user") or ""}" - authentication error')
             self.send_err(AUTH_VIOLATION, close=True)
             return
-        self._set_identity(identity)
-        self._apply_connect(options)
+        if self._set_identity(identity):
+            self._apply_connect(options)
 
     def _apply_connect(self, options: dict[str, Any]) -> None:
         """Options a CONNECT leaves out keep their value (defaults at first)."""
@@ -624,6 +685,12 @@ class Client(asyncio.Protocol):
         perms = self.perms
         if perms is not None and not perms.can_subscribe(subject, queue):
             self.send_err(sub_violation(subject, queue))
+            return
+        limit = self.max_subs
+        if 0 <= limit <= len(self.subs) and sid not in self.subs:
+            self.server.log.error(f"{self.host}:{self.port} - cid:{self.cid} - "
+                                  f"{MAX_SUBSCRIPTIONS}")
+            self.send_err(MAX_SUBSCRIPTIONS)
             return
         if sid not in self.subs:  # a duplicate sid keeps the first subscription
             sub = Subscription(subject, queue or None, sid, self)
@@ -803,9 +870,13 @@ class Client(asyncio.Protocol):
             return
         self.closed = True
         self.fast_account = None
-        for timer in (self._ping_timer, self._auth_timer, self._write_timer):
+        for timer in (self._ping_timer, self._auth_timer, self._write_timer,
+                      self._expiry_timer):
             if timer is not None:
                 timer.cancel()
+        if self.connected_to_account:
+            self.connected_to_account = False
+            self.account.connections -= 1
         subs = list(self.subs.values())
         for sub in subs:
             sub.dead = True
@@ -888,6 +959,13 @@ class Client(asyncio.Protocol):
         """Fields for /connz (nats-server names)."""
         return {"name": self.opts.get("name") or "", "lang": self.opts.get("lang") or "",
                 "version": self.opts.get("version") or ""}
+
+
+def _tighter(a: int, b: int) -> int:
+    """The stricter of two limits where a negative one means none."""
+    if a < 0:
+        return b
+    return a if b < 0 else min(a, b)
 
 
 def _check_ok(future: asyncio.Future[bool]) -> bool:

@@ -944,25 +944,35 @@ def _top_handlers() -> dict[str, Handler]:
         "pid_file": _setter("pid_file", _str),
         "ports_file_dir": _setter("ports_file_dir", _str),
     }
+    # Read as a whole by node/accountconf.py in _apply_accounts (they refer to each other).
+    handlers.update(dict.fromkeys(_ACCOUNT_KEYS, _read_later))
     return handlers
+
+
+def _read_later(target: Any, f: _Field) -> None:
+    """Keys _apply_accounts reads with the whole config in hand."""
 
 
 # nats-server accepts these; Jetraft records them and warns at start.
 UNSUPPORTED_BLOCKS = frozenset({"leafnodes", "leaf", "gateway", "mqtt"})
-# Accounts and operator mode decide who may log in and what crosses between tenants:
-# until Jetraft enforces them, a config using them stops the node at start.
+# Trust settings Jetraft does not enforce yet: a config using them stops the node
+# at start (accounts, mappings and operator mode are enforced: see _ACCOUNT_KEYS).
 UNENFORCED_BLOCKS = frozenset({
-    "accounts", "resolver", "account_resolver", "accounts_resolver", "operator", "operators",
-    "root_operators", "root_operator", "system_account", "system", "trusted", "trusted_keys",
-    "resolver_tls", "resolver_preload", "resolver_pinned_accounts",
+    "trusted", "trusted_keys", "resolver_tls", "resolver_pinned_accounts",
 })
+# Read by node/accountconf.py and node/resolver.py; enforced by node/crossaccount.py
+# and node/operatorauth.py (which refuses, [FTL], the resolvers it cannot run).
+_ACCOUNT_KEYS = frozenset({"accounts", "system_account", "system", "mappings", "maps",
+                           "no_system_account", "no_system", "no_sys_acc",
+                           "resolver", "account_resolver", "accounts_resolver", "operator",
+                           "operators", "root_operators", "root_operator", "resolver_preload"})
 _TOP_UNSUPPORTED = UNSUPPORTED_BLOCKS | frozenset({
-    "client_advertise", "logtime", "logtime_utc", "trace_verbose", "mappings", "maps",
+    "client_advertise", "logtime", "logtime_utc", "trace_verbose",
     "disable_sublist_cache", "no_sublist_cache", "https", "https_port", "http_base_path",
     "logfile_size_limit", "log_size_limit", "logfile_max_num", "log_max_num", "syslog",
     "remote_syslog", "prof_port", "prof_block_rate", "max_traced_msg_len", "max_subscriptions",
     "max_subs", "max_sub_tokens", "max_subscription_tokens", "write_timeout",
-    "no_system_account", "no_system", "no_sys_acc", "no_header_support", "trusted",
+    "no_header_support", "trusted",
     "trusted_keys", "resolver_tls", "resolver_preload", "resolver_pinned_accounts", "ocsp",
     "ocsp_cache", "allow_non_tls", "default_js_domain", "reconnect_error_reports",
     "connect_error_reports", "server_metadata", "proxies", "max_closed_clients",
@@ -1006,7 +1016,12 @@ def validate_options(opts: Options) -> None:
         port = getattr(opts, name)
         if not -1 <= port <= 65535:
             raise ConfigError(f"{name} {port} is out of range")
-    if opts.no_auth_user and opts.users and opts.no_auth_user not in {
+    if opts.accounts is not None and opts.accounts.accounts:
+        from node.accountconf import validate_accounts_at_start  # imports this module
+
+        opts.accounts.no_auth_user = opts.no_auth_user
+        validate_accounts_at_start(opts.accounts, {u.user for u in opts.users if u.user})
+    elif opts.no_auth_user and opts.users and opts.no_auth_user not in {
         u.user for u in opts.users
     }:
         raise ConfigError(f'no_auth_user: "{opts.no_auth_user}" not present as user in '

@@ -21,12 +21,23 @@ from typing import Any
 
 from node import tls
 from node.account import GLOBAL_ACCOUNT, Account
+from node.accountconf import AccountsConfig
 from node.auth import CONN_STANDARD, CONN_WEBSOCKET, Authenticator, AuthThrottle
+from node.claimsservice import ClaimsService
 from node.client import Client, Kind
+from node.config import ConfigError
+from node.crossaccount import Router
 from node.log import Logger
 from node.message import InternalCallback, Subscription
 from node.monitor import start_monitor
+from node.operatorauth import (
+    OperatorAuthenticator,
+    enforceable,
+    make_resolver,
+    operator_accounts,
+)
 from node.options import Options
+from node.resolver import account_config_from_claims
 from node.sublist import SubList
 from node.version import GO_VERSION, VERSION
 from node.websocket import start_websocket
@@ -43,8 +54,18 @@ def new_server_id() -> str:
     return "N" + "".join(secrets.choice(_ID_ALPHABET) for _ in range(55))
 
 
-def _optional_auth(options: Options) -> Authenticator | None:
-    return Authenticator(options)
+def _optional_auth(options: Options) -> Any:
+    """The config's authenticator, or operator mode's (JWT users)."""
+    try:
+        cfg = enforceable(options)
+    except ConfigError as err:
+        raise ValueError(str(err)) from err  # run() logs it as [FTL] and exits
+    if cfg is None:
+        return Authenticator(options)
+    resolver = make_resolver(cfg)
+    # Accounts come from the resolver's JWTs, built like configured ones.
+    options.accounts = operator_accounts(cfg, resolver, time.time())
+    return OperatorAuthenticator(options, cfg, resolver)
 
 
 def _optional_tls(options: Options) -> Any:
@@ -78,6 +99,8 @@ class Server:
         self._cid = 0
         self._system_client: Client | None = None
         self.auth = _optional_auth(options)
+        self.router: Router | None = None
+        self.router = self._build_accounts(options)
         self.auth_throttle = AuthThrottle()
         self.auth_checks: dict[bytes, asyncio.Future[bool]] = {}
         self.auth_workers = concurrent.futures.ThreadPoolExecutor(
@@ -115,6 +138,50 @@ class Server:
             # Authentication only names accounts the configuration defines.
             raise KeyError(f"unknown account {name!r}")
         return account
+
+    def _build_accounts(self, options: Options) -> Router | None:
+        """One Account per `accounts {}` entry (and the system account), each
+        with its limits and mappings; a Router for those that need one."""
+        conf = options.accounts
+        if conf is None:
+            return None
+        for name, acc in conf.accounts.items():
+            self.register_account(Account(name, acc.limits, acc.mappings or None))
+        if not conf.no_system_account and conf.system_account not in self.accounts:
+            self.register_account(Account(conf.system_account))
+        self.global_account.mappings = conf.global_mappings or None
+        return self._wire_router(conf)
+
+    def _wire_router(self, conf: AccountsConfig) -> Router | None:
+        """A Router for the accounts that need one (others keep the fast path)."""
+        router = Router(conf, self.accounts, self.options.cluster.name or None)
+        if self.router is not None:
+            router.responses = self.router.responses  # requests in flight keep their way back
+        used = False
+        for account in self.accounts.values():
+            account.router = router if router.needs_router(account.name) else None
+            used = used or account.router is not None
+        return router if used else None
+
+    def refresh_operator_account(self, key: str) -> None:
+        """Operator mode: the resolver stored a new JWT for account `key`. Its
+        Account takes the new limits, exports, imports and mappings, and every
+        connected user of it is checked again (revoked or expired ones go)."""
+        conf = self.options.accounts
+        claims = self.auth.resolver.lookup(key, time.time())
+        if claims is None or conf is None:
+            return
+        acc_conf = account_config_from_claims(claims)
+        conf.accounts[key] = acc_conf
+        account = self.accounts.get(key)
+        if account is None:
+            account = Account(key)
+            self.register_account(account)
+            self.auth.accounts.add(key)
+        account.set_limits(acc_conf.limits, acc_conf.mappings or None)
+        self.router = self._wire_router(conf)
+        for client in list(self.clients.values()):
+            client.account_changed(account)
 
     def register_account(self, account: Account) -> None:
         """Add a configured account (its name must be new)."""
@@ -235,6 +302,7 @@ class Server:
             await self._start_monitor()
         if o.websocket is not None and o.websocket.port:
             await self._start_websocket()
+        self._start_claims_service()
         # Clients last: once the client port answers, every other listener is up too.
         await self._start_clients()
         self._write_ports_file()
@@ -250,6 +318,14 @@ class Server:
             raise ValueError(f"JetStream could not start: {err!r}") from err
         self.services.insert(0, service)  # stopped first: its last fsyncs while clients wait
         self.jetstream = service
+
+    def _start_claims_service(self) -> None:
+        """Operator mode with a full resolver: claim updates over $SYS."""
+        cfg = self.options.operator
+        conf = self.options.accounts
+        if cfg is None or cfg.resolver is None or cfg.resolver.kind != "full" or conf is None:
+            return
+        ClaimsService(self, conf.system_account).start()
 
     def _refuse_unenforced(self) -> None:
         """Security settings fail closed: one we cannot enforce stops the node."""

@@ -19,8 +19,14 @@ UNIT = ["tests/unit/test_jwt.py", "tests/unit/test_resolver.py", "tests/unit/tes
 INTEG = {"jwt": ["tests/integration/test_jwt_diff.py"],
          "acc": ["tests/integration/test_accounts_config_diff.py"],
          "map": ["tests/integration/test_mapping_diff.py"],
-         "imp": ["tests/integration/test_imports_diff.py"]}
+         "imp": ["tests/integration/test_imports_diff.py"],
+         # The wiring (branch accwire): only the node-level differential tests run,
+         # so a kill shows that a test against the running node guards the check.
+         "wire": ["tests/integration/test_accounts_wired.py",
+                  "tests/integration/test_operator_wired.py"]}
 J, A, R, M = "node/jwt.py", "node/accountconf.py", "node/resolver.py", "node/mapping.py"
+C, X, U, S = "node/client.py", "node/crossaccount.py", "node/auth.py", "node/server.py"
+OP = "node/operatorauth.py"
 MUTANTS = [
     (J, "ts is not None and issued_at <= ts", "ts is not None and issued_at < ts", "jwt"),
     (J, "if not verify_signature(claims.issuer, prefix, signed, signature):", "if False:", "jwt"),
@@ -74,32 +80,89 @@ MUTANTS = [
     (R, "    if has_accounts:", "    if False:", "jwt"),
     (R, "if claims is not None and claims.key != account_key:", "if False:", "jwt"),
     (R, "            claims.claims.check_time(now)\n", "            pass\n", "jwt"),
+    # ---- wiring: each guarded check of the node, against its node-level test
+    (C, "        if not self.connected and not self._admit_before_connect():\n            return\n"
+        "        if self.tracing:\n            self._trace_pub",
+     "        if False:\n            return\n        if self.tracing:\n            self._trace_pub",
+     "wire"),  # PUB before CONNECT
+    (J, 'elif not verify_nonce(user.key, nonce, signature or ""):', "elif False:",
+     "wire"),  # CONNECT without signature, replayed nonce signature
+    (J, "if issuer != account.key and issuer not in account.signing_keys:", "if False:",
+     "wire"),  # user JWT signed by a non-account key
+    (J, "if not operator.trusts(account.claims.issuer):", "if False:", "wire",
+     [(R, "if cfg.trusts(claims.claims.issuer) is None:", "if False:")]),  # other operator
+    (J, "if self.expires and now >= self.expires:", "if False:", "wire"),  # expired JWT
+    (J, "ts is not None and issued_at <= ts", "False", "wire"),  # revoked user
+    (J, "if not verify_signature(claims.issuer, prefix, signed, signature):", "if False:",
+     "wire"),  # tampered JWT
+    (OP, "nonce.encode(), operator=self.cfg", "b'fixed', operator=self.cfg", "wire"),
+    (C, "            self._expiry_timer = self.loop.call_later(delay, self._auth_expired)",
+     "            pass", "wire"),  # expiry while connected
+    (C, "            if 0 <= limit <= account.connections:", "            if False:", "wire"),
+    (C, "        if 0 <= limit <= len(self.subs) and sid not in self.subs:", "        if False:",
+     "wire"),
+    (C, "        self.parser.max_payload = _tighter(self.server.options.max_payload, max_payload)",
+     "        pass", "wire"),
+    (C, "                and self.account.router is None)", ")", "wire"),  # fast path bypass
+    (U, "    return _Account(user.user, user.password, user.nkey, compiled, types, user.account)",
+     "    return _Account(user.user, user.password, user.nkey, compiled, types)", "wire"),
+    (U, "                self._by_nkey[au.nkey] = _account_user(au)", "                pass",
+     "wire"),
+    (U, "                self._by_name[au.user] = _account_user(au)", "                pass",
+     "wire"),
+    (U, 'self._no_auth = self._named_user(options.no_auth_user, "no_auth_user")',
+     "self._no_auth = None", "wire"),
+    (X, "        if route.singleton:", "        if False:", "wire"),
+    (X, "                rreply = self._open_response(account, reply, service.export) if reply "
+        "else None", "                rreply = reply", "wire"),
+    (X, "        if mappings:\n", "        if False:\n", "wire"),
+    (X, "        for delivery in self.index.stream_deliveries(account.name, subject):",
+     "        for delivery in []:", "wire"),
+    (S, "            account.router = router if router.needs_router(account.name) else None",
+     "            account.router = None", "wire"),
+    (S, "Account(name, acc.limits, acc.mappings or None)", "Account(name)", "wire"),
+    # full resolver: claim updates reach the node; revoked users connected go
+    ("node/claimsservice.py", "            server.refresh_operator_account(data[\"account\"])",
+     "            pass", "wire"),
+    (C, "        if not identity.recheck():", "        if False:", "wire"),
+    (S, "            client.account_changed(account)", "            pass", "wire"),
 ]
+
+
+def _mutate(target: str, old: str, new: str) -> None:
+    with open(target) as f:
+        text = f.read()
+    assert text.count(old) == 1, (target, old)
+    with open(target, "w") as f:
+        f.write(text.replace(old, new))
 
 
 def main(only: list[str]) -> int:
     """`only`: run just the mutants whose original text contains one of these."""
-    chosen = [m for m in MUTANTS if not only or any(o in m[1] for o in only)]
+    chosen = [m for m in MUTANTS
+              if not only or any(o in m[1] or o == m[3] for o in only)]
     survived = 0
     with tempfile.TemporaryDirectory() as tmp:
         tree = os.path.join(tmp, "tree")
-        for path, old, new, group in chosen:
+        for path, old, new, group, *also in chosen:
             shutil.rmtree(tree, ignore_errors=True)
             shutil.copytree(ROOT, tree, ignore=shutil.ignore_patterns(
                 ".git", "node_modules", "__pycache__", ".hypothesis", ".pytest_cache"))
-            target = os.path.join(tree, path)
-            with open(target) as f:
-                text = f.read()
-            assert text.count(old) == 1, (path, old)
-            with open(target, "w") as f:
-                f.write(text.replace(old, new))
-            cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
-                   *UNIT, *INTEG[group]]
+            # A check guarded twice (defence in depth) is mutated in both places.
+            for p, o, n in [(path, old, new), *(also[0] if also else [])]:
+                _mutate(os.path.join(tree, p), o, n)
+            # The wiring group runs every test (no -x) and names all that fail.
+            unit, stop = ([], []) if group == "wire" else (UNIT, ["-x"])
+            cmd = [sys.executable, "-m", "pytest", "-q", *stop, "-p", "no:cacheprovider",
+                   *unit, *INTEG[group]]
             proc = subprocess.run(cmd, cwd=tree, env={**os.environ, "PYTHONPATH": tree},
                                   capture_output=True, text=True)
             killed = proc.returncode != 0
             survived += not killed
-            print("KILLED  " if killed else "SURVIVED", path, old[:70], flush=True)
+            by = ", ".join(ln.split("::", 1)[-1].split(" - ")[0] for ln in proc.stdout.splitlines()
+                           if ln.startswith(("FAILED ", "ERROR ")) and "::" in ln)
+            print("KILLED  " if killed else "SURVIVED", path, old[:70].strip(), "<-", by,
+                  flush=True)
     print(f"killed {len(chosen) - survived} / {len(chosen)}")
     return 1 if survived else 0
 

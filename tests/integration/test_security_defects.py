@@ -176,7 +176,8 @@ def test_invalid_security_config_is_refused(impl, tmp_path, config):
 
 
 UNENFORCED = {
-    "accounts": "accounts { A: { users: [{user: a, password: a}] } }\n",
+    # accounts {} and operator mode (MEMORY/full resolvers) are enforced; trusted_keys not.
+    "trusted-keys": 'trusted_keys: ["ODSKR7MYFQZ5MMAJPIUHWXHWNKDXEPZZOXNFACVAVIAA5FQGMDXBNFQ4"]\n',
     "user-account": "authorization { users: [{user: a, password: a, account: A}] }\n",
     "auth-callout": "authorization { users: [{user: a, password: a}], "
                     "auth_callout { issuer: x, auth_users: [a] } }\n",

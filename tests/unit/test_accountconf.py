@@ -210,14 +210,13 @@ def test_import_index_checks_exports_for_jwt_accounts() -> None:
     assert index.service_route("AX", "svc") is None
 
 
-def test_config_hook_fills_options_but_keeps_keys_unenforced_until_enforced() -> None:
+def test_config_hook_fills_options_and_accounts_are_enforced() -> None:
     opts = apply_config(parse_config(CONFIG))
     assert set(opts.accounts.accounts) == {"SYS", "A", "B"}
     assert opts.mappings is opts.accounts.global_mappings and opts.mappings.apply("g.1") == "gg.1"
     assert opts.operator is None
-    # Reading is not enforcing: the node refuses to start on `accounts` (fail
-    # closed) and warns on `mappings` until the routing core uses them.
-    assert "accounts" in opts.unenforced and "mappings" in opts.unsupported
+    # Enforced by node/crossaccount.py: neither warned about nor refused at start.
+    assert not {"accounts", "mappings"} & set(opts.unsupported + opts.unenforced)
     with pytest.raises(ConfigError, match="stream import not authorized"):
         apply_config(parse_config("accounts { A: {}, B: { imports: [{stream: "
                                   "{account: A, subject: x}}] } }"))

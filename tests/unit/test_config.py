@@ -242,7 +242,8 @@ def test_unsupported_blocks_are_recorded_not_dropped() -> None:
     opts = load_options(str(DATA / "valid" / "unsupported.conf"))
     assert opts.port == 4555
     assert set(opts.unsupported) == {"leafnodes", "logtime"}
-    assert opts.unenforced == ["accounts"]  # a security setting: the node will not start
+    assert opts.unenforced == []  # accounts are enforced (node/crossaccount.py)
+    assert set(opts.accounts.accounts) == {"A"}
     assert opts.extra["leafnodes"] == {"port": 7422}
 
 

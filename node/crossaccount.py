@@ -1,0 +1,138 @@
+"""What happens to a publish in an account that is not plain: subject
+mappings, stream exports, service imports and the replies they route back.
+
+An account without mappings, imports or exports has no `Router` and keeps
+the fast path (`Account.fast_publisher`); every other account hands each
+publish here (`Account.publish`). The order follows nats-server:
+
+1. the account's mapping rewrites the subject, once, before any matching;
+2. a reply to a service import (`_R_.<token>`, made in step 3) goes back to
+   the requester's account on the requester's own reply subject;
+3. a service import covering the subject forwards the request to the
+   exporting account, its reply replaced by a fresh `_R_.<token>`;
+4. the account's own subscribers receive it;
+5. each stream import of the subject delivers it in the importing account.
+
+Deliveries into another account go to that account's subscribers only: a
+message crosses at most one import, so no configuration can make it loop.
+"""
+
+from __future__ import annotations
+
+import random
+import secrets
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from node.accountconf import AccountsConfig, ImportIndex, ResponseType
+from node.mapping import MappingTable
+
+if TYPE_CHECKING:
+    from node.account import Account
+
+RESPONSE_PREFIX = "_R_."
+# nats-server keeps a streamed or chunked response route open this long
+# unless the export names a response_threshold.
+DEFAULT_RESPONSE_TTL = 120.0
+# Bound on routes waiting for a reply: the oldest go first (a requester that
+# never gets its singleton reply must not grow the table forever).
+MAX_PENDING_RESPONSES = 100_000
+
+
+@dataclass
+class ResponseRoute:
+    """Where replies published on one `_R_.` subject go back to."""
+
+    account: Account
+    reply: str
+    singleton: bool
+    deadline: float
+
+
+class Router:
+    """Cross-account routing for every non-plain account of one server."""
+
+    def __init__(self, conf: AccountsConfig, accounts: dict[str, Account],
+                 cluster: str | None = None, rng: random.Random | None = None) -> None:
+        self.conf = conf
+        self.index = ImportIndex(conf)
+        self.accounts = accounts
+        self.cluster = cluster
+        self.rng = rng or random.Random()
+        self.responses: OrderedDict[str, ResponseRoute] = OrderedDict()
+
+    def needs_router(self, name: str) -> bool:
+        """Whether publishes in account `name` need more than its sublist."""
+        if self.conf.mappings_for(name):
+            return True
+        acc = self.conf.accounts.get(name)
+        if acc is None:
+            return False
+        return bool(acc.stream_imports or acc.service_imports or acc.stream_exports
+                    or acc.service_exports)
+
+    # ------------------------------------------------------------------ publish
+
+    def publish(self, account: Account, publisher: Any, subject: str, reply: str | None,
+                headers: bytes | None, payload: bytes) -> int:
+        mappings: MappingTable | None = account.mappings
+        if mappings:
+            mapped = mappings.apply(subject, self.rng, cluster=self.cluster)
+            if mapped is not None:
+                subject = mapped
+        count = 0
+        if subject.startswith(RESPONSE_PREFIX):
+            route = self._response_route(subject)
+            if route is not None:
+                count += route.account.deliver_local(publisher, route.reply, None, headers,
+                                                     payload)
+        service = self.index.service_route(account.name, subject)
+        if service is not None:
+            target = self.accounts.get(service.account)
+            if target is not None:
+                rreply = self._open_response(account, reply, service.export) if reply else None
+                count += target.deliver_local(publisher, service.subject, rreply, headers,
+                                              payload)
+        count += account.deliver_local(publisher, subject, reply, headers, payload)
+        for delivery in self.index.stream_deliveries(account.name, subject):
+            importer = self.accounts.get(delivery.account)
+            if importer is not None:
+                count += importer.deliver_local(publisher, delivery.subject, reply, headers,
+                                                payload)
+        if count == 0 and reply and publisher is not None and publisher.no_responders:
+            publisher.send_no_responders(subject, reply)
+        return count
+
+    # ------------------------------------------------------------------ responses
+
+    def _open_response(self, requester: Account, reply: str, export: Any) -> str:
+        """A fresh subject in the exporter that leads back to `reply` in the
+        requester's account."""
+        now = time.monotonic()
+        self._prune(now)
+        token = RESPONSE_PREFIX + secrets.token_urlsafe(12).replace("-", "a").replace("_", "b")
+        ttl = export.response_threshold or DEFAULT_RESPONSE_TTL
+        singleton = export.response_type is ResponseType.SINGLETON
+        self.responses[token] = ResponseRoute(requester, reply, singleton, now + ttl)
+        return token
+
+    def _response_route(self, subject: str) -> ResponseRoute | None:
+        route = self.responses.get(subject)
+        if route is None:
+            return None
+        if route.deadline < time.monotonic():
+            del self.responses[subject]
+            return None
+        if route.singleton:
+            del self.responses[subject]  # one reply only: a second is dropped
+        return route
+
+    def _prune(self, now: float) -> None:
+        responses = self.responses
+        while responses:
+            key, route = next(iter(responses.items()))
+            if route.deadline >= now and len(responses) < MAX_PENDING_RESPONSES:
+                return
+            del responses[key]

@@ -1,0 +1,319 @@
+"""Operator mode as the node enforces it (MEMORY resolver with preload),
+against nats-server 2.15 with the same config: every login case of
+test_jwt_diff.py, a .creds login, the account connection limit, expiry
+while connected, and attempts to get a message in without a valid login
+(each must get -ERR 'Authorization Violation' while a probe subscriber
+receives nothing)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+import nats
+import pytest
+
+from tests import jwt_issuer as ji
+from tests.integration.test_jwt_diff import CASES, World, _nats_server_accepts, _sign, _world
+
+IMPLS = ["nats-server", "jetraft"]
+AUTH_VIOLATION = "-ERR 'Authorization Violation'"
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> World:
+    return _world(tmp_path_factory.mktemp("opw"))
+
+
+@pytest.fixture(scope="module")
+def both(module_servers, world: World) -> dict[str, Any]:
+    return module_servers.both(world.config)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_login_decided_like_nats_server(name: str, world: World, both) -> None:
+    token, key, how = CASES[name](world)
+    seen = {impl: _nats_server_accepts(both[impl].port, token, key, how)[0] for impl in IMPLS}
+    assert seen["jetraft"] == seen["nats-server"], name
+
+
+def _creds(tmp: Path, account: ji.Key, name: str, **kw: Any) -> str:
+    user = ji.user_key()
+    path = tmp / f"{name}.creds"
+    path.write_text(ji.creds(ji.user_jwt(user, account, **kw), user))
+    return str(path)
+
+
+async def _connect(server: Any, creds: str) -> Any:
+    return await nats.connect(server.url, user_credentials=creds, allow_reconnect=False,
+                              max_reconnect_attempts=0)
+
+
+async def _creds_and_limit(server: Any, world: World, tmp: Path) -> dict[str, Any]:
+    a1, a2 = _creds(tmp, world.acc, "a1"), _creds(tmp, world.acc, "a2")
+    lim = _creds(tmp, world.limited, "lim")
+    sub, pub, other = await _connect(server, a1), await _connect(server, a2), \
+        await _connect(server, lim)
+    got: list[str] = []
+
+    async def cb(msg: Any) -> None:
+        got.append(msg.data.decode())
+
+    await sub.subscribe("x", cb=cb)
+    await sub.flush()
+    await pub.publish("x", b"same-account")
+    await other.publish("x", b"other-account")
+    for nc in (pub, other, sub):
+        await nc.flush()
+    await asyncio.sleep(0.1)
+    try:
+        second = await _connect(server, lim)
+        await second.close()
+        over = "admitted"
+    except Exception as err:  # noqa: BLE001 - the error is the observation
+        over = "maximum account active connections exceeded" in str(err).lower()
+    for nc in (sub, pub, other):
+        await nc.close()
+    return {"got": got, "over_limit": over}
+
+
+def test_creds_login_isolation_and_account_connection_limit(world: World, both,
+                                                            tmp_path: Path) -> None:
+    seen = {i: asyncio.run(_creds_and_limit(both[i], world, tmp_path)) for i in IMPLS}
+    assert seen["jetraft"] == seen["nats-server"] == {"got": ["same-account"],
+                                                      "over_limit": True}
+
+
+def _login(port: int, token: str, key: ji.Key) -> tuple[socket.socket, bytes]:
+    s = socket.create_connection(("127.0.0.1", port), timeout=10)
+    info = json.loads(s.makefile("rb").readline().split(b" ", 1)[1])
+    sig = _sign(key, info["nonce"].encode(), "ok")
+    s.sendall(b"CONNECT " + json.dumps({"jwt": token, "sig": sig, "verbose": False}).encode()
+              + b"\r\nPING\r\n")
+    return s, info["nonce"].encode()
+
+
+def _read_until_closed(s: socket.socket, timeout: float) -> bytes:
+    s.settimeout(timeout)
+    out = b""
+    try:
+        while chunk := s.recv(65536):
+            out += chunk
+    except (TimeoutError, ConnectionResetError):
+        pass
+    return out
+
+
+def test_expired_jwt_closes_the_connection_like_nats_server(world: World, both) -> None:
+    out = {}
+    for impl in IMPLS:
+        user = ji.user_key()
+        s, _ = _login(both[impl].port, ji.user_jwt(user, world.acc, exp=int(time.time()) + 2),
+                      user)
+        text = _read_until_closed(s, 6).decode().replace("PING\r\n", "")
+        s.close()
+        out[impl] = text
+    assert out["jetraft"] == out["nats-server"] == "PONG\r\n-ERR 'User Authentication Expired'\r\n"
+
+
+# ---------------------------------------------------------------------- no bypass
+
+def _attempts(world: World, port: int) -> tuple[dict[str, bytes], dict[str, ji.Key]]:
+    """Byte streams, sent after INFO, that must never publish `probe.x`, and the
+    keys that sign the nonce where the JWT names a key we hold."""
+    pub = b"PUB probe.x 4\r\nleak\r\n"
+    user = ji.user_key()
+    token = ji.user_jwt(user, world.acc)
+    # A signature of another connection's nonce, replayed on a fresh one.
+    s, old_nonce = _login(port, token, user)
+    s.close()
+    replayed = base64.urlsafe_b64encode(user.sign(old_nonce)).rstrip(b"=").decode()
+    foreign_user = ji.user_key()
+    stranger_user = ji.user_key()
+
+    def connect(d: dict[str, Any]) -> bytes:
+        return b"CONNECT " + json.dumps({"verbose": False, **d}).encode() + b"\r\n" + pub
+
+    return {
+        "pub_before_connect": pub,
+        "connect_without_signature": connect({"jwt": token}),
+        "replayed_nonce_signature": connect({"jwt": token, "sig": replayed}),
+        "jwt_of_another_operator": connect(
+            {"jwt": ji.user_jwt(foreign_user, world.other_op_acc), "sig": "SIGN"}),
+        "user_signed_by_non_account_key": connect(
+            {"jwt": ji.user_jwt(stranger_user, ji.account_key(),
+                                issuer_account=world.acc.public), "sig": "SIGN"}),
+        "user_signed_by_user_key": connect(
+            {"jwt": ji.user_jwt(stranger_user, ji.user_key()), "sig": "SIGN"}),
+    }, {"jwt_of_another_operator": foreign_user, "user_signed_by_non_account_key": stranger_user,
+        "user_signed_by_user_key": stranger_user}
+
+
+def _bypass(server: Any, world: World, tmp: Path) -> dict[str, Any]:
+    async def run() -> dict[str, Any]:
+        probe = await _connect(server, _creds(tmp, world.acc, "probe"))
+        got: list[bytes] = []
+
+        async def cb(msg: Any) -> None:
+            got.append(msg.data)
+
+        await probe.subscribe("probe.>", cb=cb)
+        await probe.flush()
+        attempts, signers = _attempts(world, server.port)
+        out: dict[str, Any] = {}
+        for name, data in attempts.items():
+            s = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+            info = json.loads(s.makefile("rb").readline().split(b" ", 1)[1])
+            if name in signers:  # a genuine signature of this nonce, by the JWT's subject
+                sig = _sign(signers[name], info["nonce"].encode(), "ok")
+                data = data.replace(b'"SIGN"', json.dumps(sig).encode())
+            s.sendall(data)
+            out[name] = (await asyncio.to_thread(_read_until_closed, s, 3)).decode().strip()
+            s.close()
+        await probe.flush()
+        await asyncio.sleep(0.1)
+        out["probe_received"] = got
+        await probe.close()
+        return out
+
+    return asyncio.run(run())
+
+
+def test_no_way_to_publish_without_a_valid_login(world: World, both, tmp_path: Path) -> None:
+    seen = {impl: _bypass(both[impl], world, tmp_path) for impl in IMPLS}
+    assert seen["jetraft"] == seen["nats-server"]
+    for name, line in seen["jetraft"].items():
+        if name != "probe_received":
+            assert line == AUTH_VIOLATION, name
+    assert seen["jetraft"]["probe_received"] == []
+
+
+# ---------------------------------------------------------------------- full resolver
+
+def _full_config(tmp: Path, op: ji.Key, sys_: ji.Key, name: str) -> str:
+    (tmp / "op.jwt").write_text(ji.operator_jwt(op, system_account=sys_.public))
+    return (f"operator: {tmp / 'op.jwt'}\nsystem_account: {sys_.public}\n"
+            f"resolver: {{ type: full, dir: '{tmp / name}' }}\n"
+            f"resolver_preload: {{ {sys_.public}: {ji.account_jwt(sys_, op)} }}\n")
+
+
+async def _claims(server: Any, tmp: Path, op: ji.Key, sys_: ji.Key,
+                  acc: ji.Key) -> dict[str, Any]:
+    sysc = await _connect(server, _creds(tmp, sys_, f"sys{server.port}"))
+    out: dict[str, Any] = {}
+
+    async def update(subject: str, body: bytes) -> Any:
+        reply = json.loads((await sysc.request(subject, body, timeout=5)).data)
+        reply.pop("server", None)
+        return reply
+
+    user = ji.user_key()
+    token = ji.user_jwt(user, acc, iat=int(time.time()) - 10)
+    out["before"] = _nats_server_accepts(server.port, token, user, "ok")[0]
+    out["new"] = await update("$SYS.REQ.CLAIMS.UPDATE", ji.account_jwt(acc, op, name="v1").encode())
+    out["garbage"] = await update("$SYS.REQ.CLAIMS.UPDATE", b"garbage")
+    out["after"] = _nats_server_accepts(server.port, token, user, "ok")[0]
+    # Only the system account can reach the claim subjects.
+    outsider = await _connect(server, _creds(tmp, acc, f"acc{server.port}"))
+    try:
+        await outsider.request("$SYS.REQ.CLAIMS.UPDATE", ji.account_jwt(acc, op).encode(),
+                               timeout=2)
+        out["outsider"] = "answered"
+    except (nats.errors.NoRespondersError, nats.errors.TimeoutError) as err:
+        out["outsider"] = type(err).__name__
+    await outsider.close()
+    s, _ = _login(server.port, token, user)
+    s.makefile("rb").readline()  # PONG: logged in
+    revoking = ji.account_jwt(acc, op, name="v2", revocations={user.public: int(time.time())})
+    out["revoke"] = await update(f"$SYS.REQ.ACCOUNT.{acc.public}.CLAIMS.UPDATE",
+                                 revoking.encode())
+    out["connected_user"] = (await asyncio.to_thread(_read_until_closed, s, 3)).decode() \
+        .replace("PING\r\n", "")
+    s.close()
+    out["relogin"] = _nats_server_accepts(server.port, token, user, "ok")[0]
+    lookup = await sysc.request(f"$SYS.REQ.ACCOUNT.{acc.public}.CLAIMS.LOOKUP", b"", timeout=5)
+    out["lookup_is_latest"] = lookup.data.decode() == revoking
+    await sysc.close()
+    return out
+
+
+def test_full_resolver_claim_updates_like_nats_server(servers, tmp_path: Path) -> None:
+    op, sys_, acc = ji.operator_key(), ji.account_key(), ji.account_key()
+    seen = {}
+    for impl, start in (("nats-server", servers.nats_server), ("jetraft", servers.jetraft)):
+        srv = start(_full_config(tmp_path, op, sys_, impl))
+        seen[impl] = asyncio.run(_claims(srv, tmp_path, op, sys_, acc))
+    assert seen["jetraft"] == seen["nats-server"]
+    theirs = seen["nats-server"]
+    assert (theirs["before"], theirs["after"], theirs["relogin"]) == (False, True, False)
+    assert theirs["new"]["data"]["code"] == 200 and theirs["lookup_is_latest"]
+    assert theirs["connected_user"] == "-ERR 'User Authentication Revoked'\r\n"
+    assert theirs["outsider"] == "NoRespondersError"
+
+
+# ---------------------------------------------------------------------- JWT imports
+
+def _jwt_import_config(tmp: Path) -> tuple[str, ji.Key, ji.Key]:
+    op, sys_, a, b = ji.operator_key(), ji.account_key(), ji.account_key(), ji.account_key()
+    a_jwt = ji.account_jwt(a, op, name="A", exports=[
+        {"name": "news", "subject": "news.>", "type": "stream"},
+        {"name": "help", "subject": "help.*", "type": "service"},
+        {"name": "tok", "subject": "tok.>", "type": "stream", "token_req": True}])
+    b_jwt = ji.account_jwt(b, op, name="B", imports=[
+        {"name": "n", "subject": "news.>", "account": a.public, "type": "stream",
+         "local_subject": "from_a.news.>"},
+        {"name": "h", "subject": "help.*", "account": a.public, "type": "service",
+         "local_subject": "ask.*"},
+        {"name": "t", "subject": "tok.>", "account": a.public, "type": "stream"},
+        {"name": "x", "subject": "nothere.>", "account": a.public, "type": "stream"}])
+    (tmp / "op.jwt").write_text(ji.operator_jwt(op, system_account=sys_.public))
+    config = (f"operator: {tmp / 'op.jwt'}\nsystem_account: {sys_.public}\n"
+              f"resolver: MEMORY\nresolver_preload: {{ {sys_.public}: "
+              f"{ji.account_jwt(sys_, op)}, {a.public}: {a_jwt}, {b.public}: {b_jwt} }}\n")
+    return config, a, b
+
+
+async def _jwt_imports(server: Any, tmp: Path, a: ji.Key, b: ji.Key) -> dict[str, Any]:
+    nc_a = await _connect(server, _creds(tmp, a, f"a{server.port}"))
+    nc_b = await _connect(server, _creds(tmp, b, f"b{server.port}"))
+    got: list[str] = []
+
+    async def on_b(msg: Any) -> None:
+        got.append(msg.subject)
+
+    async def serve_a(msg: Any) -> None:
+        await nc_a.publish(msg.reply, b"served:" + msg.subject.encode())
+
+    await nc_b.subscribe(">", cb=on_b)
+    await nc_a.subscribe("help.*", cb=serve_a)
+    for nc in (nc_a, nc_b):
+        await nc.flush()
+    for subject in ["news.x", "tok.x", "nothere.x", "other"]:
+        await nc_a.publish(subject, b"m")
+    await nc_a.flush()
+    await nc_b.flush()
+    await asyncio.sleep(0.1)
+    out: dict[str, Any] = {"streams": sorted(got)}
+    for subject in ["ask.q", "help.q"]:
+        try:
+            out[subject] = (await nc_b.request(subject, b"r", timeout=1)).data.decode()
+        except (nats.errors.NoRespondersError, nats.errors.TimeoutError) as err:
+            out[subject] = type(err).__name__
+    await nc_a.close()
+    await nc_b.close()
+    return out
+
+
+def test_account_jwt_exports_and_imports_route_like_nats_server(servers, tmp_path) -> None:
+    config, a, b = _jwt_import_config(tmp_path)
+    seen = {impl: asyncio.run(_jwt_imports(start(config), tmp_path, a, b))
+            for impl, start in (("nats-server", servers.nats_server),
+                                ("jetraft", servers.jetraft))}
+    assert seen["jetraft"] == seen["nats-server"]
+    assert seen["nats-server"]["ask.q"] == "served:help.q"
+    assert "from_a.news.x" in seen["nats-server"]["streams"]

@@ -1,0 +1,88 @@
+"""node/crossaccount.py's Router on real Accounts and sublists: the reply
+routes it opens for service imports (one use for Singleton, expiry, the
+bound on open routes). Subscribers are recording clients: delivery is the
+client's business, not the router's."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from node import crossaccount
+from node.account import Account
+from node.accountconf import parse_accounts_config
+from node.config import parse_config
+from node.crossaccount import RESPONSE_PREFIX, Router
+from node.message import Message, Subscription
+
+CONFIG = """
+accounts {
+  A: { exports: [{service: "one"}, {service: "many", response_type: stream, threshold: "1s"}] }
+  B: { imports: [{service: {account: A, subject: "one"}}, {service: {account: A, subject: many}}] }
+}
+"""
+
+
+class Recorder:
+    echo = True
+    no_responders = False
+
+    def __init__(self) -> None:
+        self.got: list[Message] = []
+
+    def deliver(self, sub: Subscription, msg: Message) -> bool:
+        self.got.append(msg)
+        return True
+
+
+def _world() -> tuple[Router, dict[str, Account], Recorder, Recorder]:
+    conf = parse_accounts_config(parse_config(CONFIG))
+    accounts = {name: Account(name) for name in conf.accounts}
+    router = Router(conf, accounts)
+    for account in accounts.values():
+        account.router = router
+    server, requester = Recorder(), Recorder()
+    accounts["A"].subscribe(Subscription(">", None, "1", server))
+    accounts["B"].subscribe(Subscription("inbox.>", None, "2", requester))
+    return router, accounts, server, requester
+
+
+def _request(accounts: dict[str, Account], server: Recorder, subject: str) -> str:
+    accounts["B"].publish(None, subject, "inbox.1", None, b"q")
+    reply = server.got[-1].reply
+    assert reply is not None and reply.startswith(RESPONSE_PREFIX)
+    return reply
+
+
+def test_singleton_reply_passes_once() -> None:
+    _, accounts, server, requester = _world()
+    reply = _request(accounts, server, "one")
+    for _ in range(3):
+        accounts["A"].publish(None, reply, None, None, b"r")
+    assert [m.subject for m in requester.got] == ["inbox.1"]
+
+
+def test_stream_replies_pass_until_the_threshold() -> None:
+    router, accounts, server, requester = _world()
+    reply = _request(accounts, server, "many")
+    for _ in range(3):
+        accounts["A"].publish(None, reply, None, None, b"r")
+    assert len(requester.got) == 3
+    router.responses[reply].deadline = time.monotonic() - 0.001  # the threshold passed
+    accounts["A"].publish(None, reply, None, None, b"late")
+    assert len(requester.got) == 3 and reply not in router.responses
+
+
+def test_open_reply_routes_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(crossaccount, "MAX_PENDING_RESPONSES", 5)
+    router, accounts, server, _ = _world()
+    for _ in range(20):
+        _request(accounts, server, "one")  # never answered
+    assert len(router.responses) <= 5
+
+
+def test_plain_account_needs_no_router() -> None:
+    router, _, _, _ = _world()
+    assert router.needs_router("A") and router.needs_router("B")
+    assert not router.needs_router("$G")
