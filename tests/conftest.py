@@ -13,14 +13,13 @@ import pytest
 from tests.ports import free_port
 
 
-@pytest.fixture(scope="module")
-def nats_port() -> Iterator[int]:
-    """A bare nats-server (the oracle) on loopback, for raw-socket differential tests."""
+def run_nats_server(*args: str) -> Iterator[int]:
+    """A nats-server (the oracle) on a free loopback port with `args`; yields the port."""
     binary = shutil.which("nats-server")
     if binary is None:
         pytest.skip("nats-server not installed")
     port = free_port()
-    proc = subprocess.Popen([binary, "-a", "127.0.0.1", "-p", str(port)],
+    proc = subprocess.Popen([binary, *args, "-a", "127.0.0.1", "-p", str(port)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 30
@@ -36,3 +35,9 @@ def nats_port() -> Iterator[int]:
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def nats_port() -> Iterator[int]:
+    """A bare nats-server (the oracle) on loopback, for raw-socket differential tests."""
+    yield from run_nats_server()
