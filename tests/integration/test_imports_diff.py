@@ -80,6 +80,8 @@ async def _served_by(url_req: str, url_srv: str, subjects: list[str]) -> list[li
 
     await srv.subscribe(">", cb=serve)
     await srv.flush()
+    # nats-server makes the interest visible to importing accounts asynchronously.
+    await asyncio.sleep(0.2)
     out = []
     for subject in subjects:
         got.clear()

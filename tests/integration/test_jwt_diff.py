@@ -382,6 +382,9 @@ async def test_account_jwt_imports_route_like_nats_server(servers, tmp_path: Pat
         assert theirs_all == ours_all
         await nc_a.subscribe("help.*", cb=serve_a)
         await nc_a.flush()
+        # nats-server makes a new subscription's interest visible to the importing account
+        # asynchronously: without this pause the first request sometimes gets no responders.
+        await asyncio.sleep(0.2)
         for subject in ["ask.q", "help.q"]:
             served.clear()
             try:
