@@ -248,6 +248,10 @@ class GrpcTransport:
     def connected(self, peer: int) -> bool:
         return self._links[peer].stream is not None
 
+    def lanes_up(self, peer: int) -> int:
+        """How many of the peer's lanes have a stream (each lane notices a loss on its own)."""
+        return sum(lane.stream is not None for lane in self._links[peer].lanes)
+
     async def wait_connected(self, timeout: float = 10.0) -> None:
         """Until every peer's streams (both lanes) are up (tests, startup)."""
         async with asyncio.timeout(timeout):
