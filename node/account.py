@@ -103,6 +103,14 @@ class Account:
                 del owner_subs[sub.sid]
             self.unsubscribe(sub)
 
+    def has_interest(self, subject: str) -> bool:
+        """Whether a publish on `subject` would reach anyone, here or (in a
+        cluster) on a peer that announced interest."""
+        if self.sublist.has_interest(subject):
+            return True
+        routes = self.routes
+        return routes is not None and routes.has_interest(subject)
+
     def subscription_count(self) -> int:
         return self.sublist.count()
 

@@ -85,6 +85,10 @@ class AccountRoutes:
         self.name = name
         self.remote = cluster.remote
 
+    def has_interest(self, subject: str) -> bool:
+        sl = self.remote.sublists.get(self.name)
+        return sl is not None and sl.has_interest(subject)
+
     def forward(self, subject: str, reply: str | None, headers: bytes | None, payload: bytes,
                 done_queues: Any, match_subject: str | None = None) -> int:
         """Send a locally published message to every peer with interest (one
@@ -163,6 +167,11 @@ class Cluster:
         if reply.error:
             raise RequestError(reply.error)
         return reply.payload
+
+    def expected_size(self) -> int:
+        """Nodes the configuration names: the distinct route addresses that are
+        not this node, plus this node (a seed listing itself counts once)."""
+        return len({s.addr for s in self.seeds} - self.self_addrs) + 1
 
     def raft_transport(self, on_messages: Callable[..., None],
                        on_liveness: Callable[[int], None] | None = None,
