@@ -9,6 +9,8 @@ argument that is not a flag.
     jetraft [serve] [flags]              run a server (`serve` may be omitted)
     jetraft signal <sig>[=<pid>] [--pid PID | -P PIDFILE]
     jetraft audit DATA_DIR... [--master URL] [--out DIR] [--acked FILE]   (audit/job.py)
+    jetraft cluster up [-n 3|5] [--tags ...] [--dir DIR] [--detach]   (node/cluster/local.py)
+    jetraft cluster status [--dir DIR]
     jetraft --version
 
 Installed under the name `nats-server` (a symlink, as drop-in installs do),
@@ -382,6 +384,10 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None,
             return _signal_command(args[1:], err)
         if args and args[0] == "audit":
             return _audit_command(args[1:], err)
+        if args and args[0] == "cluster":
+            from node.cluster.local import main as cluster_main
+
+            return cluster_main(args[1:], out, err)
         if args and args[0] == "serve":
             args = args[1:]
         elif args and not args[0].startswith("-"):

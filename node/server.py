@@ -98,6 +98,7 @@ class Server:
         self.clients: dict[int, Client] = {}  # network clients only
         self._cid = 0
         self._system_client: Client | None = None
+        self.cluster: Any = None  # node.cluster.Cluster when a cluster port is configured
         self.auth = _optional_auth(options)
         self.router: Router | None = None
         self.router = self._build_accounts(options)
@@ -125,7 +126,6 @@ class Server:
         self._ports_file: str | None = None
         self.services: list[Any] = []  # objects with async stop(), closed at shutdown
         self.jetstream: Any = None  # node.jetstream.service.JetStreamService with -js
-        self.cluster: Any = None  # node.cluster.Cluster when a cluster port is configured
 
     # ------------------------------------------------------------------ registry
 

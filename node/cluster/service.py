@@ -124,6 +124,7 @@ class Cluster:
         self.incoming: dict[int, int] = {}  # peer -> generation of its live Messages stream
         self._gen = 0
         self.publishers: dict[int, RoutePublisher] = {}
+        self._rids: dict[int, int] = {}
         self.handlers: dict[str, Handler] = {}
         self._member_cbs: list[MemberCallback] = []
         self._req_channels: dict[int, tuple[str, grpc.aio.Channel]] = {}
@@ -167,6 +168,10 @@ class Cluster:
         if reply.error:
             raise RequestError(reply.error)
         return reply.payload
+
+    def rid(self, peer: int) -> int:
+        """A small stable number per peer for /routez."""
+        return self._rids.setdefault(peer, len(self._rids) + 1)
 
     def expected_size(self) -> int:
         """Nodes the configuration names: the distinct route addresses that are
