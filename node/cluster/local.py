@@ -88,7 +88,8 @@ class LocalNode:
 class LocalCluster:
     def __init__(self, directory: str | Path, n: int = 3, *, name: str = "jetraft",
                  tags: Sequence[Sequence[str]] = (), jetstream: bool = True,
-                 extra_config: str = "", routes_to: str = "all") -> None:
+                 extra_config: str = "", routes_to: str = "all",
+                 cluster_extra: str = "") -> None:
         """`routes_to`: "all" (each node lists every node) or "first" (only node 1:
         the others find each other by gossip)."""
         self.dir = Path(directory)
@@ -96,6 +97,7 @@ class LocalCluster:
         self.jetstream = jetstream
         self.extra_config = extra_config
         self.routes_to = routes_to
+        self.cluster_extra = cluster_extra  # inside cluster { } (authorization, tls)
         self.nodes = [
             LocalNode(f"n{i + 1}", free_port(), free_port(), free_port(),
                       self.dir / f"n{i + 1}", list(tags[i % len(tags)]) if tags else [])
@@ -120,6 +122,7 @@ class LocalCluster:
             f"  name: {self.name}",
             f"  listen: \"127.0.0.1:{node.cluster_port}\"",
             f"  routes: [{routes}]",
+            self.cluster_extra,
             "}",
             self.extra_config,
         ]

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import socket
 import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
@@ -490,6 +491,8 @@ class Cluster:
 
     async def _hello(self, addr: str, ctrl: grpc.aio.Channel) -> int:
         """The peer id at `addr`, 0 when it cannot be reached or refused us."""
+        if self.auth.required and not await self._acceptor_proves(addr, ctrl):
+            return 0
         try:
             reply = await pb_grpc.RouteStub(ctrl).Hello(self.hello_msg(), timeout=HELLO_TIMEOUT)
         except grpc.aio.AioRpcError as err:
@@ -510,6 +513,35 @@ class Cluster:
                 return 0
             self.merge_gossip([reply.self, *reply.members], via=reply.self.peer_id)
         return reply.self.peer_id
+
+    async def _acceptor_proves(self, addr: str, ctrl: grpc.aio.Channel) -> bool:
+        """With cluster authorization, credentials go only to a node that
+        proves it knows the cluster secret: an impostor at a configured route
+        address learns nothing and gets nothing."""
+        nonce = os.urandom(16)
+        try:
+            reply = await pb_grpc.RouteStub(ctrl).Prove(pb.ProveMsg(nonce=nonce, addr=addr),
+                                                        timeout=HELLO_TIMEOUT)
+        except grpc.aio.AioRpcError as err:
+            self.log.debug(f"route {addr}: {err.code().name}")
+            return False
+        if not self.auth.check_proof(nonce, addr, reply.proof):
+            self.log.error(f"route {addr}: the node there is not a cluster member "
+                           "(no proof of the cluster authorization); not connecting")
+            return False
+        return True
+
+    def is_self_addr(self, addr: str) -> bool:
+        """Whether dialing `addr` reaches this node: one of its own addresses, or
+        its cluster port on a name of this host."""
+        if addr in self.self_addrs:
+            return True
+        host, _, port = addr.rpartition(":")
+        if port != str(self.port):
+            return False
+        hosts = {h.rpartition(":")[0].strip("[]") for h in self.self_addrs}
+        hosts |= {"localhost", "127.0.0.1", "::1", socket.gethostname()}
+        return host.strip("[]") in hosts
 
     def _check_peer(self, cluster_name: str) -> str:
         if self.name and cluster_name and cluster_name != self.name:
@@ -564,6 +596,14 @@ class Cluster:
 class _RouteServicer(pb_grpc.RouteServicer):
     def __init__(self, cluster: Cluster) -> None:
         self.c = cluster
+
+    async def Prove(self, request: pb.ProveMsg, context: Any) -> pb.ProveMsg:  # noqa: N802
+        c = self.c
+        # Only for an address of this node: a proof for another node's address
+        # would let an impostor relay it to a member dialing the impostor.
+        if not c.is_self_addr(request.addr) or len(request.nonce) < 16:
+            return pb.ProveMsg()
+        return pb.ProveMsg(proof=c.auth.prove(request.nonce, request.addr))
 
     async def Hello(self, request: pb.HelloMsg, context: Any) -> pb.HelloMsg:  # noqa: N802
         c = self.c
