@@ -67,6 +67,8 @@ async def test_wrong_cluster_password_cannot_join(tmp_path: Path) -> None:
         # secret, so they never send it theirs; it refuses them for the same reason.
         _refused(c, [n1, n2], bad, "is not a cluster member")
         assert "is not a cluster member" in bad.log_text()
+        # ...and never offered it a credential to check (nor to steal).
+        assert "authorization failed" not in bad.log_text()
         await _isolated(n1, bad)
     finally:
         c.stop()
