@@ -336,7 +336,7 @@ class Cluster:
 
     def _deliver(self, peer: int, m: pb.RouteMsg) -> None:
         account = self.server.accounts.get(m.account)
-        if account is None or not m.subject:
+        if account is None or not _framable(m):
             self.bad_ops += 1
             return
         pub = self.publishers.get(peer)
@@ -591,6 +591,24 @@ class Cluster:
         if fn is None:
             raise RequestError(f"no handler for {kind[:MAX_KIND]!r}")
         return await fn(from_peer, payload)
+
+
+_WS = str.maketrans("", "", " \t\r\n")
+
+
+def _framable(m: pb.RouteMsg) -> bool:
+    """What a client's MSG line can carry: a subject and reply without
+    whitespace, and a header block shaped as NATS headers (a peer runs our code,
+    but a bug or an impostor there must not corrupt clients' streams here)."""
+    for s in (m.subject, m.reply, m.match_subject):
+        if s and len(s.translate(_WS)) != len(s):
+            return False
+    if not m.subject:
+        return False
+    if m.has_headers and not (m.headers.startswith(b"NATS/1.0")
+                              and m.headers.endswith(b"\r\n\r\n")):
+        return False
+    return True
 
 
 class _RouteServicer(pb_grpc.RouteServicer):

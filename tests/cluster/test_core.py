@@ -215,3 +215,90 @@ async def test_accounts_are_isolated_across_nodes(core3: LocalCluster) -> None:
     assert subject in n3_subjects["subscriptions_list"]
     for c in (pub_a, sub_a, sub_b, pub_b):
         await c.close()
+
+
+def _nats_server_cluster(tmp_path, n: int = 3):
+    """A real nats-server cluster (the oracle), with the same accounts."""
+    import json as _json
+    import shutil
+    import subprocess
+    import time
+
+    from tests.cluster.conftest import ACCOUNTS
+    from tests.ports import free_port
+
+    if shutil.which("nats-server") is None:
+        pytest.skip("nats-server not on PATH")
+    ports = [(free_port(), free_port(), free_port()) for _ in range(n)]
+    routes = ", ".join(f'"nats-route://127.0.0.1:{c}"' for _, _, c in ports)
+    procs = []
+    for i, (p, h, c) in enumerate(ports):
+        conf = tmp_path / f"ns{i}.conf"
+        conf.write_text(f"server_name: ns{i + 1}\nlisten: 127.0.0.1:{p}\nhttp: 127.0.0.1:{h}\n"
+                        f"cluster {{ name: core, listen: 127.0.0.1:{c}, routes: [{routes}] }}\n"
+                        + ACCOUNTS)
+        log = open(tmp_path / f"ns{i}.log", "wb")  # noqa: SIM115 - the child owns it
+        procs.append(subprocess.Popen(["nats-server", "-c", str(conf)], stdout=log,
+                                      stderr=subprocess.STDOUT))
+        log.close()
+
+    def get(h: int, path: str):
+        import urllib.request
+        with urllib.request.urlopen(f"http://127.0.0.1:{h}{path}", timeout=2) as r:
+            return _json.loads(r.read())
+
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            if all({r["remote_name"] for r in get(h, "/routez")["routes"]}
+                   == {f"ns{j + 1}" for j in range(n)} - {f"ns{i + 1}"}
+                   for i, (_, h, _) in enumerate(ports)):
+                break
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise TimeoutError("nats-server cluster did not form")
+        time.sleep(0.1)
+    return procs, ports, get
+
+
+# nats-server pins a route per account for $SYS and names it: Jetraft has no pinned routes.
+ROUTE_ONLY_IN_NATS_SERVER = {"account"}
+
+
+async def test_routez_varz_and_info_shapes_match_nats_server(core3: LocalCluster,
+                                                             tmp_path) -> None:
+    procs, ports, get = _nats_server_cluster(tmp_path)
+    try:
+        for query in ("", "?subs=1"):
+            ours = core3.nodes[0].get("/routez" + query)
+            theirs = get(ports[0][1], "/routez" + query)
+            assert set(ours) == set(theirs)
+            assert ours["num_routes"] == len(ours["routes"]) == 2
+            their_keys = set().union(*(set(r) for r in theirs["routes"]))
+            for route in ours["routes"]:
+                assert set(route) == their_keys - ROUTE_ONLY_IN_NATS_SERVER, query
+                assert {type(route[k]) for k in route} <= {int, str, bool, list}
+            assert {r["remote_name"] for r in ours["routes"]} == {"n2", "n3"}
+        ours_v = core3.nodes[0].get("/varz")
+        theirs_v = get(ports[0][1], "/varz")
+        assert set(ours_v["cluster"]) == set(theirs_v["cluster"])
+        assert ours_v["cluster"]["name"] == theirs_v["cluster"]["name"] == "core"
+        assert len(ours_v["connect_urls"]) == 3 and ours_v["routes"] == 2
+        # INFO: the same cluster keys, self first in connect_urls, every node listed.
+        import json as _json
+        import socket
+
+        for port, names in ((core3.nodes[0].port, 3), (ports[0][0], None)):
+            with socket.create_connection(("127.0.0.1", port), timeout=3) as s:
+                info = _json.loads(s.recv(65536).split(b"\r\n")[0][5:])
+            assert info["cluster"] == "core"
+            assert "connect_urls" in info
+            if names:
+                assert info["connect_urls"][0] == f"127.0.0.1:{port}"
+                assert len(info["connect_urls"]) == names
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            p.wait(10)
