@@ -170,6 +170,12 @@ class Cluster:
             raise RequestError(reply.error)
         return reply.payload
 
+    def routez(self, query: dict[str, str] | None = None) -> dict[str, Any]:
+        """nats-server's /routez document (also for `$SYS.REQ.SERVER.*.ROUTEZ`)."""
+        from node.cluster.routez import routez
+
+        return routez(self.server, query or {})
+
     def rid(self, peer: int) -> int:
         """A small stable number per peer for /routez."""
         return self._rids.setdefault(peer, len(self._rids) + 1)
