@@ -127,3 +127,75 @@ async def test_discovery_failover_and_info_updates(seeded: LocalCluster) -> None
         await c.close()
     raw.close()
     raw3.close()
+
+
+async def test_five_nodes_from_one_seed_queue_group_exactly_once(tmp_path) -> None:
+    c = LocalCluster(tmp_path, 5, name="five", jetstream=False, routes_to="first")
+    try:
+        c.start()  # waits for the full mesh: 4 routes on each node, found by gossip
+        clients = [await nats.connect(n.url, allow_reconnect=False) for n in c.nodes]
+        seen: list[bytes] = []
+        plain: list[bytes] = []
+
+        async def on_q(m):
+            seen.append(m.data)
+
+        async def on_plain(m):
+            plain.append(m.data)
+
+        for cl in clients[1:]:
+            await cl.subscribe("five.work", queue="g", cb=on_q)
+        await clients[4].subscribe("five.work", cb=on_plain)
+        for cl in clients:
+            await cl.flush()
+        async with asyncio.timeout(10):
+            while not plain:
+                await clients[0].publish("five.work", b"probe")
+                await asyncio.sleep(0.05)
+        await asyncio.sleep(0.5)  # every node's queue interest in place
+        seen.clear()
+        plain.clear()
+        n = 400
+        for i in range(n):
+            await clients[0].publish("five.work", str(i).encode())
+        await clients[0].flush()
+        async with asyncio.timeout(15):
+            while len(seen) < n or len(plain) < n:
+                await asyncio.sleep(0.02)
+        await asyncio.sleep(0.5)
+        assert sorted(seen) == sorted(str(i).encode() for i in range(n))  # each exactly once
+        assert len(plain) == n
+        for cl in clients:
+            await cl.close()
+    finally:
+        c.stop()
+
+
+def test_cluster_up_status_down_commands(tmp_path) -> None:
+    import subprocess
+    import sys
+
+    from node.cluster.local import REPO_ROOT
+
+    env = {"PYTHONPATH": REPO_ROOT, "PATH": "/usr/bin:/bin"}
+    d = str(tmp_path / "lc")
+
+    def jetraft(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "node.cli", "cluster", *args],
+                              capture_output=True, text=True, timeout=60, env=env)
+
+    up = jetraft("up", "-n", "3", "--no-js", "--detach", "--dir", d, "--tags", "az:1,az:2")
+    try:
+        assert up.returncode == 0, up.stderr
+        assert "3 nodes up" in up.stdout and "tags=az:2" in up.stdout
+        st = jetraft("status", "--dir", d)
+        assert st.returncode == 0, st.stdout + st.stderr
+        rows = [line.split() for line in st.stdout.splitlines()[1:]]
+        assert [(r[0], r[1], r[3]) for r in rows] == [("n1", "yes", "2"), ("n2", "yes", "2"),
+                                                       ("n3", "yes", "2")]
+    finally:
+        down = jetraft("down", "--dir", d)
+    assert down.returncode == 0 and down.stdout.count("stopped") == 3
+    time.sleep(1.0)
+    st = jetraft("status", "--dir", d)
+    assert st.returncode == 3 and st.stdout.count(" no ") == 3

@@ -112,3 +112,39 @@ def test_cluster_secret_checks() -> None:
     assert not a.check_proof(b"n" * 16, "h:2", proof)  # bound to the dialed address
     assert not Authorizer(ClusterOptions(user="r", password="other")).check_proof(
         b"n" * 16, "h:1", proof)
+
+
+def test_cluster_config_keys() -> None:
+    from node.cli import options_from_flags, parse_flags
+    from node.config import apply_config, parse_config
+
+    def options_from_text(text: str):
+        return apply_config(parse_config(text))
+
+    o = options_from_text("""
+        server_tags: ["az:1", "ssd"]
+        cluster {
+          name: C, listen: "127.0.0.1:6222", advertise: "10.0.0.1:6222", no_advertise: true
+          routes: ["nats-route://a:b@127.0.0.1:6223"]
+          authorization { user: route, password: pw, timeout: 3 }
+          tls { cert_file: "c.pem", key_file: "k.pem", ca_file: "ca.pem", verify: true }
+          pool_size: 3
+        }""")
+    c = o.cluster
+    assert (c.name, c.host, c.port, c.advertise, c.no_advertise) == (
+        "C", "127.0.0.1", 6222, "10.0.0.1:6222", True)
+    assert (c.user, c.password, c.auth_timeout) == ("route", "pw", 3.0)
+    assert c.tls is not None and c.tls.ca_file == "ca.pem"
+    assert o.server_tags == ["az:1", "ssd"]
+    assert o.unenforced == [] and o.unsupported == ["cluster.pool_size"]
+    o = options_from_text('cluster { listen: ":1", permissions { import: ">" } }')
+    assert o.unenforced == ["cluster.permissions"]
+    o = options_from_text('cluster { listen: ":1", tls { cert_file: c, key_file: k, '
+                          'ca_file: ca, pinned_certs: ["ab"] } }')
+    assert "cluster.tls.pinned_certs" in o.unenforced
+    values, _ = parse_flags(["--cluster", "nats://u:p@127.0.0.1:7", "--routes", "a:1,b:2",
+                             "--cluster_name", "X", "--cluster_advertise", "h:9", "--no_advertise"])
+    o = options_from_flags(values)
+    c = o.cluster
+    assert (c.port, c.user, c.password, c.routes, c.name, c.advertise, c.no_advertise) == (
+        7, "u", "p", ["a:1", "b:2"], "X", "h:9", True)
