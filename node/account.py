@@ -219,12 +219,15 @@ class Account:
         """A message a peer forwarded: every local plain subscriber, and one local
         member of each queue group in `queues` (the groups the peer chose this
         node for). Never forwarded again, never answered with no-responders."""
+        count = 0
+        if self.router is not None and subject.startswith("_R_."):
+            # A reply to a service import whose response route this node may hold.
+            count += self.router.deliver_response(publisher, subject, headers, payload)
         result = self._match(match_subject or subject)
         psubs, qsubs = result.psubs, result.qsubs
         if not psubs and not (queues and qsubs):
-            return 0
+            return count
         msg = Message(subject, reply, headers, payload)
-        count = 0
         for sub in psubs:
             if not sub.dead and sub.client.deliver(sub, msg):
                 count += 1

@@ -34,10 +34,20 @@ READY_TIMEOUT = 30.0
 REPO_ROOT = str(Path(__file__).resolve().parents[2])
 
 
+_given: set[int] = set()
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    """A free port never handed out before by this process (the kernel may give
+    the same ephemeral port to two bind(0) calls in a row)."""
+    for _ in range(1000):
+        with socket.socket() as s:
+            s.bind((host, 0))
+            port = s.getsockname()[1]
+        if port not in _given:
+            _given.add(port)
+            return port
+    raise RuntimeError("no free port found")
 
 
 @dataclass

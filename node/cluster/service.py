@@ -41,6 +41,7 @@ from node.cluster.wire import (
     parse_route_url,
     public_host,
 )
+from node.crossaccount import RESPONSE_PREFIX
 from proto import cluster_pb2 as pb
 from proto import cluster_pb2_grpc as pb_grpc
 
@@ -126,6 +127,7 @@ class Cluster:
         self._gen = 0
         self.publishers: dict[int, RoutePublisher] = {}
         self._rids: dict[int, int] = {}
+        self._response_interest: set[tuple[str, str]] = set()
         self.handlers: dict[str, Handler] = {}
         self._member_cbs: list[MemberCallback] = []
         self._req_channels: dict[int, tuple[str, grpc.aio.Channel]] = {}
@@ -302,6 +304,25 @@ class Cluster:
         account.interest_listeners.append(on_interest)
         for sub in account.sublist.iter_subscriptions():  # subscriptions made before the cluster
             on_interest(sub, 1)
+        self.announce_response_interest()
+
+    def announce_response_interest(self) -> None:
+        """Replies to a service import are published in the exporting account on
+        `_R_.<token>`, possibly on another node, while the route back to the
+        requester lives on the node that forwarded the request: so a node whose
+        accounts import services from E announces interest in E's `_R_.>`."""
+        router = getattr(self.server, "router", None)
+        if router is None:
+            return
+        for acc in router.conf.accounts.values():
+            for imp in acc.service_imports:
+                key = (imp.account, RESPONSE_PREFIX + ">")
+                if key in self._response_interest or imp.account not in self.server.accounts:
+                    continue
+                self._response_interest.add(key)
+                change = self.local.add(imp.account, RESPONSE_PREFIX + ">", None)
+                if change is not None:
+                    self._broadcast_interest(change)
 
     def _broadcast_interest(self, change: Change) -> None:
         op = change_to_pb(change)

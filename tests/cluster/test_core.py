@@ -302,3 +302,44 @@ async def test_routez_varz_and_info_shapes_match_nats_server(core3: LocalCluster
             p.terminate()
         for p in procs:
             p.wait(10)
+
+
+async def test_service_and_stream_imports_across_nodes(core3: LocalCluster) -> None:
+    """A requester in A (n1) reaches E's service on n3 through A's import and
+    gets the reply back; E's events published on n1 reach B's subscriber on n2
+    through B's stream import."""
+    n1, n2, n3 = core3.nodes
+    req = await _connect(n1, "a")
+    svc = await _connect(n3, "e")
+    pub_e = await _connect(n1, "e")
+    sub_b = await _connect(n2, "b")
+
+    async def handler(m):
+        await m.respond(b"served:" + m.subject.encode())
+
+    await svc.subscribe("svc.>", cb=handler)
+    async with asyncio.timeout(10):
+        while True:
+            try:
+                r = await req.request("svc.one", b"", timeout=0.5)
+                break
+            except (NoRespondersError, nats.errors.TimeoutError):
+                await asyncio.sleep(0.05)
+    assert r.data == b"served:svc.one"
+    for i in range(10):
+        r = await req.request(f"svc.{i}", b"", timeout=2)
+        assert r.data == f"served:svc.{i}".encode()
+    got: list = []
+
+    async def on_ev(m):
+        got.append(m.subject)
+
+    await sub_b.subscribe("ev.>", cb=on_ev)
+    await _until_delivered(pub_e, "ev.probe", got)
+    got.clear()
+    await pub_e.publish("ev.one", b"")
+    await _drain(got, 1)
+    await asyncio.sleep(0.3)
+    assert got == ["ev.one"]
+    for c in (req, svc, pub_e, sub_b):
+        await c.close()
