@@ -31,7 +31,7 @@ GOSSIP_INTERVAL = 0.5
 GOSSIP_TIMEOUT = 2.0
 GOSSIP_FAILURES = 3  # consecutive failed gossips before the peer counts as down
 QUEUE_BYTES = 32 << 20  # queued messages per link beyond which new ones are dropped
-BATCH_BYTES = 1 << 20
+BATCH_OPS = 4096  # ops per RouteBatch: a reset with a huge interest snapshot stays small
 
 
 class Link:
@@ -83,8 +83,11 @@ class Link:
         size, self.pending_bytes = self.pending_bytes, 0
         if not ops or self.closed:
             return
-        self.queue.append((pb.RouteBatch(from_peer=self.cluster.self_id, ops=ops), size))
-        self.queued_bytes += size
+        for i in range(0, len(ops), BATCH_OPS):
+            part = ops[i:i + BATCH_OPS]
+            n = size if i == 0 else 0  # the byte count is for the cap, not exact per batch
+            self.queue.append((pb.RouteBatch(from_peer=self.cluster.self_id, ops=part), n))
+            self.queued_bytes += n
         self.ready.set()
 
     # ---- the session
@@ -93,7 +96,6 @@ class Link:
         """Until the link fails or is closed."""
         self._stream = pb_grpc.RouteStub(self.data).Messages()
         self.pending[:0] = first_ops
-        self.pending_bytes += sum(64 for _ in first_ops)
         self._flush()
         writer = asyncio.ensure_future(self._writer())
         gossip = asyncio.ensure_future(self._gossip_loop())
