@@ -278,12 +278,19 @@ def cluster_up(args: list[str], out: TextIO, err: TextIO) -> int:
         return 0
     print("Ctrl-C stops the cluster.", file=out)
     out.flush()
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    # Also when started in the background (SIGINT ignored there) or told to stop by SIGTERM.
+    signal.signal(signal.SIGINT, interrupt)
+    signal.signal(signal.SIGTERM, interrupt)
     try:
         while all(n.alive() for n in cluster.nodes):
             time.sleep(0.5)
         print("a node exited; stopping the cluster", file=err)
     except KeyboardInterrupt:
-        pass
+        print("stopping the cluster", file=out)
     cluster.stop()
     return 0
 

@@ -199,3 +199,32 @@ def test_cluster_up_status_down_commands(tmp_path) -> None:
     time.sleep(1.0)
     st = jetraft("status", "--dir", d)
     assert st.returncode == 3 and st.stdout.count(" no ") == 3
+
+
+def test_cluster_up_in_the_foreground_stops_on_ctrl_c(tmp_path) -> None:
+    import json as _json
+    import os
+    import subprocess
+    import sys
+
+    from node.cluster.local import REPO_ROOT
+
+    p = subprocess.Popen([sys.executable, "-m", "node.cli", "cluster", "up", "-n", "3", "--no-js",
+                          "--dir", str(tmp_path)], stdout=subprocess.PIPE, text=True,
+                         env={"PYTHONPATH": REPO_ROOT, "PATH": "/usr/bin:/bin"})
+    try:
+        assert p.stdout is not None
+        lines = []
+        for line in p.stdout:
+            lines.append(line)
+            if "Ctrl-C" in line:
+                break
+        pids = [n["pid"] for n in _json.loads((tmp_path / "cluster.json").read_text())["nodes"]]
+        p.send_signal(signal.SIGINT)
+        assert p.wait(30) == 0
+    finally:
+        if p.poll() is None:
+            p.kill()
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
