@@ -48,6 +48,7 @@ class Account:
         self.name = name
         self.set_limits(limits, mappings)
         self.connections = 0  # network clients logged into this account
+        self.remote_connections = 0  # on other nodes (cluster gossip; limited accounts only)
         # Set when mappings, imports or exports apply here (node/crossaccount.py):
         # publishes then go through it, and the fast path stays off.
         self.router: Any = None

@@ -235,6 +235,30 @@ class Cluster:
                       f"({scheme}, peer id {self.self_id:016x})")
         for seed in self.seeds:
             self._dial(seed.addr, seed.credentials, solicited=True)
+        self._spawn(self._count_connections())
+
+    async def _count_connections(self) -> None:
+        """Gossip this node's client count of every account with a connection
+        limit, so each node enforces the limit over the whole cluster (within a
+        gossip round: two nodes admitting at the same instant may overshoot)."""
+        while not self._closing:
+            counts = {name: acc.connections for name, acc in self.server.accounts.items()
+                      if acc.max_connections >= 0 and acc.connections}
+            assert self.table is not None
+            if counts != self.table.me.account_conns:
+                self.update_self(account_conns=counts)
+            await asyncio.sleep(0.1)
+
+    def _sum_remote_connections(self) -> None:
+        assert self.table is not None
+        totals: dict[str, int] = {}
+        for m in self.table.members.values():
+            if m.is_self or not m.up or m.shutdown:
+                continue
+            for name, n in m.account_conns.items():
+                totals[name] = totals.get(name, 0) + n
+        for name, acc in self.server.accounts.items():
+            acc.remote_connections = totals.get(name, 0)
 
     def set_client_urls(self, client_urls: list[str], ws_urls: list[str]) -> None:
         """Called once the client listeners are bound (and by jscluster for storage)."""
@@ -430,6 +454,7 @@ class Cluster:
             self._member_changed(merged)
 
     def _member_changed(self, m: Member) -> None:
+        self._sum_remote_connections()
         for cb in list(self._member_cbs):
             try:
                 cb(m)

@@ -18,6 +18,7 @@ accounts {
   A { users: [{user: a, password: a}], imports: [{service: {account: E, subject: "svc.>"}}] }
   B { users: [{user: b, password: b}], imports: [{stream: {account: E, subject: "ev.>"}}] }
   E { users: [{user: e, password: e}], exports: [{service: "svc.>"}, {stream: "ev.>"}] }
+  L { users: [{user: l, password: l}], limits: {max_connections: 2} }
 }
 """
 

@@ -343,3 +343,28 @@ async def test_service_and_stream_imports_across_nodes(core3: LocalCluster) -> N
     assert got == ["ev.one"]
     for c in (req, svc, pub_e, sub_b):
         await c.close()
+
+
+async def test_account_connection_limit_counts_the_whole_cluster(core3: LocalCluster) -> None:
+    """Account L allows 2 connections: one on n1 and one on n2 leave none for n3."""
+    n1, n2, n3 = core3.nodes
+    first = await _connect(n1, "l")
+    second = await _connect(n2, "l")
+
+    async def third_refused() -> bool:
+        try:
+            nc = await _connect(n3, "l")
+        except (nats.errors.Error, OSError) as err:
+            assert "maximum account active connections exceeded" in str(err)
+            return True
+        await nc.close()
+        return False
+
+    async with asyncio.timeout(10):
+        while not await third_refused():
+            await asyncio.sleep(0.1)  # until n3 heard of both
+    await first.close()
+    async with asyncio.timeout(10):
+        while await third_refused():
+            await asyncio.sleep(0.1)  # n1's count went down: room again
+    await second.close()
