@@ -260,10 +260,17 @@ def cluster_up(args: list[str], out: TextIO, err: TextIO) -> int:
     a = p.parse_args(args)
     cluster = LocalCluster(a.dir, a.n, name=a.name, tags=_parse_tags(a.tags, a.n),
                            jetstream=not a.no_js)
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    # Also when started in the background (SIGINT ignored there) or told to stop by SIGTERM.
+    signal.signal(signal.SIGINT, interrupt)
+    signal.signal(signal.SIGTERM, interrupt)
     try:
         cluster.start()
-    except (RuntimeError, TimeoutError) as e:
-        print(f"jetraft cluster up: {e}", file=err)
+    except (RuntimeError, TimeoutError, KeyboardInterrupt) as e:
+        print(f"jetraft cluster up: {e or 'interrupted'}", file=err)
         cluster.stop()
         return 1
     state = cluster.write_state()
@@ -278,13 +285,6 @@ def cluster_up(args: list[str], out: TextIO, err: TextIO) -> int:
         return 0
     print("Ctrl-C stops the cluster.", file=out)
     out.flush()
-
-    def interrupt(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
-
-    # Also when started in the background (SIGINT ignored there) or told to stop by SIGTERM.
-    signal.signal(signal.SIGINT, interrupt)
-    signal.signal(signal.SIGTERM, interrupt)
     try:
         while all(n.alive() for n in cluster.nodes):
             time.sleep(0.5)

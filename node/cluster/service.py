@@ -87,6 +87,10 @@ class AccountRoutes:
         self.name = name
         self.remote = cluster.remote
 
+    def queue_weights(self, subject: str) -> dict[str, int]:
+        """Queue group -> members on peers, for a message on `subject`."""
+        return self.remote.queue_weights(self.name, subject)
+
     def has_interest(self, subject: str) -> bool:
         sl = self.remote.sublists.get(self.name)
         return sl is not None and sl.has_interest(subject)

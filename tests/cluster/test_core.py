@@ -131,14 +131,16 @@ async def test_queue_group_one_delivery_cluster_wide(core3: LocalCluster) -> Non
     # Spread over both nodes by member weight (2 on n2, 1 on n3).
     assert len(seen["n2a"]) + len(seen["n2b"]) > len(seen["n3"]) > 0
 
-    # A local member is preferred: published on n3, n3's member takes them all.
+    # Published on n3, which has a member too: still one member of the whole
+    # cluster, chosen over all three members (nats-server prefers no node).
     for k in seen:
         seen[k].clear()
-    for _ in range(50):
+    for _ in range(60):
         await c3.publish(subject, b"local")
-    await _drain(seen["plain"], 50)
+    await _drain(seen["plain"], 60)
     await asyncio.sleep(0.3)
-    assert len(seen["n3"]) == 50 and not seen["n2a"] and not seen["n2b"]
+    assert len(seen["n2a"]) + len(seen["n2b"]) + len(seen["n3"]) == 60
+    assert seen["n3"] and seen["n2a"] + seen["n2b"]
     for c in (pub, c2, c3):
         await c.close()
 
@@ -266,10 +268,21 @@ def _nats_server_cluster(tmp_path, n: int = 3):
 ROUTE_ONLY_IN_NATS_SERVER = {"account"}
 
 
-async def test_routez_varz_and_info_shapes_match_nats_server(core3: LocalCluster,
-                                                             tmp_path) -> None:
-    procs, ports, get = _nats_server_cluster(tmp_path)
+@pytest.fixture(scope="module")
+def ns3(tmp_path_factory: pytest.TempPathFactory):
+    procs, ports, get = _nats_server_cluster(tmp_path_factory.mktemp("ns3"))
     try:
+        yield ports, get
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            p.wait(10)
+
+
+async def test_routez_varz_and_info_shapes_match_nats_server(core3: LocalCluster, ns3) -> None:
+    ports, get = ns3
+    if True:
         for query in ("", "?subs=1"):
             ours = core3.nodes[0].get("/routez" + query)
             theirs = get(ports[0][1], "/routez" + query)
@@ -297,11 +310,85 @@ async def test_routez_varz_and_info_shapes_match_nats_server(core3: LocalCluster
             if names:
                 assert info["connect_urls"][0] == f"127.0.0.1:{port}"
                 assert len(info["connect_urls"]) == names
-    finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            p.wait(10)
+
+
+async def _core_script(urls: list[str]) -> dict:
+    """The same client script against either cluster; returns what clients saw."""
+    async def conn(url: str) -> nats.NATS:
+        return await nats.connect(url, user="a", password="a", allow_reconnect=False)
+
+    c1, c2, c3 = [await conn(u) for u in urls]
+    subject = f"diff.{uuid.uuid4().hex}"
+    q: dict[str, list[bytes]] = {"n2": [], "n3": []}
+    both: list[str] = []
+    marker: list[bytes] = []
+
+    def into(lst: list):
+        async def cb(m):
+            lst.append(m.data)
+        return cb
+
+    async def both_cb(m):
+        both.append(m.subject)
+
+    await c2.subscribe(subject, queue="g", cb=into(q["n2"]))
+    await c3.subscribe(subject, queue="g", cb=into(q["n3"]))
+    await c2.subscribe(subject + ".*", cb=both_cb)
+    await c2.subscribe(subject + ".>", cb=both_cb)
+    await c3.subscribe(subject + ".marker", cb=into(marker))
+    for c in (c2, c3):
+        await c.flush()
+    async with asyncio.timeout(10):
+        while len(marker) < 1 or not both:
+            await c1.publish(subject + ".marker", b"m")
+            await c1.flush()
+            await asyncio.sleep(0.05)
+    await asyncio.sleep(0.5)
+    for lst in (*q.values(), both, marker):
+        lst.clear()
+    for i in range(100):
+        await c1.publish(subject, b"%d" % i)  # remote members only: spread, once each
+    for i in range(50):
+        await c3.publish(subject, b"local%d" % i)  # n3 has a member: still spread
+    await c1.publish(subject + ".x", b"")
+    await c1.publish(subject + ".marker", b"end")
+    async with asyncio.timeout(10):
+        while marker != [b"end"] or len(q["n2"]) + len(q["n3"]) < 150:
+            await asyncio.sleep(0.02)
+    await asyncio.sleep(0.3)
+    remote = sorted(x for x in q["n2"] + q["n3"] if not x.startswith(b"local"))
+    out = {
+        "remote_once_each": remote == sorted(b"%d" % i for i in range(100)),
+        "remote_spread": bool(q["n2"]) and any(not x.startswith(b"local") for x in q["n3"]),
+        "local_publish_once_each": sorted(x for x in q["n2"] + q["n3"] if x.startswith(b"local"))
+        == sorted(b"local%d" % i for i in range(50)),
+        # nats-server 2.15 does not prefer the publisher's node: both nodes get some.
+        "local_publish_spread": any(x.startswith(b"local") for x in q["n2"])
+        and any(x.startswith(b"local") for x in q["n3"]),
+        "overlapping_subs_on_one_node": sorted(both),
+        "no_responders": None,
+    }
+    try:
+        await c1.request("nobody." + subject, b"", timeout=2)
+    except NoRespondersError:
+        out["no_responders"] = "503"
+    for c in (c1, c2, c3):
+        await c.close()
+    out["overlapping_subs_on_one_node"] = [s.rsplit(".", 1)[1] for s in
+                                           out["overlapping_subs_on_one_node"]]
+    return out
+
+
+async def test_core_script_sees_the_same_as_on_a_nats_server_cluster(core3: LocalCluster,
+                                                                     ns3) -> None:
+    ports, _ = ns3
+    ours = await _core_script([n.url for n in core3.nodes])
+    theirs = await _core_script([f"nats://127.0.0.1:{p}" for p, _, _ in ports])
+    assert ours == theirs
+    assert theirs == {"remote_once_each": True, "remote_spread": True,
+                      "local_publish_once_each": True, "local_publish_spread": True,
+                      "overlapping_subs_on_one_node": ["marker", "marker", "x", "x"],
+                      "no_responders": "503"}
 
 
 async def test_service_and_stream_imports_across_nodes(core3: LocalCluster) -> None:
