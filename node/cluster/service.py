@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
-from node.cluster import identity
+from node.cluster import frames, identity
 from node.cluster.interest import Change, LocalInterest, RemoteInterest
 from node.cluster.link import Link
 from node.cluster.members import Member, MemberTable
@@ -361,22 +361,33 @@ class Cluster:
                  reply: str | None, headers: bytes | None, payload: bytes,
                  match_subject: str | None = None) -> int:
         sent = 0
-        size = len(payload) + len(subject) + (len(headers) if headers else 0)
+        frame = b""
         for peer, queues in targets.items():
             link = self.links.get(peer)
             if link is None:
                 continue
-            op = pb.RouteOp(msg=pb.RouteMsg(
-                account=account, subject=subject, reply=reply or "", headers=headers or b"",
-                has_headers=headers is not None, payload=payload, queues=queues,
-                match_subject=match_subject or ""))
-            if link.send_op(op, size, droppable=True):
+            if queues or not frame:
+                f = frames.encode(account, subject, reply, headers, payload, queues, match_subject)
+                if not queues:
+                    frame = f  # the same bytes for every peer without queue groups
+            else:
+                f = frame
+            if link.send_op(f, len(f), droppable=True):
                 sent += 1
         return sent
 
     # ------------------------------------------------------------------ incoming ops
 
     def on_route_batch(self, peer: int, batch: pb.RouteBatch) -> None:
+        if batch.frames:
+            try:
+                for account, subject, reply, headers, payload, queues, match in \
+                        frames.decode(batch.frames):
+                    self._deliver_frame(peer, account, subject, reply, headers, payload,
+                                        queues, match)
+            except frames.FrameError as err:
+                self.bad_ops += 1
+                self.log.warn(f"route from {peer:016x}: malformed message frames dropped: {err}")
         for op in batch.ops:
             which = op.WhichOneof("op")
             if which == "msg":
@@ -390,26 +401,31 @@ class Cluster:
                 self.bad_ops += 1
 
     def _deliver(self, peer: int, m: pb.RouteMsg) -> None:
-        account = self.server.accounts.get(m.account)
-        if account is None or not _framable(m):
+        self._deliver_frame(peer, m.account, m.subject, m.reply or None,
+                            m.headers if m.has_headers else None, m.payload, list(m.queues),
+                            m.match_subject or None)
+
+    def _deliver_frame(self, peer: int, account_name: str, subject: str, reply: str | None,
+                       headers: bytes | None, payload: bytes, queues: list[str],
+                       match: str | None) -> None:
+        account = self.server.accounts.get(account_name)
+        if account is None or not _framable(subject, reply, headers, match):
             self.bad_ops += 1
             return
         pub = self.publishers.get(peer)
         if pub is None:
             pub = self.publishers[peer] = RoutePublisher(peer)
         self.in_msgs += 1
-        self.in_bytes += len(m.payload)
+        self.in_bytes += len(payload)
         link = self.links.get(peer)
         if link is not None:
             link.in_msgs += 1
-            link.in_bytes += len(m.payload)
+            link.in_bytes += len(payload)
         try:
-            account.deliver_routed(pub, m.subject, m.reply or None,
-                                   m.headers if m.has_headers else None, m.payload,
-                                   m.queues, m.match_subject or None)
+            account.deliver_routed(pub, subject, reply, headers, payload, queues, match)
         except Exception as err:  # noqa: BLE001 - one bad message must not end the route
             self.bad_ops += 1
-            self.log.error(f"route message from {peer:016x} on {m.subject!r} failed: {err!r}")
+            self.log.error(f"route message from {peer:016x} on {subject!r} failed: {err!r}")
 
     def incoming_opened(self, peer: int) -> int:
         self._gen += 1
@@ -652,17 +668,17 @@ class Cluster:
 _WS = str.maketrans("", "", " \t\r\n")
 
 
-def _framable(m: pb.RouteMsg) -> bool:
+def _framable(subject: str, reply: str | None, headers: bytes | None, match: str | None) -> bool:
     """What a client's MSG line can carry: a subject and reply without
     whitespace, and a header block shaped as NATS headers (a peer runs our code,
     but a bug or an impostor there must not corrupt clients' streams here)."""
-    for s in (m.subject, m.reply, m.match_subject):
+    if not subject:
+        return False
+    for s in (subject, reply, match):
         if s and len(s.translate(_WS)) != len(s):
             return False
-    if not m.subject:
-        return False
-    if m.has_headers and not (m.headers.startswith(b"NATS/1.0")
-                              and m.headers.endswith(b"\r\n\r\n")):
+    if headers is not None and not (headers.startswith(b"NATS/1.0")
+                                    and headers.endswith(b"\r\n\r\n")):
         return False
     return True
 

@@ -87,8 +87,16 @@ async def test_malformed_ops_are_ignored(one: LocalCluster) -> None:
             pb.RouteOp(msg=pb.RouteMsg(account="$G", subject="h", has_headers=True,
                                        headers=b"\x00garbage")),
         ]
+        from node.cluster import frames
+
+        good = frames.encode("$G", "h", None, None, b"x", [], None)
         call = stub.Messages()
         await call.write(pb.RouteBatch(from_peer=FAKE, ops=bad_ops))
+        for junk in (b"\xff" * 64, good[:-1], good.replace(b"$G", b"\xff\xff"),
+                     frames.encode("$G", "a b", None, None, b"x", [], None),
+                     frames.encode("$G", "h", "r x", None, b"x", [], None),
+                     frames.encode("$G", "h", None, b"junk", b"x", [], None)):
+            await call.write(pb.RouteBatch(from_peer=FAKE, frames=junk))
         await call.write(pb.RouteBatch(from_peer=FAKE + 1, ops=[pb.RouteOp(reset=True)]))
         await asyncio.sleep(0.2)
         await call.done_writing()

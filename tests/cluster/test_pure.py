@@ -148,3 +148,22 @@ def test_cluster_config_keys() -> None:
     c = o.cluster
     assert (c.port, c.user, c.password, c.routes, c.name, c.advertise, c.no_advertise) == (
         7, "u", "p", ["a:1", "b:2"], "X", "h:9", True)
+
+
+def test_message_frames_round_trip_and_refuse_garbage() -> None:
+    from node.cluster import frames
+
+    cases = [("$G", "a.b", None, None, b"", [], None),
+             ("ACC", "s", "_INBOX.x", b"NATS/1.0\r\nA: b\r\n\r\n", b"\x00" * 1000, ["q1", "q2"],
+              "_INBOX.pull"),
+             ("é", "ü.v", "r", b"", b"p", ["ï"], None)]
+    data = b"".join(frames.encode(*c) for c in cases)
+    assert list(frames.decode(data)) == cases
+    for bad in (data[:-1], data[:5], b"\xff" * 20, frames.encode("A", "s", None, None, b"p", [],
+                                                                 None)[:-1]):
+        with pytest.raises(frames.FrameError):
+            list(frames.decode(bad))
+    # Invalid UTF-8 in a name.
+    good = frames.encode("AB", "s", None, None, b"", [], None)
+    with pytest.raises(frames.FrameError):
+        list(frames.decode(good.replace(b"AB", b"\xff\xfe")))
