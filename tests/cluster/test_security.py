@@ -57,12 +57,14 @@ def _refused(c: LocalCluster, members: list[LocalNode], intruder: LocalNode,
 
 
 async def test_wrong_cluster_password_cannot_join(tmp_path: Path) -> None:
-    c = LocalCluster(tmp_path, 3, name="sec", jetstream=False, cluster_extra=AUTH)
-    n1, n2, bad = c.nodes
+    c = LocalCluster(tmp_path, 4, name="sec", jetstream=False, cluster_extra=AUTH)
+    n1, n2, bad, other = c.nodes
     try:
         c.start_node(n1)
         c.start_node(n2)
         c.start_node(bad, config=c.config_for(bad).replace("s3cret", "wrong"))
+        # The right secret but another cluster's name: refused at Hello.
+        c.start_node(other, config=c.config_for(other).replace("name: sec", "name: other"))
         # Members dial it (it is in their routes) but it cannot prove it knows the
         # secret, so they never send it theirs; it refuses them for the same reason.
         _refused(c, [n1, n2], bad, "is not a cluster member")
@@ -70,6 +72,8 @@ async def test_wrong_cluster_password_cannot_join(tmp_path: Path) -> None:
         # ...and never offered it a credential to check (nor to steal).
         assert "authorization failed" not in bad.log_text()
         await _isolated(n1, bad)
+        assert other.name not in _routes(n1) and _routes(other) == set()
+        assert "does not match this node's 'sec': not joining" in n1.log_text()
     finally:
         c.stop()
 
