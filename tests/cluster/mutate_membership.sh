@@ -27,3 +27,8 @@ run $S "        if self.auth.allows(presented):" "        if True:" "$T::test_no
 run $S "        return hmac.compare_digest(self.prove(nonce, addr), proof)" "        return True" "$T::test_wrong_cluster_password_cannot_join"
 run $V "        if self.auth.required and not await self._acceptor_proves(addr, ctrl):" "        if False:" "$T::test_wrong_cluster_password_cannot_join"
 run $S "root_certificates=_read(c.tls.ca_file), require_client_auth=True)" "root_certificates=_read(c.tls.ca_file), require_client_auth=False)" "$T::test_certificate_from_another_ca_cannot_join"
+run $V "        if self.name and cluster_name and cluster_name != self.name:" "        if False:" "$T::test_wrong_cluster_password_cannot_join"
+# Routing guards (not membership, same harness): a queue group served here offered to peers too,
+# and interest withdrawal ignored.
+run node/account.py "            count += routes.forward(subject, reply, headers, payload, served, match_subject)" "            count += routes.forward(subject, reply, headers, payload, (), match_subject)" "tests/cluster/test_core.py::test_queue_group_one_delivery_cluster_wide"
+run node/cluster/interest.py "        if change.weight <= 0:" "        if False:" "tests/cluster/test_core.py::test_request_reply_and_no_responders_across_nodes"
