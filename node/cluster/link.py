@@ -121,17 +121,26 @@ class Link:
         self._flush()
         writer = asyncio.ensure_future(self._writer())
         gossip = asyncio.ensure_future(self._gossip_loop())
+        ended = asyncio.ensure_future(self._stream_ended())
+        tasks = {writer, gossip, ended}
         try:
-            done, _ = await asyncio.wait({writer, gossip, asyncio.ensure_future(self._stream)},
-                                         return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
             for t in done:
                 if not t.cancelled() and t.exception() is not None:
                     self.cluster.log.debug(f"route to {self.name}: {t.exception()!r}")
         finally:
             self.closed = True
-            writer.cancel()
-            gossip.cancel()
+            for t in tasks:
+                t.cancel()
             self._stream.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _stream_ended(self) -> None:
+        """Returns when the peer ends the Messages call (it refused or stopped)."""
+        try:
+            await self._stream
+        except grpc.aio.AioRpcError as err:
+            self.cluster.log.debug(f"route to {self.name}: stream ended: {err.code().name}")
 
     async def _writer(self) -> None:
         while True:
