@@ -115,6 +115,11 @@ async def test_discovery_failover_and_info_updates(seeded: LocalCluster) -> None
             await asyncio.sleep(0.05)
     assert set(got) == {b"hello"}
 
+    # n2 comes back: n1's clients learn its URL again (an INFO update on join).
+    seeded.start_node(n2)
+    info = raw.wait_info(lambda i: _hp(n2) in i.get("connect_urls", []))
+    assert sorted(info["connect_urls"]) == sorted(_hp(n) for n in seeded.nodes)
+
     # Lame duck: n3's clients are told (ldm), n1 drops n3 from connect_urls.
     raw3 = RawClient(n3)
     assert n3.proc is not None
@@ -122,7 +127,7 @@ async def test_discovery_failover_and_info_updates(seeded: LocalCluster) -> None
     ldm = raw3.wait_info(lambda i: i.get("ldm") is True)
     assert ldm["ldm"] is True
     info = raw.wait_info(lambda i: _hp(n3) not in i.get("connect_urls", []))
-    assert info["connect_urls"] == [_hp(n1)]
+    assert sorted(info["connect_urls"]) == sorted([_hp(n1), _hp(n2)])
     for c in (client, pub):
         await c.close()
     raw.close()
