@@ -125,12 +125,9 @@ class ClusterJS:
             self.peers_added.add(m.peer_id)
 
     def _expected_size(self) -> int:
-        """Nodes a fresh cluster waits for before it forms the meta group: the routes
-        configured (a URL naming this node itself does not count), plus this node."""
-        own = {f":{self.cluster.port}"}
-        urls = {u for u in self.svc.server.options.cluster.routes
-                if not any(u.rstrip("/").endswith(p) for p in own)}
-        return len(urls) + 1
+        """Nodes a fresh cluster waits for before it forms the meta group: the distinct
+        route addresses that are not this node, plus this node."""
+        return int(self.cluster.expected_size())
 
     async def _start_meta(self) -> None:
         mr, meta = self.svc.mr, self.svc.meta
@@ -400,7 +397,8 @@ class ClusterJS:
     async def create_stream(self, name: str, body: bytes) -> dict[str, Any]:
         cfg, pedantic = stream_config.parse_request(body)
         async with self.svc._meta_lock:
-            stored, created = stream_config.check_create(name, cfg, pedantic, self.configs())
+            stored, created = stream_config.check_create(name, cfg, pedantic, self.configs(),
+                                                             clustered=True)
             if created:
                 wire = stream_config.to_wire(stored)
                 peers = self.place(wire)
@@ -415,7 +413,8 @@ class ClusterJS:
     async def update_stream(self, name: str, body: bytes) -> dict[str, Any]:
         cfg, pedantic = stream_config.parse_request(body)
         async with self.svc._meta_lock:
-            stored = stream_config.check_update(name, cfg, pedantic, self.configs())
+            stored = stream_config.check_update(name, cfg, pedantic, self.configs(),
+                                                 clustered=True)
             a = self.catalogue().streams[name]
             wire = stream_config.to_wire(stored)
             peers = list(a["peers"])
