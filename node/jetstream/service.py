@@ -1053,7 +1053,10 @@ class JetStreamService:
         return "".join(secrets.choice(_NAME_CHARS) for _ in range(22)), self._now()
 
     def _has_interest(self, subject: str) -> bool:
-        result = self.client.account.sublist.match(subject)
+        account = self.client.account
+        if self.jsc is not None:  # a push consumer's subscriber may be on another node
+            return bool(account.has_interest(subject))
+        result = account.sublist.match(subject)
         return bool(result.psubs or result.qsubs)
 
     async def _tick_loop(self) -> None:
