@@ -500,8 +500,25 @@ class ClusterJS:
             if not up:
                 raise ApiError.of("JSClusterNoPeersErrF", err="no replacement peer connected")
             to = up[0]
-        await self.svc.mr.transfer_leader(META_GROUP, to, timeout=5.0)
+        await self.transfer(META_GROUP, to)
         return {"type": replies.TYPE_PREFIX + "meta_leader_stepdown_response", "success": True}
+
+    async def transfer(self, group: str, to: int, timeout: float = 5.0) -> None:
+        """Hand `group`'s leadership to `to`. One bounded attempt at a time: the driver's
+        own wait can outlive its timeout when the group sits quiesced."""
+        mr = self.svc.mr
+        deadline = time.monotonic() + timeout
+        while mr.leader(group) != to:
+            if time.monotonic() > deadline:
+                raise ApiError.of("JSClusterNotAvailErr")
+            task = asyncio.ensure_future(mr.transfer_leader(group, to, timeout=1.0))
+            done, _ = await asyncio.wait({task}, timeout=1.5)
+            if not done:
+                task.cancel()
+            elif not task.cancelled() and task.exception() is not None:
+                exc = task.exception()
+                if not isinstance(exc, TimeoutError):
+                    raise exc  # type: ignore[misc]
 
     def _peer_by_name(self, name: str) -> int:
         for m in self.cluster.members().values():
@@ -597,7 +614,7 @@ class ClusterJS:
             if p == self.self_id:
                 others = [q for q in peers if self.is_up(q)]
                 if others:
-                    await mr.transfer_leader(group, others[0], timeout=5.0)
+                    await self.transfer(group, others[0])
                 return
             # Only once the remaining members are caught up: a removal never leaves
             # the group without a quorum of current replicas.

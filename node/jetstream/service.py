@@ -706,7 +706,7 @@ class JetStreamService:
         others = [p for p in st["voters"] if p != self.node_id and self.jsc.is_up(p)]
         if not others:
             raise ApiError.of("JSClusterNoPeersErrF", err="no replacement peer connected")
-        await self.mr.transfer_leader(sm.group, others[0], timeout=5.0)
+        await self.jsc.transfer(sm.group, others[0])
         return {"type": replies.TYPE_PREFIX + _kind(call.op), "success": True}
 
     _h_consumer_leader_stepdown = _h_stream_leader_stepdown
