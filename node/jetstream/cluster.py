@@ -40,6 +40,7 @@ META_GROUP = "$js"
 MAX_HOPS = 3
 FWD_TIMEOUT = 10.0
 PUB_BATCH = 256
+UNASSIGNED_GRACE_S = 5.0
 TOKEN_PREFIX = "$JSC."  # reply subjects of forwarded publishes: answered in the response
 META_OPS = frozenset({"STREAM.CREATE", "STREAM.UPDATE", "STREAM.DELETE",
                       "META.LEADER.STEPDOWN", "SERVER.REMOVE", "STREAM.PEER.REMOVE"})
@@ -90,6 +91,8 @@ class ClusterJS:
         self.peers_added: set[int] = set()
         self.leader_since: dict[str, int] = {}
         self.meta_started = False
+        self._unassigned: dict[str, float] = {}
+        self.synced_rev: dict[str, int] = {}  # group -> newest config revision written
         self._duty_task: asyncio.Task[Any] | None = None
 
     # ------------------------------------------------------------------ wiring
@@ -437,16 +440,24 @@ class ClusterJS:
             return 0
 
     async def sync_stream(self, name: str) -> None:
-        """Ask the stream's leader to bring its group's config in line with the catalogue
-        now (its duty loop would within half a second)."""
-        try:
-            target = await self.stream_target(name)
-            if target == self.self_id:
-                await self.svc._sync_config(name)
-            else:
-                await self._request(target, "js.sync", {"stream": name, "hops": 0})
-        except Exception as exc:  # noqa: BLE001 (the duty loop does it later)
-            self.log.debug(f"JetStream: config sync of {name} deferred: {exc!r}")
+        """Ask the stream's leader to write the config the meta leader just committed into
+        its group now (its own catalogue may not have applied it yet)."""
+        a = self.catalogue().streams.get(name)
+        if a is None:
+            return
+        req = {"stream": name, "config": a["config"], "rev": int(a.get("rev", 0)), "hops": 0}
+        deadline = time.monotonic() + FWD_TIMEOUT
+        while time.monotonic() < deadline:
+            try:
+                target = await self.stream_target(name)
+                if target == self.self_id:
+                    await self.svc._sync_config(name, a["config"], req["rev"])
+                    return
+                if await self._request(target, "js.sync", req) == b"1":
+                    return
+            except Exception as exc:  # noqa: BLE001 (leader moving: ask again)
+                self.log.debug(f"JetStream: config sync of {name}: {exc!r}")
+            await asyncio.sleep(0.1)
 
     async def _h_sync(self, _peer: int, payload: bytes) -> bytes:
         req = json.loads(payload)
@@ -455,7 +466,7 @@ class ClusterJS:
                 return b"0"
             req["hops"] += 1
             return await self._request(await self.stream_target(req["stream"]), "js.sync", req)
-        await self.svc._sync_config(req["stream"])
+        await self.svc._sync_config(req["stream"], req["config"], int(req["rev"]))
         return b"1"
 
     async def stream_info_from_leader(self, name: str) -> dict[str, Any]:
@@ -593,13 +604,21 @@ class ClusterJS:
                 continue
             await self.svc._sync_config(name)
             await self._sync_members(sm.group, list(a["peers"]))
+        now = time.monotonic()
         for name in list(self.svc.streams):
             a = self.catalogue().streams.get(name)
-            if a is not None and self.self_id not in a["peers"]:
-                sm = self.svc.streams[name]
-                st = mr.status(sm.group)
-                if self.self_id not in st["voters"] or st["leader"] == 0:
-                    await self.svc._close_stream(name)
+            if a is None or self.self_id in a["peers"]:
+                self._unassigned.pop(name, None)
+                continue
+            # No longer assigned here. Its leader removes this node from the group (one
+            # member at a time, keeping a quorum); a removed member may never hear that
+            # its removal committed, so it lets go once it sees it or after a grace period.
+            since = self._unassigned.setdefault(name, now)
+            sm = self.svc.streams[name]
+            st = mr.status(sm.group)
+            if self.self_id not in st["voters"] or now - since > UNASSIGNED_GRACE_S:
+                self._unassigned.pop(name, None)
+                await self.svc._close_stream(name)
 
     async def _sync_members(self, group: str, peers: list[int]) -> None:
         mr = self.svc.mr

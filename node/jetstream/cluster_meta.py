@@ -17,6 +17,8 @@ the node itself. The catalogue is the fold of the entries in log order:
 * `update` replaces the config and the peer set of an existing stream (scaling, peer removal);
   once the peer set changed the assignment carries `"scaled": true`: a peer that opens the
   group from then on joins it empty (the leader adds it) instead of bootstrapping it;
+* every assignment carries `rev`, the index of the entry that last set it: a stream leader
+  never replaces its group's config by an older revision than one it already wrote;
 * `delete` forgets it; `remove_server` records a peer that left the cluster for good (placement
   never picks it again, and the meta leader removes it from the groups that name it).
 
@@ -61,8 +63,9 @@ class Catalogue:
     streams: dict[str, dict[str, Any]] = field(default_factory=dict)
     removed: list[int] = field(default_factory=list)
 
-    def apply(self, entry: dict[str, Any], self_peer: int) -> str | None:
-        """Fold one entry in; returns the name of the stream it touched (None: none)."""
+    def apply(self, entry: dict[str, Any], self_peer: int, index: int = 0) -> str | None:
+        """Fold one entry in (`index`: its Raft index, kept as the assignment's `rev`);
+        returns the name of the stream it touched (None: none)."""
         op = entry.get("op")
         name = entry.get("name")
         if op == "create" and isinstance(name, str):
@@ -70,6 +73,7 @@ class Catalogue:
                 return None
             a = dict(entry)
             a.setdefault("peers", [self_peer])
+            a["rev"] = index
             self.streams[name] = a
             return name
         if op == "update" and isinstance(name, str) and name in self.streams:
@@ -78,6 +82,7 @@ class Catalogue:
             if list(entry["peers"]) != a.get("peers"):
                 a["scaled"] = True  # peers added from now on join the group empty
             a["peers"] = list(entry["peers"])
+            a["rev"] = index
             self.streams[name] = a
             return name
         if op == "delete" and isinstance(name, str):

@@ -105,7 +105,7 @@ class MetaMachine:
             for index, data in run:
                 if index <= applied:
                     continue  # already in LMDB before a restart
-                self.catalogue.apply(json.loads(data), self.self_peer)
+                self.catalogue.apply(json.loads(data), self.self_peer, index)
                 applied, changed = index, True
             if changed:
                 self._put(applied)

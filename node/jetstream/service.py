@@ -729,19 +729,27 @@ class JetStreamService:
             raise ApiError.of("JSClusterRequiredErr")
         return await self.jsc.peer_remove(call.stream, body)
 
-    async def _sync_config(self, name: str) -> None:
+    async def _sync_config(self, name: str, config: dict[str, Any] | None = None,
+                           rev: int = 0) -> None:
         """Clustered, on the stream's leader: the catalogue's config (the meta leader
-        checked it) becomes the group's through an UPDATE_CONFIG entry."""
+        checked it; `config`/`rev` when the meta leader sent it along, ahead of this node's
+        catalogue) becomes the group's through an UPDATE_CONFIG entry. A revision older
+        than one already written here is ignored (this node's catalogue may lag)."""
         sm = self.streams.get(name)
-        if sm is None or self.meta is None:
+        if sm is None or self.meta is None or self.jsc is None:
             return
-        a = self.meta.streams.get(name)
-        if a is None:
+        if config is None:
+            a = self.meta.streams.get(name)
+            if a is None:
+                return
+            config, rev = a["config"], int(a.get("rev", 0))
+        if rev < self.jsc.synced_rev.get(sm.group, 0):
             return
+        self.jsc.synced_rev[sm.group] = rev
         with sm.lock:
             current = stream_config.to_wire(sm.stream.cfg)
-        if current != a["config"]:
-            await self._propose(sm, ops.UpdateConfig(time.time_ns(), _dumps(a["config"])))
+        if current != config:
+            await self._propose(sm, ops.UpdateConfig(time.time_ns(), _dumps(config)))
 
     def _on_stream_leader(self, name: str, leader: int) -> None:
         """A stream group's leader changed: the new leader runs the consumers' pumps and
