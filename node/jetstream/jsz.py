@@ -11,6 +11,41 @@ from typing import Any
 
 
 def jsz(server: Any, query: dict[str, str]) -> dict[str, Any]:
+    """jsgaps' detailed single-node page (node/jetstream/jszdetail.py) when present, plus
+    `meta_cluster` (after "bytes", where nats-server puts it) and `raft`."""
+    try:
+        from node.jetstream import jszdetail  # type: ignore[attr-defined]
+    except ImportError:
+        out = _basic(server)
+    else:
+        out = jszdetail.jsz(server, query)
+    return _with_cluster(server, out, query)
+
+
+def _with_cluster(server: Any, base: dict[str, Any], query: dict[str, str]) -> dict[str, Any]:
+    svc = server.jetstream
+    if svc is None:
+        return base
+    out: dict[str, Any] = {}
+    for k, v in base.items():
+        out[k] = v
+        if k == "bytes" and svc.jsc is not None:
+            out["meta_cluster"] = svc.jsc.jsz_meta()
+    if svc.jsc is not None:
+        out.setdefault("meta_cluster", svc.jsc.jsz_meta())
+    if query.get("raft") in ("1", "true") and svc.mr is not None:
+        groups = {}
+        for group in sorted(svc.mr.groups()):
+            st = svc.mr.status(group)
+            groups[group] = {k: st[k] for k in ("state", "term", "commit", "applied",
+                                                "learners")}
+            groups[group]["leader"] = f"{st['leader']:016x}" if st["leader"] else ""
+            groups[group]["voters"] = [f"{v:016x}" for v in st["voters"]]
+        out["raft"] = groups
+    return out
+
+
+def _basic(server: Any) -> dict[str, Any]:
     svc = server.jetstream
     o = server.options.jetstream
     out: dict[str, Any] = {"server_id": server.server_id,
@@ -34,17 +69,6 @@ def jsz(server: Any, query: dict[str, str]) -> dict[str, Any]:
                     "total": svc.api_total, "errors": svc.api_errors},
                 "streams": streams, "consumers": consumers, "messages": messages,
                 "bytes": size})
-    if svc.jsc is not None:
-        out["meta_cluster"] = svc.jsc.jsz_meta()
-    if query.get("raft") in ("1", "true") and svc.mr is not None:
-        groups = {}
-        for group in sorted(svc.mr.groups()):
-            st = svc.mr.status(group)
-            groups[group] = {k: st[k] for k in ("state", "term", "leader", "commit", "applied",
-                                                "voters", "learners")}
-            groups[group]["leader"] = f"{st['leader']:016x}" if st["leader"] else ""
-            groups[group]["voters"] = [f"{v:016x}" for v in st["voters"]]
-        out["raft"] = groups
     return out
 
 
