@@ -29,7 +29,13 @@ from typing import Any
 
 from node.jetstream import config as stream_config
 from node.jetstream.cluster_meta import Catalogue
-from node.jetstream.store.lmdbstore import LmdbStore, NodeEnv
+from node.jetstream.store.lmdbstore import (
+    IMAGE_MAGIC,
+    LmdbStore,
+    NodeEnv,
+    dump_image,
+    load_image,
+)
 from node.jetstream.store.memstore import MemStore
 from node.jetstream.stream import ConsumerEvent, Delivered, Effect, Result, Stream
 
@@ -56,6 +62,11 @@ def _write_marker(path: str, name: str, index: int) -> None:
         f.write(json.dumps({"store": name, "applied": index}).encode())
         f.flush()
         os.fsync(f.fileno())
+
+
+def _is_image(path: str) -> bool:
+    with open(path, "rb") as f:
+        return f.read(len(IMAGE_MAGIC)) == IMAGE_MAGIC
 
 
 def _check_marker(path: str, held: int, name: str) -> bool:
@@ -175,6 +186,9 @@ class StreamMachine:
         self.delivered: dict[int, Delivered] = {}
         self.events: dict[int, list[ConsumerEvent]] = {}  # for the advisories
         self.track = False
+        # Clustered: snapshots are whole images (dump_image), so a member that joins or
+        # lags behind a compaction installs the data; one node only needs a marker.
+        self.full_images = False
         # Clustered: told when the group's leader changes (on the event loop).
         self.leader_hook: Callable[[int, int], None] | None = None
 
@@ -215,6 +229,13 @@ class StreamMachine:
         return _committed_applied(self.store)
 
     def snapshot_to(self, path: str) -> int:
+        if self.env is not None and self.full_images:
+            self.env.sync()  # what the image covers is durable here too before compaction
+            with open(path, "wb") as f:
+                index = dump_image(self.store, f)
+                f.flush()
+                os.fsync(f.fileno())
+            return index
         if self.env is None:
             index = self.stream.applied  # memory: an R1 memory stream starts empty anyway
         else:
@@ -224,6 +245,17 @@ class StreamMachine:
         return index
 
     def restore_from(self, path: str) -> None:
+        if self.env is not None and _is_image(path):
+            # A replica catching up (or a store that lost data): the image IS the state.
+            with self.lock:
+                with open(path, "rb") as f:
+                    f.read(len(IMAGE_MAGIC))
+                    load_image(self.store, f)
+                self.stream = Stream(self.initial_cfg, self.store)
+                self.results.clear()
+                self.delivered.clear()
+                self.events.clear()
+            return
         if _check_marker(path, self.applied_index(), self.group):
             with self.lock:
                 if self.env is not None:

@@ -340,6 +340,7 @@ class JetStreamService:
             # a replaced peer) joins empty and is caught up by its leader.
             voters = [] if entry.get("scaled") else list(entry["peers"])
             sm.leader_hook = lambda lid, _term: self._on_stream_leader(name, lid)
+            sm.full_images = True
             self.mr.add_group(group, voters, state_machine=sm)
             sm.track = True
             return

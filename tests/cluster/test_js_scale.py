@@ -75,3 +75,45 @@ async def test_scale_r1_r3_r1_under_load_and_peer_remove(js3: JsCluster) -> None
                             (1 if n is node else 0) for n in js3.nodes), timeout=30)
     await nc.close()
     assert errors_in_logs(js3) == []
+
+
+async def test_catch_up_by_snapshot_after_compaction(tmp_path: Any,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """With compaction every 50 entries, members added by scaling R1 -> R3 and a member that
+    was down while the leader compacted can only catch up from the leader's snapshot image."""
+    monkeypatch.setenv("JETRAFT_JS_SNAPSHOT_EVERY", "50")
+    c = JsCluster(tmp_path / "c", 3)
+    try:
+        c.start()
+        c.wait_js()
+        nc = await connect(c.nodes[0])
+        js = nc.jetstream(timeout=10)
+        info = await js.add_stream(name="K", subjects=["k"], num_replicas=1, allow_direct=True)
+        await js.add_consumer("K", durable_name="d", ack_policy="explicit")
+        for i in range(200):
+            await js.publish("k", f"a{i:04d}".encode())
+        cfg = info.config
+        cfg.num_replicas = 3
+        await js.update_stream(cfg)
+        full = await until(lambda: _replicas(js, 3), timeout=30)
+        follower = next(n for n in c.nodes if n.name == full.cluster.replicas[0].name)
+        c.stop_node(follower)
+        for i in range(200):
+            await js.publish("k", f"b{i:04d}".encode())
+        c.start_node(follower)
+        c.wait_js()
+        await until(lambda: _replicas(js, 3), timeout=30)
+        want = [f"a{i:04d}" for i in range(200)] + [f"b{i:04d}" for i in range(200)]
+        for n in c.nodes:
+            await until(lambda n=n: _holds(n, 400), timeout=30)
+            assert await replica_contents(n, 400) == want, n.name
+        ci = await js.consumer_info("K", "d")
+        assert ci.num_pending == 400
+        await nc.close()
+        assert errors_in_logs(c) == []
+    finally:
+        c.stop()
+
+
+async def _holds(node: Any, seq: int) -> bool:
+    return await last_seq_here(node) >= seq
