@@ -408,7 +408,7 @@ class ClusterJS:
                 entry = cluster_meta.create(stored["name"], wire, time.time_ns(), peers)
                 await self.propose_meta(entry)
                 self.svc._stream_created(stored["name"])
-        out = await self.stream_info_from_leader(stored["name"])
+        out = _as_reply(await self.stream_info_from_leader(stored["name"]))
         out["type"] = replies.TYPE_PREFIX + "stream_create_response"
         out["did_create"] = True  # also for an identical re-create, as nats-server says
         return out
@@ -428,7 +428,7 @@ class ClusterJS:
                     _shrink(peers, want, self.stream_leader_hint(name))
             await self.propose_meta(cluster_meta.update(name, wire, peers))
         await self.sync_stream(name)
-        out = await self.stream_info_from_leader(name)
+        out = _as_reply(await self.stream_info_from_leader(name))
         out["type"] = replies.TYPE_PREFIX + "stream_update_response"
         return out
 
@@ -711,6 +711,11 @@ class ClusterJS:
             if not g["leader"] or g["applied"] < g["commit"]:
                 return False
         return True
+
+
+def _as_reply(info: dict[str, Any]) -> dict[str, Any]:
+    """A STREAM.INFO reply as the body of a create/update reply (no subject paging)."""
+    return {k: v for k, v in info.items() if k not in ("total", "offset", "limit")}
 
 
 def _shrink(peers: list[int], want: int, leader: int) -> list[int]:

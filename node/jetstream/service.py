@@ -814,9 +814,12 @@ class JetStreamService:
             pull = self.pulls.get((sm.name, name))
             created = self.consumer_created.get((sm.name, name), sm.created_ns)
             wire = consumer_config.to_wire(consumer.cfg)
-            return replies.consumer_info(kind, sm.name, name, wire, consumer, view,
-                                         rfc3339(created), self._now(),
-                                         num_waiting=len(pull.queue.waiting) if pull else 0)
+            out = replies.consumer_info(kind, sm.name, name, wire, consumer, view,
+                                        rfc3339(created), self._now(),
+                                        num_waiting=len(pull.queue.waiting) if pull else 0)
+        if self.jsc is not None:  # a consumer lives in its stream's group (its replicas)
+            out = _insert_before(out, "ts", "cluster", self.jsc.cluster_info(sm.group))
+        return out
 
     async def _h_consumer_info(self, call: api.Call, subject: str, reply: str, body: bytes
                                ) -> dict[str, Any]:
