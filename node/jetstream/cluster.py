@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import os
 import secrets
 import time
 from typing import Any
@@ -154,12 +155,27 @@ class ClusterJS:
                 if m.peer_id == self.self_id:
                     continue
                 try:
-                    if await self.cluster.request(m.peer_id, "js.meta.hello", b"", 2.0) == b"1":
-                        self.log.info("JetStream: joining the existing meta group")
-                        mr.add_group(META_GROUP, [], state_machine=meta)
-                        return
+                    raw = await self.cluster.request(m.peer_id, "js.meta.hello", b"", 2.0)
+                    hello = json.loads(raw)
                 except Exception:  # noqa: BLE001 (a peer that cannot answer: ask again)
-                    pass
+                    continue
+                if not hello.get("meta"):
+                    continue
+                if self.self_id in hello.get("voters", []) and self._identity_predates_start():
+                    # Our id is a voter of the meta group, but our Raft state is gone (a
+                    # wiped store whose identity file was put back): joining would answer
+                    # votes with a forgotten term and vote. Refuse; a node without the
+                    # identity file gets a new id and joins as a new peer.
+                    self.log.fatal(
+                        f"JetStream: this node's peer id {self.self_id:016x} is a member of "
+                        "the meta group but its Raft state is missing; refusing to rejoin "
+                        "under the old identity (remove the cluster identity file to join "
+                        "as a new peer)")
+                    self.svc.server.shutdown(78)
+                    return
+                self.log.info("JetStream: joining the existing meta group")
+                mr.add_group(META_GROUP, [], state_machine=meta)
+                return
             if len(js) >= expected:
                 voters = sorted(m.peer_id for m in js)
                 self.log.info(f"JetStream: forming the meta group with {len(voters)} nodes")
@@ -167,8 +183,20 @@ class ClusterJS:
                 return
             await asyncio.sleep(0.2)
 
+    def _identity_predates_start(self) -> bool:
+        """Was this node's identity file there before this process started? (A fresh
+        node, listed by the nodes that formed the meta group, creates it at start.)"""
+        path = os.path.join(self.svc.store_dir, "cluster", "identity")
+        try:
+            return os.path.getmtime(path) < self.svc.server.start_time
+        except OSError:
+            return False
+
     async def _h_hello(self, _peer: int, _payload: bytes) -> bytes:
-        return b"1" if self.meta_started else b"0"
+        if not self.meta_started:
+            return b'{"meta":false}'
+        voters = self.svc.mr.status(META_GROUP)["voters"]
+        return json.dumps({"meta": True, "voters": voters}).encode()
 
     # ------------------------------------------------------------------ who leads
 
@@ -551,13 +579,19 @@ class ClusterJS:
             await self.svc.mr.remove_member(META_GROUP, peer)
         return {"type": replies.TYPE_PREFIX + "meta_server_remove_response", "success": True}
 
-    async def _replace_peer(self, name: str, a: dict[str, Any], peer: int) -> None:
+    async def _replace_peer(self, name: str, a: dict[str, Any], peer: int,
+                            shrink: bool = True) -> bool:
+        """Move `name`'s replica off `peer` (placement picks the new one). With no peer to
+        move it to: shrink the replica set (`shrink`), or leave it and say False."""
         keep = [p for p in a["peers"] if p != peer]
         try:
             peers = self.place(a["config"], keep=keep, exclude=[peer])
         except ApiError:
+            if not shrink:
+                return False
             peers = keep or a["peers"]  # nowhere to move it: shrink rather than refuse
         await self.propose_meta(cluster_meta.update(name, a["config"], peers))
+        return True
 
     async def peer_remove(self, name: str, body: bytes) -> dict[str, Any]:
         req = json.loads(body) if body.strip() else {}
@@ -584,13 +618,14 @@ class ClusterJS:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 (next round tries again)
-                self.log.debug(f"JetStream cluster duty: {exc!r}")
+                self.log.warn(f"JetStream cluster duty: {exc!r}")
 
     async def _duty_round(self) -> None:
         if not self.meta_started:
             return
         mr = self.svc.mr
         if self.is_meta_leader():
+            await self._forget_replaced()
             voters = set(mr.status(META_GROUP)["voters"])
             removed = set(self.catalogue().removed)
             for m in self.cluster.members().values():
@@ -603,7 +638,11 @@ class ClusterJS:
             if a is None or mr.leader(sm.group) != self.self_id:
                 continue
             await self.svc._sync_config(name)
-            await self._sync_members(sm.group, list(a["peers"]))
+            try:
+                await asyncio.wait_for(self._sync_members(sm.group, list(a["peers"])), 10.0)
+            except TimeoutError:
+                self.log.warn(f"JetStream: membership change of {sm.group} not committed "
+                              f"within 10 s: {mr.status(sm.group)}")
         now = time.monotonic()
         for name in list(self.svc.streams):
             a = self.catalogue().streams.get(name)
@@ -619,6 +658,32 @@ class ClusterJS:
             if self.self_id not in st["voters"] or now - since > UNASSIGNED_GRACE_S:
                 self._unassigned.pop(name, None)
                 await self.svc._close_stream(name)
+
+    async def _forget_replaced(self) -> None:
+        """A node whose store was wiped came back with a new id at the same address
+        (node/cluster marks the old id gone): the old id leaves the meta group and every
+        stream it held a replica of gets a replacement, as SERVER.REMOVE would do."""
+        gone = set(getattr(getattr(self.cluster, "table", None), "gone", set()))
+        if not gone:
+            return
+        mr = self.svc.mr
+        voters = set(mr.status(META_GROUP)["voters"])
+        held = {p for a in self.catalogue().streams.values() for p in a["peers"]}
+        for peer in sorted(gone & (voters | held)):
+            self.log.info(f"JetStream: peer {short_peer(peer)} was replaced (wiped store): "
+                          "removing it")
+            async with self.svc._meta_lock:
+                # Its replicas move first, each only once a new peer (normally the node
+                # that replaced it, as soon as it is up) can take it: never shrink here.
+                for name, a in sorted(self.catalogue().streams.items()):
+                    if peer in a["peers"] and not await self._replace_peer(
+                            name, a, peer, shrink=False):
+                        return  # next round
+                if peer not in self.catalogue().removed:
+                    await self.propose_meta(cluster_meta.remove_server(peer))
+                if peer in voters:
+                    await mr.remove_member(META_GROUP, peer)
+            return
 
     async def _sync_members(self, group: str, peers: list[int]) -> None:
         mr = self.svc.mr

@@ -54,13 +54,13 @@ async def publisher(nc: nats.NATS, pid: int, count: int, acked: list[tuple[str, 
             progress.set()
 
 
-async def replica_contents(node: Any, last: int) -> list[str]:
+async def replica_contents(node: Any, last: int, stream: str = "K") -> list[str]:
     nc = await connect(node)
     try:
         out = []
         for seq in range(1, last + 1):
-            msg = await nc.request("$JS.API.DIRECT.GET.K", json.dumps({"seq": seq}).encode(),
-                                   timeout=5)
+            msg = await nc.request(f"$JS.API.DIRECT.GET.{stream}",
+                                   json.dumps({"seq": seq}).encode(), timeout=5)
             assert msg.headers is not None and msg.headers.get("Nats-Sequence") == str(seq), \
                 (node.name, seq, msg.headers)
             out.append(msg.data.decode())
@@ -69,11 +69,12 @@ async def replica_contents(node: Any, last: int) -> list[str]:
         await nc.close()
 
 
-async def last_seq_here(node: Any) -> int:
+async def last_seq_here(node: Any, stream: str = "K", subject: str = "k") -> int:
     """The last sequence this replica holds (DIRECT.GET last_by_subj, answered locally)."""
     nc = await connect(node)
     try:
-        msg = await nc.request("$JS.API.DIRECT.GET.K", b'{"last_by_subj":"k"}', timeout=5)
+        msg = await nc.request(f"$JS.API.DIRECT.GET.{stream}",
+                               json.dumps({"last_by_subj": subject}).encode(), timeout=5)
         return int(msg.headers.get("Nats-Sequence", "0")) if msg.headers else 0
     finally:
         await nc.close()
