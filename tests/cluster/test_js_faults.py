@@ -131,3 +131,50 @@ async def test_kill_9_of_the_stream_leader_while_publishing(js3: JsCluster) -> N
 
 async def _at_least(node: Any, seq: int) -> bool:
     return await last_seq_here(node) >= seq
+
+
+async def test_meta_leader_killed_during_stream_creation(js3: JsCluster) -> None:
+    """Creates in flight while the meta leader is killed: every create that was answered
+    with success survives (on every node, after the restart), a retried create succeeds
+    (identical config), and every stream takes publishes."""
+    meta = js3.nodes[0].get("/jsz")["meta_cluster"]["leader"]
+    leader = next(n for n in js3.nodes if n.name == meta)
+    other = next(n for n in js3.nodes if n is not leader)
+    nc = await connect(other)
+    names = [f"M{i}" for i in range(8)]
+
+    async def create(name: str) -> bool:
+        try:
+            r = await api(nc, f"STREAM.CREATE.{name}", {"name": name, "subjects": [name.lower()],
+                                                        "num_replicas": 3}, timeout=8)
+        except Exception:  # noqa: BLE001 (no answer: outcome unknown)
+            return False
+        return "error" not in r
+
+    tasks = [asyncio.ensure_future(create(n)) for n in names]
+    await asyncio.sleep(0.05)
+    js3.stop_node(leader, sig=signal.SIGKILL)
+    answered = dict(zip(names, await asyncio.gather(*tasks), strict=True))
+    js3.start_node(leader)
+    js3.wait_js()
+    for n in js3.nodes:
+        c = await connect(n)
+        for name, ok in answered.items():
+            if ok:  # acknowledged: never forgotten
+                r = await until(lambda c=c, name=name: _found(c, name), timeout=20)
+                assert r["config"]["name"] == name, (n.name, r)
+        await c.close()
+    for name in names:  # a retry converges (identical config: success, did_create)
+        r = await until(lambda name=name: create(name), timeout=30)
+        assert r
+        ack = json.loads((await nc.request(name.lower(), b"x", timeout=5)).data)
+        assert ack["stream"] == name and ack["seq"] >= 1
+    r = await api(nc, "STREAM.NAMES")
+    assert sorted(r["streams"]) == names
+    await nc.close()
+    assert errors_in_logs(js3) == []
+
+
+async def _found(nc: nats.NATS, name: str) -> dict[str, Any] | None:
+    r = await api(nc, f"STREAM.INFO.{name}")
+    return None if "error" in r else r
