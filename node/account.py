@@ -10,10 +10,12 @@ changes are announced (to routes: node/cluster/).
 
 In a cluster, `routes` (node/cluster/service.py AccountRoutes) forwards each
 publish made on this node to the peers with interest, once per peer, after
-local delivery: a queue group served here is not offered to peers (a local
-member is preferred, as in nats-server); a group with no local member goes to
-one peer. A message that came in over a route (`deliver_routed`) reaches
-local subscribers only and never goes out again (the one-hop rule).
+local delivery. A queue group gets one member of the whole cluster, chosen
+uniformly over its members (a peer weighs by its member count), as a
+nats-server 2.15 cluster does; a group served here is not offered to peers,
+and one no local member took goes to one peer. A message that came in over a
+route (`deliver_routed`) reaches local subscribers only and never goes out
+again (the one-hop rule).
 
 An account with subject mappings, imports or exports has a `router`
 (node/crossaccount.py) that every publish goes through instead; a plain
@@ -48,6 +50,7 @@ class Account:
         self.name = name
         self.set_limits(limits, mappings)
         self.connections = 0  # network clients logged into this account
+        self.remote_connections = 0  # on other nodes (cluster gossip; limited accounts only)
         # Set when mappings, imports or exports apply here (node/crossaccount.py):
         # publishes then go through it, and the fast path stays off.
         self.router: Any = None
@@ -199,7 +202,16 @@ class Account:
                     count += 1
             if qsubs:
                 served = set()
+                remote = self.routes.queue_weights(match_subject or subject) \
+                    if self.routes is not None and not getattr(publisher, "from_route", False) \
+                    else None
                 for queue, members in qsubs.items():
+                    if remote:
+                        # One member of the whole cluster's group, chosen uniformly (peers
+                        # weigh by their member count), as a nats-server cluster does.
+                        r = remote.get(queue, 0)
+                        if r and random.randrange(len(members) + r) >= len(members):
+                            continue  # a peer's member takes it
                     if _deliver_to_group(members, skip, msg):
                         count += 1
                         served.add(queue)
@@ -219,12 +231,15 @@ class Account:
         """A message a peer forwarded: every local plain subscriber, and one local
         member of each queue group in `queues` (the groups the peer chose this
         node for). Never forwarded again, never answered with no-responders."""
+        count = 0
+        if self.router is not None and subject.startswith("_R_."):
+            # A reply to a service import whose response route this node may hold.
+            count += self.router.deliver_response(publisher, subject, headers, payload)
         result = self._match(match_subject or subject)
         psubs, qsubs = result.psubs, result.qsubs
         if not psubs and not (queues and qsubs):
-            return 0
+            return count
         msg = Message(subject, reply, headers, payload)
-        count = 0
         for sub in psubs:
             if not sub.dead and sub.client.deliver(sub, msg):
                 count += 1

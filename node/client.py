@@ -478,7 +478,7 @@ class Client(asyncio.Protocol):
         account = self.server.lookup_account(identity.account)
         if account is not self.account and self.kind is Kind.CLIENT:
             limit = account.max_connections
-            if 0 <= limit <= account.connections:
+            if 0 <= limit <= account.connections + account.remote_connections:
                 self.server.log.error(f"{self.host}:{self.port} - cid:{self.cid} - "
                                       f"{MAX_ACCOUNT_CONNECTIONS}")
                 self.send_err(MAX_ACCOUNT_CONNECTIONS, close=True)

@@ -1075,6 +1075,11 @@ def validate_options(opts: Options) -> None:
         # Membership by certificate needs a CA to check peers against: no CA, no cluster.
         raise ConfigError("cluster.tls needs cert_file, key_file and ca_file "
                           "(nodes verify each other's certificates)")
+    if (opts.cluster.password or "").startswith("$2"):
+        # Each node proves it knows the secret before a peer sends it anything
+        # (node/cluster/security.py): a hash cannot prove that.
+        raise ConfigError("cluster.authorization: use a plain password or a token "
+                          "(nodes prove to each other that they know it), not a bcrypt hash")
     if opts.cluster.routes and not opts.cluster.port:
         raise ConfigError("routes need a cluster listener (cluster { listen } or --cluster)")
 

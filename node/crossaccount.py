@@ -107,6 +107,15 @@ class Router:
 
     # ------------------------------------------------------------------ responses
 
+    def deliver_response(self, publisher: Any, subject: str, headers: bytes | None,
+                         payload: bytes) -> int:
+        """A `_R_.` reply that came in over a route (the responder is on another
+        node): back to the requester's account if this node opened that route."""
+        route = self._response_route(subject)
+        if route is None:
+            return 0
+        return route.account.deliver_local(publisher, route.reply, None, headers, payload)
+
     def _open_response(self, requester: Account, reply: str, export: Any) -> str:
         """A fresh subject in the exporter that leads back to `reply` in the
         requester's account."""

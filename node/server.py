@@ -181,6 +181,8 @@ class Server:
             self.auth.accounts.add(key)
         account.set_limits(acc_conf.limits, acc_conf.mappings or None)
         self.router = self._wire_router(conf)
+        if self.cluster is not None:
+            self.cluster.announce_response_interest()
         for client in list(self.clients.values()):
             client.account_changed(account)
 

@@ -151,6 +151,11 @@ class RouteStub:
         Args:
             channel: A grpc.Channel.
         """
+        self.Prove = channel.unary_unary(
+                '/jetraft.cluster.Route/Prove',
+                request_serializer=proto_dot_cluster__pb2.ProveMsg.SerializeToString,
+                response_deserializer=proto_dot_cluster__pb2.ProveMsg.FromString,
+                _registered_method=True)
         self.Hello = channel.unary_unary(
                 '/jetraft.cluster.Route/Hello',
                 request_serializer=proto_dot_cluster__pb2.HelloMsg.SerializeToString,
@@ -175,6 +180,12 @@ class RouteStub:
 
 class RouteServicer:
     """Missing associated documentation comment in .proto file."""
+
+    def Prove(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
 
     def Hello(self, request, context):
         """Missing associated documentation comment in .proto file."""
@@ -203,6 +214,11 @@ class RouteServicer:
 
 def add_RouteServicer_to_server(servicer, server):
     rpc_method_handlers = {
+            'Prove': grpc.unary_unary_rpc_method_handler(
+                    servicer.Prove,
+                    request_deserializer=proto_dot_cluster__pb2.ProveMsg.FromString,
+                    response_serializer=proto_dot_cluster__pb2.ProveMsg.SerializeToString,
+            ),
             'Hello': grpc.unary_unary_rpc_method_handler(
                     servicer.Hello,
                     request_deserializer=proto_dot_cluster__pb2.HelloMsg.FromString,
@@ -233,6 +249,33 @@ def add_RouteServicer_to_server(servicer, server):
  # This class is part of an EXPERIMENTAL API.
 class Route:
     """Missing associated documentation comment in .proto file."""
+
+    @staticmethod
+    def Prove(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/jetraft.cluster.Route/Prove',
+            proto_dot_cluster__pb2.ProveMsg.SerializeToString,
+            proto_dot_cluster__pb2.ProveMsg.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
 
     @staticmethod
     def Hello(request,

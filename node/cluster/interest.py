@@ -148,6 +148,16 @@ class RemoteInterest:
                 out.setdefault(peer, []).append(queue)
         return out
 
+    def queue_weights(self, account: str, subject: str) -> dict[str, int]:
+        """Queue group -> the peers' member count for `subject` (empty: none)."""
+        sl = self.sublists.get(account)
+        if sl is None:
+            return {}
+        qsubs = sl.match(subject).qsubs
+        if not qsubs:
+            return {}
+        return {q: sum(m.weight for m in members if not m.dead) for q, members in qsubs.items()}
+
     def _pick(self, members: list) -> int | None:
         total = sum(m.weight for m in members if not m.dead)
         if total <= 0:

@@ -31,7 +31,8 @@ GOSSIP_INTERVAL = 0.5
 GOSSIP_TIMEOUT = 2.0
 GOSSIP_FAILURES = 3  # consecutive failed gossips before the peer counts as down
 QUEUE_BYTES = 32 << 20  # queued messages per link beyond which new ones are dropped
-BATCH_BYTES = 1 << 20
+BATCH_OPS = 4096  # ops per RouteBatch: a reset with a huge interest snapshot stays small
+BATCH_BYTES = 1 << 20  # frame bytes per RouteBatch
 
 
 class Link:
@@ -61,7 +62,9 @@ class Link:
 
     # ---- queueing (never blocks; called on the publisher's path)
 
-    def send_op(self, op: pb.RouteOp, size: int, droppable: bool) -> bool:
+    def send_op(self, op: pb.RouteOp | bytes, size: int, droppable: bool) -> bool:
+        """Queue an interest op (never dropped) or a message frame (bytes,
+        node/cluster/frames.py; dropped past QUEUE_BYTES)."""
         if self.closed:
             return False
         if droppable and self.queued_bytes + self.pending_bytes + size > QUEUE_BYTES:
@@ -79,13 +82,35 @@ class Link:
 
     def _flush(self) -> None:
         self._flush_scheduled = False
-        ops, self.pending = self.pending, []
-        size, self.pending_bytes = self.pending_bytes, 0
-        if not ops or self.closed:
+        items, self.pending = self.pending, []
+        self.pending_bytes = 0
+        if not items or self.closed:
             return
-        self.queue.append((pb.RouteBatch(from_peer=self.cluster.self_id, ops=ops), size))
-        self.queued_bytes += size
+        me = self.cluster.self_id
+        # Runs of frames and runs of ops become separate batches, in order.
+        run: list = []
+        run_bytes = 0
+        frames = isinstance(items[0], bytes)
+        for item in items:
+            is_frame = isinstance(item, bytes)
+            if is_frame != frames or len(run) >= BATCH_OPS or run_bytes >= BATCH_BYTES:
+                self._queue_batch(me, run, frames, run_bytes)
+                run, run_bytes, frames = [], 0, is_frame
+            run.append(item)
+            if is_frame:
+                run_bytes += len(item)
+        self._queue_batch(me, run, frames, run_bytes)
         self.ready.set()
+
+    def _queue_batch(self, me: int, run: list, frames: bool, nbytes: int) -> None:
+        if not run:
+            return
+        if frames:
+            batch = pb.RouteBatch(from_peer=me, frames=b"".join(run))
+        else:
+            batch = pb.RouteBatch(from_peer=me, ops=run)
+        self.queue.append((batch, nbytes))
+        self.queued_bytes += nbytes
 
     # ---- the session
 
@@ -93,7 +118,6 @@ class Link:
         """Until the link fails or is closed."""
         self._stream = pb_grpc.RouteStub(self.data).Messages()
         self.pending[:0] = first_ops
-        self.pending_bytes += sum(64 for _ in first_ops)
         self._flush()
         writer = asyncio.ensure_future(self._writer())
         gossip = asyncio.ensure_future(self._gossip_loop())

@@ -34,10 +34,20 @@ READY_TIMEOUT = 30.0
 REPO_ROOT = str(Path(__file__).resolve().parents[2])
 
 
+_given: set[int] = set()
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    """A free port never handed out before by this process (the kernel may give
+    the same ephemeral port to two bind(0) calls in a row)."""
+    for _ in range(1000):
+        with socket.socket() as s:
+            s.bind((host, 0))
+            port = s.getsockname()[1]
+        if port not in _given:
+            _given.add(port)
+            return port
+    raise RuntimeError("no free port found")
 
 
 @dataclass
@@ -88,7 +98,8 @@ class LocalNode:
 class LocalCluster:
     def __init__(self, directory: str | Path, n: int = 3, *, name: str = "jetraft",
                  tags: Sequence[Sequence[str]] = (), jetstream: bool = True,
-                 extra_config: str = "", routes_to: str = "all") -> None:
+                 extra_config: str = "", routes_to: str = "all",
+                 cluster_extra: str = "") -> None:
         """`routes_to`: "all" (each node lists every node) or "first" (only node 1:
         the others find each other by gossip)."""
         self.dir = Path(directory)
@@ -96,6 +107,7 @@ class LocalCluster:
         self.jetstream = jetstream
         self.extra_config = extra_config
         self.routes_to = routes_to
+        self.cluster_extra = cluster_extra  # inside cluster { } (authorization, tls)
         self.nodes = [
             LocalNode(f"n{i + 1}", free_port(), free_port(), free_port(),
                       self.dir / f"n{i + 1}", list(tags[i % len(tags)]) if tags else [])
@@ -120,6 +132,7 @@ class LocalCluster:
             f"  name: {self.name}",
             f"  listen: \"127.0.0.1:{node.cluster_port}\"",
             f"  routes: [{routes}]",
+            self.cluster_extra,
             "}",
             self.extra_config,
         ]
@@ -247,10 +260,17 @@ def cluster_up(args: list[str], out: TextIO, err: TextIO) -> int:
     a = p.parse_args(args)
     cluster = LocalCluster(a.dir, a.n, name=a.name, tags=_parse_tags(a.tags, a.n),
                            jetstream=not a.no_js)
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    # Also when started in the background (SIGINT ignored there) or told to stop by SIGTERM.
+    signal.signal(signal.SIGINT, interrupt)
+    signal.signal(signal.SIGTERM, interrupt)
     try:
         cluster.start()
-    except (RuntimeError, TimeoutError) as e:
-        print(f"jetraft cluster up: {e}", file=err)
+    except (RuntimeError, TimeoutError, KeyboardInterrupt) as e:
+        print(f"jetraft cluster up: {e or 'interrupted'}", file=err)
         cluster.stop()
         return 1
     state = cluster.write_state()
@@ -270,7 +290,7 @@ def cluster_up(args: list[str], out: TextIO, err: TextIO) -> int:
             time.sleep(0.5)
         print("a node exited; stopping the cluster", file=err)
     except KeyboardInterrupt:
-        pass
+        print("stopping the cluster", file=out)
     cluster.stop()
     return 0
 

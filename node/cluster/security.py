@@ -11,6 +11,7 @@ a Raft message. Outgoing calls carry this node's credentials: a route URL's
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -21,6 +22,7 @@ import grpc
 from node.options import ClusterOptions
 
 AUTH_KEY = "x-jetraft-route-auth"
+PROVE_METHOD = "/jetraft.cluster.Route/Prove"  # needs no credentials (see ProveMsg)
 
 CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", 64 << 20),
@@ -62,6 +64,19 @@ class Authorizer:
     @property
     def required(self) -> bool:
         return bool(self.user or self.token)
+
+    def _secret(self) -> bytes:
+        return (self.token or f"{self.user}:{self.password or ''}").encode()
+
+    def prove(self, nonce: bytes, addr: str) -> bytes:
+        """This node's proof that it knows the cluster secret (see ProveMsg)."""
+        if not self.required:
+            return b""
+        msg = b"jetraft-route-accept|" + nonce + b"|" + addr.encode()
+        return hmac.new(self._secret(), msg, hashlib.sha256).digest()
+
+    def check_proof(self, nonce: bytes, addr: str, proof: bytes) -> bool:
+        return hmac.compare_digest(self.prove(nonce, addr), proof)
 
     def allows(self, presented: str | None) -> bool:
         if not self.required:
@@ -111,7 +126,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler:
         handler = await continuation(details)
-        if handler is None or not self.auth.required:
+        if handler is None or not self.auth.required or details.method == PROVE_METHOD:
             return handler
         presented = None
         for key, value in details.invocation_metadata or ():

@@ -15,13 +15,14 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import socket
 import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import grpc
 
-from node.cluster import identity
+from node.cluster import frames, identity
 from node.cluster.interest import Change, LocalInterest, RemoteInterest
 from node.cluster.link import Link
 from node.cluster.members import Member, MemberTable
@@ -40,6 +41,7 @@ from node.cluster.wire import (
     parse_route_url,
     public_host,
 )
+from node.crossaccount import RESPONSE_PREFIX
 from proto import cluster_pb2 as pb
 from proto import cluster_pb2_grpc as pb_grpc
 
@@ -85,6 +87,10 @@ class AccountRoutes:
         self.name = name
         self.remote = cluster.remote
 
+    def queue_weights(self, subject: str) -> dict[str, int]:
+        """Queue group -> members on peers, for a message on `subject`."""
+        return self.remote.queue_weights(self.name, subject)
+
     def has_interest(self, subject: str) -> bool:
         sl = self.remote.sublists.get(self.name)
         return sl is not None and sl.has_interest(subject)
@@ -125,6 +131,7 @@ class Cluster:
         self._gen = 0
         self.publishers: dict[int, RoutePublisher] = {}
         self._rids: dict[int, int] = {}
+        self._response_interest: set[tuple[str, str]] = set()
         self.handlers: dict[str, Handler] = {}
         self._member_cbs: list[MemberCallback] = []
         self._req_channels: dict[int, tuple[str, grpc.aio.Channel]] = {}
@@ -168,6 +175,12 @@ class Cluster:
         if reply.error:
             raise RequestError(reply.error)
         return reply.payload
+
+    def routez(self, query: dict[str, str] | None = None) -> dict[str, Any]:
+        """nats-server's /routez document (also for `$SYS.REQ.SERVER.*.ROUTEZ`)."""
+        from node.cluster.routez import routez
+
+        return routez(self.server, query or {})
 
     def rid(self, peer: int) -> int:
         """A small stable number per peer for /routez."""
@@ -226,6 +239,30 @@ class Cluster:
                       f"({scheme}, peer id {self.self_id:016x})")
         for seed in self.seeds:
             self._dial(seed.addr, seed.credentials, solicited=True)
+        self._spawn(self._count_connections())
+
+    async def _count_connections(self) -> None:
+        """Gossip this node's client count of every account with a connection
+        limit, so each node enforces the limit over the whole cluster (within a
+        gossip round: two nodes admitting at the same instant may overshoot)."""
+        while not self._closing:
+            counts = {name: acc.connections for name, acc in self.server.accounts.items()
+                      if acc.max_connections >= 0 and acc.connections}
+            assert self.table is not None
+            if counts != self.table.me.account_conns:
+                self.update_self(account_conns=counts)
+            await asyncio.sleep(0.1)
+
+    def _sum_remote_connections(self) -> None:
+        assert self.table is not None
+        totals: dict[str, int] = {}
+        for m in self.table.members.values():
+            if m.is_self or not m.up or m.shutdown:
+                continue
+            for name, n in m.account_conns.items():
+                totals[name] = totals.get(name, 0) + n
+        for name, acc in self.server.accounts.items():
+            acc.remote_connections = totals.get(name, 0)
 
     def set_client_urls(self, client_urls: list[str], ws_urls: list[str]) -> None:
         """Called once the client listeners are bound (and by jscluster for storage)."""
@@ -295,6 +332,25 @@ class Cluster:
         account.interest_listeners.append(on_interest)
         for sub in account.sublist.iter_subscriptions():  # subscriptions made before the cluster
             on_interest(sub, 1)
+        self.announce_response_interest()
+
+    def announce_response_interest(self) -> None:
+        """Replies to a service import are published in the exporting account on
+        `_R_.<token>`, possibly on another node, while the route back to the
+        requester lives on the node that forwarded the request: so a node whose
+        accounts import services from E announces interest in E's `_R_.>`."""
+        router = getattr(self.server, "router", None)
+        if router is None:
+            return
+        for acc in router.conf.accounts.values():
+            for imp in acc.service_imports:
+                key = (imp.account, RESPONSE_PREFIX + ">")
+                if key in self._response_interest or imp.account not in self.server.accounts:
+                    continue
+                self._response_interest.add(key)
+                change = self.local.add(imp.account, RESPONSE_PREFIX + ">", None)
+                if change is not None:
+                    self._broadcast_interest(change)
 
     def _broadcast_interest(self, change: Change) -> None:
         op = change_to_pb(change)
@@ -305,22 +361,33 @@ class Cluster:
                  reply: str | None, headers: bytes | None, payload: bytes,
                  match_subject: str | None = None) -> int:
         sent = 0
-        size = len(payload) + len(subject) + (len(headers) if headers else 0)
+        frame = b""
         for peer, queues in targets.items():
             link = self.links.get(peer)
             if link is None:
                 continue
-            op = pb.RouteOp(msg=pb.RouteMsg(
-                account=account, subject=subject, reply=reply or "", headers=headers or b"",
-                has_headers=headers is not None, payload=payload, queues=queues,
-                match_subject=match_subject or ""))
-            if link.send_op(op, size, droppable=True):
+            if queues or not frame:
+                f = frames.encode(account, subject, reply, headers, payload, queues, match_subject)
+                if not queues:
+                    frame = f  # the same bytes for every peer without queue groups
+            else:
+                f = frame
+            if link.send_op(f, len(f), droppable=True):
                 sent += 1
         return sent
 
     # ------------------------------------------------------------------ incoming ops
 
     def on_route_batch(self, peer: int, batch: pb.RouteBatch) -> None:
+        if batch.frames:
+            try:
+                for account, subject, reply, headers, payload, queues, match in \
+                        frames.decode(batch.frames):
+                    self._deliver_frame(peer, account, subject, reply, headers, payload,
+                                        queues, match)
+            except frames.FrameError as err:
+                self.bad_ops += 1
+                self.log.warn(f"route from {peer:016x}: malformed message frames dropped: {err}")
         for op in batch.ops:
             which = op.WhichOneof("op")
             if which == "msg":
@@ -334,26 +401,31 @@ class Cluster:
                 self.bad_ops += 1
 
     def _deliver(self, peer: int, m: pb.RouteMsg) -> None:
-        account = self.server.accounts.get(m.account)
-        if account is None or not m.subject:
+        self._deliver_frame(peer, m.account, m.subject, m.reply or None,
+                            m.headers if m.has_headers else None, m.payload, list(m.queues),
+                            m.match_subject or None)
+
+    def _deliver_frame(self, peer: int, account_name: str, subject: str, reply: str | None,
+                       headers: bytes | None, payload: bytes, queues: list[str],
+                       match: str | None) -> None:
+        account = self.server.accounts.get(account_name)
+        if account is None or not _framable(subject, reply, headers, match):
             self.bad_ops += 1
             return
         pub = self.publishers.get(peer)
         if pub is None:
             pub = self.publishers[peer] = RoutePublisher(peer)
         self.in_msgs += 1
-        self.in_bytes += len(m.payload)
+        self.in_bytes += len(payload)
         link = self.links.get(peer)
         if link is not None:
             link.in_msgs += 1
-            link.in_bytes += len(m.payload)
+            link.in_bytes += len(payload)
         try:
-            account.deliver_routed(pub, m.subject, m.reply or None,
-                                   m.headers if m.has_headers else None, m.payload,
-                                   m.queues, m.match_subject or None)
+            account.deliver_routed(pub, subject, reply, headers, payload, queues, match)
         except Exception as err:  # noqa: BLE001 - one bad message must not end the route
             self.bad_ops += 1
-            self.log.error(f"route message from {peer:016x} on {m.subject!r} failed: {err!r}")
+            self.log.error(f"route message from {peer:016x} on {subject!r} failed: {err!r}")
 
     def incoming_opened(self, peer: int) -> int:
         self._gen += 1
@@ -402,6 +474,7 @@ class Cluster:
             self._member_changed(merged)
 
     def _member_changed(self, m: Member) -> None:
+        self._sum_remote_connections()
         for cb in list(self._member_cbs):
             try:
                 cb(m)
@@ -490,6 +563,8 @@ class Cluster:
 
     async def _hello(self, addr: str, ctrl: grpc.aio.Channel) -> int:
         """The peer id at `addr`, 0 when it cannot be reached or refused us."""
+        if self.auth.required and not await self._acceptor_proves(addr, ctrl):
+            return 0
         try:
             reply = await pb_grpc.RouteStub(ctrl).Hello(self.hello_msg(), timeout=HELLO_TIMEOUT)
         except grpc.aio.AioRpcError as err:
@@ -510,6 +585,35 @@ class Cluster:
                 return 0
             self.merge_gossip([reply.self, *reply.members], via=reply.self.peer_id)
         return reply.self.peer_id
+
+    async def _acceptor_proves(self, addr: str, ctrl: grpc.aio.Channel) -> bool:
+        """With cluster authorization, credentials go only to a node that
+        proves it knows the cluster secret: an impostor at a configured route
+        address learns nothing and gets nothing."""
+        nonce = os.urandom(16)
+        try:
+            reply = await pb_grpc.RouteStub(ctrl).Prove(pb.ProveMsg(nonce=nonce, addr=addr),
+                                                        timeout=HELLO_TIMEOUT)
+        except grpc.aio.AioRpcError as err:
+            self.log.debug(f"route {addr}: {err.code().name}")
+            return False
+        if not self.auth.check_proof(nonce, addr, reply.proof):
+            self.log.error(f"route {addr}: the node there is not a cluster member "
+                           "(no proof of the cluster authorization); not connecting")
+            return False
+        return True
+
+    def is_self_addr(self, addr: str) -> bool:
+        """Whether dialing `addr` reaches this node: one of its own addresses, or
+        its cluster port on a name of this host."""
+        if addr in self.self_addrs:
+            return True
+        host, _, port = addr.rpartition(":")
+        if port != str(self.port):
+            return False
+        hosts = {h.rpartition(":")[0].strip("[]") for h in self.self_addrs}
+        hosts |= {"localhost", "127.0.0.1", "::1", socket.gethostname()}
+        return host.strip("[]") in hosts
 
     def _check_peer(self, cluster_name: str) -> str:
         if self.name and cluster_name and cluster_name != self.name:
@@ -561,9 +665,35 @@ class Cluster:
         return await fn(from_peer, payload)
 
 
+_WS = str.maketrans("", "", " \t\r\n")
+
+
+def _framable(subject: str, reply: str | None, headers: bytes | None, match: str | None) -> bool:
+    """What a client's MSG line can carry: a subject and reply without
+    whitespace, and a header block shaped as NATS headers (a peer runs our code,
+    but a bug or an impostor there must not corrupt clients' streams here)."""
+    if not subject:
+        return False
+    for s in (subject, reply, match):
+        if s and len(s.translate(_WS)) != len(s):
+            return False
+    if headers is not None and not (headers.startswith(b"NATS/1.0")
+                                    and headers.endswith(b"\r\n\r\n")):
+        return False
+    return True
+
+
 class _RouteServicer(pb_grpc.RouteServicer):
     def __init__(self, cluster: Cluster) -> None:
         self.c = cluster
+
+    async def Prove(self, request: pb.ProveMsg, context: Any) -> pb.ProveMsg:  # noqa: N802
+        c = self.c
+        # Only for an address of this node: a proof for another node's address
+        # would let an impostor relay it to a member dialing the impostor.
+        if not c.is_self_addr(request.addr) or len(request.nonce) < 16:
+            return pb.ProveMsg()
+        return pb.ProveMsg(proof=c.auth.prove(request.nonce, request.addr))
 
     async def Hello(self, request: pb.HelloMsg, context: Any) -> pb.HelloMsg:  # noqa: N802
         c = self.c

@@ -6,12 +6,19 @@ from collections.abc import Iterator
 
 import pytest
 
+import node.cluster.local
 from node.cluster.local import LocalCluster
+from tests.ports import free_port
+
+# One registry of ports handed out in this test run (nats-server oracles use tests.ports too).
+node.cluster.local.free_port = free_port
 
 ACCOUNTS = """
 accounts {
-  A { users: [{user: a, password: a}] }
-  B { users: [{user: b, password: b}] }
+  A { users: [{user: a, password: a}], imports: [{service: {account: E, subject: "svc.>"}}] }
+  B { users: [{user: b, password: b}], imports: [{stream: {account: E, subject: "ev.>"}}] }
+  E { users: [{user: e, password: e}], exports: [{service: "svc.>"}, {stream: "ev.>"}] }
+  L { users: [{user: l, password: l}], limits: {max_connections: 2} }
 }
 """
 

@@ -59,6 +59,18 @@ async def test_members_request_and_raft_transport() -> None:
         with pytest.raises(RequestError):
             await c1.request(12345, "echo", b"", timeout=2)
 
+        # A JetStream-style delivery: matched on the inbox, shown with the stored subject.
+        seen: list[tuple[str, bytes]] = []
+        s2.subscribe_internal("_INBOX.pull", lambda sub, subj, rep, h, p: seen.append((subj, p)))
+        await _until(lambda: s1.global_account.has_interest("_INBOX.pull"))
+        assert not s1.global_account.sublist.has_interest("_INBOX.pull")  # local: none
+        s1.global_account.deliver_as(None, "_INBOX.pull", "orders.1", None, None, b"m1")
+        await _until(lambda: seen == [("orders.1", b"m1")])
+        # 10,000 interest changes in one loop turn cross in several batches.
+        for i in range(10_000):
+            s2.subscribe_internal(f"many.{i}", lambda *a: None)
+        await _until(lambda: s1.global_account.has_interest("many.9999"))
+
         got: list[Message] = []
         t1 = c1.raft_transport(lambda msgs: None)
         t2 = c2.raft_transport(got.extend)
