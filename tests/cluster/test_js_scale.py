@@ -96,7 +96,8 @@ async def test_catch_up_by_snapshot_after_compaction(tmp_path: Any,
         cfg.num_replicas = 3
         await js.update_stream(cfg)
         full = await until(lambda: _replicas(js, 3), timeout=30)
-        follower = next(n for n in c.nodes if n.name == full.cluster.replicas[0].name)
+        follower = next(n for n in c.nodes[1:]  # not the node the client is connected to
+                        if n.name in {r.name for r in full.cluster.replicas})
         c.stop_node(follower)
         for i in range(200):
             await js.publish("k", f"b{i:04d}".encode())
