@@ -267,6 +267,20 @@ def _routez(server: Server, query: dict[str, str]) -> dict[str, Any]:
     return routez(server, query)
 
 
+def _jsz(server: Server, query: dict[str, str]) -> dict[str, Any]:
+    from node.jetstream.jsz import jsz
+
+    return jsz(server, query)
+
+
+def _js_health(server: Server) -> tuple[bool, str]:
+    if getattr(server, "jetstream", None) is None:
+        return True, ""
+    from node.jetstream.jsz import healthy
+
+    return healthy(server)
+
+
 def handle(server: Server, path: str, query: dict[str, str]) -> tuple[int, str, str]:
     """(status, content type, body) for one GET."""
     if path in ("", "/"):
@@ -279,6 +293,7 @@ def handle(server: Server, path: str, query: dict[str, str]) -> tuple[int, str, 
         "/subscriptionsz": lambda: subsz(server, query),
         "/healthz": lambda: {"status": "ok"},
         "/routez": lambda: _routez(server, query),
+        "/jsz": lambda: _jsz(server, query),
     }
     if path == "/metrics":
         return 200, "text/plain; version=0.0.4; charset=utf-8", metrics(server)
@@ -287,11 +302,16 @@ def handle(server: Server, path: str, query: dict[str, str]) -> tuple[int, str, 
         return 404, "text/plain; charset=utf-8", "404 page not found\n"
     server.http_req_stats[path] = server.http_req_stats.get(path, 0) + 1
     if path == "/healthz":
+        ok, why = _js_health(server)
+        if not ok:  # nats-server answers 503 until JetStream is current
+            return 503, "application/json", json.dumps({"status": "unavailable", "error": why},
+                                                       separators=(",", ":"))
         return 200, "application/json", json.dumps(fn(), separators=(",", ":"))
     return 200, "application/json", json.dumps(fn(), indent=2)
 
 
-_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed"}
+_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
+            503: "Service Unavailable"}
 
 
 async def _serve_conn(server: Server, reader: asyncio.StreamReader,

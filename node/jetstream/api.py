@@ -47,6 +47,9 @@ _TABLE: dict[str, tuple[int, bool]] = {
     "CONSUMER.MSG.NEXT": (2, False),
     "STREAM.LEADER.STEPDOWN": (1, False),
     "CONSUMER.LEADER.STEPDOWN": (2, False),
+    "META.LEADER.STEPDOWN": (0, False),  # clustered only (node/jetstream/cluster.py)
+    "SERVER.REMOVE": (0, False),
+    "STREAM.PEER.REMOVE": (1, False),
 }
 
 

@@ -209,15 +209,17 @@ def _wire_source(src: Config) -> dict[str, Any]:
 
 
 def check_create(subject_name: str, cfg: Config, pedantic: bool,
-                 streams: Mapping[str, Config]) -> tuple[Config, bool]:
-    """-> (the stored config, created?). An identical re-create returns the existing one."""
+                 streams: Mapping[str, Config], clustered: bool = False
+                 ) -> tuple[Config, bool]:
+    """-> (the stored config, created?). An identical re-create returns the existing one.
+    `clustered`: replicas above 1 are allowed (node/jetstream/cluster.py places them)."""
     _check_subject_name(subject_name, cfg)
     out = check_stream_config(cfg, streams, pedantic)
     if out["sealed"]:
         raise invalid_config("stream configuration for create can not be sealed")
     if out["mirror_direct"] and out["mirror"] is None:
         raise invalid_config("stream has no mirror but does have mirror direct")
-    if out["num_replicas"] > 1:
+    if out["num_replicas"] > 1 and not clustered:
         raise ApiError.of("JSStreamReplicasNotSupportedErr")
     existing = streams.get(out["name"])
     if existing is not None:
@@ -229,14 +231,14 @@ def check_create(subject_name: str, cfg: Config, pedantic: bool,
 
 
 def check_update(subject_name: str, cfg: Config, pedantic: bool,
-                 streams: Mapping[str, Config]) -> Config:
+                 streams: Mapping[str, Config], clustered: bool = False) -> Config:
     _check_subject_name(subject_name, cfg)
     old = streams.get(cfg["name"])
     if old is None:
         raise ApiError.of("JSStreamNotFoundErr")
     out = check_stream_config(cfg, streams, pedantic)
     _check_update_rules(old, out)
-    if out["num_replicas"] > 1:
+    if out["num_replicas"] > 1 and not clustered:
         raise ApiError.of("JSStreamReplicasNotSupportedErr")
     if out["sealed"]:
         out.update(max_age=0, discard="new", deny_delete=True, deny_purge=True,

@@ -198,8 +198,8 @@ def _check_subject_form(api: ApiSubject, req: CreateRequest) -> None:
 
 def check_create(subject: str, req: CreateRequest, stream: Config | None,
                  consumers: Mapping[str, Config],
-                 name_source: Callable[[], str] = lambda: "EPHEMERAL"
-                 ) -> tuple[Config, str, bool]:
+                 name_source: Callable[[], str] = lambda: "EPHEMERAL",
+                 clustered: bool = False) -> tuple[Config, str, bool]:
     """-> (the consumer's stored config, its name, created?). A generated ephemeral name is
     not written into the config: nats-server echoes such a config without `name`."""
     api = parse_api_subject(subject)
@@ -211,7 +211,7 @@ def check_create(subject: str, req: CreateRequest, stream: Config | None,
         cfg["name"] = api.consumer  # the subject's name wins over the body's, as in nats-server
     if cfg["durable_name"] and not cfg["name"]:
         cfg["name"] = cfg["durable_name"]
-    if cfg["num_replicas"] > 1:
+    if cfg["num_replicas"] > 1 and not clustered:
         raise ApiError.of("JSStreamReplicasNotSupportedErr")
     _apply_defaults(cfg, stream, req.pedantic)
     _check_config(cfg, stream)

@@ -28,12 +28,20 @@ from collections.abc import Callable
 from typing import Any
 
 from node.jetstream import config as stream_config
-from node.jetstream.store.lmdbstore import LmdbStore, NodeEnv
+from node.jetstream.cluster_meta import Catalogue
+from node.jetstream.store.lmdbstore import (
+    IMAGE_MAGIC,
+    LmdbStore,
+    NodeEnv,
+    dump_image,
+    load_image,
+)
 from node.jetstream.store.memstore import MemStore
 from node.jetstream.stream import ConsumerEvent, Delivered, Effect, Result, Stream
 
 _U64 = struct.Struct("<Q")
 META_STORE = "$js.meta"  # a name no stream can have ('.' is not allowed in stream names)
+KEEP_MAX = 65536  # per-index results kept for proposers (more than any batch in flight)
 
 EffectSink = Callable[["StreamMachine", list[Effect]], None]
 
@@ -56,6 +64,11 @@ def _write_marker(path: str, name: str, index: int) -> None:
         os.fsync(f.fileno())
 
 
+def _is_image(path: str) -> bool:
+    with open(path, "rb") as f:
+        return f.read(len(IMAGE_MAGIC)) == IMAGE_MAGIC
+
+
 def _check_marker(path: str, held: int, name: str) -> bool:
     """True for the empty image (reset to the empty state); raises if LMDB lacks the index."""
     if os.path.getsize(path) == 0:
@@ -69,17 +82,29 @@ def _check_marker(path: str, held: int, name: str) -> bool:
 
 
 class MetaMachine:
-    """The stream catalogue (group `$js`)."""
+    """The stream catalogue (group `$js`): the fold of `cluster_meta` entries.
 
-    def __init__(self, env: NodeEnv, on_change: Callable[[], None]) -> None:
+    Its state is ONE LMDB value (the catalogue with its applied index), so a snapshot reads
+    a consistent pair in one read, and its image is that value as a file: a member that joins
+    the meta group after compaction installs it (a stream's image is still only a marker)."""
+
+    def __init__(self, env: NodeEnv, on_change: Callable[[], None], self_peer: int = 1) -> None:
         self.env = env
         self.store = LmdbStore(env, META_STORE)
         self.on_change = on_change
-        self.streams: dict[str, dict[str, Any]] = self._load()
+        self.self_peer = self_peer
+        self.catalogue = self._load()
 
-    def _load(self) -> dict[str, dict[str, Any]]:
-        raw = self.store.get_meta("streams")
-        return json.loads(raw) if raw else {}
+    @property
+    def streams(self) -> dict[str, dict[str, Any]]:
+        return self.catalogue.streams
+
+    def _load(self) -> Catalogue:
+        raw = self.store.get_meta("catalogue")
+        if raw:
+            return Catalogue.from_json(json.loads(raw))
+        old = self.store.get_meta("streams")  # written before the catalogue had peers
+        return Catalogue.from_json(json.loads(old)) if old else Catalogue()
 
     def apply(self, index: int, data: bytes) -> None:
         self.apply_batch([(index, data)])
@@ -91,32 +116,49 @@ class MetaMachine:
             for index, data in run:
                 if index <= applied:
                     continue  # already in LMDB before a restart
-                entry = json.loads(data)
-                if entry["op"] == "create":
-                    self.streams.setdefault(entry["name"], entry)
-                elif entry["op"] == "delete":
-                    self.streams.pop(entry["name"], None)
+                self.catalogue.apply(json.loads(data), self.self_peer, index)
                 applied, changed = index, True
             if changed:
-                self.store.put_meta("streams", json.dumps(self.streams).encode())
-                self.store.put_meta("applied", _U64.pack(applied))
+                self._put(applied)
         if changed:
             self.on_change()
+
+    def _put(self, applied: int) -> None:
+        image = {**self.catalogue.to_json(), "applied": applied}
+        self.store.put_meta("catalogue", json.dumps(image).encode())
+        self.store.put_meta("applied", _U64.pack(applied))
 
     def applied_index(self) -> int:
         return _committed_applied(self.store)
 
     def snapshot_to(self, path: str) -> int:
-        index = _committed_applied(self.store)
-        self.env.sync()  # what `index` covers is durable before the WAL below it goes
-        _write_marker(path, META_STORE, index)
-        return index
+        raw = self.store.get_meta("catalogue")  # one read: the catalogue and its index
+        image = json.loads(raw) if raw else {"streams": {}, "removed": [], "applied": 0}
+        self.env.sync()  # what the image covers is durable before the WAL below it goes
+        with open(path, "wb") as f:
+            f.write(json.dumps({"store": META_STORE, **image}).encode())
+            f.flush()
+            os.fsync(f.fileno())
+        return int(image["applied"])
 
     def restore_from(self, path: str) -> None:
-        if _check_marker(path, self.applied_index(), META_STORE):
-            self.store.drop()
-            self.streams = {}
+        if os.path.getsize(path) == 0:
+            with self.store.batch():
+                self.store.drop()
+            self.catalogue = Catalogue()
             self.on_change()
+            return
+        with open(path, "rb") as f:
+            image = json.loads(f.read())
+        if "streams" not in image:  # a marker of the single-node layout: LMDB must hold it
+            _check_marker(path, self.applied_index(), META_STORE)
+            return
+        if self.applied_index() >= int(image["applied"]):
+            return
+        self.catalogue = Catalogue.from_json(image)
+        with self.store.batch():
+            self._put(int(image["applied"]))
+        self.on_change()
 
     def on_leader_change(self, leader_id: int, term: int) -> None:
         pass
@@ -144,6 +186,11 @@ class StreamMachine:
         self.delivered: dict[int, Delivered] = {}
         self.events: dict[int, list[ConsumerEvent]] = {}  # for the advisories
         self.track = False
+        # Clustered: snapshots are whole images (dump_image), so a member that joins or
+        # lags behind a compaction installs the data; one node only needs a marker.
+        self.full_images = False
+        # Clustered: told when the group's leader changes (on the event loop).
+        self.leader_hook: Callable[[int, int], None] | None = None
 
     def _new_store(self) -> Any:
         if self.env is None:
@@ -173,11 +220,22 @@ class StreamMachine:
                 self.delivered[index] = effect
             elif isinstance(effect, ConsumerEvent):
                 self.events.setdefault(index, []).append(effect)
+        # A follower (clustered) keeps them too, and nobody there pops them: the oldest go.
+        for kept in (self.results, self.delivered, self.events):
+            while len(kept) > KEEP_MAX:
+                del kept[next(iter(kept))]
 
     def applied_index(self) -> int:
         return _committed_applied(self.store)
 
     def snapshot_to(self, path: str) -> int:
+        if self.env is not None and self.full_images:
+            self.env.sync()  # what the image covers is durable here too before compaction
+            with open(path, "wb") as f:
+                index = dump_image(self.store, f)
+                f.flush()
+                os.fsync(f.fileno())
+            return index
         if self.env is None:
             index = self.stream.applied  # memory: an R1 memory stream starts empty anyway
         else:
@@ -187,6 +245,17 @@ class StreamMachine:
         return index
 
     def restore_from(self, path: str) -> None:
+        if self.env is not None and _is_image(path):
+            # A replica catching up (or a store that lost data): the image IS the state.
+            with self.lock:
+                with open(path, "rb") as f:
+                    f.read(len(IMAGE_MAGIC))
+                    load_image(self.store, f)
+                self.stream = Stream(self.initial_cfg, self.store)
+                self.results.clear()
+                self.delivered.clear()
+                self.events.clear()
+            return
         if _check_marker(path, self.applied_index(), self.group):
             with self.lock:
                 if self.env is not None:
@@ -199,7 +268,8 @@ class StreamMachine:
                 self.events.clear()
 
     def on_leader_change(self, leader_id: int, term: int) -> None:
-        pass
+        if self.leader_hook is not None:
+            self.leader_hook(leader_id, term)
 
     def drop(self) -> None:
         """The stream was deleted: its keys go (after its group is fully removed)."""

@@ -34,6 +34,7 @@ from typing import Any
 from node.jetstream import advisories, api, consumer_config, get, ops, replies, requests
 from node.jetstream import config as stream_config
 from node.jetstream.batch import BatchCollector
+from node.jetstream.cluster import ClusterJS, Frames
 from node.jetstream.consumer import (
     AckInfo,
     AckKind,
@@ -49,13 +50,15 @@ from node.jetstream.machines import META_STORE, MetaMachine, StreamMachine
 from node.jetstream.pull import PullQueue, Status
 from node.jetstream.store.lmdbstore import LmdbStore, NodeEnv, stored_names
 from node.jetstream.stream import Effect, Reply, Republish, Stored, rfc3339
-from raft.multigroup import MultiRaft, ProposalDropped
+from raft.multigroup import MultiRaft, NotLeader, ProposalDropped
 from raft.storage import NodeLog
 
 META_GROUP = "$js"
 NODE_ID = 1
 TICK_S = 0.05          # Raft tick; a single voter elects itself within 3-6 ticks
 ELECTION_TICK = 3
+CLUSTER_TICK_S = 0.05  # clustered: a leader lost is replaced within about 0.5-1 s
+CLUSTER_ELECTION_TICK = 10
 MAX_ROUND = 256        # deliveries proposed together for one consumer
 PULL_TICK_S = 0.1      # pull-request expiries (408) and redeliveries are looked at this often
 _NAME_CHARS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
@@ -81,6 +84,9 @@ def _kind(op: str) -> str:
         "INFO": "account_info_response",
         "STREAM.LEADER.STEPDOWN": "stream_leader_stepdown_response",
         "CONSUMER.LEADER.STEPDOWN": "consumer_leader_stepdown_response",
+        "META.LEADER.STEPDOWN": "meta_leader_stepdown_response",
+        "SERVER.REMOVE": "meta_server_remove_response",
+        "STREAM.PEER.REMOVE": "stream_remove_peer_response",
     }.get(op, "error_response")
 
 
@@ -139,6 +145,7 @@ class JetStreamService:
         self.meta: MetaMachine | None = None
         self.streams: dict[str, StreamMachine] = {}
         self.subs: dict[str, list[Any]] = {}
+        self._subscribed: dict[str, list[str]] = {}  # the subjects `subs` listen on
         self.pulls: dict[tuple[str, str], _Pull] = {}
         self.batches: dict[str, BatchCollector] = {}  # open atomic batches, per stream
         self._expiring: set[str] = set()  # streams with an EXPIRE entry in flight
@@ -150,6 +157,10 @@ class JetStreamService:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._ticker: asyncio.Task[Any] | None = None
         self.api_total = self.api_errors = 0
+        # Clustered (node/jetstream/cluster.py) when the node has a cluster port; None: one
+        # node, every group a single voter with id NODE_ID.
+        self.jsc: ClusterJS | None = None
+        self.node_id = NODE_ID
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -159,29 +170,48 @@ class JetStreamService:
         self.env = NodeEnv(os.path.join(self.store_dir, "lmdb"))
         raft_dir = os.path.join(self.store_dir, "raft")
         node_log = NodeLog(os.path.join(raft_dir, "wal"))
-        self.mr = MultiRaft(NODE_ID, node_log, _NoPeers(), tick_interval_s=TICK_S,
-                            election_tick=ELECTION_TICK, snap_dir=os.path.join(raft_dir, "snap"),
+        cluster = getattr(self.server, "cluster", None)
+        if cluster is not None:
+            self.jsc = ClusterJS(self, cluster)
+            self.node_id = cluster.self_id
+        # A cluster's groups elect over the network: nats-server-like timeouts, not the
+        # single voter's few ticks.
+        tick, election = (TICK_S, ELECTION_TICK) if self.jsc is None else \
+            (CLUSTER_TICK_S, CLUSTER_ELECTION_TICK)
+        self.mr = MultiRaft(self.node_id, node_log, _NoPeers() if self.jsc is None else None,
+                            tick_interval_s=tick, election_tick=election,
+                            snap_dir=os.path.join(raft_dir, "snap"),
                             on_fatal=self._on_fatal, snapshot_every=_snapshot_every())
+        if self.jsc is not None:
+            self.jsc.bind_transport(self.mr)
         await self.mr.start()
-        self.meta = MetaMachine(self.env, self._meta_changed_threadsafe)
-        self.mr.add_group(META_GROUP, [NODE_ID], state_machine=self.meta)
-        await self._ready(META_GROUP)
-        await self._forget_memory_streams()
-        self._drop_orphans()
-        for name in sorted(self.meta.streams):
-            await self._open_stream(name)
+        self.meta = MetaMachine(self.env, self._meta_changed_threadsafe, self.node_id)
+        if self.jsc is None:
+            self.mr.add_group(META_GROUP, [NODE_ID], state_machine=self.meta)
+            await self._ready(META_GROUP)
+            await self._forget_memory_streams()
+            self._drop_orphans()
+            for name in sorted(self.meta.streams):
+                await self._open_stream(name)
         self.client = self.server.internal_client(_jetstream_kind(), "jetstream")
+        # Each node's JetStream serves its own clients; routes must not spread this
+        # client's interest (node/cluster).
+        self.client.local_only = True
         self.client.subscribe_internal(api.API_PREFIX + ">", self._on_api)
         self.client.subscribe_internal(api.ACK_PREFIX + ">", self._on_ack)
         for name in self.streams:
             self._subscribe_stream(name)
             self._start_push(name)
+        if self.jsc is not None:
+            await self.jsc.start()
         self._ticker = asyncio.ensure_future(self._tick_loop())
         self.log.info(f"JetStream started: {len(self.streams)} streams, store {self.store_dir}")
 
     async def stop(self) -> None:
         if self._ticker is not None:
             self._ticker.cancel()
+        if self.jsc is not None:
+            await self.jsc.stop()
         for task in list(self._tasks):
             task.cancel()
         if self.mr is not None:
@@ -222,10 +252,11 @@ class JetStreamService:
         await self.mr.wait_leader(group)
         await self.mr.read_index(group)
 
-    def _spawn(self, coro: Any) -> None:
+    def _spawn(self, coro: Any) -> asyncio.Task[Any]:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._task_done)
+        return task
 
     def _task_done(self, task: asyncio.Task[Any]) -> None:
         self._tasks.discard(task)
@@ -241,12 +272,42 @@ class JetStreamService:
     def _meta_changed(self) -> None:
         """The catalogue changed (maybe by a replayed entry): open and close groups to match."""
         assert self.meta is not None
+        if self.jsc is not None:
+            self._meta_changed_cluster()
+            return
         for name in list(self.streams):
             if name not in self.meta.streams:
                 self._spawn(self._close_stream(name))
         for name in self.meta.streams:
             if name not in self.streams:
                 self._spawn(self._open_stream(name))
+
+    def _meta_changed_cluster(self) -> None:
+        """Host the groups assigned to this node (the duty loop lets go of the others once
+        their leader removed us), and listen on EVERY stream's subjects: a publish may reach
+        any node, which forwards it to the stream's leader."""
+        assert self.meta is not None and self.jsc is not None
+        if self.client is None or not self.jsc.meta_started:
+            return
+        cat = self.meta.catalogue
+        for name in list(self.streams):
+            if name not in cat.streams:
+                self._spawn(self._close_stream(name))
+        for name, a in cat.streams.items():
+            if self.node_id in a["peers"] and name not in self.streams:
+                self._spawn(self._open_stream(name))
+        for name in list(self.subs):
+            if name not in cat.streams:
+                for sub in self.subs.pop(name):
+                    self.client.remove_sub(sub)
+        for name, a in cat.streams.items():
+            subjects = list(a["config"].get("subjects") or [name])
+            if self._subscribed.get(name) != subjects:
+                self._subscribe_stream(name, subjects)
+
+    def _stream_created(self, name: str) -> None:
+        """The meta leader committed a create: advise it (once, from the meta leader)."""
+        self._advise(advisories.stream_action("create", name, *self._stamp()))
 
     async def _open_stream(self, name: str) -> None:
         """Host the stream's group; returns once it is ready and subscribed, also when
@@ -274,6 +335,15 @@ class JetStreamService:
         sm = StreamMachine(name, group, cfg, None if memory else self.env,
                            self._effects_threadsafe, entry["created_ns"])
         self.streams[name] = sm
+        if self.jsc is not None:
+            # The first peers bootstrap the group together; a peer added later (scaling,
+            # a replaced peer) joins empty and is caught up by its leader.
+            voters = [] if entry.get("scaled") else list(entry["peers"])
+            sm.leader_hook = lambda lid, _term: self._on_stream_leader(name, lid)
+            sm.full_images = True
+            self.mr.add_group(group, voters, state_machine=sm)
+            sm.track = True
+            return
         self.mr.add_group(group, [NODE_ID], state_machine=sm)
         await self._ready(group)
         sm.track = True
@@ -296,7 +366,8 @@ class JetStreamService:
         sm = self.streams.pop(name, None)
         if sm is None:
             return
-        for sub in self.subs.pop(name, []):
+        keep_subs = self.jsc is not None and self.meta is not None and name in self.meta.streams
+        for sub in [] if keep_subs else self.subs.pop(name, []):
             self.client.remove_sub(sub)
         for key in [k for k in self.pulls if k[0] == name]:
             del self.pulls[key]
@@ -305,11 +376,14 @@ class JetStreamService:
         await self.mr.removed(sm.group)
         sm.drop()
 
-    def _subscribe_stream(self, name: str) -> None:
+    def _subscribe_stream(self, name: str, subjects: list[str] | None = None) -> None:
+        if self.jsc is not None and subjects is None:
+            return  # clustered: the catalogue decides (_meta_changed_cluster)
         for sub in self.subs.pop(name, []):
             self.client.remove_sub(sub)
-        sm = self.streams[name]
-        subjects = sm.stream.cfg["subjects"] or [name]
+        if subjects is None:
+            subjects = self.streams[name].stream.cfg["subjects"] or [name]
+        self._subscribed[name] = list(subjects)
 
         def on_msg(_sub: Any, subject: str, reply: str | None, hdr: bytes | None,
                    payload: bytes) -> None:
@@ -318,6 +392,8 @@ class JetStreamService:
         self.subs[name] = [self.client.subscribe_internal(s, on_msg) for s in subjects]
 
     def _configs(self) -> dict[str, stream_config.Config]:
+        if self.jsc is not None:
+            return self.jsc.configs()
         return {n: sm.stream.cfg for n, sm in self.streams.items()}
 
     async def _propose(self, sm: StreamMachine, op: ops.Op) -> int:
@@ -328,14 +404,30 @@ class JetStreamService:
 
     def _on_publish(self, name: str, subject: str, reply: str | None, hdr: bytes | None,
                     payload: bytes) -> None:
+        if self.jsc is not None and not self.jsc.leads(name):
+            self.jsc.forward_publish(name, subject, reply or "", hdr or b"", payload)
+            return
+        self._accept_publish(name, subject, reply or "", hdr or b"", payload)
+
+    def _accept_publish(self, name: str, subject: str, reply: str, hdr: bytes, payload: bytes
+                        ) -> asyncio.Task[Any] | None:
+        """A publish this node (the stream's leader) proposes; the task ends once it is
+        applied (or refused). None: nothing proposed for it yet (an open atomic batch)."""
         sm = self.streams.get(name)
         if sm is None:
-            return
-        op = ops.StreamMsg(time.time_ns(), subject, reply or "", hdr or b"", payload)
+            return None
+        op = ops.StreamMsg(time.time_ns(), subject, reply, hdr, payload)
         if BatchCollector.is_batch(op):
             self._batch_message(sm, op)
+            return None
+        return self._spawn(self._publish(sm, op))
+
+    def _reply(self, subject: str, payload: bytes, hdr: bytes | None = None) -> None:
+        """A reply to a publisher: a forwarded publish's goes back to the node it came
+        through (cluster.py), any other to the subject."""
+        if self.jsc is not None and self.jsc.answer_token(subject, payload):
             return
-        self._spawn(self._publish(sm, op))
+        self.client.publish(subject, None, payload, hdr)
 
     def _batch_message(self, sm: StreamMachine, op: ops.StreamMsg) -> None:
         """Atomic batch publish: collected here (in arrival order, on the loop) until its
@@ -348,10 +440,10 @@ class JetStreamService:
         if got.error is not None:
             if op.reply:
                 body = {**got.error.to_dict(), "stream": sm.name, "seq": 0}
-                self.client.publish(op.reply, None, _dumps(body))
+                self._reply(op.reply, _dumps(body))
         elif got.ack_empty:
             if op.reply:
-                self.client.publish(op.reply, None, b"")  # flow control: send the next one
+                self._reply(op.reply, b"")  # flow control: send the next one
         elif got.committed:
             batch = ops.StreamBatch(op.now_ns, got.batch_id, tuple(got.committed))
             self._spawn(self._publish(sm, batch))
@@ -359,7 +451,7 @@ class JetStreamService:
     async def _publish(self, sm: StreamMachine, op: ops.StreamMsg | ops.StreamBatch) -> None:
         try:
             await self._propose(sm, op)
-        except (ProposalDropped, KeyError) as exc:
+        except (ProposalDropped, KeyError, NotLeader) as exc:
             # Not stored (or outcome unknown): no PubAck; the client's request times out
             # and it may retry (with Nats-Msg-Id, exactly once).
             self.log.warn(f"JetStream publish to {sm.name} not acknowledged: {exc!r}")
@@ -370,11 +462,14 @@ class JetStreamService:
 
     def _on_effects(self, sm: StreamMachine, effects: list[Effect]) -> None:
         """On the loop, in apply order: the entries are fsynced in the WAL and applied to
-        the (fdatasynced) store, so their PubAcks may go out."""
+        the (fdatasynced) store, so their PubAcks may go out. In a cluster every replica
+        applies; only the leader answers and republishes."""
+        if self.jsc is not None and not self.jsc.leads(sm.name):
+            return
         stored = False
         for effect in effects:
             if isinstance(effect, Reply):
-                self.client.publish(effect.subject, None, effect.payload)
+                self._reply(effect.subject, effect.payload)
             elif isinstance(effect, Republish):
                 self.client.publish(effect.subject, None, effect.data, effect.hdr or None)
             elif isinstance(effect, Stored):
@@ -395,6 +490,26 @@ class JetStreamService:
         self._spawn(self._serve(call, subject, reply, body))
 
     async def _serve(self, call: api.Call, subject: str, reply: str, body: bytes) -> None:
+        for hdr, data in await self._answer(call, subject, reply, body):
+            self.client.publish(reply, None, data, hdr)
+
+    async def _answer(self, call: api.Call, subject: str, reply: str, body: bytes,
+                      hops: int = 0) -> Frames:
+        """The messages that answer a call: from the node that serves it (cluster.py
+        forwards meta operations to the meta leader and stream ones to the stream's
+        leader), else from this node's handler."""
+        if self.jsc is not None:
+            try:
+                forwarded = await self.jsc.route_api(call, subject, reply, body, hops)
+            except ApiError as err:
+                self.api_errors += 1
+                return [(None, _dumps(replies.error_reply(_kind(call.op), err)))]
+            except Exception as exc:  # noqa: BLE001 (the serving node did not answer)
+                self.log.warn(f"JetStream API {subject}: forwarding failed: {exc!r}")
+                err = ApiError.of("JSClusterNotAvailErr")
+                return [(None, _dumps(replies.error_reply(_kind(call.op), err)))]
+            if forwarded is not None:
+                return forwarded
         self.api_total += 1
         handler = getattr(self, "_h_" + call.op.replace(".", "_").lower())
         try:
@@ -406,13 +521,19 @@ class JetStreamService:
             self.api_errors += 1
             out = replies.error_reply(_kind(call.op), ApiError.of(
                 "JSStreamGeneralErrorF", err=f"not committed: {exc}"))
+        except (NotLeader, TimeoutError):
+            self.api_errors += 1  # leadership moved while serving: the client may retry
+            out = replies.error_reply(_kind(call.op), ApiError.of("JSClusterNotAvailErr"))
         except (ValueError, TypeError, KeyError, AttributeError) as exc:
             # A request shape the pure checks let through: answer, log, and stay up.
             self.api_errors += 1
             self.log.error(f"JetStream API {subject}: {exc!r}")
             out = replies.error_reply(_kind(call.op), ApiError.of("JSBadRequestErr"))
-        if out is not None:
-            self.client.publish(reply, None, _dumps(out))
+        if out is None:
+            return []
+        if isinstance(out, list):
+            return out  # frames (DIRECT.GET)
+        return [(None, _dumps(out))]
 
     def _stream(self, name: str) -> StreamMachine:
         sm = self.streams.get(name)
@@ -453,6 +574,8 @@ class JetStreamService:
 
     async def _h_stream_create(self, call: api.Call, subject: str, reply: str, body: bytes
                                ) -> dict[str, Any]:
+        if self.jsc is not None:
+            return await self.jsc.create_stream(call.stream, body)
         cfg, pedantic = stream_config.parse_request(body)
         async with self._meta_lock:
             stored, created = stream_config.check_create(call.stream, cfg, pedantic,
@@ -472,6 +595,10 @@ class JetStreamService:
 
     async def _h_stream_update(self, call: api.Call, subject: str, reply: str, body: bytes
                                ) -> dict[str, Any]:
+        if self.jsc is not None:
+            out = await self.jsc.update_stream(call.stream, body)
+            self._advise(advisories.stream_action("modify", call.stream, *self._stamp()))
+            return out
         cfg, pedantic = stream_config.parse_request(body)
         async with self._meta_lock:
             stored = stream_config.check_update(call.stream, cfg, pedantic, self._configs())
@@ -493,12 +620,18 @@ class JetStreamService:
                                       consumers=len(sm.stream.consumers))
         if "error" not in out:
             # A standalone nats-server names itself the stream's leader in INFO.
-            out = _insert_before(out, "ts", "cluster", {"leader": self.server.server_name})
+            cluster = {"leader": self.server.server_name} if self.jsc is None else \
+                self.jsc.cluster_info(sm.group)
+            out = _insert_before(out, "ts", "cluster", cluster)
         return out
 
     async def _h_stream_delete(self, call: api.Call, subject: str, reply: str, body: bytes
                                ) -> dict[str, Any]:
         requests.check_stream_delete(body)
+        if self.jsc is not None:
+            out = await self.jsc.delete_stream(call.stream)
+            self._advise(advisories.stream_action("delete", call.stream, *self._stamp()))
+            return out
         async with self._meta_lock:
             self._stream(call.stream)
             assert self.mr is not None
@@ -536,6 +669,15 @@ class JetStreamService:
             full = self._stream_reply("stream_info_response", sm)
             infos[name] = {"created": full["created"], "state": full["state"],
                            "ts": full["ts"]}
+        if self.jsc is not None:  # the streams this node does not host: from their leaders
+            for name in self._configs():
+                if name not in infos:
+                    try:
+                        full = await self.jsc.stream_info_from_leader(name)
+                    except ApiError:
+                        continue
+                    infos[name] = {"created": full["created"], "state": full["state"],
+                                   "ts": full["ts"]}
         return requests.list_reply(self._configs(), body, infos)
 
     async def _h_stream_msg_get(self, call: api.Call, subject: str, reply: str, body: bytes
@@ -547,18 +689,87 @@ class JetStreamService:
         sm = self.streams.get(call.stream)
         if sm is None or not sm.stream.cfg.get("allow_direct"):
             # nats-server only listens for streams that allow direct gets: no responders.
-            self.client.publish(reply, None, b"", b"NATS/1.0 503\r\n\r\n")
-            return None
-        for frame in get.direct_get(sm.store, call.stream, body, call.rest):
-            self.client.publish(reply, None, frame.data, frame.hdr)
-        return None
+            return [(b"NATS/1.0 503\r\n\r\n", b"")]
+        with sm.lock:  # a follower's store is being applied to meanwhile
+            return [(frame.hdr, frame.data)
+                    for frame in get.direct_get(sm.store, call.stream, body, call.rest)]
 
-    async def _h_stream_leader_stepdown(self, *_: Any) -> dict[str, Any]:
-        # A standalone nats-server has no leaders to change (checked, 2.15.1).
-        raise ApiError.of("JSClusterRequiredErr")
+    async def _h_stream_leader_stepdown(self, call: api.Call, *_: Any) -> dict[str, Any]:
+        if self.jsc is None:
+            # A standalone nats-server has no leaders to change (checked, 2.15.1).
+            raise ApiError.of("JSClusterRequiredErr")
+        sm = self._stream(call.stream)
+        if call.consumer and call.consumer not in sm.stream.consumers:
+            raise ApiError.of("JSConsumerNotFoundErr")
+        # Consumers are entries of their stream's group: they move with its leader.
+        assert self.mr is not None
+        st = self.mr.status(sm.group)
+        others = [p for p in st["voters"] if p != self.node_id and self.jsc.is_up(p)]
+        if not others:
+            raise ApiError.of("JSClusterNoPeersErrF", err="no replacement peer connected")
+        await self.jsc.transfer(sm.group, others[0])
+        return {"type": replies.TYPE_PREFIX + _kind(call.op), "success": True}
 
     _h_consumer_leader_stepdown = _h_stream_leader_stepdown
 
+    async def _h_meta_leader_stepdown(self, call: api.Call, subject: str, reply: str,
+                                      body: bytes) -> dict[str, Any]:
+        if self.jsc is None:
+            raise ApiError.of("JSClusterRequiredErr")
+        return await self.jsc.meta_stepdown(body)
+
+    async def _h_server_remove(self, call: api.Call, subject: str, reply: str, body: bytes
+                               ) -> dict[str, Any]:
+        if self.jsc is None:
+            raise ApiError.of("JSClusterRequiredErr")
+        return await self.jsc.server_remove(body)
+
+    async def _h_stream_peer_remove(self, call: api.Call, subject: str, reply: str,
+                                    body: bytes) -> dict[str, Any]:
+        if self.jsc is None:
+            raise ApiError.of("JSClusterRequiredErr")
+        return await self.jsc.peer_remove(call.stream, body)
+
+    async def _sync_config(self, name: str, config: dict[str, Any] | None = None,
+                           rev: int = 0) -> None:
+        """Clustered, on the stream's leader: the catalogue's config (the meta leader
+        checked it; `config`/`rev` when the meta leader sent it along, ahead of this node's
+        catalogue) becomes the group's through an UPDATE_CONFIG entry. A revision older
+        than one already written here is ignored (this node's catalogue may lag)."""
+        sm = self.streams.get(name)
+        if sm is None or self.meta is None or self.jsc is None:
+            return
+        if config is None:
+            a = self.meta.streams.get(name)
+            if a is None:
+                return
+            config, rev = a["config"], int(a.get("rev", 0))
+        if rev < self.jsc.synced_rev.get(sm.group, 0):
+            return
+        self.jsc.synced_rev[sm.group] = rev
+        with sm.lock:
+            current = stream_config.to_wire(sm.stream.cfg)
+        if current != config:
+            await self._propose(sm, ops.UpdateConfig(time.time_ns(), _dumps(config)))
+
+    def _on_stream_leader(self, name: str, leader: int) -> None:
+        """A stream group's leader changed: the new leader runs the consumers' pumps and
+        timers; a node that lost leadership forgets its waiting requests (their clients
+        ask again)."""
+        assert self.loop is not None and self.jsc is not None
+        sm = self.streams.get(name)
+        if sm is None:
+            return
+        if leader == self.node_id:
+            self.jsc.leader_since[sm.group] = time.time_ns()
+            with sm.lock:
+                names = list(sm.stream.consumers)
+            for cname in names:
+                self._pull(name, cname)
+            self._start_push(name)
+        else:
+            for key in [k for k in self.pulls if k[0] == name]:
+                del self.pulls[key]
     # ------------------------------------------------------------------ consumers
 
     async def _h_consumer_create(self, call: api.Call, subject: str, reply: str, body: bytes
@@ -570,7 +781,8 @@ class JetStreamService:
             existing = {n: c.cfg for n, c in sm.stream.consumers.items()} if sm else {}
         cfg, name, created = consumer_config.check_create(
             subject, req, stream_cfg, existing,
-            name_source=lambda: "".join(secrets.choice(_NAME_CHARS) for _ in range(8)))
+            name_source=lambda: "".join(secrets.choice(_NAME_CHARS) for _ in range(8)),
+            clustered=self.jsc is not None)
         assert sm is not None
         wire = consumer_config.to_wire(cfg)
         if created or existing.get(name) is not cfg:
@@ -602,9 +814,12 @@ class JetStreamService:
             pull = self.pulls.get((sm.name, name))
             created = self.consumer_created.get((sm.name, name), sm.created_ns)
             wire = consumer_config.to_wire(consumer.cfg)
-            return replies.consumer_info(kind, sm.name, name, wire, consumer, view,
-                                         rfc3339(created), self._now(),
-                                         num_waiting=len(pull.queue.waiting) if pull else 0)
+            out = replies.consumer_info(kind, sm.name, name, wire, consumer, view,
+                                        rfc3339(created), self._now(),
+                                        num_waiting=len(pull.queue.waiting) if pull else 0)
+        if self.jsc is not None:  # a consumer lives in its stream's group (its replicas)
+            out = _insert_before(out, "ts", "cluster", self.jsc.cluster_info(sm.group))
+        return out
 
     async def _h_consumer_info(self, call: api.Call, subject: str, reply: str, body: bytes
                                ) -> dict[str, Any]:
@@ -782,6 +997,10 @@ class JetStreamService:
         info = parse_ack_subject(subject)
         if info is None:
             return
+        if self.jsc is not None and not self.jsc.leads(info.stream):
+            if self.meta is not None and info.stream in self.meta.streams:
+                self.jsc.forward_ack(info.stream, subject, reply, body)
+            return
         sm = self.streams.get(info.stream)
         if sm is None or info.consumer not in sm.stream.consumers:
             return
@@ -789,14 +1008,27 @@ class JetStreamService:
         op = ops.ConsumerAck(time.time_ns(), info.consumer, kind, info.sseq, delay)
         self._spawn(self._ack(sm, info, op, reply, body))
 
+    async def _ack_here(self, subject: str, body: bytes) -> bool:
+        """An ack forwarded by another node (this node leads the stream): True once it is
+        recorded, so that node confirms a double ack to its client."""
+        info = parse_ack_subject(subject)
+        if info is None:
+            return False
+        sm = self.streams.get(info.stream)
+        if sm is None or info.consumer not in sm.stream.consumers:
+            return False
+        kind, delay, _next = parse_ack_body(body)
+        op = ops.ConsumerAck(time.time_ns(), info.consumer, kind, info.sseq, delay)
+        return await self._ack(sm, info, op, None, body)
+
     async def _ack(self, sm: StreamMachine, info: AckInfo, op: ops.ConsumerAck,
-                   reply: str | None, body: bytes) -> None:
+                   reply: str | None, body: bytes) -> bool:
         name = info.consumer
         try:
             index = await self._propose(sm, op)
-        except (ProposalDropped, KeyError) as exc:
+        except (ProposalDropped, KeyError, NotLeader) as exc:
             self.log.warn(f"JetStream ack on {sm.name}/{name} not recorded: {exc!r}")
-            return
+            return False
         if reply:
             self.client.publish(reply, None, b"")  # double ack: confirmed once applied
         for event in sm.events.pop(index, []):
@@ -809,6 +1041,7 @@ class JetStreamService:
                 self._advise(advisories.naked(sm.name, name, info.cseq, a.sseq, a.deliveries,
                                               *self._stamp()))
         self._pump(sm.name, name)
+        return True
 
     async def _drop(self, sm: StreamMachine, name: str, drops: list[Drop]) -> None:
         """Stop tracking messages out of deliveries (or gone): CONSUMER_ACK entries of kind
@@ -832,7 +1065,10 @@ class JetStreamService:
         return "".join(secrets.choice(_NAME_CHARS) for _ in range(22)), self._now()
 
     def _has_interest(self, subject: str) -> bool:
-        result = self.client.account.sublist.match(subject)
+        account = self.client.account
+        if self.jsc is not None:  # a push consumer's subscriber may be on another node
+            return bool(account.has_interest(subject))
+        result = account.sublist.match(subject)
         return bool(result.psubs or result.qsubs)
 
     async def _tick_loop(self) -> None:
@@ -844,6 +1080,8 @@ class JetStreamService:
             for (stream, name), pull in list(self.pulls.items()):
                 self._tick_consumer(stream, name, pull, now)
             for sm in list(self.streams.values()):
+                if self.jsc is not None and not self.jsc.leads(sm.name):
+                    continue  # time passes through the leader's EXPIRE entries
                 if sm.name not in self._expiring and _expiry_due(sm, now):
                     self._expiring.add(sm.name)
                     self._spawn(self._expire(sm, now))

@@ -8,6 +8,7 @@ transaction lost) take acknowledged entries with it: the WAL no longer has them 
 
 from __future__ import annotations
 
+import os
 import threading
 from pathlib import Path
 from typing import Any
@@ -129,3 +130,31 @@ def test_orphans_are_what_the_catalogue_does_not_name(tmp_path: Path) -> None:
     LmdbStore(env, "js.T.9").drop()
     assert stored_names(env) == {"js.S.1"} and live.store.msgs() == 1
     env.close()
+
+
+def test_full_image_moves_a_stream_to_an_empty_store(tmp_path: Path) -> None:
+    """Clustered snapshots carry the data: a replica with an empty store installs them and
+    holds the same messages, consumers and applied index (catch-up by snapshot)."""
+    src_env = NodeEnv(str(tmp_path / "a"))
+    src = _machine(src_env)
+    src.full_images = True
+    src.apply_batch([(i, _msg(i)) for i in range(2, 12)])
+    image = str(tmp_path / "image")
+    assert src.snapshot_to(image) == 11
+    dst_env = NodeEnv(str(tmp_path / "b"))
+    dst = _machine(dst_env)
+    dst.full_images = True
+    dst.apply_batch([(2, _msg(2))])  # something to be replaced
+    dst.restore_from(image)
+    assert dst.applied_index() == 11 and dst.stream.last_seq == 10
+    assert [dst.store.load(s).data for s in range(1, 11)] == \
+        [src.store.load(s).data for s in range(1, 11)]
+    dst.apply_batch([(12, _msg(12))])  # and goes on from there
+    assert dst.stream.last_seq == 11
+    with open(image, "r+b") as f:  # a damaged image is refused, the store untouched
+        f.truncate(os.path.getsize(image) - 5)
+    with pytest.raises(ValueError):
+        dst.restore_from(image)
+    assert dst.stream.last_seq == 11
+    src_env.close()
+    dst_env.close()

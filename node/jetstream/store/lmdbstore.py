@@ -375,6 +375,62 @@ class LmdbStore:
 
 
 
+IMAGE_MAGIC = b"JSIMG1\n"
+_REC = struct.Struct("<BII")  # database index, key length, value length
+_END = 255
+
+
+def dump_image(store: LmdbStore, f: Any) -> int:
+    """Every key of `store`'s stream, read in ONE read transaction, written to the open
+    binary file `f` (magic, then records `db u8 | klen u32 | vlen u32 | key | value` with
+    keys stripped of the stream's prefix, then 0xff). Returns the applied index that same
+    transaction held: the image is exactly the state at that index."""
+    applied = 0
+    f.write(IMAGE_MAGIC)
+    with store._env.begin() as txn:
+        for i, name in enumerate(DB_NAMES):
+            cur = txn.cursor(db=store._db[name])
+            if not cur.set_range(store._prefix):
+                continue
+            for key, value in cur:
+                if not key.startswith(store._prefix):
+                    break
+                short = key[len(store._prefix):]
+                if name == "js_meta" and short == b"applied":
+                    applied = _U64.unpack(value)[0]
+                f.write(_REC.pack(i, len(short), len(value)))
+                f.write(short)
+                f.write(value)
+    f.write(bytes([_END]))
+    return applied
+
+
+def load_image(store: LmdbStore, f: Any) -> None:
+    """Replace `store`'s stream by the image in `f` (after its magic): one write
+    transaction, so a crash leaves the old state or the new one, never a mix."""
+    with store._env.begin(write=True) as txn:
+        for db in store._db.values():
+            cur = txn.cursor(db=db)
+            if cur.set_range(store._prefix):
+                while cur.key().startswith(store._prefix):
+                    if not cur.delete():
+                        break
+        while True:
+            head = f.read(1)
+            if not head or head[0] == _END:
+                if not head:
+                    raise ValueError("stream image truncated")
+                return
+            rest = f.read(_REC.size - 1)
+            if len(rest) != _REC.size - 1:
+                raise ValueError("stream image truncated")
+            i, klen, vlen = _REC.unpack(head + rest)
+            key, value = f.read(klen), f.read(vlen)
+            if len(key) != klen or len(value) != vlen or i >= len(DB_NAMES):
+                raise ValueError("stream image damaged")
+            txn.put(store._prefix + key, value, db=store._db[DB_NAMES[i]])
+
+
 def stored_names(node_env: NodeEnv) -> set[str]:
     """Every store name with a key in `js_meta` (each applied stream has its `applied`).
     `js_meta` holds a handful of keys per stream and consumer: a full walk is cheap."""

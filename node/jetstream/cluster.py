@@ -1,0 +1,789 @@
+"""Clustered JetStream: the meta group over every JetStream node, stream groups on their
+assigned peers, and forwarding from any node to the right leader (docs/architecture.md,
+"JetStream in a cluster").
+
+The service (`service.py`) keeps serving exactly as on a single node; this module decides
+WHERE a request is served:
+
+* stream CRUD, META/SERVER/PEER operations -> the meta leader, which checks, places
+  (`placement.py`) and proposes a `cluster_meta` entry; every node applies the catalogue and
+  hosts the stream groups it is a peer of;
+* every other `$JS.API` call naming a stream -> that stream's leader (a node that does not host
+  the stream asks one of its peers, which passes it on: at most `MAX_HOPS`);
+* a publish to a stream subject that reaches a node not leading the stream is queued per
+  stream and sent, in order, in batches (`js.pub`); the leader proposes them as its own
+  publishes and answers each with the PubAck its apply produced, which the first node
+  publishes to the client's reply subject;
+* acks (`js.ack`) go to the stream leader, whose pump delivers; deliveries and pull statuses
+  travel to the client's inbox by core routing (node/cluster).
+
+Node-to-node calls are `cluster.request(peer, kind, payload)` (node/cluster): JSON bodies,
+bytes as base64.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import os
+import secrets
+import time
+from typing import Any
+
+from node.jetstream import api, cluster_meta, placement, replies
+from node.jetstream import config as stream_config
+from node.jetstream.errors import ApiError
+from node.jetstream.placement import Candidate, Placement
+from node.jetstream.stream import rfc3339
+
+META_GROUP = "$js"
+MAX_HOPS = 3
+FWD_TIMEOUT = 10.0
+PUB_BATCH = 256
+UNASSIGNED_GRACE_S = 5.0
+TOKEN_PREFIX = "$JSC."  # reply subjects of forwarded publishes: answered in the response
+META_OPS = frozenset({"STREAM.CREATE", "STREAM.UPDATE", "STREAM.DELETE",
+                      "META.LEADER.STEPDOWN", "SERVER.REMOVE", "STREAM.PEER.REMOVE"})
+LOCAL_OPS = frozenset({"INFO", "STREAM.NAMES", "STREAM.LIST"})
+Frames = list[tuple[bytes | None, bytes]]
+
+
+def _b64(data: bytes | None) -> str:
+    return base64.b64encode(data or b"").decode()
+
+
+def _unb64(text: str) -> bytes:
+    return base64.b64decode(text)
+
+
+def frames_to_wire(frames: Frames) -> bytes:
+    return json.dumps([[_b64(h) if h is not None else None, _b64(d)] for h, d in frames]
+                      ).encode()
+
+
+def frames_from_wire(raw: bytes) -> Frames:
+    return [(_unb64(h) if h is not None else None, _unb64(d)) for h, d in json.loads(raw)]
+
+
+def short_peer(peer: int) -> str:
+    """The 8-character peer name STREAM.INFO shows (nats-server shows a hash of the name)."""
+    return f"{peer:016x}"[:8]
+
+
+class _Forwarder:
+    """Publishes for one stream waiting to go to its leader, in arrival order."""
+
+    def __init__(self) -> None:
+        self.queue: list[tuple[str, str, bytes, bytes]] = []  # subject, reply, hdr, data
+        self.running = False
+
+
+class ClusterJS:
+    def __init__(self, svc: Any, cluster: Any) -> None:
+        self.svc = svc
+        self.cluster = cluster
+        self.log = svc.log
+        self.self_id: int = cluster.self_id
+        self.cluster_name: str = cluster.name or ""
+        self.unique_tag = svc.server.options.jetstream.unique_tag or ""
+        self.tokens: dict[str, asyncio.Future[bytes | None]] = {}
+        self.forwarders: dict[str, _Forwarder] = {}
+        self.peers_added: set[int] = set()
+        self.leader_since: dict[str, int] = {}
+        self.meta_started = False
+        self._unassigned: dict[str, float] = {}
+        self.synced_rev: dict[str, int] = {}  # group -> newest config revision written
+        self._duty_task: asyncio.Task[Any] | None = None
+
+    # ------------------------------------------------------------------ wiring
+
+    def bind_transport(self, mr: Any) -> None:
+        transport = self.cluster.raft_transport(**mr.transport_callbacks())
+        mr.bind_transport(transport)
+
+    async def start(self) -> None:
+        """Handlers and peers now; the meta group in the background (a restarting node
+        whose peers are down still starts, and answers 503 until the meta group is back)."""
+        for kind, fn in (("js.meta.hello", self._h_hello), ("js.api", self._h_api),
+                         ("js.pub", self._h_pub), ("js.ack", self._h_ack),
+                         ("js.sync", self._h_sync)):
+            self.cluster.handle(kind, fn)
+        self._sync_peers()
+        self.cluster.on_members(lambda _m: self._sync_peers())
+        self.svc._spawn(self._start_meta())
+        self._duty_task = asyncio.ensure_future(self._duties())
+
+    async def stop(self) -> None:
+        if self._duty_task is not None:
+            self._duty_task.cancel()
+
+    def _sync_peers(self) -> None:
+        mr = self.svc.mr
+        if mr is None:
+            return
+        for m in self.cluster.members().values():
+            if m.peer_id == self.self_id or m.peer_id in self.peers_added or not m.cluster_addr:
+                continue
+            mr.add_peer(m.peer_id, m.cluster_addr)
+            self.peers_added.add(m.peer_id)
+
+    def _expected_size(self) -> int:
+        """Nodes a fresh cluster waits for before it forms the meta group: the distinct
+        route addresses that are not this node, plus this node."""
+        return int(self.cluster.expected_size())
+
+    async def _start_meta(self) -> None:
+        mr, meta = self.svc.mr, self.svc.meta
+        if META_GROUP in mr.node_log.groups():
+            mr.add_group(META_GROUP, [], state_machine=meta)  # the log knows its members
+        else:
+            await self._bootstrap_meta()
+        self.meta_started = True
+        self.svc._meta_changed()
+
+    async def _bootstrap_meta(self) -> None:
+        """A fresh node: join the meta group if any member has one (its leader adds us);
+        otherwise form it once the expected nodes are all visible. Nodes that form it at
+        the same time see the same members, so they bootstrap the same configuration."""
+        mr, meta = self.svc.mr, self.svc.meta
+        expected = self._expected_size()
+        while True:
+            js = [m for m in self.cluster.members().values()
+                  if m.jetstream and (m.up or m.peer_id == self.self_id)]
+            for m in js:
+                if m.peer_id == self.self_id:
+                    continue
+                try:
+                    raw = await self.cluster.request(m.peer_id, "js.meta.hello", b"", 2.0)
+                    hello = json.loads(raw)
+                except Exception:  # noqa: BLE001 (a peer that cannot answer: ask again)
+                    continue
+                if not hello.get("meta"):
+                    continue
+                if self.self_id in hello.get("voters", []) and self._identity_predates_start():
+                    # Our id is a voter of the meta group, but our Raft state is gone (a
+                    # wiped store whose identity file was put back): joining would answer
+                    # votes with a forgotten term and vote. Refuse; a node without the
+                    # identity file gets a new id and joins as a new peer.
+                    self.log.fatal(
+                        f"JetStream: this node's peer id {self.self_id:016x} is a member of "
+                        "the meta group but its Raft state is missing; refusing to rejoin "
+                        "under the old identity (remove the cluster identity file to join "
+                        "as a new peer)")
+                    self.svc.server.shutdown(78)
+                    return
+                self.log.info("JetStream: joining the existing meta group")
+                mr.add_group(META_GROUP, [], state_machine=meta)
+                return
+            if len(js) >= expected:
+                voters = sorted(m.peer_id for m in js)
+                self.log.info(f"JetStream: forming the meta group with {len(voters)} nodes")
+                mr.add_group(META_GROUP, voters, state_machine=meta)
+                return
+            await asyncio.sleep(0.2)
+
+    def _identity_predates_start(self) -> bool:
+        """Was this node's identity file there before this process started? (A fresh
+        node, listed by the nodes that formed the meta group, creates it at start.)"""
+        path = os.path.join(self.svc.store_dir, "cluster", "identity")
+        try:
+            return os.path.getmtime(path) < self.svc.server.start_time
+        except OSError:
+            return False
+
+    async def _h_hello(self, _peer: int, _payload: bytes) -> bytes:
+        if not self.meta_started:
+            return b'{"meta":false}'
+        voters = self.svc.mr.status(META_GROUP)["voters"]
+        return json.dumps({"meta": True, "voters": voters}).encode()
+
+    # ------------------------------------------------------------------ who leads
+
+    def meta_leader(self) -> int:
+        if not self.meta_started:
+            return 0
+        return self.svc.mr.leader(META_GROUP)
+
+    def is_meta_leader(self) -> bool:
+        return self.meta_leader() == self.self_id
+
+    def leads(self, name: str) -> bool:
+        sm = self.svc.streams.get(name)
+        return sm is not None and self.svc.mr.leader(sm.group) == self.self_id
+
+    def catalogue(self) -> cluster_meta.Catalogue:
+        return self.svc.meta.catalogue
+
+    def member_name(self, peer: int) -> str:
+        m = self.cluster.members().get(peer)
+        return m.name if m is not None else short_peer(peer)
+
+    def is_up(self, peer: int) -> bool:
+        if peer == self.self_id:
+            return True
+        m = self.cluster.members().get(peer)
+        return m is not None and m.up
+
+    async def _wait(self, pick: Any, timeout: float = 5.0) -> int:
+        """Poll `pick()` (a peer id, 0 = none yet) until it names a peer."""
+        deadline = time.monotonic() + timeout
+        while True:
+            peer = pick()
+            if peer:
+                return peer
+            if time.monotonic() > deadline:
+                raise ApiError.of("JSClusterNotAvailErr")
+            await asyncio.sleep(0.05)
+
+    async def stream_target(self, name: str) -> int:
+        """The peer to send a stream's request to: its leader when this node hosts the
+        stream, else one of its peers that is up (which passes it on)."""
+        def pick() -> int:
+            sm = self.svc.streams.get(name)
+            if sm is not None:
+                try:
+                    return self.svc.mr.leader(sm.group)
+                except KeyError:
+                    return 0
+            peers = self.catalogue().peers(name, self.self_id)
+            up = [p for p in peers if p != self.self_id and self.is_up(p)]
+            return up[0] if up else 0
+        return await self._wait(pick)
+
+    async def _request(self, peer: int, kind: str, body: dict[str, Any]) -> bytes:
+        return await self.cluster.request(peer, kind, json.dumps(body).encode(), FWD_TIMEOUT)
+
+    # ------------------------------------------------------------------ $JS.API routing
+
+    async def route_api(self, call: api.Call, subject: str, reply: str, body: bytes,
+                        hops: int) -> Frames | None:
+        """Frames for `reply` when another node serves the call; None: serve it here."""
+        if hops >= MAX_HOPS or call.op in LOCAL_OPS:
+            return None
+        if not self.meta_started:
+            raise ApiError.of("JSClusterNotAvailErr")
+        if call.op in META_OPS:
+            target = await self._wait(self.meta_leader)
+        elif call.stream and call.stream in self.catalogue().streams:
+            if call.op == "DIRECT.GET" and call.stream in self.svc.streams:
+                return None  # every replica answers direct gets from its own store
+            target = await self.stream_target(call.stream)
+        else:
+            return None
+        if target == self.self_id:
+            return None
+        raw = await self._request(target, "js.api", {
+            "subject": subject, "reply": reply, "body": _b64(body), "hops": hops + 1})
+        return frames_from_wire(raw)
+
+    async def _h_api(self, _peer: int, payload: bytes) -> bytes:
+        req = json.loads(payload)
+        call = api.route(req["subject"])
+        if call is None:
+            return frames_to_wire([])
+        frames = await self.svc._answer(call, req["subject"], req["reply"],
+                                        _unb64(req["body"]), hops=int(req["hops"]))
+        return frames_to_wire(frames)
+
+    # ------------------------------------------------------------------ publishes
+
+    def forward_publish(self, name: str, subject: str, reply: str, hdr: bytes,
+                        data: bytes) -> None:
+        fwd = self.forwarders.get(name)
+        if fwd is None:
+            fwd = self.forwarders[name] = _Forwarder()
+        fwd.queue.append((subject, reply, hdr, data))
+        if not fwd.running:
+            fwd.running = True
+            self.svc._spawn(self._run_forwarder(name, fwd))
+
+    async def _run_forwarder(self, name: str, fwd: _Forwarder) -> None:
+        """One batch in flight per stream: the leader sees this node's publishes in the
+        order the clients sent them."""
+        try:
+            while fwd.queue:
+                batch, fwd.queue = fwd.queue[:PUB_BATCH], fwd.queue[PUB_BATCH:]
+                tokens = [f"{TOKEN_PREFIX}{secrets.token_hex(8)}" if r else "" for _, r, _, _ in
+                          batch]
+                msgs = [{"s": s, "r": t, "h": _b64(h), "d": _b64(d)}
+                        for (s, _, h, d), t in zip(batch, tokens, strict=True)]
+                try:
+                    target = await self.stream_target(name)
+                    raw = await self._request(target, "js.pub",
+                                              {"stream": name, "msgs": msgs, "hops": 0})
+                    acks = json.loads(raw)["acks"]
+                except Exception as exc:  # noqa: BLE001 (no PubAck: the client may retry)
+                    self.log.warn(f"JetStream: forwarding {len(batch)} publishes to "
+                                  f"{name} failed: {exc!r}")
+                    continue
+                for (_, reply, _, _), ack in zip(batch, acks, strict=False):
+                    if reply and ack is not None:
+                        self.svc.client.publish(reply, None, _unb64(ack))
+        finally:
+            fwd.running = False
+            if fwd.queue:
+                fwd.running = True
+                self.svc._spawn(self._run_forwarder(name, fwd))
+
+    async def _h_pub(self, _peer: int, payload: bytes) -> bytes:
+        req = json.loads(payload)
+        name = req["stream"]
+        if not self.leads(name):
+            if req["hops"] >= MAX_HOPS or name not in self.catalogue().streams:
+                return json.dumps({"acks": [None] * len(req["msgs"])}).encode()
+            req["hops"] += 1
+            return await self._request(await self.stream_target(name), "js.pub", req)
+        loop = asyncio.get_running_loop()
+        futs: list[asyncio.Future[bytes | None] | None] = []
+        tasks = []
+        for m in req["msgs"]:
+            fut = None
+            if m["r"]:
+                fut = self.tokens[m["r"]] = loop.create_future()
+            futs.append(fut)
+            task = self.svc._accept_publish(name, m["s"], m["r"], _unb64(m["h"]),
+                                            _unb64(m["d"]))
+            if task is not None:
+                tasks.append(task)
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        pending = [f for f in futs if f is not None and not f.done()]
+        if pending:
+            await asyncio.wait(pending, timeout=1.0)  # effects follow the apply closely
+        acks = []
+        for m, fut in zip(req["msgs"], futs, strict=True):
+            self.tokens.pop(m["r"], None)
+            ok = fut is not None and fut.done() and fut.result() is not None
+            acks.append(_b64(fut.result()) if ok else None)  # type: ignore[union-attr]
+        return json.dumps({"acks": acks}).encode()
+
+    def answer_token(self, subject: str, payload: bytes) -> bool:
+        """A reply to a forwarded publish: handed to the waiting `js.pub` handler."""
+        fut = self.tokens.get(subject)
+        if fut is None:
+            return subject.startswith(TOKEN_PREFIX)  # late: the handler gave up
+        if not fut.done():
+            fut.set_result(payload)
+        return True
+
+    # ------------------------------------------------------------------ acks
+
+    def forward_ack(self, stream: str, subject: str, reply: str | None, body: bytes) -> None:
+        self.svc._spawn(self._send_ack(stream, subject, reply, body))
+
+    async def _send_ack(self, stream: str, subject: str, reply: str | None, body: bytes
+                        ) -> None:
+        try:
+            target = await self.stream_target(stream)
+            raw = await self._request(target, "js.ack", {"subject": subject, "body": _b64(body),
+                                                         "stream": stream, "hops": 0})
+        except Exception as exc:  # noqa: BLE001 (an ack lost: the message is redelivered)
+            self.log.warn(f"JetStream: forwarding an ack on {stream} failed: {exc!r}")
+            return
+        if reply and raw == b"1":
+            self.svc.client.publish(reply, None, b"")
+
+    async def _h_ack(self, _peer: int, payload: bytes) -> bytes:
+        req = json.loads(payload)
+        if not self.leads(req["stream"]):
+            if req["hops"] >= MAX_HOPS:
+                return b"0"
+            req["hops"] += 1
+            return await self._request(await self.stream_target(req["stream"]), "js.ack", req)
+        done = await self.svc._ack_here(req["subject"], _unb64(req["body"]))
+        return b"1" if done else b"0"
+
+    # ------------------------------------------------------------------ the meta leader
+
+    def candidates(self) -> list[Candidate]:
+        load = self.catalogue().load()
+        removed = set(self.catalogue().removed)
+        out = []
+        for m in self.cluster.members().values():
+            if not m.jetstream or m.peer_id in removed:
+                continue
+            free = m.store_max - m.store_used if m.store_max > 0 else None
+            out.append(Candidate(m.peer_id, m.name, self.cluster_name, tuple(m.tags),
+                                 self.is_up(m.peer_id), free, load.get(m.peer_id, 0)))
+        return out
+
+    def place(self, cfg: dict[str, Any], keep: list[int] = (), exclude: list[int] = ()  # type: ignore[assignment]
+              ) -> list[int]:
+        replicas = int(cfg.get("num_replicas") or 1)
+        if replicas > 5:
+            raise ApiError.of("JSStreamReplicasNotSupportedErr")
+        return placement.select_peers(
+            self.candidates(), replicas, Placement.from_config(cfg.get("placement")),
+            our_cluster=self.cluster_name, unique_tag=self.unique_tag, keep=keep,
+            exclude=exclude, max_bytes=max(int(cfg.get("max_bytes") or 0), 0))
+
+    async def propose_meta(self, entry: dict[str, Any]) -> int:
+        return await self.svc.mr.propose(META_GROUP, cluster_meta.encode(entry))
+
+    def configs(self) -> dict[str, stream_config.Config]:
+        return {n: stream_config.from_wire(a["config"])
+                for n, a in self.catalogue().streams.items()}
+
+    async def create_stream(self, name: str, body: bytes) -> dict[str, Any]:
+        cfg, pedantic = stream_config.parse_request(body)
+        async with self.svc._meta_lock:
+            stored, created = stream_config.check_create(name, cfg, pedantic, self.configs(),
+                                                             clustered=True)
+            if created:
+                wire = stream_config.to_wire(stored)
+                peers = self.place(wire)
+                entry = cluster_meta.create(stored["name"], wire, time.time_ns(), peers)
+                await self.propose_meta(entry)
+                self.svc._stream_created(stored["name"])
+        out = _as_reply(await self.stream_info_from_leader(stored["name"]))
+        out["type"] = replies.TYPE_PREFIX + "stream_create_response"
+        out["did_create"] = True  # also for an identical re-create, as nats-server says
+        return out
+
+    async def update_stream(self, name: str, body: bytes) -> dict[str, Any]:
+        cfg, pedantic = stream_config.parse_request(body)
+        async with self.svc._meta_lock:
+            stored = stream_config.check_update(name, cfg, pedantic, self.configs(),
+                                                 clustered=True)
+            a = self.catalogue().streams[name]
+            wire = stream_config.to_wire(stored)
+            peers = list(a["peers"])
+            if int(wire.get("num_replicas") or 1) != len(peers):
+                live = [p for p in peers if self.is_up(p)]
+                want = int(wire.get("num_replicas") or 1)
+                peers = self.place(wire, keep=live)[:want] if want > len(peers) else \
+                    _shrink(peers, want, self.stream_leader_hint(name))
+            await self.propose_meta(cluster_meta.update(name, wire, peers))
+        await self.sync_stream(name)
+        out = _as_reply(await self.stream_info_from_leader(name))
+        out["type"] = replies.TYPE_PREFIX + "stream_update_response"
+        return out
+
+    def stream_leader_hint(self, name: str) -> int:
+        sm = self.svc.streams.get(name)
+        try:
+            return self.svc.mr.leader(sm.group) if sm is not None else 0
+        except KeyError:
+            return 0
+
+    async def sync_stream(self, name: str) -> None:
+        """Ask the stream's leader to write the config the meta leader just committed into
+        its group now (its own catalogue may not have applied it yet)."""
+        a = self.catalogue().streams.get(name)
+        if a is None:
+            return
+        req = {"stream": name, "config": a["config"], "rev": int(a.get("rev", 0)), "hops": 0}
+        deadline = time.monotonic() + FWD_TIMEOUT
+        while time.monotonic() < deadline:
+            try:
+                target = await self.stream_target(name)
+                if target == self.self_id:
+                    await self.svc._sync_config(name, a["config"], req["rev"])
+                    return
+                if await self._request(target, "js.sync", req) == b"1":
+                    return
+            except Exception as exc:  # noqa: BLE001 (leader moving: ask again)
+                self.log.debug(f"JetStream: config sync of {name}: {exc!r}")
+            await asyncio.sleep(0.1)
+
+    async def _h_sync(self, _peer: int, payload: bytes) -> bytes:
+        req = json.loads(payload)
+        if not self.leads(req["stream"]):
+            if req["hops"] >= MAX_HOPS:
+                return b"0"
+            req["hops"] += 1
+            return await self._request(await self.stream_target(req["stream"]), "js.sync", req)
+        await self.svc._sync_config(req["stream"], req["config"], int(req["rev"]))
+        return b"1"
+
+    async def stream_info_from_leader(self, name: str) -> dict[str, Any]:
+        """STREAM.INFO as the stream's leader answers it, once the group has one."""
+        deadline = time.monotonic() + FWD_TIMEOUT
+        while True:
+            try:
+                target = await self.stream_target(name)
+                subject = f"{api.API_PREFIX}STREAM.INFO.{name}"
+                call = api.Call("STREAM.INFO", name)
+                if target == self.self_id:
+                    frames = await self.svc._answer(call, subject, "", b"", hops=MAX_HOPS)
+                else:
+                    frames = frames_from_wire(await self._request(
+                        target, "js.api", {"subject": subject, "reply": "", "body": "",
+                                           "hops": 1}))
+                out = json.loads(frames[0][1])
+                if "error" not in out:
+                    return out
+            except (ApiError, KeyError, IndexError, TimeoutError):
+                pass
+            except Exception as exc:  # noqa: BLE001 (a peer not reachable yet)
+                self.log.debug(f"JetStream: waiting for {name}'s leader: {exc!r}")
+            if time.monotonic() > deadline:
+                raise ApiError.of("JSClusterNotAvailErr")
+            await asyncio.sleep(0.05)
+
+    async def delete_stream(self, name: str) -> dict[str, Any]:
+        async with self.svc._meta_lock:
+            if name not in self.catalogue().streams:
+                raise ApiError.of("JSStreamNotFoundErr")
+            await self.propose_meta(cluster_meta.delete(name))
+        return {"type": replies.TYPE_PREFIX + "stream_delete_response", "success": True}
+
+    async def meta_stepdown(self, body: bytes) -> dict[str, Any]:
+        req = json.loads(body) if body.strip() else {}
+        want = Placement.from_config(req.get("placement"))
+        voters = self.svc.mr.status(META_GROUP)["voters"]
+        to = placement.pick_leader(self.candidates(), voters, self.self_id, want)
+        if not to:
+            up = [v for v in voters if v != self.self_id and self.is_up(v)]
+            if not up:
+                raise ApiError.of("JSClusterNoPeersErrF", err="no replacement peer connected")
+            to = up[0]
+        await self.transfer(META_GROUP, to)
+        return {"type": replies.TYPE_PREFIX + "meta_leader_stepdown_response", "success": True}
+
+    async def transfer(self, group: str, to: int, timeout: float = 5.0) -> None:
+        """Hand `group`'s leadership to `to`. One bounded attempt at a time: the driver's
+        own wait can outlive its timeout when the group sits quiesced."""
+        mr = self.svc.mr
+        deadline = time.monotonic() + timeout
+        while mr.leader(group) != to:
+            if time.monotonic() > deadline:
+                raise ApiError.of("JSClusterNotAvailErr")
+            task = asyncio.ensure_future(mr.transfer_leader(group, to, timeout=1.0))
+            done, _ = await asyncio.wait({task}, timeout=1.5)
+            if not done:
+                task.cancel()
+            elif not task.cancelled() and task.exception() is not None:
+                exc = task.exception()
+                if not isinstance(exc, TimeoutError):
+                    raise exc  # type: ignore[misc]
+
+    def _peer_by_name(self, name: str) -> int:
+        for m in self.cluster.members().values():
+            if name in (m.name, short_peer(m.peer_id), str(m.peer_id)):
+                return m.peer_id
+        return 0
+
+    async def server_remove(self, body: bytes) -> dict[str, Any]:
+        req = json.loads(body) if body.strip() else {}
+        peer = self._peer_by_name(str(req.get("peer") or req.get("peer_id") or ""))
+        voters = self.svc.mr.status(META_GROUP)["voters"]
+        if not peer or peer not in voters:
+            raise ApiError.of("JSClusterServerNotMemberErr")
+        async with self.svc._meta_lock:
+            await self.propose_meta(cluster_meta.remove_server(peer))
+            for name, a in sorted(self.catalogue().streams.items()):
+                if peer in a["peers"]:
+                    await self._replace_peer(name, a, peer)
+            await self.svc.mr.remove_member(META_GROUP, peer)
+        return {"type": replies.TYPE_PREFIX + "meta_server_remove_response", "success": True}
+
+    async def _replace_peer(self, name: str, a: dict[str, Any], peer: int,
+                            shrink: bool = True) -> bool:
+        """Move `name`'s replica off `peer` (placement picks the new one). With no peer to
+        move it to: shrink the replica set (`shrink`), or leave it and say False."""
+        keep = [p for p in a["peers"] if p != peer]
+        try:
+            peers = self.place(a["config"], keep=keep, exclude=[peer])
+        except ApiError:
+            if not shrink:
+                return False
+            peers = keep or a["peers"]  # nowhere to move it: shrink rather than refuse
+        await self.propose_meta(cluster_meta.update(name, a["config"], peers))
+        return True
+
+    async def peer_remove(self, name: str, body: bytes) -> dict[str, Any]:
+        req = json.loads(body) if body.strip() else {}
+        peer = self._peer_by_name(str(req.get("peer") or ""))
+        async with self.svc._meta_lock:
+            a = self.catalogue().streams.get(name)
+            if a is None:
+                raise ApiError.of("JSStreamNotFoundErr")
+            if not peer or peer not in a["peers"]:
+                raise ApiError.of("JSClusterPeerNotMemberErr")
+            await self._replace_peer(name, a, peer)
+        return {"type": replies.TYPE_PREFIX + "stream_remove_peer_response", "success": True}
+
+    # ------------------------------------------------------------------ duties
+
+    async def _duties(self) -> None:
+        """Twice a second: the meta leader adds new JetStream nodes to the meta group;
+        each stream leader brings its group's config and members in line with the
+        catalogue; a node drops the groups no longer assigned to it."""
+        while True:
+            await asyncio.sleep(0.5)
+            try:
+                await self._duty_round()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 (next round tries again)
+                self.log.warn(f"JetStream cluster duty: {exc!r}")
+
+    async def _duty_round(self) -> None:
+        if not self.meta_started:
+            return
+        mr = self.svc.mr
+        if self.is_meta_leader():
+            await self._forget_replaced()
+            voters = set(mr.status(META_GROUP)["voters"])
+            removed = set(self.catalogue().removed)
+            for m in self.cluster.members().values():
+                if m.jetstream and m.up and m.peer_id not in voters | removed:
+                    self.log.info(f"JetStream: adding {m.name} to the meta group")
+                    await mr.add_member(META_GROUP, m.peer_id)
+                    break
+        for name, sm in list(self.svc.streams.items()):
+            a = self.catalogue().streams.get(name)
+            if a is None or mr.leader(sm.group) != self.self_id:
+                continue
+            await self.svc._sync_config(name)
+            try:
+                await asyncio.wait_for(self._sync_members(sm.group, list(a["peers"])), 10.0)
+            except TimeoutError:
+                self.log.warn(f"JetStream: membership change of {sm.group} not committed "
+                              f"within 10 s: {mr.status(sm.group)}")
+        now = time.monotonic()
+        for name in list(self.svc.streams):
+            a = self.catalogue().streams.get(name)
+            if a is None or self.self_id in a["peers"]:
+                self._unassigned.pop(name, None)
+                continue
+            # No longer assigned here. Its leader removes this node from the group (one
+            # member at a time, keeping a quorum); a removed member may never hear that
+            # its removal committed, so it lets go once it sees it or after a grace period.
+            since = self._unassigned.setdefault(name, now)
+            sm = self.svc.streams[name]
+            st = mr.status(sm.group)
+            if self.self_id not in st["voters"] or now - since > UNASSIGNED_GRACE_S:
+                self._unassigned.pop(name, None)
+                await self.svc._close_stream(name)
+
+    async def _forget_replaced(self) -> None:
+        """A node whose store was wiped came back with a new id at the same address
+        (node/cluster marks the old id gone): the old id leaves the meta group and every
+        stream it held a replica of gets a replacement, as SERVER.REMOVE would do."""
+        gone = set(getattr(getattr(self.cluster, "table", None), "gone", set()))
+        if not gone:
+            return
+        mr = self.svc.mr
+        voters = set(mr.status(META_GROUP)["voters"])
+        held = {p for a in self.catalogue().streams.values() for p in a["peers"]}
+        for peer in sorted(gone & (voters | held)):
+            self.log.info(f"JetStream: peer {short_peer(peer)} was replaced (wiped store): "
+                          "removing it")
+            async with self.svc._meta_lock:
+                # Its replicas move first, each only once a new peer (normally the node
+                # that replaced it, as soon as it is up) can take it: never shrink here.
+                for name, a in sorted(self.catalogue().streams.items()):
+                    if peer in a["peers"] and not await self._replace_peer(
+                            name, a, peer, shrink=False):
+                        return  # next round
+                if peer not in self.catalogue().removed:
+                    await self.propose_meta(cluster_meta.remove_server(peer))
+                if peer in voters:
+                    await mr.remove_member(META_GROUP, peer)
+            return
+
+    async def _sync_members(self, group: str, peers: list[int]) -> None:
+        mr = self.svc.mr
+        st = mr.status(group)
+        voters = set(st["voters"])
+        for p in peers:
+            if p not in voters:
+                self.log.info(f"JetStream: adding peer {short_peer(p)} to {group}")
+                await mr.add_member(group, p)
+                return
+        for p in sorted(voters - set(peers)):
+            if p == self.self_id:
+                others = [q for q in peers if self.is_up(q)]
+                if others:
+                    await self.transfer(group, others[0])
+                return
+            # Only once the remaining members are caught up: a removal never leaves
+            # the group without a quorum of current replicas.
+            self.log.info(f"JetStream: removing peer {short_peer(p)} from {group}")
+            await mr.remove_member(group, p)
+            return
+
+    # ------------------------------------------------------------------ INFO
+
+    def cluster_info(self, group: str) -> dict[str, Any]:
+        """STREAM.INFO's / CONSUMER.INFO's `cluster` object, as nats-server shows it."""
+        mr = self.svc.mr
+        st = mr.status(group)
+        leader = st["leader"]
+        out: dict[str, Any] = {"name": self.cluster_name, "raft_group": group}
+        if leader:
+            out["leader"] = self.member_name(leader)
+            since = self.leader_since.get(group)
+            if since:
+                out["leader_since"] = rfc3339(since)
+        out["system_account"] = True
+        out["traffic_account"] = "$SYS"
+        reps = []
+        now = asyncio.get_running_loop().time()
+        transport = mr.transport
+        for p in st["voters"]:
+            if p == leader:
+                continue
+            rep: dict[str, Any] = {"name": self.member_name(p)}
+            match = st["match"].get(p)
+            lag = max(st["last_index"] - match, 0) if match is not None else 0
+            up = self.is_up(p)
+            rep["current"] = up and lag == 0
+            try:
+                seen = transport.last_seen(p) if p != self.self_id else now
+            except (KeyError, AttributeError):
+                seen = 0.0
+            rep["active"] = int(max(now - seen, 0) * 1e9) if seen else 0
+            if not up:
+                rep["offline"] = True
+            if lag:
+                rep["lag"] = lag
+            rep["peer"] = short_peer(p)
+            reps.append(rep)
+        if reps:
+            out["replicas"] = reps
+        return out
+
+    def jsz_meta(self) -> dict[str, Any]:
+        """/jsz's `meta_cluster` (nats-server's shape), for node/monitor.py."""
+        if not self.meta_started:
+            return {"name": self.cluster_name, "cluster_size": 0}
+        info = self.cluster_info(META_GROUP)
+        st = self.svc.mr.status(META_GROUP)
+        return {"name": self.cluster_name, "leader": info.get("leader", ""),
+                "peer": short_peer(self.self_id), "replicas": info.get("replicas", []),
+                "cluster_size": len(st["voters"]), "pending": 0}
+
+    def healthy(self) -> bool:
+        """Caught up with the meta group and a leader known for every assigned group."""
+        if not self.meta_started:
+            return False
+        mr = self.svc.mr
+        try:
+            st = mr.status(META_GROUP)
+        except KeyError:
+            return False
+        if not st["leader"] or st["applied"] < st["commit"]:
+            return False
+        for name in self.catalogue().assigned_to(self.self_id):
+            sm = self.svc.streams.get(name)
+            if sm is None:
+                return False
+            g = mr.status(sm.group)
+            if not g["leader"] or g["applied"] < g["commit"]:
+                return False
+        return True
+
+
+def _as_reply(info: dict[str, Any]) -> dict[str, Any]:
+    """A STREAM.INFO reply as the body of a create/update reply (no subject paging)."""
+    return {k: v for k, v in info.items() if k not in ("total", "offset", "limit")}
+
+
+def _shrink(peers: list[int], want: int, leader: int) -> list[int]:
+    """Scaling down keeps the leader and the first peers of the assignment."""
+    ordered = ([leader] if leader in peers else []) + [p for p in peers if p != leader]
+    return ordered[:want]

@@ -1,0 +1,120 @@
+"""The meta group's entries and the catalogue they build (pure; docs/jetstream.md "Meta group").
+
+Every entry of the `$js` Raft group is one compact JSON object with an `op`:
+
+    {"op":"create","name":S,"config":{...},"created_ns":N,"group":G,"peers":[P,...]}
+    {"op":"update","name":S,"config":{...},"peers":[P,...]}
+    {"op":"delete","name":S}
+    {"op":"remove_server","peer":P}
+
+`config` is the stream config in its wire form as the meta leader checked it, `group` the name
+of the stream's Raft group (`js.<name>.<created_ns>`: a re-created stream never reuses a log),
+`peers` the peer ids (random 63-bit integers, `node/cluster`) of its replicas, the preferred
+first. A `create` written by a single node (before clustering existed) has no `peers`: it means
+the node itself. The catalogue is the fold of the entries in log order:
+
+* `create` adds the assignment unless the name is taken (an idempotent retry keeps the first);
+* `update` replaces the config and the peer set of an existing stream (scaling, peer removal);
+  once the peer set changed the assignment carries `"scaled": true`: a peer that opens the
+  group from then on joins it empty (the leader adds it) instead of bootstrapping it;
+* every assignment carries `rev`, the index of the entry that last set it: a stream leader
+  never replaces its group's config by an older revision than one it already wrote;
+* `delete` forgets it; `remove_server` records a peer that left the cluster for good (placement
+  never picks it again, and the meta leader removes it from the groups that name it).
+
+Consumers are not here: they are entries of their stream's own group (docs/jetstream.md).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+_JSON: dict[str, Any] = {"separators": (",", ":"), "sort_keys": False}
+
+
+def encode(entry: dict[str, Any]) -> bytes:
+    return json.dumps(entry, **_JSON).encode()
+
+
+def create(name: str, config: dict[str, Any], created_ns: int, peers: list[int]
+           ) -> dict[str, Any]:
+    return {"op": "create", "name": name, "config": config, "created_ns": created_ns,
+            "group": f"js.{name}.{created_ns}", "peers": list(peers)}
+
+
+def update(name: str, config: dict[str, Any], peers: list[int]) -> dict[str, Any]:
+    return {"op": "update", "name": name, "config": config, "peers": list(peers)}
+
+
+def delete(name: str) -> dict[str, Any]:
+    return {"op": "delete", "name": name}
+
+
+def remove_server(peer: int) -> dict[str, Any]:
+    return {"op": "remove_server", "peer": peer}
+
+
+@dataclass
+class Catalogue:
+    """Stream name -> its assignment (the `create` entry, kept current by `update`s)."""
+
+    streams: dict[str, dict[str, Any]] = field(default_factory=dict)
+    removed: list[int] = field(default_factory=list)
+
+    def apply(self, entry: dict[str, Any], self_peer: int, index: int = 0) -> str | None:
+        """Fold one entry in (`index`: its Raft index, kept as the assignment's `rev`);
+        returns the name of the stream it touched (None: none)."""
+        op = entry.get("op")
+        name = entry.get("name")
+        if op == "create" and isinstance(name, str):
+            if name in self.streams:
+                return None
+            a = dict(entry)
+            a.setdefault("peers", [self_peer])
+            a["rev"] = index
+            self.streams[name] = a
+            return name
+        if op == "update" and isinstance(name, str) and name in self.streams:
+            a = dict(self.streams[name])
+            a["config"] = entry["config"]
+            if list(entry["peers"]) != a.get("peers"):
+                a["scaled"] = True  # peers added from now on join the group empty
+            a["peers"] = list(entry["peers"])
+            a["rev"] = index
+            self.streams[name] = a
+            return name
+        if op == "delete" and isinstance(name, str):
+            return name if self.streams.pop(name, None) is not None else None
+        if op == "remove_server":
+            peer = int(entry["peer"])
+            if peer not in self.removed:
+                self.removed.append(peer)
+        return None
+
+    def peers(self, name: str, self_peer: int) -> list[int]:
+        a = self.streams.get(name)
+        if a is None:
+            return []
+        return list(a.get("peers") or [self_peer])
+
+    def assigned_to(self, peer: int) -> list[str]:
+        return sorted(n for n, a in self.streams.items() if peer in a.get("peers", [peer]))
+
+    def load(self) -> dict[int, int]:
+        """Replicas assigned per peer: the load placement spreads."""
+        out: dict[int, int] = {}
+        for a in self.streams.values():
+            for p in a.get("peers", []):
+                out[p] = out.get(p, 0) + 1
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        return {"streams": self.streams, "removed": self.removed}
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any]) -> Catalogue:
+        if "streams" in raw and isinstance(raw.get("removed"), list):
+            return cls(dict(raw["streams"]), list(raw["removed"]))
+        return cls(dict(raw))  # the single-node layout: name -> create entry

@@ -1,0 +1,83 @@
+"""Helpers for the clustered JetStream tests: clusters of real node processes with JetStream
+options, readiness, and raw $JS.API requests."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import urllib.error
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import nats
+
+from node.cluster.local import LocalCluster, LocalNode
+
+
+class JsCluster(LocalCluster):
+    """A LocalCluster whose `jetstream {}` block can carry `unique_tag`."""
+
+    def __init__(self, directory: str | Path, n: int = 3, *, unique_tag: str = "",
+                 tags: Sequence[Sequence[str]] = (), name: str = "C1",
+                 env_extra: str = "") -> None:
+        super().__init__(directory, n, name=name, tags=tags)
+        self.unique_tag = unique_tag
+
+    def config_for(self, node: LocalNode) -> str:
+        conf = super().config_for(node)
+        if self.unique_tag:
+            store = json.dumps(str(node.dir / "data"))
+            conf = conf.replace(f"jetstream {{ store_dir: {store} }}",
+                                f"jetstream {{ store_dir: {store}, unique_tag: "
+                                f"{json.dumps(self.unique_tag)} }}")
+        return conf
+
+    def wait_js(self, nodes: Sequence[LocalNode] | None = None, timeout: float = 40.0) -> None:
+        """Until /healthz says every node caught up with the meta group (and its groups)."""
+        deadline = time.monotonic() + timeout
+        for node in nodes or [n for n in self.nodes if n.alive()]:
+            while True:
+                try:
+                    if node.get("/healthz").get("status") == "ok":
+                        break
+                except (OSError, urllib.error.URLError, ValueError):
+                    pass
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{node.name} not healthy:\n{node.log_text()[-3000:]}")
+                time.sleep(0.1)
+
+
+async def connect(node: LocalNode, **kw: Any) -> nats.NATS:
+    return await nats.connect(node.url, allow_reconnect=False, connect_timeout=5, **kw)
+
+
+async def api(nc: nats.NATS, subject: str, body: Any = None, timeout: float = 10.0
+              ) -> dict[str, Any]:
+    data = b"" if body is None else json.dumps(body).encode()
+    msg = await nc.request("$JS.API." + subject, data, timeout=timeout)
+    return json.loads(msg.data)
+
+
+async def until(pred: Any, timeout: float = 15.0, every: float = 0.1) -> Any:
+    """Await `pred()` (sync or async) until truthy; returns its value."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = pred()
+        if asyncio.iscoroutine(got):
+            got = await got
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            raise TimeoutError("condition not met")
+        await asyncio.sleep(every)
+
+
+def errors_in_logs(cluster: LocalCluster) -> list[str]:
+    bad = []
+    for n in cluster.nodes:
+        for line in n.log_text().splitlines():
+            if "[ERR]" in line or "[FTL]" in line or "Traceback" in line:
+                bad.append(f"{n.name}: {line}")
+    return bad

@@ -1,0 +1,162 @@
+"""Clustered JetStream on five real node processes (tags az:a, az:b, az:c, az:a, az:b):
+R1/R3/R5 streams created on one node and used from every other, KV on R3, placement tags,
+stepdowns, STREAM.INFO's `cluster`, /jsz and /healthz."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from tests.cluster.jshelp import JsCluster, api, connect, errors_in_logs, until
+
+TAGS = [["az:a"], ["az:b"], ["az:c"], ["az:a"], ["az:b"]]
+
+
+@pytest.fixture(scope="module")
+def js5(tmp_path_factory: pytest.TempPathFactory) -> Iterator[JsCluster]:
+    c = JsCluster(tmp_path_factory.mktemp("js5"), 5, tags=TAGS)
+    try:
+        c.start()
+        c.wait_js()
+        yield c
+    finally:
+        c.stop()
+    assert errors_in_logs(c) == []
+
+
+@pytest.mark.parametrize("replicas", [1, 3, 5])
+async def test_stream_created_on_one_node_used_from_every_other(js5: JsCluster,
+                                                               replicas: int) -> None:
+    ncs = [await connect(n) for n in js5.nodes]
+    try:
+        js = [nc.jetstream(timeout=10) for nc in ncs]
+        name = f"R{replicas}_{uuid.uuid4().hex[:6]}"
+        info = await js[0].add_stream(name=name, subjects=[f"{name}.>"], num_replicas=replicas)
+        assert info.cluster is not None and info.cluster.name == "C1"
+        assert len(info.cluster.replicas or []) == replicas - 1
+        seqs = []
+        for i, j in enumerate(js):  # every node publishes
+            for k in range(3):
+                ack = await j.publish(f"{name}.n{i}", f"{i}-{k}".encode())
+                assert ack.stream == name
+                seqs.append(ack.seq)
+        assert seqs == list(range(1, 16))
+        await js[1].add_consumer(name, durable_name="d", ack_policy="explicit")
+        got = []
+        for j in js:  # every node fetches and acks
+            sub = await j.pull_subscribe_bind("d", stream=name)
+            for m in await sub.fetch(3, timeout=5):
+                got.append(m.data.decode())
+                await m.ack_sync()
+        assert got == [f"{i}-{k}" for i in range(5) for k in range(3)]
+        for j in js:
+            si = await j.stream_info(name)
+            assert si.state.messages == 15 and si.state.last_seq == 15
+            ci = await j.consumer_info(name, "d")
+            assert ci.ack_floor.stream_seq == 15 and ci.num_pending == 0
+            assert ci.num_ack_pending == 0
+        await js[4].delete_stream(name)
+        for nc in ncs:  # every node applies the delete (the meta leader answered first)
+            async def gone(nc=nc) -> bool:
+                r = await api(nc, f"STREAM.INFO.{name}")
+                return r.get("error", {}).get("err_code") == 10059
+            await until(gone)
+    finally:
+        for nc in ncs:
+            await nc.close()
+
+
+async def test_kv_on_r3_from_every_node(js5: JsCluster) -> None:
+    ncs = [await connect(n) for n in js5.nodes]
+    try:
+        js = [nc.jetstream(timeout=10) for nc in ncs]
+        bucket = f"kv{uuid.uuid4().hex[:6]}"
+        kv0 = await js[0].create_key_value(bucket=bucket, replicas=3, history=5)
+        for i, j in enumerate(js):
+            kv = await j.key_value(bucket)
+            await kv.put("k", f"v{i}".encode())
+            await kv.put(f"own{i}", b"x")
+        for j in js:
+            kv = await j.key_value(bucket)
+            assert (await kv.get("k")).value == b"v4"
+            assert len(await kv.history("k")) == 5
+        assert sorted(await kv0.keys()) == ["k", "own0", "own1", "own2", "own3", "own4"]
+        await kv0.delete("k")
+        kv3 = await js[3].key_value(bucket)
+        with pytest.raises(Exception):  # noqa: B017 (KeyDeletedError or KeyNotFoundError)
+            await kv3.get("k")
+        await js[2].delete_key_value(bucket)
+    finally:
+        for nc in ncs:
+            await nc.close()
+
+
+async def test_placement_tags(js5: JsCluster) -> None:
+    nc = await connect(js5.nodes[1])
+    try:
+        js = nc.jetstream(timeout=10)
+        from nats.js.api import Placement, StreamConfig
+
+        info = await js.add_stream(StreamConfig(name="TAGC", subjects=["tagc"], num_replicas=1,
+                                                placement=Placement(tags=["az:c"])))
+        assert info.cluster.leader == "n3"
+        info = await js.add_stream(StreamConfig(name="TAGA", subjects=["taga"], num_replicas=2,
+                                                placement=Placement(tags=["az:a"])))
+        names = {info.cluster.leader, *(r.name for r in info.cluster.replicas)}
+        assert names == {"n1", "n4"}
+        r = await api(nc, "STREAM.CREATE.TAGZ", {"name": "TAGZ", "num_replicas": 1,
+                                                 "placement": {"tags": ["zz:q"]}})
+        assert r["error"] == {"code": 400, "err_code": 10005, "description":
+                              "no suitable peers for placement, tags not matched ['zz:q']"}
+        r = await api(nc, "STREAM.CREATE.TAGA3", {"name": "TAGA3", "num_replicas": 3,
+                                                  "placement": {"tags": ["az:a"]}})
+        assert r["error"]["err_code"] == 10005
+        r = await api(nc, "STREAM.CREATE.R7", {"name": "R7", "num_replicas": 7})
+        assert "error" in r
+        for name in ("TAGC", "TAGA"):
+            await js.delete_stream(name)
+    finally:
+        await nc.close()
+
+
+async def test_leader_stepdowns_and_info(js5: JsCluster) -> None:
+    ncs = [await connect(n) for n in js5.nodes]
+    try:
+        js = ncs[2].jetstream(timeout=10)
+        await js.add_stream(name="SD", subjects=["sd"], num_replicas=3)
+        await js.publish("sd", b"1")
+        before = (await js.stream_info("SD")).cluster.leader
+        r = await api(ncs[4], "STREAM.LEADER.STEPDOWN.SD")
+        assert r == {"type": "io.nats.jetstream.api.v1.stream_leader_stepdown_response",
+                     "success": True}
+
+        async def moved() -> bool:
+            info = await js.stream_info("SD")
+            return info.cluster.leader not in (None, before)
+        await until(moved)
+        assert (await js.publish("sd", b"2")).seq == 2
+        await js.add_consumer("SD", durable_name="c", ack_policy="explicit")
+        r = await api(ncs[0], "CONSUMER.LEADER.STEPDOWN.SD.c")
+        assert r["success"] is True
+        sub = await js.pull_subscribe_bind("c", stream="SD")
+        msgs = await until(lambda: sub.fetch(2, timeout=3), timeout=20)
+        assert [m.data for m in msgs] == [b"1", b"2"]
+        # META.LEADER.STEPDOWN with a preferred server.
+        meta = js5.nodes[0].get("/jsz")["meta_cluster"]
+        target = next(n.name for n in js5.nodes if n.name != meta["leader"])
+        r = await api(ncs[1], "META.LEADER.STEPDOWN", {"placement": {"preferred": target}})
+        assert r == {"type": "io.nats.jetstream.api.v1.meta_leader_stepdown_response",
+                     "success": True}
+        await until(lambda: js5.nodes[3].get("/jsz")["meta_cluster"].get("leader") == target)
+        jsz = js5.nodes[2].get("/jsz?raft=1")
+        assert jsz["meta_cluster"]["cluster_size"] == 5
+        assert len(jsz["meta_cluster"]["replicas"]) == 4
+        assert "$js" in jsz["raft"]
+        await js.delete_stream("SD")
+        await asyncio.sleep(0)
+    finally:
+        for nc in ncs:
+            await nc.close()

@@ -1,0 +1,96 @@
+"""STREAM.INFO / CONSUMER.INFO of an R3 stream on a 3-node jetraft cluster next to a 3-node
+nats-server 2.15.1 cluster (routes, same script): the key sets of the replies, of their
+`cluster` object and of each replica must match (values differ: names, times, ids)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.cluster.jshelp import JsCluster, api
+from tests.ports import free_port
+
+
+@pytest.fixture
+def nats3(tmp_path: Path) -> Iterator[list[str]]:
+    if shutil.which("nats-server") is None:
+        pytest.skip("nats-server not installed")
+    ports = [free_port() for _ in range(3)]
+    cports = [free_port() for _ in range(3)]
+    routes = ",".join(f"nats-route://127.0.0.1:{p}" for p in cports)
+    procs = []
+    try:
+        for i in range(3):
+            conf = tmp_path / f"n{i}.conf"
+            conf.write_text(
+                f"server_name: n{i + 1}\nlisten: 127.0.0.1:{ports[i]}\n"
+                f"jetstream {{ store_dir: \"{tmp_path}/d{i}\" }}\n"
+                f"cluster {{ name: C1, listen: 127.0.0.1:{cports[i]}, routes: [{routes}] }}\n")
+            procs.append(subprocess.Popen(["nats-server", "-c", str(conf)],
+                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        yield [f"nats://127.0.0.1:{p}" for p in ports]
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            p.wait(10)
+
+
+async def _script(url: str) -> dict[str, Any]:
+    import nats
+
+    nc = await nats.connect(url)
+    deadline = time.monotonic() + 30
+    while True:  # until the cluster has its meta leader
+        try:
+            r = await api(nc, "STREAM.CREATE.D", {"name": "D", "subjects": ["d"],
+                                                  "num_replicas": 3}, timeout=3)
+            if "error" not in r:
+                break
+        except Exception:  # noqa: BLE001 (no responders / timeout while forming)
+            pass
+        if time.monotonic() > deadline:
+            raise TimeoutError("no JetStream")
+        await asyncio.sleep(0.5)
+    await nc.request("d", b"x", timeout=5)
+    out = {"create": r}
+    out["consumer"] = await api(nc, "CONSUMER.CREATE.D.c", {
+        "stream_name": "D", "config": {"durable_name": "c", "ack_policy": "explicit"}})
+    await asyncio.sleep(1.0)  # replicas report current
+    out["info"] = await api(nc, "STREAM.INFO.D")
+    out["cinfo"] = await api(nc, "CONSUMER.INFO.D.c")
+    await nc.close()
+    return out
+
+
+def _shape(reply: dict[str, Any]) -> dict[str, Any]:
+    cluster = reply.get("cluster", {})
+    return {"keys": sorted(reply), "cluster": sorted(cluster),
+            "replica": sorted({k for r in cluster.get("replicas", []) for k in r}),
+            "replicas": len(cluster.get("replicas", []))}
+
+
+async def test_info_cluster_shapes_match_nats_server(nats3: list[str], tmp_path: Path) -> None:
+    theirs = await _script(nats3[0])
+    c = JsCluster(tmp_path / "jr", 3)
+    try:
+        c.start()
+        c.wait_js()
+        ours = await _script(c.nodes[0].url)
+    finally:
+        c.stop()
+    for key in ("create", "info", "cinfo", "consumer"):
+        print(key, json.dumps(theirs[key].get("cluster")), json.dumps(ours[key].get("cluster")))
+        t, o = _shape(theirs[key]), _shape(ours[key])
+        # "lag" and "offline" appear only when non-zero / true.
+        t["replica"] = [k for k in t["replica"] if k not in ("lag", "offline")]
+        o["replica"] = [k for k in o["replica"] if k not in ("lag", "offline")]
+        assert o == t, key

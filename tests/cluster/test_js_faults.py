@@ -1,0 +1,180 @@
+"""Fault tests for clustered JetStream on three real node processes, each with a checker
+comparing what the publishers saw acknowledged with what EVERY replica finally holds (read
+from each node's own store through DIRECT.GET, which every replica serves itself).
+
+Default run: one kill -9 of the stream leader while two publishers (connected to the other
+nodes) publish with Nats-Msg-Id and retry until acknowledged. JETRAFT_LONG=1: more rounds."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+from collections.abc import Iterator
+from typing import Any
+
+import nats
+import pytest
+
+from tests.cluster.jshelp import JsCluster, api, connect, errors_in_logs, until
+
+ROUNDS = 3 if os.environ.get("JETRAFT_LONG") else 1
+PER_PUBLISHER = 150
+
+
+@pytest.fixture
+def js3(tmp_path: Any) -> Iterator[JsCluster]:
+    c = JsCluster(tmp_path / "c", 3)
+    try:
+        c.start()
+        c.wait_js()
+        yield c
+    finally:
+        c.stop()
+
+
+async def publisher(nc: nats.NATS, pid: int, count: int, acked: list[tuple[str, int]],
+                    progress: asyncio.Event) -> None:
+    """Publish `count` messages in order; each is retried (same Nats-Msg-Id) until acked."""
+    for i in range(count):
+        data = f"p{pid}-{i:05d}".encode()
+        while True:
+            try:
+                msg = await nc.request("k", data, timeout=2.0,
+                                       headers={"Nats-Msg-Id": data.decode()})
+                ack = json.loads(msg.data)
+                if "seq" in ack and "error" not in ack:
+                    acked.append((data.decode(), ack["seq"]))
+                    break
+            except (nats.errors.TimeoutError, nats.errors.NoRespondersError):
+                pass
+            await asyncio.sleep(0.05)
+        if len(acked) >= 60:
+            progress.set()
+
+
+async def replica_contents(node: Any, last: int, stream: str = "K") -> list[str]:
+    nc = await connect(node)
+    try:
+        out = []
+        for seq in range(1, last + 1):
+            msg = await nc.request(f"$JS.API.DIRECT.GET.{stream}",
+                                   json.dumps({"seq": seq}).encode(), timeout=5)
+            assert msg.headers is not None and msg.headers.get("Nats-Sequence") == str(seq), \
+                (node.name, seq, msg.headers)
+            out.append(msg.data.decode())
+        return out
+    finally:
+        await nc.close()
+
+
+async def last_seq_here(node: Any, stream: str = "K", subject: str = "k") -> int:
+    """The last sequence this replica holds (DIRECT.GET last_by_subj, answered locally)."""
+    nc = await connect(node)
+    try:
+        msg = await nc.request(f"$JS.API.DIRECT.GET.{stream}",
+                               json.dumps({"last_by_subj": subject}).encode(), timeout=5)
+        return int(msg.headers.get("Nats-Sequence", "0")) if msg.headers else 0
+    finally:
+        await nc.close()
+
+
+async def test_kill_9_of_the_stream_leader_while_publishing(js3: JsCluster) -> None:
+    admin = await connect(js3.nodes[0])
+    js = admin.jetstream(timeout=10)
+    await js.add_stream(name="K", subjects=["k"], num_replicas=3, allow_direct=True)
+    acked: list[tuple[str, int]] = []
+    for _round in range(ROUNDS):
+        info = await js.stream_info("K")
+        leader = next(n for n in js3.nodes if n.name == info.cluster.leader)
+        others = [n for n in js3.nodes if n is not leader]
+        pubs = [await connect(n) for n in others]
+        progress = asyncio.Event()
+        base = len(acked)
+        tasks = [asyncio.ensure_future(publisher(nc, _round * 10 + i, PER_PUBLISHER, acked,
+                                                 progress)) for i, nc in enumerate(pubs)]
+        await asyncio.wait_for(progress.wait(), 60)
+        js3.stop_node(leader, sig=signal.SIGKILL)
+        await asyncio.wait_for(asyncio.gather(*tasks), 120)
+        assert len(acked) - base == 2 * PER_PUBLISHER
+        js3.start_node(leader)
+        js3.wait_js()
+        for nc in pubs:
+            await nc.close()
+        if admin.is_closed or leader is js3.nodes[0]:
+            await admin.close()
+            admin = await connect(others[0])
+            js = admin.jetstream(timeout=10)
+    await admin.close()
+    # The checker.
+    top = max(seq for _, seq in acked)
+    for node in js3.nodes:
+        await until(lambda node=node: last_seq_here(node), timeout=30)
+        await until(lambda node=node: _at_least(node, top), timeout=30)
+    contents = [await replica_contents(n, top) for n in js3.nodes]
+    assert contents[0] == contents[1] == contents[2], "replicas differ"
+    stored = contents[0]
+    assert len(stored) == len(set(stored)), "a message stored twice"
+    position = {data: i + 1 for i, data in enumerate(stored)}
+    for data, seq in acked:
+        assert position.get(data) == seq, f"acked {data} at {seq}, stored at {position.get(data)}"
+    for pid in {d.split("-")[0] for d, _ in acked}:  # each publisher's order kept
+        mine = [d for d in stored if d.startswith(pid + "-")]
+        assert mine == sorted(mine)
+    nc = await connect(js3.nodes[1])
+    r = await api(nc, "STREAM.INFO.K")
+    assert r["state"]["messages"] == len(stored) == top
+    await nc.close()
+    assert errors_in_logs(js3) == []
+
+
+async def _at_least(node: Any, seq: int) -> bool:
+    return await last_seq_here(node) >= seq
+
+
+async def test_meta_leader_killed_during_stream_creation(js3: JsCluster) -> None:
+    """Creates in flight while the meta leader is killed: every create that was answered
+    with success survives (on every node, after the restart), a retried create succeeds
+    (identical config), and every stream takes publishes."""
+    meta = js3.nodes[0].get("/jsz")["meta_cluster"]["leader"]
+    leader = next(n for n in js3.nodes if n.name == meta)
+    other = next(n for n in js3.nodes if n is not leader)
+    nc = await connect(other)
+    names = [f"M{i}" for i in range(8)]
+
+    async def create(name: str) -> bool:
+        try:
+            r = await api(nc, f"STREAM.CREATE.{name}", {"name": name, "subjects": [name.lower()],
+                                                        "num_replicas": 3}, timeout=8)
+        except Exception:  # noqa: BLE001 (no answer: outcome unknown)
+            return False
+        return "error" not in r
+
+    tasks = [asyncio.ensure_future(create(n)) for n in names]
+    await asyncio.sleep(0.05)
+    js3.stop_node(leader, sig=signal.SIGKILL)
+    answered = dict(zip(names, await asyncio.gather(*tasks), strict=True))
+    js3.start_node(leader)
+    js3.wait_js()
+    for n in js3.nodes:
+        c = await connect(n)
+        for name, ok in answered.items():
+            if ok:  # acknowledged: never forgotten
+                r = await until(lambda c=c, name=name: _found(c, name), timeout=20)
+                assert r["config"]["name"] == name, (n.name, r)
+        await c.close()
+    for name in names:  # a retry converges (identical config: success, did_create)
+        r = await until(lambda name=name: create(name), timeout=30)
+        assert r
+        ack = json.loads((await nc.request(name.lower(), b"x", timeout=5)).data)
+        assert ack["stream"] == name and ack["seq"] >= 1
+    r = await api(nc, "STREAM.NAMES")
+    assert sorted(r["streams"]) == names
+    await nc.close()
+    assert errors_in_logs(js3) == []
+
+
+async def _found(nc: nats.NATS, name: str) -> dict[str, Any] | None:
+    r = await api(nc, f"STREAM.INFO.{name}")
+    return None if "error" in r else r
