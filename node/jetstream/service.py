@@ -31,7 +31,7 @@ import secrets
 import time
 from typing import Any
 
-from node.jetstream import advisories, api, consumer_config, get, ops, replies, requests
+from node.jetstream import advisories, api, consumer_config, dirs, get, ops, replies, requests
 from node.jetstream import config as stream_config
 from node.jetstream.batch import BatchCollector
 from node.jetstream.consumer import (
@@ -155,7 +155,7 @@ class JetStreamService:
 
     async def start(self) -> None:
         self.loop = asyncio.get_running_loop()
-        os.makedirs(os.path.join(self.store_dir, "lmdb"), exist_ok=True)
+        dirs.prepare_store_dir(self.store_dir)  # durable directories (tests/durability)
         self.env = NodeEnv(os.path.join(self.store_dir, "lmdb"))
         raft_dir = os.path.join(self.store_dir, "raft")
         node_log = NodeLog(os.path.join(raft_dir, "wal"))
