@@ -47,6 +47,7 @@ from node.jetstream.consumer import (
 from node.jetstream.errors import ApiError
 from node.jetstream.machines import META_STORE, MetaMachine, StreamMachine
 from node.jetstream.pull import PullQueue, Status
+from node.jetstream.store import CorruptRecordError
 from node.jetstream.store.lmdbstore import LmdbStore, NodeEnv, stored_names
 from node.jetstream.stream import Effect, Reply, Republish, Stored, rfc3339
 from raft.multigroup import MultiRaft, ProposalDropped
@@ -406,6 +407,11 @@ class JetStreamService:
             self.api_errors += 1
             out = replies.error_reply(_kind(call.op), ApiError.of(
                 "JSStreamGeneralErrorF", err=f"not committed: {exc}"))
+        except CorruptRecordError as exc:  # a stored record failed its CRC: say so, stay up
+            self.api_errors += 1
+            self.log.error(f"JetStream API {subject}: {exc}")
+            out = replies.error_reply(_kind(call.op), ApiError.of("JSStreamGeneralErrorF",
+                                                                  err=str(exc)))
         except (ValueError, TypeError, KeyError, AttributeError) as exc:
             # A request shape the pure checks let through: answer, log, and stay up.
             self.api_errors += 1
