@@ -5,7 +5,7 @@
 
 The executors read the data directories by path, so on a real cluster they
 must see them at the same paths (a shared or copied file system). The job
-ships its own code (`audit` and `raft` packages, zipped) to the executors.
+ships its own code (`audit`, `raft` and `node` packages, zipped) to the executors.
 
 Stages: read (one task per byte range of a segment) -> log pass (per node
 and group, newest record first: survivors, holes, votes) -> cross-node
@@ -87,13 +87,17 @@ def session(master: str | None, conf: dict[str, str] | None = None):
 
 
 def ship_code(spark) -> None:
-    """Zip the `audit` and `raft` packages for the executors (any master)."""
+    """Zip the `audit` and `raft` packages, and `node` (the JetStream replay hooks run its
+    pure state machines), for the executors (any master)."""
     path = os.path.join(tempfile.mkdtemp(prefix="jetraft-audit-"), "audit_code.zip")
     with zipfile.ZipFile(path, "w") as z:
-        for pkg in ("audit", "raft"):
-            for name in sorted(os.listdir(os.path.join(ROOT, pkg))):
-                if name.endswith(".py"):
-                    z.write(os.path.join(ROOT, pkg, name), f"{pkg}/{name}")
+        for pkg in ("audit", "raft", "node"):
+            for root, dirs, files in os.walk(os.path.join(ROOT, pkg)):
+                dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+                for name in sorted(files):
+                    if name.endswith((".py", ".json")):
+                        full = os.path.join(root, name)
+                        z.write(full, os.path.relpath(full, ROOT))
     spark.sparkContext.addPyFile(path)
 
 
