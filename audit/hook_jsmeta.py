@@ -31,7 +31,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from audit.hooks import CommittedEntry
-from audit.jsstore import META_STORE, NodeStore, open_nodes
+from audit.jsstore import BOOTSTRAP, META_STORE, NodeStore, open_nodes
 from audit.model import (
     META_ENTRY_BAD,
     META_MISMATCH,
@@ -67,7 +67,7 @@ class Catalogue:
         if not isinstance(entry, dict) or not isinstance(entry.get("op"), str):
             raise BadEntry("no op")
         op, name = entry["op"], entry.get("name")
-        if op in ("create", "delete") | STREAM_ADD | STREAM_REMOVE and not isinstance(name, str):
+        if op in {"create", "delete"} | STREAM_ADD | STREAM_REMOVE and not isinstance(name, str):
             raise BadEntry(f"{op} without a stream name")
         if op == "create":
             self.streams.setdefault(name, entry)
@@ -112,6 +112,8 @@ def _walk(group: str, entries: Iterable[CommittedEntry],
     last, term = 0, None
     usable = True
     for e in entries:
+        if last == 0 and e.index == BOOTSTRAP + 1:
+            last = BOOTSTRAP  # the group's bootstrap snapshot: the empty state
         if e.index != last + 1:
             what = ("the log does not start at index 1 (compacted; no archive)" if last == 0
                     else f"committed entries {last + 1}..{e.index - 1} are not readable")

@@ -27,7 +27,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from audit.hooks import CommittedEntry
-from audit.jsstore import DB_NAMES, NodeStore, diff_items, open_nodes
+from audit.jsstore import BOOTSTRAP, DB_NAMES, NodeStore, diff_items, open_nodes
 from audit.model import NOTE, STORE_MISMATCH, STORE_UNCHECKED, VIOLATION, Finding
 
 GROUP_PREFIX = "js."
@@ -124,6 +124,8 @@ def _walk(group: str, entries: Iterable[CommittedEntry], nodes: dict[str, NodeSt
     checkpoints = sorted(set(applied.values()))
     last, term = 0, None
     for e in entries:
+        if last == 0 and e.index == BOOTSTRAP + 1:
+            last = BOOTSTRAP  # the group's bootstrap snapshot: the empty state
         if e.index != last + 1:
             what = ("the log does not start at index 1 (compacted; no archive)" if last == 0
                     else f"committed entries {last + 1}..{e.index - 1} are not readable")

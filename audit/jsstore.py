@@ -20,6 +20,10 @@ DB_NAMES = ("js_msgs", "js_subj", "js_subjcount", "js_meta", "js_consumers", "js
 META_STORE = "$js.meta"
 _U64 = struct.Struct("<Q")
 _SEARCH_DEPTH = 3
+# Every group of a fresh log starts from a snapshot at index 1 holding only its
+# configuration: the empty state (raft/multigroup.py `add_group`). A log whose first entry
+# is BOOTSTRAP + 1 is complete.
+BOOTSTRAP = 1
 
 
 def find_lmdb(data_dir: str) -> str | None:
