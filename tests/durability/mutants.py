@@ -1,11 +1,13 @@
-"""Mutants of the durability rules that the power-cut test must catch and kill -9 must not.
+"""Mutants of the durability rules that the power-cut test must catch and kill -9 must not,
+and of what the store-integrity test and the audit's JetStream hooks guard.
 
-    python -m tests.durability.mutants [NAME...]     (from the worktree root; ~2 min each)
+    python -m tests.durability.mutants [NAME...]     (from the worktree root)
 
 For each mutant: copy the tree, apply the exact text replacements (each must match once),
-then run in the copy the power-cut test (strict and torn disk models) and the same cycles
-with kill -9 only. Prints one line per run: the mutant, the model, passed/FAILED, and the
-assertion that failed. The expected outcome is recorded in docs/notes/durab.md.
+then run in the copy: for a durability mutant the power-cut test (strict and torn disk
+models) and the same cycles with kill -9 only; for the others their test file. Prints one
+line per run: the mutant, the model, passed/FAILED, and the first failure line (the node's
+[FTL] line when it refused to start). The outcomes are recorded in docs/notes/durab.md.
 """
 
 from __future__ import annotations
@@ -51,7 +53,32 @@ MUTANTS: dict[str, list[tuple[str, str, str]]] = {
         (LMDB, "        fsync_dir(path)\n", ""),
     ],
 }
+POWER = "tests/durability/test_power_loss.py"
 MODELS = ("strict", "torn", "kill9")
+AUDIT = "tests/audit/test_audit_jetstream.py"
+HS, HM, JS = "audit/hook_jsstream.py", "audit/hook_jsmeta.py", "audit/jsstore.py"
+# Mutants of what the other tests guard: (edits, test file) each; the test must fail.
+OTHER: dict[str, tuple[list[tuple[str, str, str]], str]] = {
+    "record crc not checked": ([(
+        "node/jetstream/store/base.py",
+        "if zlib.crc32(raw[4:], zlib.crc32(_SEQ.pack(seq))) != crc:", "if False:")],
+        "tests/durability/test_store_integrity.py"),
+    "audit: messages db not compared": ([(HS, "        for db in DB_NAMES:\n",
+                                          "        for db in DB_NAMES[1:]:\n")], AUDIT),
+    "audit: values not compared": ([(JS, "            if a[1] != b[1]:\n",
+                                     "            if False:\n")], AUDIT),
+    "audit: consumer states not compared": ([(HS, "        for db in DB_NAMES:\n",
+                                              "        for db in DB_NAMES[:4]:\n")], AUDIT),
+    "audit: meta delete not replayed": ([(HM, "            self.streams.pop(name, None)\n",
+                                          "            pass\n")], AUDIT),
+    "audit: meta compared to nothing": ([(HM, "            if mine == want:\n",
+                                          "            if True:\n")], AUDIT),
+    "audit: bootstrap snapshot not recognised": ([(HS, "            last = BOOTSTRAP  #",
+                                                   "            last = 0  #")], AUDIT),
+    "audit: jetstream hooks not registered": ([(
+        "audit/hooks.py", "    return [JetStreamStreamHook(), JetStreamMetaHook(), "
+        "LmdbAppendLogHook()]", "    return [LmdbAppendLogHook()]")], AUDIT),
+}
 
 
 def _apply(copy: Path, edits: list[tuple[str, str, str]]) -> None:
@@ -63,29 +90,44 @@ def _apply(copy: Path, edits: list[tuple[str, str, str]]) -> None:
         path.write_text(text.replace(old, new))
 
 
-def run(name: str, models: tuple[str, ...] = MODELS) -> list[tuple[str, str, str]]:
+def _copy(tmp: str, edits: list[tuple[str, str, str]]) -> Path:
+    copy = Path(tmp) / "tree"
+    shutil.copytree(ROOT, copy, ignore=shutil.ignore_patterns(
+        ".git", "__pycache__", ".pytest_cache", "node_modules", ".ruff_cache"))
+    _apply(copy, edits)
+    return copy
+
+
+def _pytest(copy: Path, args: list[str]) -> tuple[str, str]:
+    env = {**os.environ, "PYTHONPATH": str(copy), "JETRAFT_POWER_KILL9": "1"}
+    done = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
+                           *args], cwd=copy, env=env, capture_output=True, text=True)
+    text = done.stdout + done.stderr
+    # The node's fatal line says more than "jetraft exited 1".
+    why = next((m.group(0) for m in re.finditer(r"\[FTL\].*$", text, re.M)), "") or \
+        next((m.group(0) for m in re.finditer(r"^E\s+.*$", text, re.M)), "")
+    return ("passed" if done.returncode == 0 else "FAILED"), " ".join(why.split())[:300]
+
+
+def run(name: str) -> list[tuple[str, str, str]]:
     out = []
     with tempfile.TemporaryDirectory(prefix="durab-mutant-") as tmp:
-        copy = Path(tmp) / "tree"
-        shutil.copytree(ROOT, copy, ignore=shutil.ignore_patterns(
-            ".git", "__pycache__", ".pytest_cache", "node_modules", ".ruff_cache"))
-        _apply(copy, MUTANTS[name])
-        for model in models:
-            env = {**os.environ, "PYTHONPATH": str(copy), "JETRAFT_POWER_KILL9": "1"}
-            done = subprocess.run(
-                [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
-                 "tests/durability/test_power_loss.py", "-k", model],
-                cwd=copy, env=env, capture_output=True, text=True)
-            text = done.stdout + done.stderr
-            why = next((m.group(0) for m in re.finditer(r"^E\s+.*$", text, re.M)), "")
-            verdict = "passed" if done.returncode == 0 else "FAILED"
-            out.append((model, verdict, why[:300]))
-            print(f"{name:28} {model:7} {verdict:7} {why[:300]}", flush=True)
+        if name in MUTANTS:
+            copy = _copy(tmp, MUTANTS[name])
+            runs = [(m, [POWER, "-k", m]) for m in MODELS]
+        else:
+            edits, test = OTHER[name]
+            copy = _copy(tmp, edits)
+            runs = [("", [test])]
+        for label, args in runs:
+            verdict, why = _pytest(copy, args)
+            out.append((label, verdict, why))
+            print(f"{name:40} {label:7} {verdict:7} {why}", flush=True)
     return out
 
 
 def main() -> int:
-    names = sys.argv[1:] or list(MUTANTS)
+    names = sys.argv[1:] or [*MUTANTS, *OTHER]
     for name in names:
         run(name)
     return 0
