@@ -1,27 +1,28 @@
 """The JetStream meta group (`$js`): the catalogue replayed from the log = what each node
 believes.
 
-The meta log's entries are JSON objects with an `op`. Replayed here without the node's code
-(the audit must not share a bug with what it checks), in two accepted formats:
+The meta log's entries are JSON objects with an `op` (docs/jetstream.md, "Meta group";
+node/jetstream/cluster_meta.py). They are replayed here by the audit's own fold, not the
+node's code (the audit must not share a bug with what it checks):
 
-* today's single-node entries (docs/jetstream.md): `{"op": "create", "name", "config",
-  "created_ns", "group"}` (a create of an existing name changes nothing) and
-  `{"op": "delete", "name"}`;
-* assignment entries, as a clustered meta group writes them: a stream assignment
-  (`op` one of `assign`, `assign_stream`, `stream_assign`, `update_stream`) replaces the
-  stream's record (name, config, group, peers, ...); an unassignment (`unassign`,
-  `unassign_stream`, `stream_unassign`, `remove_stream`) removes it; consumer assignments
-  (`assign_consumer`, `consumer_assign` / `unassign_consumer`, `consumer_unassign`, with
-  `stream` and `name`) go to a per-stream consumer map.
+    {"op":"create","name","config","created_ns","group"[,"peers"]}  added unless the name
+                                             is taken; the assignment's `rev` = its index
+    {"op":"update","name","config","peers"}  config and peers replaced (`scaled` once the
+                                             peer set changed), `rev` = its index
+    {"op":"delete","name"}                   forgotten
+    {"op":"remove_server","peer"}            the peer joins `removed`
 
-What a node believes is its catalogue in LMDB (`$js.meta`: `streams`, and `consumers` when
-the node keeps them), written in the same transaction as the group's `applied` index. At
-each node's applied index the replayed catalogue must equal the node's: same streams, and
-each stream's record field for field. Different records are `meta_mismatch` violations
-naming the node, the index and the stream; a committed entry the replay cannot read
-(not JSON, no `op`, an unknown `op`) is a `meta_entry_bad` violation (the node's state
-machine could not have applied it either). Nodes at the same index must agree with each
-other, since they are all compared with one replay.
+A single-node `create` has no `peers` (it means the node itself, whose id the log does not
+say): its peers are not compared.
+
+What a node believes is its catalogue in LMDB, written in the same transaction as the group's
+`applied` index: `$js.meta` key `catalogue` = {"streams": {name: assignment}, "removed": [...],
+"applied"} (clustered layout), or key `streams` = {name: create entry} (the single-node layout,
+without `rev`). At each node's applied index the replayed catalogue must equal the node's:
+same streams, each assignment field for field (`meta_mismatch`, naming the node, the index and
+the stream), same removed peers. A committed entry that is not a JSON object with an `op` is a
+`meta_entry_bad` violation; an op the fold does not know is a note (the node ignores it too).
+Nodes at the same index must agree with each other, since all are compared with one replay.
 """
 
 from __future__ import annotations
@@ -42,50 +43,93 @@ from audit.model import (
 )
 
 META_GROUP = "$js"
-STREAM_ADD = {"assign", "assign_stream", "stream_assign", "update_stream"}
-STREAM_REMOVE = {"unassign", "unassign_stream", "stream_unassign", "remove_stream"}
-CONSUMER_ADD = {"assign_consumer", "consumer_assign", "update_consumer"}
-CONSUMER_REMOVE = {"unassign_consumer", "consumer_unassign", "remove_consumer"}
 
 
 class BadEntry(ValueError):
     pass
 
 
+class UnknownOp(ValueError):
+    pass
+
+
 class Catalogue:
-    """The replayed belief: streams by name, consumers by (stream, name)."""
+    """The replayed belief: stream assignments by name, removed peers."""
 
     def __init__(self) -> None:
         self.streams: dict[str, dict[str, Any]] = {}
-        self.consumers: dict[str, dict[str, dict[str, Any]]] = {}
+        self.removed: list[int] = []
 
-    def apply(self, payload: bytes) -> None:
+    def apply(self, index: int, payload: bytes) -> None:
         try:
             entry = json.loads(payload)
         except ValueError as exc:
             raise BadEntry(f"not JSON: {exc}") from None
         if not isinstance(entry, dict) or not isinstance(entry.get("op"), str):
-            raise BadEntry("no op")
+            raise BadEntry("not an object with an op")
         op, name = entry["op"], entry.get("name")
-        if op in {"create", "delete"} | STREAM_ADD | STREAM_REMOVE and not isinstance(name, str):
+        if op in ("create", "update", "delete") and not isinstance(name, str):
             raise BadEntry(f"{op} without a stream name")
         if op == "create":
-            self.streams.setdefault(name, entry)
-        elif op == "delete" or op in STREAM_REMOVE:
+            if name not in self.streams:
+                self.streams[name] = {**entry, "rev": index}
+        elif op == "update":
+            if name in self.streams:
+                a = dict(self.streams[name])
+                a["config"] = entry.get("config")
+                if "peers" in entry and list(entry["peers"]) != a.get("peers"):
+                    a["scaled"] = True
+                if "peers" in entry:
+                    a["peers"] = list(entry["peers"])
+                a["rev"] = index
+                self.streams[name] = a
+        elif op == "delete":
             self.streams.pop(name, None)
-            self.consumers.pop(name, None)
-        elif op in STREAM_ADD:
-            self.streams[name] = entry
-        elif op in CONSUMER_ADD | CONSUMER_REMOVE:
-            stream = entry.get("stream")
-            if not isinstance(stream, str) or not isinstance(name, str):
-                raise BadEntry(f"{op} without stream and consumer names")
-            if op in CONSUMER_ADD:
-                self.consumers.setdefault(stream, {})[name] = entry
-            else:
-                self.consumers.get(stream, {}).pop(name, None)
+        elif op == "remove_server":
+            peer = entry.get("peer")
+            if not isinstance(peer, int):
+                raise BadEntry("remove_server without a peer id")
+            if peer not in self.removed:
+                self.removed.append(peer)
         else:
-            raise BadEntry(f"unknown op {op!r}")
+            raise UnknownOp(op)
+
+
+def belief(store: NodeStore) -> tuple[dict[str, Any], list[int] | None]:
+    """(streams, removed peers or None) as the node keeps them, in either layout."""
+    raw = store.meta(META_STORE, "catalogue")
+    if raw is not None:
+        image = json.loads(raw)
+        return dict(image.get("streams", {})), list(image.get("removed", []))
+    raw = store.meta(META_STORE, "streams")
+    return (json.loads(raw) if raw else {}), None
+
+
+def compare(believed: dict[str, Any], removed: list[int] | None, cat: Catalogue) -> list[str]:
+    """What differs, in words (empty when the node believes what the log says)."""
+    out = []
+    for name in sorted(set(believed) | set(cat.streams)):
+        mine, want = believed.get(name), cat.streams.get(name)
+        if mine is not None and want is not None:
+            mine, want = dict(mine), dict(want)
+            if "rev" not in mine:  # the single-node layout keeps the create entry as is
+                want.pop("rev", None)
+            if "peers" not in want:  # a single-node create: the node filled in itself
+                mine.pop("peers", None)
+        if mine == want:
+            continue
+        if mine is None:
+            what = "missing from the node's catalogue"
+        elif want is None:
+            what = "in the node's catalogue but not in the replayed meta log"
+        else:
+            fields = sorted(k for k in set(mine) | set(want) if mine.get(k) != want.get(k))
+            what = f"differs from the replayed meta log in {', '.join(fields)}"
+        out.append(f"stream {name!r} {what}")
+    if removed is not None and sorted(removed) != sorted(cat.removed):
+        out.append(f"removed peers {sorted(removed)} differ from the replayed meta log "
+                   f"{sorted(cat.removed)}")
+    return out
 
 
 class JetStreamMetaHook:
@@ -125,10 +169,14 @@ def _walk(group: str, entries: Iterable[CommittedEntry],
             yield from _compare(group, nodes, applied, checkpoints.pop(0), term, cat)
         if e.entry_type == 0 and e.payload:
             try:
-                cat.apply(e.payload)
+                cat.apply(e.index, e.payload)
             except BadEntry as exc:
                 yield Finding(META_ENTRY_BAD, VIOLATION, f"committed meta entry: {exc}",
                               group=group, index=e.index, term=e.term)
+            except UnknownOp as exc:
+                yield Finding(META_ENTRY_BAD, NOTE, f"committed meta entry with an op the "
+                              f"audit does not know: {exc}", group=group, index=e.index,
+                              term=e.term)
         last, term = e.index, e.term
     if usable:
         while checkpoints and checkpoints[0] <= last:
@@ -143,24 +191,6 @@ def _walk(group: str, entries: Iterable[CommittedEntry],
 def _compare(group: str, nodes: dict[str, NodeStore], applied: dict[str, int], index: int,
              term: int | None, cat: Catalogue) -> Iterator[Finding]:
     for node in sorted(n for n, a in applied.items() if a == index):
-        believed = nodes[node].catalogue()
-        for name in sorted(set(believed) | set(cat.streams)):
-            mine, want = believed.get(name), cat.streams.get(name)
-            if mine == want:
-                continue
-            if mine is None:
-                what = "missing from the node's catalogue"
-            elif want is None:
-                what = "in the node's catalogue but not in the replayed meta log"
-            else:
-                fields = sorted(k for k in set(mine) | set(want) if mine.get(k) != want.get(k))
-                what = f"differs from the replayed meta log in {', '.join(fields)}"
-            yield Finding(META_MISMATCH, VIOLATION, f"stream {name!r} {what}", node=node,
-                          group=group, index=index, term=term)
-        raw = nodes[node].meta(META_STORE, "consumers")
-        if raw is not None or cat.consumers:
-            kept = json.loads(raw) if raw else {}
-            if kept != {s: c for s, c in cat.consumers.items() if c}:
-                yield Finding(META_MISMATCH, VIOLATION, "consumer assignments differ from the "
-                              "replayed meta log", node=node, group=group, index=index,
-                              term=term)
+        for what in compare(*belief(nodes[node]), cat):
+            yield Finding(META_MISMATCH, VIOLATION, what, node=node, group=group, index=index,
+                          term=term)

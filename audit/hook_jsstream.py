@@ -14,8 +14,9 @@ is a `store_mismatch` violation naming the node, group, applied index and what d
 What cannot be checked is a note (`store_unchecked`): a log that does not start at index 1
 (compacted without the archive), a gap in the committed entries, a store that applied
 beyond the committed prefix the audit could read, or a group no catalogue names.
-The stream's initial configuration comes from the catalogue (`$js.meta`, itself checked
-by audit/hook_jsmeta.py); UPDATE_CONFIG entries change it during the replay.
+The stream's initial configuration is the one its `create` entry in the meta log carries
+(handed over by the driver, `prepare`); only when the meta log is not readable is it taken
+from a node's catalogue. UPDATE_CONFIG entries change it during the replay.
 """
 
 from __future__ import annotations
@@ -45,6 +46,22 @@ def _stream_entry(nodes: dict[str, NodeStore], group: str) -> dict[str, Any] | N
 
 class JetStreamStreamHook:
     name = "JetStream stream store"
+    prepare_from = "$js"  # the meta group: each stream's config as created
+
+    def __init__(self) -> None:
+        self.created: dict[str, dict[str, Any]] = {}
+
+    def prepare(self, entries: list[CommittedEntry]) -> None:
+        """The config each stream group was created with, from the committed meta log (a
+        node's catalogue may hold a later config, after a meta `update`)."""
+        for e in entries:
+            try:
+                entry = json.loads(e.payload) if e.payload else None
+            except ValueError:
+                continue  # the meta hook reports it
+            if isinstance(entry, dict) and entry.get("op") == "create" and \
+                    isinstance(entry.get("group"), str):
+                self.created.setdefault(entry["group"], entry)
 
     def wants(self, group: str, data_dirs: dict[str, str]) -> bool:
         return group.startswith(GROUP_PREFIX)
@@ -62,7 +79,7 @@ class JetStreamStreamHook:
                 nodes: dict[str, NodeStore]) -> Iterator[Finding]:
         from node.jetstream import config as stream_config
 
-        entry = _stream_entry(nodes, group)
+        entry = self.created.get(group) or _stream_entry(nodes, group)
         if entry is None:
             yield Finding(STORE_UNCHECKED, NOTE, "no node's catalogue names this stream "
                           "group: its store was not compared", group=group)

@@ -34,6 +34,11 @@ class CommittedEntry:
 
 
 class ReplayHook(Protocol):
+    """`wants` and `replay` run in the executors. A hook may also have `prepare_from` (a
+    group name) and `prepare(entries)`: the driver hands it that group's committed entries
+    before the replay stage (the stream hook takes each stream's created config from the
+    meta group this way)."""
+
     name: str
 
     def wants(self, group: str, data_dirs: dict[str, str]) -> bool: ...
@@ -85,6 +90,17 @@ class PayloadReader:
         for fd in self._fds.values():
             os.close(fd)
         self._fds.clear()
+
+
+def read_entries(rows: Iterable[Any], paths: dict[tuple[str, int], str]
+                 ) -> Iterator[CommittedEntry]:
+    """Rows (grp, idx, node, term, etype, seg, off) -> entries with their payloads."""
+    reader = PayloadReader()
+    try:
+        for r in rows:
+            yield CommittedEntry(r.idx, r.term, *reader.read(paths[(r.node, r.seg)], r.off))
+    finally:
+        reader.close()
 
 
 def run_hooks(rows: Iterable[Any], hooks: list[ReplayHook], data_dirs: dict[str, str],

@@ -30,7 +30,7 @@ if __package__ in (None, ""):  # run as a file by spark-submit: import from the 
 
 from audit import checks, layout, verdicts  # noqa: E402
 from audit.acked import AckFileError, check_file, parse_numbered  # noqa: E402
-from audit.hooks import default_hooks, run_hooks  # noqa: E402
+from audit.hooks import default_hooks, read_entries, run_hooks  # noqa: E402
 from audit.logpass import run_partition  # noqa: E402
 from audit.model import (  # noqa: E402
     COMMITTED_MISSING,
@@ -247,6 +247,11 @@ def replay_stage(own, nodes: list[layout.NodeDirs], out: Outcome) -> None:
                 .agg(F.min(F.struct("node", "term", "etype", "seg", "off")).alias("c"))
                 .select("grp", "idx", "c.*")
                 .repartition("grp").sortWithinPartitions("grp", "idx"))
+    for hook in hooks:  # a hook may need another group's entries first (read on the driver)
+        source = getattr(hook, "prepare_from", None)
+        if source in groups:
+            rows = one_copy.filter(F.col("grp") == source).orderBy("idx").collect()
+            hook.prepare(list(read_entries(rows, paths)))
     found = one_copy.rdd.mapPartitions(
         lambda rows: run_hooks(rows, hooks, dirs, paths)).collect()
     out.findings += [Finding.from_json(json.loads(f)) for f in found]

@@ -70,6 +70,10 @@ class NodeStore:
         return _U64.unpack(raw)[0] if raw else 0
 
     def catalogue(self) -> dict[str, Any]:
+        """Stream name -> assignment, from either catalogue layout (audit/hook_jsmeta.py)."""
+        raw = self.meta(META_STORE, "catalogue")
+        if raw is not None:
+            return dict(json.loads(raw).get("streams", {}))
         raw = self.meta(META_STORE, "streams")
         return json.loads(raw) if raw else {}
 

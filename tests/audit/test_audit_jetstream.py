@@ -5,7 +5,7 @@ Healthy: the stream groups and the meta group replay to exactly what the node's 
 (zero findings). Damaged: copies of the node's directory, each with one fault in its LMDB
 store, give exactly the expected violation naming that copy (node), the group and the
 applied index: a message deleted, a message altered, a consumer's ack floor moved, a stream
-missing from the catalogue.
+missing from the catalogue, a stream's config changed in the catalogue.
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ def test_healthy_jetstream_store_replays_to_the_same_state(spark, js_logs, tmp_p
 
 
 def test_damaged_stores_are_reported_per_node(spark, js_logs, tmp_path):
-    dirs = {n: tmp_path / n for n in ("ok", "lost", "altered", "floor", "meta")}
+    dirs = {n: tmp_path / n for n in ("ok", "lost", "altered", "floor", "meta", "config")}
     for d in dirs.values():
         shutil.copytree(js_logs, d)
     groups = _groups(dirs["ok"])
@@ -121,6 +121,15 @@ def test_damaged_stores_are_reported_per_node(spark, js_logs, tmp_path):
         return json.dumps(streams).encode()
 
     _edit(dirs["meta"], "js_meta", prefix(META_STORE) + b"streams", forget_events)
+    # A stream's config changed in one node's catalogue: a meta finding only (the stream
+    # replay takes the config from the meta log's create entry, not from the catalogue).
+
+    def change_config(old: bytes) -> bytes:
+        streams = json.loads(old)
+        streams["ORDERS"]["config"]["max_msgs"] = 7
+        return json.dumps(streams).encode()
+
+    _edit(dirs["config"], "js_meta", prefix(META_STORE) + b"streams", change_config)
 
     report = _audit(spark, list(dirs.values()))
     at = {g: _applied(dirs["ok"], g) for g in (orders, events)}
@@ -136,6 +145,8 @@ def test_damaged_stores_are_reported_per_node(spark, js_logs, tmp_path):
          + _floor_text(dirs["ok"], orders, 3) + ")"),
         (model.META_MISMATCH, "meta", "$js", at["$js"],
          "stream 'EVENTS' missing from the node's catalogue"),
+        (model.META_MISMATCH, "config", "$js", at["$js"],
+         "stream 'ORDERS' differs from the replayed meta log in config"),
     ]), report["findings"]
     assert not report["verdict"]["ok"]
 
