@@ -71,10 +71,13 @@ OTHER: dict[str, tuple[list[tuple[str, str, str]], str]] = {
                                               "        for db in DB_NAMES[:4]:\n")], AUDIT),
     "audit: meta delete not replayed": ([(HM, "            self.streams.pop(name, None)\n",
                                           "            pass\n")], AUDIT),
-    "audit: meta compared to nothing": ([(HM, "            if mine == want:\n",
-                                          "            if True:\n")], AUDIT),
+    "audit: meta compared to nothing": ([(HM, "        if mine == want:\n",
+                                          "        if True:\n")], AUDIT),
     "audit: bootstrap snapshot not recognised": ([(HS, "            last = BOOTSTRAP  #",
                                                    "            last = 0  #")], AUDIT),
+    "audit: stream config from the catalogue": ([(
+        HS, "entry = self.created.get(group) or _stream_entry(nodes, group)",
+        "entry = _stream_entry(nodes, group)")], AUDIT),
     "audit: jetstream hooks not registered": ([(
         "audit/hooks.py", "    return [JetStreamStreamHook(), JetStreamMetaHook(), "
         "LmdbAppendLogHook()]", "    return [LmdbAppendLogHook()]")], AUDIT),
