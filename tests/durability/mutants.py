@@ -102,7 +102,8 @@ def _copy(tmp: str, edits: list[tuple[str, str, str]]) -> Path:
 
 
 def _pytest(copy: Path, args: list[str]) -> tuple[str, str]:
-    env = {**os.environ, "PYTHONPATH": str(copy), "JETRAFT_POWER_KILL9": "1"}
+    env = {"JETRAFT_POWER_CUTS": "5", **os.environ, "PYTHONPATH": str(copy),
+           "JETRAFT_POWER_KILL9": "1"}
     done = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
                            *args], cwd=copy, env=env, capture_output=True, text=True)
     text = done.stdout + done.stderr

@@ -10,7 +10,7 @@ that does not (the mutants in tests/durability/mutants.py).
 Two disk models: `strict` (every unsynced write and directory change is gone) and `torn`
 (each dirty page independently reached the disk or not: reordered write-back).
 
-    pytest tests/durability/test_power_loss.py                   # CI: 5 + 3 cuts
+    pytest tests/durability/test_power_loss.py                   # CI: 3 + 2 cuts
     JETRAFT_LONG=1 pytest tests/durability/test_power_loss.py    # 20 cuts per model
 """
 
@@ -34,7 +34,9 @@ LONG = os.environ.get("JETRAFT_LONG") == "1"
 # kill9: the same cycles with `kill -9` only (the page cache survives): the comparison run
 # for the mutants (tests/durability/mutants.py sets JETRAFT_POWER_KILL9=1), off in CI.
 KILL9 = LONG or os.environ.get("JETRAFT_POWER_KILL9") == "1"
-CUTS = {"strict": 20 if LONG else 4, "torn": 20 if LONG else 3, "kill9": 20 if LONG else 4}
+CUTS = {"strict": 20 if LONG else 3, "torn": 20 if LONG else 2, "kill9": 20 if LONG else 4}
+if os.environ.get("JETRAFT_POWER_CUTS"):  # the mutants run every model with the same count
+    CUTS = dict.fromkeys(CUTS, int(os.environ["JETRAFT_POWER_CUTS"]))
 PUBLISHERS = 3
 WORKER = nats.js.api.ConsumerConfig(ack_wait=1.0)
 
