@@ -1,14 +1,15 @@
 """Per-group replay hooks: checks that replay one group's committed log in Spark.
 
-The JetStream checks slot in here: "store = replay" (replay a stream group's
-committed entries through the node's pure JetStream functions and compare
-with each node's LMDB store) and "meta group" (replay `$meta` and compare
-with what each node believes). A hook says which groups it wants; the job
-hands it, inside one Spark task per group, the group's committed entries in
-index order with their payloads read back from the segments (one at a time:
-bounded memory), and the data directories, and collects its findings.
-The one hook so far checks `python -m raft.node`'s LMDB append-log state
-machine (audit/hook_lmdbsm.py): the same shape JetStream's stream hook takes.
+The JetStream checks live here: "store = replay" (audit/hook_jsstream.py:
+replay a stream group's committed entries through the node's pure JetStream
+functions and compare with each node's LMDB store) and "meta group"
+(audit/hook_jsmeta.py: replay `$js` and compare with what each node believes).
+A hook says which groups it wants; the job hands it, inside one Spark task
+per group, the group's committed entries in index order with their payloads
+read back from the segments (one at a time: bounded memory), and the data
+directories, and collects its findings.
+A third checks `python -m raft.node`'s LMDB append-log state machine
+(audit/hook_lmdbsm.py).
 A group no hook wants costs nothing (the stage is skipped).
 """
 
@@ -33,6 +34,11 @@ class CommittedEntry:
 
 
 class ReplayHook(Protocol):
+    """`wants` and `replay` run in the executors. A hook may also have `prepare_from` (a
+    group name) and `prepare(entries)`: the driver hands it that group's committed entries
+    before the replay stage (the stream hook takes each stream's created config from the
+    meta group this way)."""
+
     name: str
 
     def wants(self, group: str, data_dirs: dict[str, str]) -> bool: ...
@@ -42,10 +48,13 @@ class ReplayHook(Protocol):
 
 
 def default_hooks() -> list[ReplayHook]:
-    """Every registered hook; JetStream adds its stream and meta hooks here."""
+    """Every registered hook, the first that wants a group replays it: JetStream's stream
+    groups (`js.*`) and meta group (`$js`), then raft.node's LMDB append log."""
+    from audit.hook_jsmeta import JetStreamMetaHook
+    from audit.hook_jsstream import JetStreamStreamHook
     from audit.hook_lmdbsm import LmdbAppendLogHook
 
-    return [LmdbAppendLogHook()]
+    return [JetStreamStreamHook(), JetStreamMetaHook(), LmdbAppendLogHook()]
 
 
 def header_len_at(head: bytes) -> int:
@@ -81,6 +90,17 @@ class PayloadReader:
         for fd in self._fds.values():
             os.close(fd)
         self._fds.clear()
+
+
+def read_entries(rows: Iterable[Any], paths: dict[tuple[str, int], str]
+                 ) -> Iterator[CommittedEntry]:
+    """Rows (grp, idx, node, term, etype, seg, off) -> entries with their payloads."""
+    reader = PayloadReader()
+    try:
+        for r in rows:
+            yield CommittedEntry(r.idx, r.term, *reader.read(paths[(r.node, r.seg)], r.off))
+    finally:
+        reader.close()
 
 
 def run_hooks(rows: Iterable[Any], hooks: list[ReplayHook], data_dirs: dict[str, str],

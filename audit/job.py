@@ -5,7 +5,7 @@
 
 The executors read the data directories by path, so on a real cluster they
 must see them at the same paths (a shared or copied file system). The job
-ships its own code (`audit` and `raft` packages, zipped) to the executors.
+ships its own code (`audit`, `raft` and `node` packages, zipped) to the executors.
 
 Stages: read (one task per byte range of a segment) -> log pass (per node
 and group, newest record first: survivors, holes, votes) -> cross-node
@@ -30,7 +30,7 @@ if __package__ in (None, ""):  # run as a file by spark-submit: import from the 
 
 from audit import checks, layout, verdicts  # noqa: E402
 from audit.acked import AckFileError, check_file, parse_numbered  # noqa: E402
-from audit.hooks import default_hooks, run_hooks  # noqa: E402
+from audit.hooks import default_hooks, read_entries, run_hooks  # noqa: E402
 from audit.logpass import run_partition  # noqa: E402
 from audit.model import (  # noqa: E402
     COMMITTED_MISSING,
@@ -87,13 +87,17 @@ def session(master: str | None, conf: dict[str, str] | None = None):
 
 
 def ship_code(spark) -> None:
-    """Zip the `audit` and `raft` packages for the executors (any master)."""
+    """Zip the `audit` and `raft` packages, and `node` (the JetStream replay hooks run its
+    pure state machines), for the executors (any master)."""
     path = os.path.join(tempfile.mkdtemp(prefix="jetraft-audit-"), "audit_code.zip")
     with zipfile.ZipFile(path, "w") as z:
-        for pkg in ("audit", "raft"):
-            for name in sorted(os.listdir(os.path.join(ROOT, pkg))):
-                if name.endswith(".py"):
-                    z.write(os.path.join(ROOT, pkg, name), f"{pkg}/{name}")
+        for pkg in ("audit", "raft", "node"):
+            for root, dirs, files in os.walk(os.path.join(ROOT, pkg)):
+                dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+                for name in sorted(files):
+                    if name.endswith((".py", ".json")):
+                        full = os.path.join(root, name)
+                        z.write(full, os.path.relpath(full, ROOT))
     spark.sparkContext.addPyFile(path)
 
 
@@ -243,6 +247,11 @@ def replay_stage(own, nodes: list[layout.NodeDirs], out: Outcome) -> None:
                 .agg(F.min(F.struct("node", "term", "etype", "seg", "off")).alias("c"))
                 .select("grp", "idx", "c.*")
                 .repartition("grp").sortWithinPartitions("grp", "idx"))
+    for hook in hooks:  # a hook may need another group's entries first (read on the driver)
+        source = getattr(hook, "prepare_from", None)
+        if source in groups:
+            rows = one_copy.filter(F.col("grp") == source).orderBy("idx").collect()
+            hook.prepare(list(read_entries(rows, paths)))
     found = one_copy.rdd.mapPartitions(
         lambda rows: run_hooks(rows, hooks, dirs, paths)).collect()
     out.findings += [Finding.from_json(json.loads(f)) for f in found]

@@ -35,6 +35,9 @@ ACKED_MISPLACED = "acked_misplaced"  # committed once, but not at the index the 
 ACKED_UNCHECKED = "acked_unchecked"  # not found, but part of the log could not be checked
 # Replay hooks (audit/hooks.py):
 STORE_MISMATCH = "store_mismatch"  # a node's store differs from the replayed committed log
+STORE_UNCHECKED = "store_unchecked"  # a store or range the replay could not compare (note)
+META_MISMATCH = "meta_mismatch"  # a node's stream catalogue differs from the replayed meta log
+META_ENTRY_BAD = "meta_entry_bad"  # a committed meta entry the replay cannot read
 
 # Record types that carry an entry: ENTRY, and COPY (6, an entry copied forward at a
 # segment roll by storage versions that write it; see audit/logpass.py).

@@ -31,7 +31,7 @@ import secrets
 import time
 from typing import Any
 
-from node.jetstream import advisories, api, consumer_config, get, ops, replies, requests
+from node.jetstream import advisories, api, consumer_config, dirs, get, ops, replies, requests
 from node.jetstream import config as stream_config
 from node.jetstream.batch import BatchCollector
 from node.jetstream.cluster import ClusterJS, Frames
@@ -48,6 +48,7 @@ from node.jetstream.consumer import (
 from node.jetstream.errors import ApiError
 from node.jetstream.machines import META_STORE, MetaMachine, StreamMachine
 from node.jetstream.pull import PullQueue, Status
+from node.jetstream.store import CorruptRecordError
 from node.jetstream.store.lmdbstore import LmdbStore, NodeEnv, stored_names
 from node.jetstream.stream import Effect, Reply, Republish, Stored, rfc3339
 from raft.multigroup import MultiRaft, NotLeader, ProposalDropped
@@ -166,7 +167,7 @@ class JetStreamService:
 
     async def start(self) -> None:
         self.loop = asyncio.get_running_loop()
-        os.makedirs(os.path.join(self.store_dir, "lmdb"), exist_ok=True)
+        dirs.prepare_store_dir(self.store_dir)  # durable directories (tests/durability)
         self.env = NodeEnv(os.path.join(self.store_dir, "lmdb"))
         raft_dir = os.path.join(self.store_dir, "raft")
         node_log = NodeLog(os.path.join(raft_dir, "wal"))
@@ -524,6 +525,11 @@ class JetStreamService:
         except (NotLeader, TimeoutError):
             self.api_errors += 1  # leadership moved while serving: the client may retry
             out = replies.error_reply(_kind(call.op), ApiError.of("JSClusterNotAvailErr"))
+        except CorruptRecordError as exc:  # a stored record failed its CRC: say so, stay up
+            self.api_errors += 1
+            self.log.error(f"JetStream API {subject}: {exc}")
+            out = replies.error_reply(_kind(call.op), ApiError.of("JSStreamGeneralErrorF",
+                                                                  err=str(exc)))
         except (ValueError, TypeError, KeyError, AttributeError) as exc:
             # A request shape the pure checks let through: answer, log, and stay up.
             self.api_errors += 1

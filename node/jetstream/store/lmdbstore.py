@@ -30,6 +30,7 @@ from typing import Any
 
 import lmdb
 
+from node.jetstream.dirs import fsync_dir
 from node.jetstream.store.base import (
     Sizer,
     StoredMsg,
@@ -59,6 +60,9 @@ class NodeEnv:
         self.env = lmdb.open(path, map_size=self.MAP_SIZE, max_dbs=16, sync=sync,
                              metasync=False, readahead=False)
         self.dbs = {name: self.env.open_db(name.encode()) for name in DB_NAMES}
+        # lmdb.open may have just created data.mdb: its directory entry must be durable
+        # before anything relies on the file (a power loss could take it back otherwise).
+        fsync_dir(path)
 
     def sync(self) -> None:
         """fsync everything committed so far, meta page included. Read the applied indexes
