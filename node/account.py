@@ -6,7 +6,14 @@ account's sublist, deliver to each plain subscriber, give each queue group
 to one member that may receive the message, answer no-responders when
 nobody did, and reap auto-unsubscribed subscriptions afterwards. Changes to
 the sublist go through `subscribe`/`unsubscribe`, which is where interest
-changes are announced (to routes, later).
+changes are announced (to routes: node/cluster/).
+
+In a cluster, `routes` (node/cluster/service.py AccountRoutes) forwards each
+publish made on this node to the peers with interest, once per peer, after
+local delivery: a queue group served here is not offered to peers (a local
+member is preferred, as in nats-server); a group with no local member goes to
+one peer. A message that came in over a route (`deliver_routed`) reaches
+local subscribers only and never goes out again (the one-hop rule).
 
 An account with subject mappings, imports or exports has a `router`
 (node/crossaccount.py) that every publish goes through instead; a plain
@@ -49,6 +56,7 @@ class Account:
         # Auto-unsubscribed while a delivery loop may still hold them: removed after it.
         self.expired: list[Subscription] = []
         self.interest_listeners: list[InterestListener] = []
+        self.routes: Any = None  # node/cluster AccountRoutes when clustered
         self.in_msgs = self.in_bytes = 0  # publishes that entered this account
 
     def set_limits(self, limits: Any, mappings: Any) -> None:
@@ -95,6 +103,14 @@ class Account:
                 del owner_subs[sub.sid]
             self.unsubscribe(sub)
 
+    def has_interest(self, subject: str) -> bool:
+        """Whether a publish on `subject` would reach anyone, here or (in a
+        cluster) on a peer that announced interest."""
+        if self.sublist.has_interest(subject):
+            return True
+        routes = self.routes
+        return routes is not None and routes.has_interest(subject)
+
     def subscription_count(self) -> int:
         return self.sublist.count()
 
@@ -132,8 +148,11 @@ class Account:
             if not result.qsubs and len(psubs) == 1:
                 sub = psubs[0]
                 if sub.direct and not sub.dead and (client.echo or sub.client is not client):
-                    if not sub.client.deliver_direct(sub, subject, reply, payload) and reply \
-                            and client.no_responders:
+                    ok = sub.client.deliver_direct(sub, subject, reply, payload)
+                    routes = account.routes
+                    if routes is not None and routes.forward(subject, reply, None, payload, ()):
+                        ok = True
+                    if not ok and reply and client.no_responders:
                         client.send_no_responders(subject, reply)
                     return
             deliver(result, client, subject, reply, None, payload)
@@ -153,7 +172,8 @@ class Account:
         """Deliver to the subscribers of `route` a message that shows `subject`: a
         JetStream delivery reaches a pull request's inbox with the stored message's own
         subject, as nats-server sends it."""
-        return self._deliver(self._match(route), publisher, subject, reply, headers, payload)
+        return self._deliver(self._match(route), publisher, subject, reply, headers, payload,
+                             match_subject=route)
 
     def deliver_local(self, publisher: Any, subject: str, reply: str | None,
                       headers: bytes | None, payload: bytes) -> int:
@@ -163,11 +183,13 @@ class Account:
                              False)
 
     def _deliver(self, result: Any, publisher: Any, subject: str, reply: str | None,
-                 headers: bytes | None, payload: bytes, answer: bool = True) -> int:
+                 headers: bytes | None, payload: bytes, answer: bool = True,
+                 match_subject: str | None = None) -> int:
         """`answer`: send no-responders when nobody received it (the router
         decides that once, over every account the message reached)."""
         psubs, qsubs = result.psubs, result.qsubs
         count = 0
+        served: set[str] | tuple = ()
         if psubs or qsubs:
             # Framed once, and only if someone may want it.
             msg = Message(subject, reply, headers, payload)
@@ -176,13 +198,42 @@ class Account:
                 if not sub.dead and sub.client is not skip and sub.client.deliver(sub, msg):
                     count += 1
             if qsubs:
-                for members in qsubs.values():
+                served = set()
+                for queue, members in qsubs.items():
                     if _deliver_to_group(members, skip, msg):
                         count += 1
+                        served.add(queue)
             if self.expired:
                 self.reap()
+        routes = self.routes
+        if routes is not None and not getattr(publisher, "from_route", False):
+            count += routes.forward(subject, reply, headers, payload, served, match_subject)
         if count == 0 and answer and reply and publisher is not None and publisher.no_responders:
             publisher.send_no_responders(subject, reply)
+        return count
+
+
+    def deliver_routed(self, publisher: Any, subject: str, reply: str | None,
+                       headers: bytes | None, payload: bytes, queues: Any,
+                       match_subject: str | None = None) -> int:
+        """A message a peer forwarded: every local plain subscriber, and one local
+        member of each queue group in `queues` (the groups the peer chose this
+        node for). Never forwarded again, never answered with no-responders."""
+        result = self._match(match_subject or subject)
+        psubs, qsubs = result.psubs, result.qsubs
+        if not psubs and not (queues and qsubs):
+            return 0
+        msg = Message(subject, reply, headers, payload)
+        count = 0
+        for sub in psubs:
+            if not sub.dead and sub.client.deliver(sub, msg):
+                count += 1
+        for queue in queues:
+            members = qsubs.get(queue)
+            if members and _deliver_to_group(members, None, msg):
+                count += 1
+        if self.expired:
+            self.reap()
         return count
 
 

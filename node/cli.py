@@ -9,6 +9,8 @@ argument that is not a flag.
     jetraft [serve] [flags]              run a server (`serve` may be omitted)
     jetraft signal <sig>[=<pid>] [--pid PID | -P PIDFILE]
     jetraft audit DATA_DIR... [--master URL] [--out DIR] [--acked FILE]   (audit/job.py)
+    jetraft cluster up [-n 3|5] [--tags ...] [--dir DIR] [--detach]   (node/cluster/local.py)
+    jetraft cluster status [--dir DIR]
     jetraft --version
 
 Installed under the name `nats-server` (a symlink, as drop-in installs do),
@@ -86,6 +88,8 @@ FLAGS: tuple[Flag, ...] = (
     Flag(("cluster",), str, "Cluster URL for the route listener", "<url>"),
     Flag(("cluster_listen",), str, "Cluster URL from which members can solicit routes", "<url>"),
     Flag(("cluster_name",), str, "Cluster name", "<name>"),
+    Flag(("cluster_advertise",), str, "Cluster URL to advertise to other nodes", "<url>"),
+    Flag(("no_advertise",), bool, "Do not advertise known cluster info to clients"),
     Flag(("h", "help"), bool, "Show this message"),
     Flag(("v", "version"), bool, "Show version"),
 )
@@ -101,8 +105,6 @@ IGNORED_FLAGS: tuple[Flag, ...] = (
     Flag(("r", "remote_syslog"), str, ""),
     Flag(("log_size_limit",), str, ""),
     Flag(("max_traced_msg_len",), int, ""),
-    Flag(("no_advertise",), bool, ""),
-    Flag(("cluster_advertise",), str, ""),
     Flag(("connect_retries",), int, ""),
     Flag(("profile",), int, ""),
 )
@@ -189,10 +191,18 @@ def _apply_cluster(opts: Options, v: dict[str, Any]) -> None:
             if host:
                 opts.cluster.host = host
             opts.cluster.port = port
+            parts = urlsplit(v[key] if "://" in v[key] else f"nats://{v[key]}")
+            if parts.username:  # nats-server: credentials in --cluster authorize routes
+                opts.cluster.user = parts.username
+                opts.cluster.password = parts.password
     if "cluster_name" in v:
         opts.cluster.name = v["cluster_name"]
     if "routes" in v:
         opts.cluster.routes = [r.strip() for r in v["routes"].split(",") if r.strip()]
+    if "cluster_advertise" in v:
+        opts.cluster.advertise = v["cluster_advertise"]
+    if "no_advertise" in v:
+        opts.cluster.no_advertise = v["no_advertise"]
 
 
 _SIMPLE: dict[str, Callable[[Options, Any], None]] = {
@@ -374,6 +384,10 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None,
             return _signal_command(args[1:], err)
         if args and args[0] == "audit":
             return _audit_command(args[1:], err)
+        if args and args[0] == "cluster":
+            from node.cluster.local import main as cluster_main
+
+            return cluster_main(args[1:], out, err)
         if args and args[0] == "serve":
             args = args[1:]
         elif args and not args[0].startswith("-"):

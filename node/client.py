@@ -139,6 +139,8 @@ def _valid_pub_subject(subject: str) -> bool:
 class Client(asyncio.Protocol):
     """One client: a NATS connection, or a client inside the server."""
 
+    from_route = False  # see node/cluster/service.py RoutePublisher
+
     def __init__(self, server: ClientHost, kind: Kind = Kind.CLIENT,
                  conn_type: str = CONN_STANDARD, account: Account | None = None) -> None:
         self.server = server
@@ -146,6 +148,9 @@ class Client(asyncio.Protocol):
         self.conn_type = conn_type  # STANDARD or WEBSOCKET (allowed_connection_types)
         # Network clients only: the fast path may write into this client's buffer.
         self.direct_ok = kind is Kind.CLIENT
+        # Subscriptions that peers must not learn of (node/cluster/): JetStream's
+        # own, since each node's JetStream serves its local clients.
+        self.local_only = kind is Kind.JETSTREAM
         self.cid = server.next_cid()
         self.transport: Any = None
         self.loop = asyncio.get_running_loop()
@@ -913,6 +918,12 @@ class Client(asyncio.Protocol):
             self.write(_PING)
         self._active = False
         self._schedule_ping(opts.ping_interval)
+
+    def send_info_update(self) -> None:
+        """An async INFO (new connect_urls) to a client that understands it."""
+        if self.closed or not self.connected or int(self.opts.get("protocol") or 0) < 1:
+            return
+        self.write(writer.info(self.server.info_for(self)))
 
     def send_lame_duck_info(self) -> None:
         """Tell clients that understand async INFO to go elsewhere."""

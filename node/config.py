@@ -830,6 +830,37 @@ def _cluster_name(f: _Field) -> str:
     return name
 
 
+def _cluster_authorization(opts: Options, c: Any, f: _Field) -> None:
+    handlers: dict[str, Handler] = {
+        "user": _setter("user", _str),
+        "username": _setter("user", _str),
+        "password": _setter("password", _str),
+        "pass": _setter("password", _str),
+        "token": _setter("token", _str),
+        "timeout": _setter("auth_timeout", _duration),
+    }
+    # Per-route users and permissions would need route permissions: refused, not ignored.
+    unenforced = frozenset({"users", "permissions", "nkeys", "accounts"})
+    _apply_block(c, _block(f), f.path + ".", handlers, frozenset(), opts,
+                 unenforced=unenforced)
+    if c.token and (c.user or c.password):
+        raise f.fail("cluster.authorization: token cannot be combined with user/password")
+
+
+def _cluster_tls(opts: Options, c: Any, f: _Field) -> None:
+    c.tls = _tls_options(opts, f)
+    # gRPC's TLS has no hooks for these: refused rather than silently unchecked.
+    for key in ("pinned_certs", "verify_and_map", "cipher_suites", "min_version"):
+        if getattr(c.tls, key):
+            opts.unenforced.append(f"cluster.tls.{key}")
+
+
+def _route_url(i: int, f: _Field, route: Any) -> str:
+    if not isinstance(route, str):
+        raise f.fail(f"cluster.routes[{i}]: expected a URL string, got {route!r}")
+    return route
+
+
 _CLUSTER_HANDLERS: dict[str, Handler] = {
     "name": _setter("name", _cluster_name),
     "listen": _listen_into,
@@ -837,19 +868,27 @@ _CLUSTER_HANDLERS: dict[str, Handler] = {
     "net": _setter("host", _str),
     "port": _setter("port", _int),
     "routes": _setter("routes", lambda f: list(_want(f, list, "an array of route URLs"))),
+    "advertise": _setter("advertise", _str),
+    "cluster_advertise": _setter("advertise", _str),
+    "no_advertise": _setter("no_advertise", _bool),
+    "connect_retries": _setter("connect_retries", _int),
 }
 _CLUSTER_UNSUPPORTED = frozenset({
-    "authorization", "tls", "advertise", "cluster_advertise", "no_advertise", "connect_retries",
-    "connect_backoff", "pool_size", "compression", "accounts", "permissions", "ping_interval",
-    "ping_max", "write_deadline", "write_timeout", "pinned_accounts",
+    "connect_backoff", "pool_size", "compression", "ping_interval",
+    "ping_max", "write_deadline", "write_timeout",
 })
+# Route permissions and per-account routes change who may receive what: refused.
+_CLUSTER_UNENFORCED = frozenset({"permissions", "accounts", "pinned_accounts"})
 
 
 def _cluster(opts: Options, f: _Field) -> None:
-    _apply_block(opts.cluster, _block(f), "cluster.", _CLUSTER_HANDLERS, _CLUSTER_UNSUPPORTED, opts)
+    handlers = dict(_CLUSTER_HANDLERS)
+    handlers["authorization"] = lambda c, sub: _cluster_authorization(opts, c, sub)
+    handlers["tls"] = lambda c, sub: _cluster_tls(opts, c, sub)
+    _apply_block(opts.cluster, _block(f), "cluster.", handlers, _CLUSTER_UNSUPPORTED, opts,
+                 unenforced=_CLUSTER_UNENFORCED)
     for i, route in enumerate(opts.cluster.routes):
-        if not isinstance(route, str):
-            raise f.fail(f"cluster.routes[{i}]: expected a URL string, got {route!r}")
+        _route_url(i, f, route)
 
 
 def _websocket(opts: Options, f: _Field) -> None:
@@ -1029,8 +1068,20 @@ def validate_options(opts: Options) -> None:
     if opts.websocket and opts.websocket.port and not opts.websocket.no_tls \
             and opts.websocket.tls is None:
         raise ConfigError("websocket requires TLS configuration unless no_tls is true")
-    for tls in (opts.tls, opts.websocket.tls if opts.websocket else None):
+    for tls in (opts.tls, opts.websocket.tls if opts.websocket else None, opts.cluster.tls):
         _check_tls_files(tls)
+    ctls = opts.cluster.tls
+    if ctls is not None and not (ctls.cert_file and ctls.ca_file):
+        # Membership by certificate needs a CA to check peers against: no CA, no cluster.
+        raise ConfigError("cluster.tls needs cert_file, key_file and ca_file "
+                          "(nodes verify each other's certificates)")
+    if (opts.cluster.password or "").startswith("$2"):
+        # Each node proves it knows the secret before a peer sends it anything
+        # (node/cluster/security.py): a hash cannot prove that.
+        raise ConfigError("cluster.authorization: use a plain password or a token "
+                          "(nodes prove to each other that they know it), not a bcrypt hash")
+    if opts.cluster.routes and not opts.cluster.port:
+        raise ConfigError("routes need a cluster listener (cluster { listen } or --cluster)")
 
 
 def _check_tls_files(tls: TLSOptions | None) -> None:

@@ -38,6 +38,7 @@ class Server(Protocol):
     http_req_stats: dict[str, int]
     auth: Any
     accounts: dict[str, Any]
+    cluster: Any  # node.cluster.Cluster or None
 
     def http_host(self) -> str: ...
     def totals(self) -> dict[str, int]: ...
@@ -107,8 +108,15 @@ def varz(server: Server) -> dict[str, Any]:
     v.update(totals)
     v["in_client_msgs"], v["in_client_bytes"] = totals["in_msgs"], totals["in_bytes"]
     v["out_client_msgs"], v["out_client_bytes"] = totals["out_msgs"], totals["out_bytes"]
-    if o.cluster.name:
-        v["cluster"] = {"name": o.cluster.name, "port": o.cluster.port}
+    if server.cluster is not None or o.cluster.name:
+        from node.cluster.routez import varz_cluster
+
+        v["cluster"] = varz_cluster(server)
+    if server.cluster is not None:
+        v["routes"] = len(server.cluster.links)
+        urls = server.cluster.connect_urls()[0]
+        if urls:
+            v["connect_urls"] = urls
     if server.auth is not None and server.auth.required:
         v["auth_required"] = True
     if o.jetstream.enabled:
@@ -253,10 +261,16 @@ def metrics(server: Server) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _routez(server: Server, query: dict[str, str]) -> dict[str, Any]:
+    from node.cluster.routez import routez  # the cluster package pulls in grpc
+
+    return routez(server, query)
+
+
 def handle(server: Server, path: str, query: dict[str, str]) -> tuple[int, str, str]:
     """(status, content type, body) for one GET."""
     if path in ("", "/"):
-        body = "\n".join(["/varz", "/connz", "/subsz", "/healthz", "/metrics"]) + "\n"
+        body = "\n".join(["/varz", "/connz", "/routez", "/subsz", "/healthz", "/metrics"]) + "\n"
         return 200, "text/plain; charset=utf-8", body
     routes = {
         "/varz": lambda: varz(server),
@@ -264,6 +278,7 @@ def handle(server: Server, path: str, query: dict[str, str]) -> tuple[int, str, 
         "/subsz": lambda: subsz(server, query),
         "/subscriptionsz": lambda: subsz(server, query),
         "/healthz": lambda: {"status": "ok"},
+        "/routez": lambda: _routez(server, query),
     }
     if path == "/metrics":
         return 200, "text/plain; version=0.0.4; charset=utf-8", metrics(server)

@@ -75,6 +75,16 @@ class ClusterOptions:
     host: str = "0.0.0.0"
     port: int = 0  # 0: no cluster listener
     routes: list[str] = field(default_factory=list)
+    advertise: str | None = None  # host:port other nodes dial (default: the listen address)
+    no_advertise: bool = False  # keep this node's client URL out of clients' connect_urls
+    # Cluster authorization: what a node must present to join (and presents itself
+    # when a route URL carries no credentials).
+    user: str | None = None
+    password: str | None = None
+    token: str | None = None
+    auth_timeout: float = 2.0
+    tls: TLSOptions | None = None  # mutual TLS between nodes (client certificates required)
+    connect_retries: int = 0  # accepted for compatibility: Jetraft redials forever
 
 
 @dataclass

@@ -98,6 +98,7 @@ class Server:
         self.clients: dict[int, Client] = {}  # network clients only
         self._cid = 0
         self._system_client: Client | None = None
+        self.cluster: Any = None  # node.cluster.Cluster when a cluster port is configured
         self.auth = _optional_auth(options)
         self.router: Router | None = None
         self.router = self._build_accounts(options)
@@ -187,6 +188,8 @@ class Server:
         """Add a configured account (its name must be new)."""
         assert account.name not in self.accounts, f"account {account.name!r} registered twice"
         self.accounts[account.name] = account
+        if self.cluster is not None:
+            self.cluster.attach_account(account)
 
     @property
     def sublist(self) -> SubList:
@@ -272,6 +275,15 @@ class Server:
         info["client_id"] = client.cid
         if client.host:
             info["client_ip"] = client.host
+        if self.cluster is not None:
+            if self.cluster.name:
+                info["cluster"] = self.cluster.name
+            urls, ws_urls = self.cluster.connect_urls()
+            if client.conn_type == CONN_WEBSOCKET:
+                if ws_urls:
+                    info["ws_connect_urls"] = ws_urls
+            elif urls:
+                info["connect_urls"] = urls
         if self.jetstream is not None:
             info["api_lvl"] = JS_API_LEVEL
         return info
@@ -288,6 +300,8 @@ class Server:
         if o.config_file:
             self.log.info(f"Using configuration file: {o.config_file}")
         self._refuse_unenforced()
+        if o.cluster.port:
+            await self._start_cluster()
         if o.jetstream.enabled:
             await self._start_jetstream()
         for block in o.unsupported:
@@ -305,6 +319,8 @@ class Server:
         self._start_claims_service()
         # Clients last: once the client port answers, every other listener is up too.
         await self._start_clients()
+        if self.cluster is not None:
+            self._advertise_client_urls()
         self._write_ports_file()
         self.log.info("Server is ready")
 
@@ -318,6 +334,35 @@ class Server:
             raise ValueError(f"JetStream could not start: {err!r}") from err
         self.services.insert(0, service)  # stopped first: its last fsyncs while clients wait
         self.jetstream = service
+
+    async def _start_cluster(self) -> None:
+        from node.cluster import Cluster  # grpc: only with a cluster port
+
+        cluster = Cluster(self)
+        self.cluster = cluster
+        self.services.append(cluster)  # stopped after JetStream, whose Raft uses its port
+        await cluster.start()
+        for account in self.accounts.values():
+            cluster.attach_account(account)
+
+    def _advertise_client_urls(self) -> None:
+        from node.cluster.wire import public_host
+
+        cluster_host = self.cluster.members()[self.cluster.self_id].cluster_addr.rpartition(":")[0]
+        host = public_host(self.options.host, cluster_host)
+        urls = [f"{host}:{self.port}"]
+        ws_urls = []
+        if self.ws_port and self.options.websocket is not None:
+            ws_urls = [f"{public_host(self.options.websocket.host, cluster_host)}:{self.ws_port}"]
+        self.cluster.set_client_urls(urls, ws_urls)
+
+    def cluster_urls_changed(self) -> None:
+        """Members joined or left: clients that take async INFO learn the new
+        connect_urls (cluster discovery), as nats-server sends them."""
+        if self.lame_duck:
+            return
+        for client in list(self.clients.values()):
+            client.send_info_update()
 
     def _start_claims_service(self) -> None:
         """Operator mode with a full resolver: claim updates over $SYS."""
@@ -436,6 +481,8 @@ class Server:
         o = self.options
         self.lame_duck = True
         self.log.info("Entering lame duck mode, stop accepting new clients")
+        if self.cluster is not None:
+            await self.cluster.enter_lame_duck()
         self._close_listeners()
         for client in list(self.clients.values()):
             client.send_lame_duck_info()

@@ -140,3 +140,247 @@ class Cluster:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class RouteStub:
+    """Missing associated documentation comment in .proto file."""
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.Prove = channel.unary_unary(
+                '/jetraft.cluster.Route/Prove',
+                request_serializer=proto_dot_cluster__pb2.ProveMsg.SerializeToString,
+                response_deserializer=proto_dot_cluster__pb2.ProveMsg.FromString,
+                _registered_method=True)
+        self.Hello = channel.unary_unary(
+                '/jetraft.cluster.Route/Hello',
+                request_serializer=proto_dot_cluster__pb2.HelloMsg.SerializeToString,
+                response_deserializer=proto_dot_cluster__pb2.HelloMsg.FromString,
+                _registered_method=True)
+        self.Gossip = channel.unary_unary(
+                '/jetraft.cluster.Route/Gossip',
+                request_serializer=proto_dot_cluster__pb2.GossipMsg.SerializeToString,
+                response_deserializer=proto_dot_cluster__pb2.GossipMsg.FromString,
+                _registered_method=True)
+        self.Messages = channel.stream_unary(
+                '/jetraft.cluster.Route/Messages',
+                request_serializer=proto_dot_cluster__pb2.RouteBatch.SerializeToString,
+                response_deserializer=proto_dot_cluster__pb2.RouteAck.FromString,
+                _registered_method=True)
+        self.Request = channel.unary_unary(
+                '/jetraft.cluster.Route/Request',
+                request_serializer=proto_dot_cluster__pb2.NodeRequest.SerializeToString,
+                response_deserializer=proto_dot_cluster__pb2.NodeReply.FromString,
+                _registered_method=True)
+
+
+class RouteServicer:
+    """Missing associated documentation comment in .proto file."""
+
+    def Prove(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Hello(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Gossip(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Messages(self, request_iterator, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Request(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_RouteServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'Prove': grpc.unary_unary_rpc_method_handler(
+                    servicer.Prove,
+                    request_deserializer=proto_dot_cluster__pb2.ProveMsg.FromString,
+                    response_serializer=proto_dot_cluster__pb2.ProveMsg.SerializeToString,
+            ),
+            'Hello': grpc.unary_unary_rpc_method_handler(
+                    servicer.Hello,
+                    request_deserializer=proto_dot_cluster__pb2.HelloMsg.FromString,
+                    response_serializer=proto_dot_cluster__pb2.HelloMsg.SerializeToString,
+            ),
+            'Gossip': grpc.unary_unary_rpc_method_handler(
+                    servicer.Gossip,
+                    request_deserializer=proto_dot_cluster__pb2.GossipMsg.FromString,
+                    response_serializer=proto_dot_cluster__pb2.GossipMsg.SerializeToString,
+            ),
+            'Messages': grpc.stream_unary_rpc_method_handler(
+                    servicer.Messages,
+                    request_deserializer=proto_dot_cluster__pb2.RouteBatch.FromString,
+                    response_serializer=proto_dot_cluster__pb2.RouteAck.SerializeToString,
+            ),
+            'Request': grpc.unary_unary_rpc_method_handler(
+                    servicer.Request,
+                    request_deserializer=proto_dot_cluster__pb2.NodeRequest.FromString,
+                    response_serializer=proto_dot_cluster__pb2.NodeReply.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'jetraft.cluster.Route', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('jetraft.cluster.Route', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class Route:
+    """Missing associated documentation comment in .proto file."""
+
+    @staticmethod
+    def Prove(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/jetraft.cluster.Route/Prove',
+            proto_dot_cluster__pb2.ProveMsg.SerializeToString,
+            proto_dot_cluster__pb2.ProveMsg.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Hello(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/jetraft.cluster.Route/Hello',
+            proto_dot_cluster__pb2.HelloMsg.SerializeToString,
+            proto_dot_cluster__pb2.HelloMsg.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Gossip(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/jetraft.cluster.Route/Gossip',
+            proto_dot_cluster__pb2.GossipMsg.SerializeToString,
+            proto_dot_cluster__pb2.GossipMsg.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Messages(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/jetraft.cluster.Route/Messages',
+            proto_dot_cluster__pb2.RouteBatch.SerializeToString,
+            proto_dot_cluster__pb2.RouteAck.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Request(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/jetraft.cluster.Route/Request',
+            proto_dot_cluster__pb2.NodeRequest.SerializeToString,
+            proto_dot_cluster__pb2.NodeReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)

@@ -141,7 +141,13 @@ class GrpcTransport:
         chunk_bytes: int = CHUNK_BYTES,
         tls_names: dict[int, str] | None = None,
         priority_groups: frozenset[str] = PRIORITY_GROUPS,
+        server: grpc.aio.Server | None = None,
+        channel_factory: Callable[[str, bool], grpc.aio.Channel] | None = None,
     ) -> None:
+        """`server`: a running gRPC server owned by someone else (the node's
+        cluster port, node/cluster/) to register the Raft service on instead of
+        listening on `listen_addr`. `channel_factory(addr, separate)` makes the
+        dialing channels (the cluster's TLS and authorization) instead of `tls`."""
         self.node_id = node_id
         self.listen_addr = listen_addr
         self.port = 0
@@ -161,6 +167,8 @@ class GrpcTransport:
         self._started = False
         self._tasks: set[asyncio.Task[Any]] = set()
         self._server: grpc.aio.Server | None = None
+        self._shared_server = server
+        self._channel_factory = channel_factory
         self._flush_scheduled = False
         self._closing = False
         self.dropped = 0  # messages reported UNREACHABLE
@@ -169,6 +177,12 @@ class GrpcTransport:
     # ---- lifecycle ---------------------------------------------------------
 
     async def start(self) -> None:
+        if self._shared_server is not None:
+            pb_grpc.add_ClusterServicer_to_server(_Servicer(self), self._shared_server)
+            self._started = True
+            for link in self._links.values():
+                self._start_link(link)
+            return
         self._server = grpc.aio.server(options=_SERVER_OPTIONS)
         pb_grpc.add_ClusterServicer_to_server(_Servicer(self), self._server)
         if self._tls:
@@ -427,6 +441,8 @@ class GrpcTransport:
         return self.tls_name(node).encode() in names
 
     def _channel(self, link: _Link, *, separate: bool = False) -> grpc.aio.Channel:
+        if self._channel_factory is not None:
+            return self._channel_factory(link.addr, separate)
         options = list(_CHANNEL_OPTIONS)
         if separate:  # its own TCP connection, not shared with the Raft stream
             options.append(("grpc.use_local_subchannel_pool", 1))

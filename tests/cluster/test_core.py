@@ -1,0 +1,304 @@
+"""Core NATS across three real node processes: pub/sub, queue groups,
+request/reply, interest removal, account isolation, the one-hop rule."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import nats
+import pytest
+from nats.errors import NoRespondersError
+
+from node.cluster.local import LocalCluster
+
+
+async def _connect(node, user: str = "a") -> nats.NATS:
+    return await nats.connect(node.url, user=user, password=user, allow_reconnect=False,
+                              connect_timeout=5)
+
+
+async def _until_delivered(pub: nats.NATS, subject: str, got: list, timeout: float = 10.0) -> None:
+    """Publish probes until one arrives: interest has crossed the cluster."""
+    async with asyncio.timeout(timeout):
+        while not got:
+            await pub.publish(subject, b"probe")
+            await pub.flush()
+            await asyncio.sleep(0.05)
+
+
+async def _drain(got: list, n: int, timeout: float = 10.0) -> None:
+    async with asyncio.timeout(timeout):
+        while len(got) < n:
+            await asyncio.sleep(0.02)
+
+
+async def test_pubsub_across_nodes_with_headers(core3: LocalCluster) -> None:
+    n1, n2, n3 = core3.nodes
+    pub, s2, s3 = await _connect(n1), await _connect(n2), await _connect(n3)
+    subject = f"pubsub.{uuid.uuid4().hex}"
+    got2: list = []
+    got3: list = []
+
+    async def on2(m):
+        got2.append(m)
+
+    async def on3(m):
+        got3.append(m)
+
+    await s2.subscribe(subject, cb=on2)
+    await s3.subscribe(subject + ".>", cb=on3)
+    await _until_delivered(pub, subject, got2)
+    await _until_delivered(pub, subject + ".x", got3)
+    got2.clear()
+    got3.clear()
+    for i in range(50):
+        await pub.publish(subject, f"m{i}".encode(), headers={"Idx": str(i)})
+    await pub.publish(subject + ".deep.er", b"wild")
+    await _drain(got2, 50)
+    await _drain(got3, 1)
+    await asyncio.sleep(0.3)  # nothing more may come: each message exactly once
+    assert [m.data for m in got2] == [f"m{i}".encode() for i in range(50)]  # order kept
+    assert [m.headers["Idx"] for m in got2] == [str(i) for i in range(50)]
+    assert [m.subject for m in got3] == [subject + ".deep.er"]
+    for c in (pub, s2, s3):
+        await c.close()
+
+
+async def test_one_forward_per_peer_for_overlapping_subscriptions(core3: LocalCluster) -> None:
+    """Two subscriptions on one node matching one message: the route carries it
+    once, the node delivers it to both; nodes without interest get nothing."""
+    n1, n2, n3 = core3.nodes
+    pub, sub = await _connect(n1), await _connect(n2)
+    subject = f"over.{uuid.uuid4().hex}"
+    got: list = []
+
+    async def cb(m):
+        got.append(m.subject)
+
+    await sub.subscribe(subject + ".*", cb=cb)
+    await sub.subscribe(subject + ".>", cb=cb)
+    await _until_delivered(pub, subject + ".probe", got)
+    await asyncio.sleep(0.2)
+    before = {r["remote_name"]: r["out_msgs"] for r in n1.get("/routez")["routes"]}
+    got.clear()
+    for _ in range(20):
+        await pub.publish(subject + ".x", b"")
+    await _drain(got, 40)
+    await asyncio.sleep(0.3)
+    after = {r["remote_name"]: r["out_msgs"] for r in n1.get("/routez")["routes"]}
+    assert len(got) == 40
+    assert after["n2"] - before["n2"] == 20
+    assert after["n3"] - before["n3"] == 0
+    await pub.close()
+    await sub.close()
+
+
+async def test_queue_group_one_delivery_cluster_wide(core3: LocalCluster) -> None:
+    n1, n2, n3 = core3.nodes
+    pub, c2, c3 = await _connect(n1), await _connect(n2), await _connect(n3)
+    subject = f"q.{uuid.uuid4().hex}"
+    seen: dict[str, list[bytes]] = {"n2a": [], "n2b": [], "n3": [], "plain": []}
+
+    def collector(key: str):
+        async def cb(m):
+            seen[key].append(m.data)
+        return cb
+
+    await c2.subscribe(subject, queue="workers", cb=collector("n2a"))
+    await c2.subscribe(subject, queue="workers", cb=collector("n2b"))
+    await c3.subscribe(subject, queue="workers", cb=collector("n3"))
+    await c3.subscribe(subject, cb=collector("plain"))  # a plain sub gets every message
+    await _until_delivered(pub, subject, seen["plain"])
+    # Both nodes' queue interest must be in place before counting.
+    await asyncio.sleep(0.5)
+    for k in seen:
+        seen[k].clear()
+    n = 300
+    for i in range(n):
+        await pub.publish(subject, str(i).encode())
+    await pub.flush()
+
+    async def all_in() -> None:
+        while sum(len(seen[k]) for k in ("n2a", "n2b", "n3")) < n or len(seen["plain"]) < n:
+            await asyncio.sleep(0.02)
+
+    await asyncio.wait_for(all_in(), 15)
+    await asyncio.sleep(0.5)
+    q = seen["n2a"] + seen["n2b"] + seen["n3"]
+    assert len(q) == n and sorted(q) == sorted(str(i).encode() for i in range(n))
+    assert len(seen["plain"]) == n
+    # Spread over both nodes by member weight (2 on n2, 1 on n3).
+    assert len(seen["n2a"]) + len(seen["n2b"]) > len(seen["n3"]) > 0
+
+    # A local member is preferred: published on n3, n3's member takes them all.
+    for k in seen:
+        seen[k].clear()
+    for _ in range(50):
+        await c3.publish(subject, b"local")
+    await _drain(seen["plain"], 50)
+    await asyncio.sleep(0.3)
+    assert len(seen["n3"]) == 50 and not seen["n2a"] and not seen["n2b"]
+    for c in (pub, c2, c3):
+        await c.close()
+
+
+async def test_request_reply_and_no_responders_across_nodes(core3: LocalCluster) -> None:
+    n1, n2, n3 = core3.nodes
+    req, svc = await _connect(n1), await _connect(n3)
+    subject = f"svc.{uuid.uuid4().hex}"
+
+    async def handler(m):
+        await m.respond(b"re:" + m.data + b":" + (m.headers or {}).get("H", "").encode())
+
+    sub = await svc.subscribe(subject, cb=handler)
+    async with asyncio.timeout(10):
+        while True:
+            try:
+                await req.request(subject, b"probe", timeout=1)
+                break
+            except (NoRespondersError, TimeoutError, nats.errors.TimeoutError):
+                await asyncio.sleep(0.05)
+    for i in range(20):
+        r = await req.request(subject, f"{i}".encode(), timeout=2, headers={"H": "v"})
+        assert r.data == f"re:{i}:v".encode()
+    # Interest removal propagates: once unsubscribed, n1 answers no-responders.
+    await sub.unsubscribe()
+    async with asyncio.timeout(10):
+        while True:
+            try:
+                await req.request(subject, b"x", timeout=0.5)
+            except NoRespondersError:
+                break
+            except nats.errors.TimeoutError:
+                pass  # forwarded while the unsubscribe was still on its way
+            await asyncio.sleep(0.05)
+    with pytest.raises(NoRespondersError):
+        await req.request(f"nobody.{uuid.uuid4().hex}", b"", timeout=2)
+    await req.close()
+    await svc.close()
+
+
+async def test_accounts_are_isolated_across_nodes(core3: LocalCluster) -> None:
+    n1, n2, n3 = core3.nodes
+    pub_a = await _connect(n1, "a")
+    sub_a = await _connect(n2, "a")
+    sub_b = await _connect(n3, "b")
+    pub_b = await _connect(n1, "b")
+    subject = f"iso.{uuid.uuid4().hex}"
+    got_a: list = []
+    got_b: list = []
+
+    async def on_a(m):
+        got_a.append(m.data)
+
+    async def on_b(m):
+        got_b.append(m.data)
+
+    await sub_a.subscribe(subject, cb=on_a)
+    await sub_b.subscribe(subject, cb=on_b)
+    await _until_delivered(pub_a, subject, got_a)
+    await _until_delivered(pub_b, subject, got_b)
+    got_a.clear()
+    got_b.clear()
+    for i in range(10):
+        await pub_a.publish(subject, b"A%d" % i)
+    await pub_b.publish(subject, b"B")
+    await _drain(got_a, 10)
+    await _drain(got_b, 1)
+    await asyncio.sleep(0.3)
+    assert got_a == [b"A%d" % i for i in range(10)]
+    assert got_b == [b"B"]
+    # B's interest on n3 must not make n1 forward A's messages there.
+    routez = n1.get("/routez?subs=1")
+    n3_subjects = next(r for r in routez["routes"] if r["remote_name"] == "n3")
+    assert subject in n3_subjects["subscriptions_list"]
+    for c in (pub_a, sub_a, sub_b, pub_b):
+        await c.close()
+
+
+def _nats_server_cluster(tmp_path, n: int = 3):
+    """A real nats-server cluster (the oracle), with the same accounts."""
+    import json as _json
+    import shutil
+    import subprocess
+    import time
+
+    from tests.cluster.conftest import ACCOUNTS
+    from tests.ports import free_port
+
+    if shutil.which("nats-server") is None:
+        pytest.skip("nats-server not on PATH")
+    ports = [(free_port(), free_port(), free_port()) for _ in range(n)]
+    routes = ", ".join(f'"nats-route://127.0.0.1:{c}"' for _, _, c in ports)
+    procs = []
+    for i, (p, h, c) in enumerate(ports):
+        conf = tmp_path / f"ns{i}.conf"
+        conf.write_text(f"server_name: ns{i + 1}\nlisten: 127.0.0.1:{p}\nhttp: 127.0.0.1:{h}\n"
+                        f"cluster {{ name: core, listen: 127.0.0.1:{c}, routes: [{routes}] }}\n"
+                        + ACCOUNTS)
+        log = open(tmp_path / f"ns{i}.log", "wb")  # noqa: SIM115 - the child owns it
+        procs.append(subprocess.Popen(["nats-server", "-c", str(conf)], stdout=log,
+                                      stderr=subprocess.STDOUT))
+        log.close()
+
+    def get(h: int, path: str):
+        import urllib.request
+        with urllib.request.urlopen(f"http://127.0.0.1:{h}{path}", timeout=2) as r:
+            return _json.loads(r.read())
+
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            if all({r["remote_name"] for r in get(h, "/routez")["routes"]}
+                   == {f"ns{j + 1}" for j in range(n)} - {f"ns{i + 1}"}
+                   for i, (_, h, _) in enumerate(ports)):
+                break
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise TimeoutError("nats-server cluster did not form")
+        time.sleep(0.1)
+    return procs, ports, get
+
+
+# nats-server pins a route per account for $SYS and names it: Jetraft has no pinned routes.
+ROUTE_ONLY_IN_NATS_SERVER = {"account"}
+
+
+async def test_routez_varz_and_info_shapes_match_nats_server(core3: LocalCluster,
+                                                             tmp_path) -> None:
+    procs, ports, get = _nats_server_cluster(tmp_path)
+    try:
+        for query in ("", "?subs=1"):
+            ours = core3.nodes[0].get("/routez" + query)
+            theirs = get(ports[0][1], "/routez" + query)
+            assert set(ours) == set(theirs)
+            assert ours["num_routes"] == len(ours["routes"]) == 2
+            their_keys = set().union(*(set(r) for r in theirs["routes"]))
+            for route in ours["routes"]:
+                assert set(route) == their_keys - ROUTE_ONLY_IN_NATS_SERVER, query
+                assert {type(route[k]) for k in route} <= {int, str, bool, list}
+            assert {r["remote_name"] for r in ours["routes"]} == {"n2", "n3"}
+        ours_v = core3.nodes[0].get("/varz")
+        theirs_v = get(ports[0][1], "/varz")
+        assert set(ours_v["cluster"]) == set(theirs_v["cluster"])
+        assert ours_v["cluster"]["name"] == theirs_v["cluster"]["name"] == "core"
+        assert len(ours_v["connect_urls"]) == 3 and ours_v["routes"] == 2
+        # INFO: the same cluster keys, self first in connect_urls, every node listed.
+        import json as _json
+        import socket
+
+        for port, names in ((core3.nodes[0].port, 3), (ports[0][0], None)):
+            with socket.create_connection(("127.0.0.1", port), timeout=3) as s:
+                info = _json.loads(s.recv(65536).split(b"\r\n")[0][5:])
+            assert info["cluster"] == "core"
+            assert "connect_urls" in info
+            if names:
+                assert info["connect_urls"][0] == f"127.0.0.1:{port}"
+                assert len(info["connect_urls"]) == names
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            p.wait(10)
