@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -169,13 +170,27 @@ class Node:
         shutil.rmtree(self.store_dir, ignore_errors=True)
 
 
-class Cluster:
-    def __init__(self, workdir: Path, n: int, net: Net, free_port: object = None) -> None:
-        from tests.ports import free_port as fp  # noqa: PLC0415 - shared port bookkeeping
+_handed_out: set[int] = set()
 
+
+def free_port() -> int:
+    """A loopback port nobody listens on, never handed out twice by this process (the
+    kernel may give the same ephemeral port to two bind(0) calls in a row)."""
+    for _ in range(1000):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _handed_out:
+            _handed_out.add(port)
+            return port
+    raise RuntimeError("no free port")
+
+
+class Cluster:
+    def __init__(self, workdir: Path, n: int, net: Net) -> None:
         self.workdir = workdir
         self.net = net
-        pick = free_port or fp
+        pick = free_port
         self.nodes: list[Node] = []
         for i in range(n):
             host = net.host(i)

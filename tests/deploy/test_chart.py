@@ -234,7 +234,8 @@ def test_every_node_config_loads(scenario: tuple[dict[str, str], Rendered]) -> N
             validate_options(opts)  # with TLS it would look for the mounted files
 
 
-def test_rendered_routes_name_the_headless_service(scenario: tuple[dict[str, str], Rendered]) -> None:
+def test_rendered_routes_name_the_headless_service(
+        scenario: tuple[dict[str, str], Rendered]) -> None:
     """The DNS names in the routes are the ones the StatefulSet + headless service give pods."""
     values, r = scenario
     sts = r.one("StatefulSet")

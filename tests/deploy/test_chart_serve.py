@@ -29,7 +29,8 @@ from tests.deploy.chart import loopback_config, render
 from tests.ports import free_port
 
 LAUNCH = "import sys; from node.cli import main; sys.exit(main(sys.argv[1:]))"
-ENV = {"JETRAFT_USER": "alice", "JETRAFT_PASSWORD": "s3cret"}
+ENV = {"JETRAFT_USER": "alice", "JETRAFT_PASSWORD": "s3cret",
+       "JETRAFT_CLUSTER_USER": "route", "JETRAFT_CLUSTER_PASSWORD": "r0ute-s3cret"}
 HAS_CLUSTER = importlib.util.find_spec("node.cluster") is not None
 
 
@@ -69,6 +70,8 @@ async def test_rendered_config_serves_a_nats_client(tmp_path: Path, tls: bool) -
         pytest.fail("openssl is needed for the TLS case (.ci/run installs it)")
     values = {"replicas": "3", "auth.enabled": "true", "auth.secretName": "jr-auth",
               "jetstream.uniqueTag": "az", "serverTags.zones": "{a,b,c}"}
+    if HAS_CLUSTER:
+        values |= {"cluster.auth.enabled": "true", "cluster.auth.secretName": "jr-route"}
     if tls:
         values |= {"tls.client.enabled": "true", "tls.client.secretName": "jr-tls",
                    "tls.client.mode": "mutual"}
@@ -114,6 +117,9 @@ async def test_rendered_config_serves_a_nats_client(tmp_path: Path, tls: bool) -
             assert msg.data == b"m2"
         finally:
             await nc.close()
+        if HAS_CLUSTER:
+            await _routes_up(ports, pods)
+            await _core_across_nodes(pods, ports, scheme, ssl_ctx)
         # The Secret's credentials are required: no password, no connection.
         with pytest.raises(Exception):  # noqa: B017 - nats-py raises several kinds
             bad = await nats.connect(url, tls=ssl_ctx, connect_timeout=3,
@@ -127,6 +133,45 @@ async def test_rendered_config_serves_a_nats_client(tmp_path: Path, tls: bool) -
         _stop(procs)
     for proc in procs:
         assert proc.returncode == 0, "a rendered node did not stop cleanly on SIGTERM"
+
+
+async def _routes_up(ports: dict[str, dict[str, int]], pods: list[str]) -> None:
+    """Every rendered node routes to the two others (authenticated by the Secret's route
+    user), as /routez shows."""
+    deadline = time.monotonic() + 30
+    while True:
+        counts = []
+        for p in pods:
+            body = await asyncio.to_thread(_get, f"http://127.0.0.1:{ports[p]['monitor']}/routez")
+            counts.append(json.loads(body)["num_routes"])
+        if counts == [len(pods) - 1] * len(pods):
+            return
+        assert time.monotonic() < deadline, f"routes per node: {counts}"
+        await asyncio.sleep(0.3)
+
+
+async def _core_across_nodes(pods: list[str], ports: dict[str, dict[str, int]], scheme: str,
+                             ssl_ctx: ssl.SSLContext | None) -> None:
+    async def conn(p: str) -> nats.NATS:
+        return await nats.connect(f"{scheme}://127.0.0.1:{ports[p]['client']}", user="alice",
+                                  password="s3cret", tls=ssl_ctx, allow_reconnect=False)
+
+    sub_nc, pub_nc = await conn(pods[2]), await conn(pods[0])
+    try:
+        sub = await sub_nc.subscribe("across")
+        await sub_nc.flush()
+        deadline = time.monotonic() + 10
+        while True:  # interest reaches node 0 a moment after the SUB
+            await pub_nc.publish("across", b"hello")
+            try:
+                msg = await sub.next_msg(timeout=0.5)
+                break
+            except nats.errors.TimeoutError:
+                assert time.monotonic() < deadline, "no message across the rendered routes"
+        assert msg.data == b"hello"
+    finally:
+        await sub_nc.close()
+        await pub_nc.close()
 
 
 def _get(url: str) -> str:
