@@ -181,8 +181,16 @@ class Workload:
                 except NatsTimeout:
                     empty += 1 if stopping else 0
                     continue
-                except Exception:  # noqa: BLE001 - node down, leader moving: try again
+                except Exception as e:  # noqa: BLE001 - node down, leader moving: try again
+                    # Counted while draining too: a fetch that keeps failing must end the
+                    # drain, and the checker then reports what was never delivered.
+                    self.h.add(proc, "info", "fetch", stream=s.stream, consumer=CONSUMER,
+                               err=f"{type(e).__name__}: {e}"[:200])
+                    empty += 1 if stopping else 0
                     await asyncio.sleep(0.2)
+                    continue
+                if not msgs:  # nats-py returns [] for some empty answers (a 408 after a wait)
+                    empty += 1 if stopping else 0
                     continue
                 empty = 0
                 for m in msgs:
