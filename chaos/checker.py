@@ -20,6 +20,8 @@ Every anomaly below is a failure:
 - acked-redelivered a delivery fetched after its ack was confirmed (the ack was lost)
 - skipped          a stored message never delivered, though the consumer drained past it
 - unknown-ack-seq  two PubAcks for the same payload gave different seqs
+- consumer-state   after the drain, CONSUMER.INFO still has pending / unacked messages,
+                   or an ack floor below the last stored seq
 """
 
 from __future__ import annotations
@@ -69,8 +71,14 @@ class Verdict:
 MAX_PER_KIND = 50
 
 
+# Seconds after a confirmed ack during which a redelivery may still be one sent before
+# the ack was applied: the fetch timeout (1 s) plus a margin.
+REDELIVERY_GRACE = 2.0
+
+
 def check(events: list[Event], views: list[View],
-          replicas: dict[str, set[str]] | None = None) -> Verdict:
+          replicas: dict[str, set[str]] | None = None,
+          redelivery_grace: float = REDELIVERY_GRACE) -> Verdict:
     """`replicas`: stream -> the sources that must hold it (default: every view that has
     the stream, plus every authoritative view)."""
     v = Verdict()
@@ -101,7 +109,9 @@ def check(events: list[Event], views: list[View],
 
     _check_publisher_order(events, flag)
     ref = auth[0].streams if auth else (views[0].streams if views else {})
-    _check_consumers(events, ref, flag)
+    late = [0]
+    _check_consumers(events, ref, flag, redelivery_grace, late)
+    _check_consumer_final(events, ref, flag)
 
     v.stats = {
         "publishes": sum(1 for e in events if e["f"] == "publish" and e["type"] == "invoke"),
@@ -110,6 +120,7 @@ def check(events: list[Event], views: list[View],
         "publish_failed": sum(1 for e in events if e["f"] == "publish" and e["type"] == "fail"),
         "deliveries": sum(1 for e in events if e["f"] == "deliver"),
         "acks_confirmed": sum(1 for e in events if e["f"] == "ack" and e["type"] == "ok"),
+        "redelivered_within_grace": late[0],
         "faults": sum(1 for e in events if e["proc"] == "nemesis"),
         "views": len(views),
         **{f"stored@{w.source}": sum(len(m) for m in w.streams.values()) for w in views},
@@ -183,7 +194,8 @@ def _check_publisher_order(events: list[Event], flag: Any) -> None:
         last[key] = (e["seq"], e["payload"])
 
 
-def _check_consumers(events: list[Event], ref: Streams, flag: Any) -> None:
+def _check_consumers(events: list[Event], ref: Streams, flag: Any, grace: float,
+                     late: list[int]) -> None:
     acked_at: dict[tuple[str, str, int], float] = {}  # (stream, consumer, seq) -> ack ok time
     delivered: dict[tuple[str, str], set[int]] = defaultdict(set)
     drained: set[tuple[str, str]] = set()
@@ -203,8 +215,14 @@ def _check_consumers(events: list[Event], ref: Streams, flag: Any) -> None:
                  delivered=e["payload"], stored=stored)
         t_ack = acked_at.get((stream, consumer, seq))
         if t_ack is not None and e.get("fetch_t", e["t"]) > t_ack:
-            flag("acked-redelivered", stream=stream, consumer=consumer, seq=seq,
-                 ack_confirmed_t=t_ack, fetched_t=e.get("fetch_t", e["t"]))
+            # A redelivery sent before the ack was applied may still reach a fetch issued
+            # just after the confirmation (nats-py's fetches share one inbox, and a delivery
+            # and an ack reply can travel different routes); past the grace it cannot.
+            if e.get("fetch_t", e["t"]) > t_ack + grace:
+                flag("acked-redelivered", stream=stream, consumer=consumer, seq=seq,
+                     ack_confirmed_t=t_ack, fetched_t=e.get("fetch_t", e["t"]))
+            else:
+                late[0] += 1
     for key in set(delivered) | drained:
         stream, consumer = key
         seqs = delivered.get(key, set())
@@ -217,3 +235,21 @@ def _check_consumers(events: list[Event], ref: Streams, flag: Any) -> None:
         if missing:
             flag("skipped", stream=stream, consumer=consumer, count=len(missing),
                  first=missing[:10], drained=key in drained)
+
+
+def _check_consumer_final(events: list[Event], ref: Streams, flag: Any) -> None:
+    """After the drain every stored message is acked: the consumer's own state must say so
+    (CONSUMER.INFO read by the run, event f="consumer-final")."""
+    for e in events:
+        if e["f"] != "consumer-final" or e["type"] != "ok":
+            continue
+        stored = ref.get(e["stream"], {})
+        last = max(stored, default=0)
+        info = e["info"]
+        floor = info.get("ack_floor", {}).get("stream_seq", 0)
+        problems = {k: info.get(k) for k in ("num_ack_pending", "num_pending",
+                                             "num_redelivered") if info.get(k)}
+        problems.pop("num_redelivered", None)  # redeliveries are allowed, not left-overs
+        if floor < last or problems:
+            flag("consumer-state", stream=e["stream"], consumer=e["consumer"],
+                 ack_floor=floor, last_seq=last, **problems)

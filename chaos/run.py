@@ -20,7 +20,7 @@ from chaos import checker, state
 from chaos.faults import Nemesis
 from chaos.history import History, read
 from chaos.nodes import Cluster, Loopback
-from chaos.workload import Spec, Workload, api, connect
+from chaos.workload import CONSUMER, Spec, Workload, api, connect
 
 
 @dataclass
@@ -115,6 +115,20 @@ async def execute(cfg: RunConfig) -> dict[str, Any]:
             t.cancel()
             errors.append("a consumer did not drain in 120 s")
         h.add("run", "info", "drained")
+        try:
+            nc = await connect(cluster.urls(), "chaos-final")
+            try:
+                info = await api(nc, f"CONSUMER.INFO.{spec.stream}.{CONSUMER}", timeout=10)
+            finally:
+                await nc.close()
+            if "error" in info:
+                errors.append(f"CONSUMER.INFO after the drain: {info['error']}")
+            else:
+                h.add("run", "ok", "consumer-final", stream=spec.stream, consumer=CONSUMER,
+                      info={k: info.get(k) for k in ("ack_floor", "delivered", "num_ack_pending",
+                                                     "num_pending", "num_redelivered")})
+        except Exception as e:  # noqa: BLE001
+            errors.append(f"CONSUMER.INFO after the drain: {e!r}")
         for node in cluster.nodes:
             try:
                 views.append(await state.client_view(node.url, [spec.stream],

@@ -154,3 +154,23 @@ def test_two_acks_disagree() -> None:
     ev, msgs = clean()
     ev += pub("pub1", "p1-1", 5, 3, dup=True)
     assert kinds(ev, views(msgs))["unknown-ack-seq"] == 1
+
+
+def test_redelivery_right_after_the_ack_is_within_grace() -> None:
+    ev, msgs = clean()
+    ev += deliver(2, "p1-0", 2.2)  # 0.15 s after the ack was confirmed
+    v = check(ev, views(msgs))
+    assert v.ok and v.stats["redelivered_within_grace"] == 1
+
+
+def _final(info: dict) -> dict:
+    return {"t": 10, "proc": "run", "type": "ok", "f": "consumer-final", "stream": S,
+            "consumer": "c", "info": info}
+
+
+def test_consumer_state_after_drain() -> None:
+    ev, msgs = clean()
+    good = {"ack_floor": {"stream_seq": 4}, "num_ack_pending": 0, "num_pending": 0}
+    assert check(ev + [_final(good)], views(msgs)).ok
+    behind = dict(good, ack_floor={"stream_seq": 3}, num_ack_pending=1)
+    assert kinds(ev + [_final(behind)], views(msgs)) == {"consumer-state": 1}
