@@ -7,7 +7,9 @@ order on every replica, consumers resume without skipping, no stream forgotten.
 `authoritative`) and one replica view per node (read offline from its LMDB, or online).
 Every anomaly below is a failure:
 
-- lost             an acked payload is in no seq of a view that must hold it
+- lost             an acked payload is missing from a client view, or from most replicas
+- replica-missing  an acked payload is missing from one replica while most hold it (that
+                   replica did not catch up: still a failure, but not a lost write)
 - misplaced        an acked payload is stored, but not at the seq its PubAck gave
 - duplicate        one payload at two seqs (every retry carries the same Nats-Msg-Id,
                    so dedup must have caught it)
@@ -97,6 +99,7 @@ def check(events: list[Event], views: list[View],
     for stream in sorted({s for s, _ in acks} | {s for w in views for s in w.streams}):
         acked = {p: seq for (s, p), seq in acks.items() if s == stream}
         must = replicas.get(stream) if replicas is not None else None
+        held = [w for w in views if not w.authoritative and stream in w.streams]
         for w in views:
             msgs = w.streams.get(stream)
             required = w.authoritative or (must is not None and w.source in must)
@@ -104,7 +107,7 @@ def check(events: list[Event], views: list[View],
                 if required and acked:
                     flag("stream-forgotten", stream=stream, source=w.source)
                 continue
-            _check_view(stream, w.source, msgs, acked, invoked, flag)
+            _check_view(stream, w, msgs, acked, invoked, held, flag)
         _check_agreement(stream, [w for w in views if stream in w.streams], flag)
 
     _check_publisher_order(events, flag)
@@ -151,8 +154,9 @@ def _check_client_views(auth: list[View], flag: Any) -> None:
             flag("views-differ", a=auth[0].source, b=w.source, streams=diff)
 
 
-def _check_view(stream: str, source: str, msgs: dict[int, str], acked: dict[str, int],
-                invoked: set[str], flag: Any) -> None:
+def _check_view(stream: str, view: View, msgs: dict[int, str], acked: dict[str, int],
+                invoked: set[str], replicas: list[View], flag: Any) -> None:
+    source = view.source
     where: dict[str, list[int]] = defaultdict(list)
     for seq, payload in msgs.items():
         where[payload].append(seq)
@@ -161,9 +165,15 @@ def _check_view(stream: str, source: str, msgs: dict[int, str], acked: dict[str,
             flag("duplicate", stream=stream, source=source, payload=payload, seqs=sorted(seqs))
         if payload not in invoked:
             flag("phantom", stream=stream, source=source, payload=payload, seqs=sorted(seqs))
+    stored_sets = [set(r.streams[stream].values()) for r in replicas]
     for payload, seq in acked.items():
         if payload not in where:
-            flag("lost", stream=stream, source=source, payload=payload, acked_seq=seq)
+            # A client view, or most replicas, without it: the cluster lost it. One
+            # replica short while the majority holds it: that replica failed to catch up.
+            missing = sum(1 for st in stored_sets if payload not in st)
+            lost = view.authoritative or missing * 2 > len(stored_sets)
+            flag("lost" if lost else "replica-missing", stream=stream, source=source,
+                 payload=payload, acked_seq=seq)
         elif seq not in where[payload]:
             flag("misplaced", stream=stream, source=source, payload=payload, acked_seq=seq,
                  stored_at=sorted(where[payload]))

@@ -68,7 +68,7 @@ def test_lost_acked_message() -> None:
 def test_lost_on_one_replica_only() -> None:
     ev, msgs = clean()
     replica = {k: p for k, p in msgs.items() if k != 2}
-    assert kinds(ev, views(msgs, replica)) == {"lost": 1}
+    assert kinds(ev, views(msgs, replica)) == {"lost": 1}  # the only replica
 
 
 def test_duplicate_beyond_dedup() -> None:
@@ -174,3 +174,21 @@ def test_consumer_state_after_drain() -> None:
     assert check(ev + [_final(good)], views(msgs)).ok
     behind = dict(good, ack_floor={"stream_seq": 3}, num_ack_pending=1)
     assert kinds(ev + [_final(behind)], views(msgs)) == {"consumer-state": 1}
+
+
+def test_missing_from_most_replicas_is_lost() -> None:
+    ev, msgs = clean()
+    short = {k: p for k, p in msgs.items() if k != 2}
+    vs = [View("lmdb@n0", {S: dict(msgs)}), View("lmdb@n1", {S: dict(short)}),
+          View("lmdb@n2", {S: dict(short)})]
+    got = kinds(ev, vs)
+    assert got == {"lost": 2}, got
+
+
+def test_one_replica_behind_is_replica_missing() -> None:
+    ev, msgs = clean()
+    short = {k: p for k, p in msgs.items() if k != 4}
+    vs = [View("client@n0", {S: dict(msgs)}, authoritative=True),
+          View("lmdb@n0", {S: dict(msgs)}), View("lmdb@n1", {S: dict(msgs)}),
+          View("lmdb@n2", {S: short})]
+    assert kinds(ev, vs) == {"replica-missing": 1}
