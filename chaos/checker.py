@@ -124,6 +124,9 @@ def check(events: list[Event], views: list[View],
         "deliveries": sum(1 for e in events if e["f"] == "deliver"),
         "acks_confirmed": sum(1 for e in events if e["f"] == "ack" and e["type"] == "ok"),
         "redelivered_within_grace": late[0],
+        # Pull answers that were not stream messages (e.g. a JSON error body): no data is
+        # lost by them, but nats-server never sends them; reported, not failed.
+        "bad_deliveries": sum(1 for e in events if e["f"] == "bad-delivery"),
         "faults": sum(1 for e in events if e["proc"] == "nemesis"),
         "views": len(views),
         **{f"stored@{w.source}": sum(len(m) for m in w.streams.values()) for w in views},

@@ -5,10 +5,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import signal
 import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from chaos.faults import FAULTS, applicable
 from chaos.run import RunConfig, check_dir, execute
@@ -38,6 +40,16 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+async def _cancellable(coro: Any) -> Any:
+    """SIGTERM / SIGINT cancel the run, so its `finally` stops the nodes (they run in
+    their own sessions and would otherwise outlive it) and removes the namespaces."""
+    task = asyncio.ensure_future(coro)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, task.cancel)
+    return await task
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.cmd == "faults":
@@ -61,7 +73,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     cfg = RunConfig(workdir=workdir, nodes=args.nodes, fault=args.fault,
                     duration=args.duration, interval=args.interval, hold=args.hold,
                     net=args.net, seed=args.seed, spec=spec)
-    report = asyncio.run(execute(cfg))
+    report = asyncio.run(_cancellable(execute(cfg)))
     print((workdir / "report.md").read_text())
     print(f"run directory: {workdir}")
     return 0 if report["ok"] else 1

@@ -22,6 +22,9 @@ from chaos.history import History, read
 from chaos.nodes import Cluster, Loopback
 from chaos.workload import CONSUMER, Spec, Workload, api, connect
 
+# A stream that never gets a leader again must not hang the run: the report says so.
+CLIENT_VIEW_TIMEOUT = 120.0
+
 
 @dataclass
 class RunConfig:
@@ -131,8 +134,9 @@ async def execute(cfg: RunConfig) -> dict[str, Any]:
             errors.append(f"CONSUMER.INFO after the drain: {e!r}")
         for node in cluster.nodes:
             try:
-                views.append(await state.client_view(node.url, [spec.stream],
-                                                     f"client@{node.name}"))
+                views.append(await asyncio.wait_for(
+                    state.client_view(node.url, [spec.stream], f"client@{node.name}"),
+                    CLIENT_VIEW_TIMEOUT))
             except Exception as e:  # noqa: BLE001 - reported, and the checker sees no view
                 errors.append(f"client view through {node.name}: {e!r}")
     finally:

@@ -42,9 +42,9 @@ async def client_view(url: str, streams: list[str], source: str) -> View:
 
 async def _retry_info(nc: Any, stream: str) -> dict[str, Any] | None:
     last: Any = None
-    for _ in range(60):
+    for _ in range(20):
         try:
-            r = await api(nc, f"STREAM.INFO.{stream}")
+            r = await api(nc, f"STREAM.INFO.{stream}", timeout=2)
         except Exception as e:  # noqa: BLE001 - no leader yet after the last fault
             last = e
         else:
