@@ -22,7 +22,7 @@ from typing import Any
 from node import tls
 from node.account import GLOBAL_ACCOUNT, Account
 from node.accountconf import AccountsConfig
-from node.auth import CONN_STANDARD, CONN_WEBSOCKET, Authenticator, AuthThrottle
+from node.auth import AUTH_VIOLATION, CONN_STANDARD, CONN_WEBSOCKET, Authenticator, AuthThrottle
 from node.claimsservice import ClaimsService
 from node.client import Client, Kind
 from node.config import ConfigError
@@ -37,8 +37,10 @@ from node.operatorauth import (
     operator_accounts,
 )
 from node.options import Options
+from node.reload import Reloader
 from node.resolver import account_config_from_claims
 from node.sublist import SubList
+from node.sysaccount import SystemService
 from node.version import GO_VERSION, VERSION
 from node.websocket import start_websocket
 
@@ -125,6 +127,7 @@ class Server:
         self._ports_file: str | None = None
         self.services: list[Any] = []  # objects with async stop(), closed at shutdown
         self.jetstream: Any = None  # node.jetstream.service.JetStreamService with -js
+        self.system: SystemService | None = None  # $SYS requests and events
 
     # ------------------------------------------------------------------ registry
 
@@ -183,6 +186,33 @@ class Server:
         for client in list(self.clients.values()):
             client.account_changed(account)
 
+    def rebuild_accounts(self, options: Options) -> None:
+        """Config reload: accounts take the new config's limits and mappings,
+        new ones appear, removed ones go (their clients were closed by the
+        re-check or are about to be), and the router is rebuilt."""
+        conf = options.accounts
+        if conf is None:
+            return
+        keep = {GLOBAL_ACCOUNT, *conf.accounts}
+        if not conf.no_system_account:
+            keep.add(conf.system_account)
+        for name in [n for n in self.accounts if n not in keep]:
+            del self.accounts[name]
+        for name, acc in conf.accounts.items():
+            account = self.accounts.get(name)
+            if account is None:
+                self.register_account(Account(name, acc.limits, acc.mappings or None))
+            else:
+                account.set_limits(acc.limits, acc.mappings or None)
+        if not conf.no_system_account and conf.system_account not in self.accounts:
+            self.register_account(Account(conf.system_account))
+        self.global_account.mappings = conf.global_mappings or None
+        self.router = self._wire_router(conf)
+
+    def reload_config(self) -> str | None:
+        """Re-read the config (node/reload.py); None when applied, else why not."""
+        return Reloader(self).reload()
+
     def register_account(self, account: Account) -> None:
         """Add a configured account (its name must be new)."""
         assert account.name not in self.accounts, f"account {account.name!r} registered twice"
@@ -207,6 +237,10 @@ class Server:
     def unregister(self, client: Client, reason: str) -> None:
         if self.clients.pop(client.cid, None) is None:
             return
+        if self.system is not None:
+            auth_failed = not client.connected and reason == AUTH_VIOLATION
+            if client.announced or auth_failed:
+                self.system.client_closed(client, reason, auth_failed)
         st = self.closed_stats
         st[0] += client.in_msgs
         st[1] += client.in_bytes
@@ -303,6 +337,7 @@ class Server:
         if o.websocket is not None and o.websocket.port:
             await self._start_websocket()
         self._start_claims_service()
+        self._start_system_service()
         # Clients last: once the client port answers, every other listener is up too.
         await self._start_clients()
         self._write_ports_file()
@@ -326,6 +361,15 @@ class Server:
         if cfg is None or cfg.resolver is None or cfg.resolver.kind != "full" or conf is None:
             return
         ClaimsService(self, conf.system_account).start()
+
+    def _start_system_service(self) -> None:
+        """$SYS requests and events, in the system account (none without one)."""
+        conf = self.options.accounts
+        if conf is None or conf.no_system_account or conf.system_account not in self.accounts:
+            return
+        self.system = SystemService(self, conf.system_account)
+        self.system.start()
+        self.services.insert(0, self.system)  # its SHUTDOWN event goes out first
 
     def _refuse_unenforced(self) -> None:
         """Security settings fail closed: one we cannot enforce stops the node."""
@@ -416,6 +460,11 @@ class Server:
         for sig, name in names.items():
             loop.add_signal_handler(sig, self._on_stop_signal, name)
         loop.add_signal_handler(signal.SIGUSR2, self._on_ldm_signal)
+        loop.add_signal_handler(signal.SIGHUP, self._on_reload_signal)
+
+    def _on_reload_signal(self) -> None:
+        self.log.info('Trapped "hangup" signal')
+        self.reload_config()
 
     def _on_stop_signal(self, name: str) -> None:
         self.log.info(f'Trapped "{name}" signal')
