@@ -604,6 +604,7 @@ class Client(asyncio.Protocol):
         if identity is None:
             self.server.log.error(f"{self.host}:{self.port} - cid:{self.cid} - "
                                   f'"{options.get("user") or ""}" - authentication error')
+            self.opts = {**self.opts, **options}  # what the AUTH.ERR event reports
             self.send_err(AUTH_VIOLATION, close=True)
             return
         if self._set_identity(identity):

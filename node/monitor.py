@@ -91,16 +91,18 @@ def varz(server: Server) -> dict[str, Any]:
         "version": VERSION, "proto": 1, "go": GO_VERSION, "host": o.host,
         "port": server.port, "max_connections": o.max_connections,
         "ping_interval": int(o.ping_interval * 1e9), "ping_max": o.ping_max,
-        "http_host": server.http_host(), "http_port": server.http_port, "https_port": 0,
+        "http_host": server.http_host(), "http_port": server.http_port, "http_base_path": "",
+        "https_port": 0,
         "auth_timeout": o.auth_timeout, "max_control_line": o.max_control_line,
         "max_payload": o.max_payload, "max_pending": o.max_pending,
         "tls_timeout": o.tls.timeout if o.tls else 2, "write_deadline": int(o.write_deadline * 1e9),
         "start": rfc3339(server.start_time), "now": rfc3339(now),
         "uptime": go_duration(now - server.start_time), "mem": mem_rss(),
-        "cores": os.cpu_count() or 1, "cpu": cpu_percent(),
+        "cores": os.cpu_count() or 1, "gomaxprocs": os.cpu_count() or 1, "cpu": cpu_percent(),
         "connections": len(server.clients), "total_connections": server.total_connections,
         "routes": 0, "remotes": 0, "leafnodes": 0,
         "slow_consumers": server.slow_consumers, "stale_connections": server.stale_connections,
+        "stalled_clients": 0,
         "subscriptions": server.subscription_count(), "http_req_stats": dict(server.http_req_stats),
         "config_load_time": rfc3339(server.start_time),
     }
@@ -112,6 +114,9 @@ def varz(server: Server) -> dict[str, Any]:
         v["cluster"] = {"name": o.cluster.name, "port": o.cluster.port}
     if server.auth is not None and server.auth.required:
         v["auth_required"] = True
+    system = system_account_name(server)
+    if system:
+        v["system_account"] = system
     if o.jetstream.enabled:
         v["jetstream"] = {"config": {"store_dir": o.jetstream.store_dir}}
     return v
@@ -409,7 +414,9 @@ def handle(server: Server, path: str, query: dict[str, str]) -> tuple[int, str, 
         "/subscriptionsz": lambda: subsz(server, query),
         "/healthz": lambda: {"status": "ok"},
         "/accountz": lambda: accountz(server, query),
-        "/accstatz": lambda: accstatz(server, query),
+        # nats-server's HTTP handler reads only `unused` (the account filter is
+        # for $SYS.REQ.ACCOUNT.<acc>.STATZ).
+        "/accstatz": lambda: accstatz(server, {"unused": query.get("unused", "")}),
     }
     if path == "/metrics":
         return 200, "text/plain; version=0.0.4; charset=utf-8", metrics(server)

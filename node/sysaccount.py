@@ -120,10 +120,15 @@ class SystemService:
     def start(self) -> None:
         sid = self.server.server_id
         sub = self.client.subscribe_internal
+        # One subscription per kind, as nats-server has: a kind nobody serves gets
+        # no-responders.
         sub("$SYS.REQ.SERVER.PING", self._on_ping)
-        sub("$SYS.REQ.SERVER.PING.*", self._on_ping_kind)
-        sub(f"$SYS.REQ.SERVER.{sid}.*", self._on_server_kind)
-        sub("$SYS.REQ.ACCOUNT.*.*", self._on_account_kind)
+        for kind in _SERVER_KINDS:
+            sub(f"$SYS.REQ.SERVER.PING.{kind}", self._on_ping_kind)
+            sub(f"$SYS.REQ.SERVER.{sid}.{kind}", self._on_server_kind)
+        sub(f"$SYS.REQ.SERVER.{sid}.RELOAD", self._on_server_kind)
+        for kind in _ACCOUNT_KINDS:
+            sub(f"$SYS.REQ.ACCOUNT.*.{kind}", self._on_account_kind)
         sub("$SYS.REQ.USER.INFO", self._on_user_info)
         self.accounts_changed()
         self._schedule_statsz()
@@ -177,9 +182,14 @@ class SystemService:
     def data_reply(self, reply: str | None, data: Any, client: Any = None) -> None:
         self.reply(reply, {"server": self.server_info(), "data": data}, client)
 
-    def error_reply(self, reply: str | None, code: int, text: str, client: Any = None) -> None:
-        self.reply(reply, {"server": self.server_info(), "data": None,
-                           "error": {"code": code, "description": text}}, client)
+    def error_reply(self, reply: str | None, code: int, text: str, client: Any = None,
+                    null_data: bool = False) -> None:
+        """nats-server's error envelope (its JSZ one also carries `"data": null`)."""
+        body: dict[str, Any] = {"server": self.server_info()}
+        if null_data:
+            body["data"] = None
+        body["error"] = {"code": code, "description": text}
+        self.reply(reply, body, client)
 
     # ------------------------------------------------------------------ requests
 
@@ -291,7 +301,7 @@ class SystemService:
             self.data_reply(reply, monitor.accstatz(s, q), client)
         elif kind == "JSZ" and known:
             if s.jetstream is None:
-                self.error_reply(reply, 500, "jetstream not enabled", client)
+                self.error_reply(reply, 500, "jetstream not enabled", client, null_data=True)
             else:
                 self.data_reply(reply, monitor.jsz(s), client)
         elif kind == "LEAFZ" and known:
@@ -383,8 +393,9 @@ class SystemService:
         acc = client.account.name
         info: dict[str, Any] = {"start": monitor.rfc3339(client.start), "host": client.host,
                                 "id": client.cid, "acc": acc}
-        if client.user:
-            info["user"] = client.user
+        user = client.user or client.opts.get("user")  # a failed login: the name it gave
+        if user and isinstance(user, str):
+            info["user"] = user
         for key, opt in (("name", "name"), ("lang", "lang"), ("ver", "version")):
             value = client.opts.get(opt)
             if value:
