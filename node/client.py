@@ -523,17 +523,24 @@ class Client(asyncio.Protocol):
         self.delivery_checks = True
         self._update_fast()
 
+    def removed_by_reload(self) -> None:
+        """Config reload: this client's user is gone (or moved to another account)."""
+        self.server.log.debug(f"{self.host}:{self.port} - cid:{self.cid} - "
+                              "user removed by a config reload")
+        self.close("Authentication Failure")
+
     def reauthorized(self, identity: Identity | None) -> None:
         """Config reload: this client's CONNECT checked against the new config.
-        None, or a user now in another account, closes it (as nats-server does,
-        without an -ERR); otherwise the new permissions apply at once and each
-        subscription they deny is removed."""
+        None closes it with -ERR 'Authorization Violation', a user now in another
+        account without a word (as nats-server does); otherwise the new
+        permissions apply at once and each subscription they deny is removed."""
         if self.closed:
             return
-        if identity is None or identity.account != self.account.name:
-            self.server.log.debug(f"{self.host}:{self.port} - cid:{self.cid} - "
-                                  "authorization removed by a config reload")
-            self.close("Authentication Failure")
+        if identity is None:
+            self.send_err(AUTH_VIOLATION, close=True)
+            return
+        if identity.account != self.account.name:
+            self.removed_by_reload()
             return
         self.identity = identity
         self.user = identity.user

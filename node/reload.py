@@ -233,8 +233,16 @@ class Reloader:
         if client.closed or not client.connected:
             return
         server = self.server
-        result = server.auth.begin(client.opts, client.nonce, client.peer_cert(),
-                                   client.conn_type, client.host or None)
+        auth = server.auth
+        user = client.identity.user if client.identity is not None else None
+        if user is not None and auth.user_account(user) != client.account.name:
+            # The user is gone or lives in another account now: closed without a
+            # word, as nats-server does; a user still there whose credentials fail
+            # gets -ERR 'Authorization Violation' (reauthorized(None)).
+            client.removed_by_reload()
+            return
+        result = auth.begin(client.opts, client.nonce, client.peer_cert(),
+                            client.conn_type, client.host or None)
         if type(result) is not SlowCheck:
             client.reauthorized(result)
             return
