@@ -147,7 +147,8 @@ class Server:
         with its limits and mappings; a Router for those that need one."""
         conf = options.accounts
         if conf is None:
-            return None
+            # No config file: nats-server still has its system account ($SYS).
+            conf = options.accounts = AccountsConfig()
         for name, acc in conf.accounts.items():
             self.register_account(Account(name, acc.limits, acc.mappings or None))
         if not conf.no_system_account and conf.system_account not in self.accounts:

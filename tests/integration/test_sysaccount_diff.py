@@ -305,3 +305,37 @@ def test_accountz_and_accstatz_match_nats_server(both: dict[str, Any]) -> None:
     assert theirs["/accountz"][1]["accounts"] and \
         sorted(ours["/accountz"][1]["accounts"]) == sorted(theirs["/accountz"][1]["accounts"])
     assert theirs["/accountz?acc=NOPE"] == (400, "Account NOPE does not exist")
+
+
+async def _global_user_view(server: Any) -> dict[str, Any]:
+    """No accounts configured: everyone is in $G; $SYS exists with no users."""
+    snoop = await nats.connect(f"nats://127.0.0.1:{server.port}", allow_reconnect=False)
+    seen: list[str] = []
+
+    async def on_msg(msg: Any) -> None:
+        seen.append(msg.subject)
+
+    await snoop.subscribe("$SYS.>", cb=on_msg)
+    await snoop.flush()
+    other = await nats.connect(f"nats://127.0.0.1:{server.port}", allow_reconnect=False)
+    await other.close()
+    out = {"PING": await _request(snoop, "$SYS.REQ.SERVER.PING", timeout=0.5),
+           "USER.INFO": await _request(snoop, "$SYS.REQ.USER.INFO")}
+    await asyncio.sleep(0.3)
+    out["seen"] = [s for s in seen if not s.startswith("_INBOX")]
+    await snoop.close()
+    return out
+
+
+def test_global_account_users_see_no_system_traffic(module_servers: Any) -> None:
+    got = {}
+    for impl in IMPLS:
+        proc = module_servers.nats_server() if impl == "nats-server" else module_servers.jetraft()
+        got[impl] = asyncio.run(_global_user_view(proc))
+        proc.stop()
+    ours, theirs = got["jetraft"], got["nats-server"]
+    # Our own subscription to $SYS.> takes the requests we publish; nothing else.
+    assert theirs["seen"] == ours["seen"] == ["$SYS.REQ.SERVER.PING", "$SYS.REQ.USER.INFO"]
+    assert theirs["PING"] == ours["PING"] == "timeout"
+    _check_reply("USER.INFO", "USER.INFO", ours["USER.INFO"], theirs["USER.INFO"])
+    assert ours["USER.INFO"]["data"] == theirs["USER.INFO"]["data"]
