@@ -523,6 +523,12 @@ class Client(asyncio.Protocol):
         self.delivery_checks = True
         self._update_fast()
 
+    def over_account_limit(self) -> None:
+        """The account's connection limit was lowered below its connections."""
+        self.server.log.error(f"{self.host}:{self.port} - cid:{self.cid} - "
+                              f"{MAX_ACCOUNT_CONNECTIONS}")
+        self.send_err(MAX_ACCOUNT_CONNECTIONS, close=True)
+
     def removed_by_reload(self) -> None:
         """Config reload: this client's user is gone (or moved to another account)."""
         self.server.log.debug(f"{self.host}:{self.port} - cid:{self.cid} - "

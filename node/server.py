@@ -184,8 +184,23 @@ class Server:
             self.auth.accounts.add(key)
         account.set_limits(acc_conf.limits, acc_conf.mappings or None)
         self.router = self._wire_router(conf)
+        if self.system is not None:
+            self.system.accounts_changed()
         for client in list(self.clients.values()):
             client.account_changed(account)
+        self._enforce_connection_limit(account)
+
+    def _enforce_connection_limit(self, account: Account) -> None:
+        """A lowered `conn` limit closes the connections over it, newest first,
+        as nats-server does."""
+        limit = account.max_connections
+        if limit < 0 or account.connections <= limit:
+            return
+        members = sorted((c for c in self.clients.values()
+                          if c.account is account and c.connected_to_account and not c.closed),
+                         key=lambda c: (c.start, c.cid), reverse=True)
+        for client in members[:account.connections - limit]:
+            client.over_account_limit()
 
     def rebuild_accounts(self, options: Options) -> None:
         """Config reload: accounts take the new config's limits and mappings,

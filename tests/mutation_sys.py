@@ -15,7 +15,8 @@ import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TESTS = {"sys": ["tests/integration/test_sysaccount_diff.py"],
-         "reload": ["tests/integration/test_reload_diff.py"]}
+         "reload": ["tests/integration/test_reload_diff.py"],
+         "claims": ["tests/integration/test_claims_limit_diff.py"]}
 SA, RL, CL, SV = "node/sysaccount.py", "node/reload.py", "node/client.py", "node/server.py"
 MUTANTS = [
     # The system client lives in another account: its events reach that account's users.
@@ -36,8 +37,8 @@ MUTANTS = [
     # Reload: a removed user stays connected (both guards bent).
     (RL, "if user is not None and auth.user_account(user) != client.account.name:",
      "if False:", "reload",
-     [(CL, "        if identity is None:\n            self.send_err(AUTH_VIOLATION, close=True)",
-       "        if identity is None:\n            return")]),
+     [(CL, "close=True)\n            return\n        if identity.account != self.account.name:",
+       "close=False)\n            return\n        if identity.account != self.account.name:")]),
     # Reload: subscriptions the new permissions deny are kept.
     (CL, "            if not perms.can_subscribe(sub.subject, sub.queue):",
      "            if False:", "reload"),
@@ -50,6 +51,11 @@ MUTANTS = [
     # Reload: options nats-server cannot change are changed.
     (RL, "        if before != after:\n            raise ReloadError",
      "        if False:\n            raise ReloadError", "reload"),
+    # Operator mode: a lowered account connection limit leaves the extra connections.
+    (SV, "            client.over_account_limit()", "            pass", "claims"),
+    # ... or closes the oldest instead of the newest.
+    (SV, "key=lambda c: (c.start, c.cid), reverse=True)", "key=lambda c: (c.start, c.cid))",
+     "claims"),
 ]
 
 
