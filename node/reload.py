@@ -118,8 +118,9 @@ def plan_reload(old: Options, new: Options) -> Plan:
         # nats-server re-applies users and accounts on every reload that has them.
         plan.auth = True
         plan.changes.append("Reloaded: authorization users")
-    if any(getattr(old, n) != getattr(new, n) for n in _ACCOUNTS) or \
-            (new.accounts is not None and new.accounts.accounts):
+    if _has_accounts(old) or _has_accounts(new) or _system_account(old) != _system_account(new):
+        # Rebuilt on every reload that has them (their mapping tables have no
+        # equality to compare), as nats-server re-applies them.
         plan.auth = plan.accounts = True
         plan.changes.append("Reloaded: accounts")
     known = set(_NOT_RELOADABLE) | set(_SIMPLE) | set(_AUTH) | set(_ACCOUNTS) | _IGNORED
@@ -127,6 +128,16 @@ def plan_reload(old: Options, new: Options) -> Plan:
         if name not in known and getattr(old, name) != getattr(new, name):
             raise ReloadError(f"config reload not supported for {name}")
     return plan
+
+
+def _has_accounts(o: Options) -> bool:
+    conf = o.accounts
+    return conf is not None and bool(conf.accounts or conf.global_mappings)
+
+
+def _system_account(o: Options) -> tuple[str, bool] | None:
+    conf = o.accounts
+    return None if conf is None else (conf.system_account, conf.no_system_account)
 
 
 def _plain(value: Any) -> str:

@@ -148,8 +148,8 @@ class SystemService:
         self.stopped = True
         if self._statsz_timer is not None:
             self._statsz_timer.cancel()
-        self._publish(f"$SYS.SERVER.{self.server.server_id}.SHUTDOWN",
-                      {"server": self.server_info(), "reason": "Server Shutdown"})
+        # nats-server's shutdown event is the bare server info, without an envelope.
+        self._publish(f"$SYS.SERVER.{self.server.server_id}.SHUTDOWN", self.server_info())
         await asyncio.sleep(0)  # let the internal deliveries of the event run
         for responder in self.responders.values():
             responder.client.close_internal()

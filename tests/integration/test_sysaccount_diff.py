@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import time
 import urllib.error
 import urllib.request
@@ -339,3 +340,37 @@ def test_global_account_users_see_no_system_traffic(module_servers: Any) -> None
     assert theirs["PING"] == ours["PING"] == "timeout"
     _check_reply("USER.INFO", "USER.INFO", ours["USER.INFO"], theirs["USER.INFO"])
     assert ours["USER.INFO"]["data"] == theirs["USER.INFO"]["data"]
+
+
+async def _shutdown_event(proc: Any) -> Any:
+    nc = await _connect(proc, "sys")
+    got: list[tuple[str, Any]] = []
+
+    async def on_msg(msg: Any) -> None:
+        got.append((msg.subject, json.loads(msg.data)))
+
+    await nc.subscribe("$SYS.SERVER.*.SHUTDOWN", cb=on_msg)
+    await nc.flush()
+    proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + 10
+    while not got and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    try:
+        await nc.close()
+    except Exception:  # noqa: BLE001 - the server is gone
+        pass
+    return got
+
+
+def test_shutdown_event_like_nats_server(servers: Any) -> None:
+    got = {}
+    for impl in IMPLS:
+        proc = servers.nats_server(CONFIG) if impl == "nats-server" else servers.jetraft(CONFIG)
+        got[impl] = asyncio.run(_shutdown_event(proc))
+        proc.wait(15)
+    for impl in IMPLS:
+        assert len(got[impl]) == 1, impl
+        subject, body = got[impl][0]
+        assert subject == f"$SYS.SERVER.{body['id']}.SHUTDOWN", impl
+        assert body["name"] == "sysdiff", impl
+    _check_keys("shutdown", got["jetraft"][0][1], got["nats-server"][0][1], MAY_LACK["server"])
