@@ -407,11 +407,30 @@ class SystemService:
                      "client_type": "websocket" if client.conn_type == "WEBSOCKET" else "nats"})
         return info
 
+    def _wanted(self, *subjects: str) -> bool:
+        """Someone in the system account (here, or on a peer once routes exist)
+        listens on one of `subjects`: events nobody wants are not even built,
+        so connection storms do not pay for JSON nobody reads."""
+        account = self.client.account
+        has_interest = getattr(account, "has_interest", None)
+        for subject in subjects:
+            if has_interest is not None:
+                if has_interest(subject):
+                    return True
+                continue
+            result = account.sublist.match(subject)
+            if result.psubs or result.qsubs:
+                return True
+        return False
+
     def client_connected(self, client: Any) -> None:
         """A network client passed CONNECT: its account's CONNECT event."""
         if self.stopped:
             return
         acc = client.account.name
+        if not self._wanted(f"$SYS.ACCOUNT.{acc}.CONNECT", f"$SYS.ACCOUNT.{acc}.SERVER.CONNS",
+                            f"$SYS.SERVER.ACCOUNT.{acc}.CONNS"):
+            return
         self._publish_conns(acc)
         self._publish(f"$SYS.ACCOUNT.{acc}.CONNECT", {
             "type": CONNECT_TYPE, "id": _event_id(), "timestamp": monitor.rfc3339(time.time()),
@@ -423,6 +442,11 @@ class SystemService:
         if self.stopped:
             return
         acc = client.account.name
+        sid = self.server.server_id
+        if not self._wanted(f"$SYS.ACCOUNT.{acc}.DISCONNECT", f"$SYS.ACCOUNT.{acc}.SERVER.CONNS",
+                            f"$SYS.SERVER.ACCOUNT.{acc}.CONNS",
+                            f"$SYS.SERVER.{sid}.CLIENT.AUTH.ERR"):
+            return
         body = {"type": DISCONNECT_TYPE, "id": _event_id(),
                 "timestamp": monitor.rfc3339(time.time()), "server": None,
                 "client": self._client_info(client, True),
