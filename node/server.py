@@ -22,6 +22,7 @@ from typing import Any
 from node import tls
 from node.account import GLOBAL_ACCOUNT, Account
 from node.accountconf import AccountsConfig
+from node.activation import apply_activations
 from node.auth import AUTH_VIOLATION, CONN_STANDARD, CONN_WEBSOCKET, Authenticator, AuthThrottle
 from node.claimsservice import ClaimsService
 from node.client import Client, Kind
@@ -183,6 +184,8 @@ class Server:
             self.register_account(account)
             self.auth.accounts.add(key)
         account.set_limits(acc_conf.limits, acc_conf.mappings or None)
+        now = time.time()
+        apply_activations(conf, lambda k: self.auth.resolver.lookup(k, now), now)
         self.router = self._wire_router(conf)
         if self.system is not None:
             self.system.accounts_changed()

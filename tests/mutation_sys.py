@@ -16,8 +16,11 @@ import tempfile
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TESTS = {"sys": ["tests/integration/test_sysaccount_diff.py"],
          "reload": ["tests/integration/test_reload_diff.py"],
-         "claims": ["tests/integration/test_claims_limit_diff.py"]}
+         "claims": ["tests/integration/test_claims_limit_diff.py"],
+         "act": ["tests/integration/test_activation_diff.py"]}
+AC = "node/activation.py"
 SA, RL, CL, SV = "node/sysaccount.py", "node/reload.py", "node/client.py", "node/server.py"
+RS = "node/resolver.py"
 MUTANTS = [
     # The system client lives in another account: its events reach that account's users.
     (SA, 'self.client = server.internal_client(Kind.SYSTEM, "_system", system_account)',
@@ -56,6 +59,20 @@ MUTANTS = [
     # ... or closes the oldest instead of the newest.
     (SV, "key=lambda c: (c.start, c.cid), reverse=True)", "key=lambda c: (c.start, c.cid))",
      "claims"),
+    # Activation tokens: a token signed by a key the exporter never listed is honoured.
+    (AC, "        if claims.issuer not in exporter.signing_keys or issuer_account != exporter.key:",
+     "        if False:", "act"),
+    # ... an expired token is honoured.
+    (AC, "        claims.check_time(now)\n", "\n", "act"),
+    # ... a token made out to another account is honoured (both guards bent).
+    (AC, "    if claims.kind != \"activation\" or claims.subject != importer:",
+     "    if claims.kind != \"activation\":", "act",
+     [(AC, "        if act.subject != claims.key:", "        if False:")]),
+    # ... an account whose tokens fail nats-server's validation is loaded anyway.
+    (RS, "    if issues:\n        raise JWTError", "    if False:\n        raise JWTError", "act"),
+    # ... an import is opened without any export asking for a token.
+    (AC, "if e.accounts == frozenset() and _covers(e.subject, subject)",
+     "if _covers(e.subject, subject)", "act"),
 ]
 
 
