@@ -141,6 +141,10 @@ def _grant(conf: AccountsConfig, lookup: Callable[[str], AccountClaims | None], 
         return
     if not verify_activation(token, importer, exporter, subject, kind, now):
         return
+    find = exporter_conf.stream_export_for if kind == "stream" \
+        else exporter_conf.service_export_for
+    if find(importer, subject) is not None:
+        return  # already admitted (a public export): a private grant would shut others out
     # Only an export that asks for a token is opened by one (built private to nobody).
     exports: list[Any] = exporter_conf.stream_exports if kind == "stream" \
         else exporter_conf.service_exports

@@ -70,9 +70,11 @@ MUTANTS = [
      [(AC, "        if act.subject != claims.key:", "        if False:")]),
     # ... an account whose tokens fail nats-server's validation is loaded anyway.
     (RS, "    if issues:\n        raise JWTError", "    if False:\n        raise JWTError", "act"),
-    # ... an import is opened without any export asking for a token.
+    # ... a token for a public export makes it private to the token holder (both guards).
     (AC, "if e.accounts == frozenset() and _covers(e.subject, subject)",
-     "if _covers(e.subject, subject)", "act"),
+     "if _covers(e.subject, subject)", "act",
+     [(AC, "    if find(importer, subject) is not None:\n        return",
+       "    if False:\n        return")]),
 ]
 
 

@@ -31,7 +31,7 @@ def _activation(signer: ji.Key, importer: ji.Key, subject: str, kind: str = "str
 
 
 CASES = ["valid", "other", "expired", "stranger", "signer", "fakesigner", "wide", "narrow", "kind",
-         "none"]
+         "none", "public", "publicnotoken"]
 
 
 def _world(tmp: Path) -> tuple[str, ji.Key, dict[str, ji.Key]]:
@@ -40,8 +40,9 @@ def _world(tmp: Path) -> tuple[str, ji.Key, dict[str, ji.Key]]:
     op, sys_ = ji.operator_key(), ji.account_key()
     a, stranger, a_signer, third = (ji.account_key(), ji.account_key(), ji.account_key(),
                                     ji.account_key())
-    exports = [{"name": n, "subject": f"{n}.>", "type": "stream", "token_req": True}
-               for n in CASES]
+    # "public.>" needs no token: one importer brings a token anyway, one does not.
+    exports = [{"name": n, "subject": f"{n}.>", "type": "stream", "token_req": n != "public"}
+               for n in CASES if n != "publicnotoken"]
     exports.append({"name": "svc", "subject": "svc.>", "type": "service", "token_req": True})
     a_jwt = ji.account_jwt(a, op, name="A", exports=exports, signing_keys=[a_signer.public])
     importers = {n: ji.account_key() for n in CASES}
@@ -59,10 +60,12 @@ def _world(tmp: Path) -> tuple[str, ji.Key, dict[str, ji.Key]]:
         "wide": _activation(a, importers["wide"], "wide.>"),  # the import takes wide.x
         "narrow": _activation(a, importers["narrow"], "narrow.x"),  # it wants narrow.>
         "kind": _activation(a, importers["kind"], "kind.>", kind="service"),
+        "public": _activation(a, importers["public"], "public.>"),
     }
     preload = {sys_.public: ji.account_jwt(sys_, op), a.public: a_jwt}
     for n, key in importers.items():
-        imp: dict[str, Any] = {"name": n, "subject": "wide.x" if n == "wide" else f"{n}.>",
+        subject = {"wide": "wide.x", "publicnotoken": "public.>"}.get(n, f"{n}.>")
+        imp: dict[str, Any] = {"name": n, "subject": subject,
                                "account": a.public, "type": "stream"}
         if n in tokens:
             imp["token"] = tokens[n]
@@ -135,5 +138,6 @@ def test_activation_tokens_open_imports_like_nats_server(servers: Any, tmp_path:
     assert theirs["wide"] == ["wide.x"]  # a wider token covers the narrower import
     assert theirs["signer"] == ["signer.x", "signer.y"]
     assert theirs["expired"] == theirs["none"] == theirs["fakesigner"] == []
+    assert theirs["public"] == theirs["publicnotoken"] == ["public.x", "public.y"]
     for refused in ("other", "stranger", "narrow", "kind"):
         assert str(theirs[refused]).startswith("login refused"), refused
