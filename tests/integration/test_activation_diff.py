@@ -40,9 +40,9 @@ def _world(tmp: Path) -> tuple[str, ji.Key, dict[str, ji.Key]]:
     op, sys_ = ji.operator_key(), ji.account_key()
     a, stranger, a_signer, third = (ji.account_key(), ji.account_key(), ji.account_key(),
                                     ji.account_key())
-    # "public.>" needs no token: one importer brings a token anyway, one does not.
-    exports = [{"name": n, "subject": f"{n}.>", "type": "stream", "token_req": n != "public"}
-               for n in CASES if n != "publicnotoken"]
+    # The literal "public" needs no token: one importer brings a token anyway, one does not.
+    exports = [{"name": n, "subject": "public" if n == "public" else f"{n}.>", "type": "stream",
+                "token_req": n != "public"} for n in CASES if n != "publicnotoken"]
     exports.append({"name": "svc", "subject": "svc.>", "type": "service", "token_req": True})
     a_jwt = ji.account_jwt(a, op, name="A", exports=exports, signing_keys=[a_signer.public])
     importers = {n: ji.account_key() for n in CASES}
@@ -60,11 +60,12 @@ def _world(tmp: Path) -> tuple[str, ji.Key, dict[str, ji.Key]]:
         "wide": _activation(a, importers["wide"], "wide.>"),  # the import takes wide.x
         "narrow": _activation(a, importers["narrow"], "narrow.x"),  # it wants narrow.>
         "kind": _activation(a, importers["kind"], "kind.>", kind="service"),
-        "public": _activation(a, importers["public"], "public.>"),
+        "public": _activation(a, importers["public"], "public"),
     }
     preload = {sys_.public: ji.account_jwt(sys_, op), a.public: a_jwt}
     for n, key in importers.items():
-        subject = {"wide": "wide.x", "publicnotoken": "public.>"}.get(n, f"{n}.>")
+        subject = {"wide": "wide.x", "public": "public", "publicnotoken": "public"}.get(
+            n, f"{n}.>")
         imp: dict[str, Any] = {"name": n, "subject": subject,
                                "account": a.public, "type": "stream"}
         if n in tokens:
@@ -110,6 +111,7 @@ async def _routes(server: Any, tmp: Path, a: ji.Key,
     for n in CASES:
         for suffix in ("x", "y"):
             await nc_a.publish(f"{n}.{suffix}", b"m")
+    await nc_a.publish("public", b"m")
     await nc_a.flush()
     for nc in conns.values():
         await nc.flush()
@@ -138,6 +140,6 @@ def test_activation_tokens_open_imports_like_nats_server(servers: Any, tmp_path:
     assert theirs["wide"] == ["wide.x"]  # a wider token covers the narrower import
     assert theirs["signer"] == ["signer.x", "signer.y"]
     assert theirs["expired"] == theirs["none"] == theirs["fakesigner"] == []
-    assert theirs["public"] == theirs["publicnotoken"] == ["public.x", "public.y"]
+    assert theirs["public"] == theirs["publicnotoken"] == ["public"]
     for refused in ("other", "stranger", "narrow", "kind"):
         assert str(theirs[refused]).startswith("login refused"), refused
