@@ -17,10 +17,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TESTS = {"sys": ["tests/integration/test_sysaccount_diff.py"],
          "reload": ["tests/integration/test_reload_diff.py"],
          "claims": ["tests/integration/test_claims_limit_diff.py"],
-         "act": ["tests/integration/test_activation_diff.py"]}
+         "act": ["tests/integration/test_activation_diff.py"],
+         "chain": ["tests/integration/test_chained_imports_diff.py",
+                   "tests/integration/test_accounts_wired.py"]}
 AC = "node/activation.py"
 SA, RL, CL, SV = "node/sysaccount.py", "node/reload.py", "node/client.py", "node/server.py"
-RS = "node/resolver.py"
+RS, CX = "node/resolver.py", "node/crossaccount.py"
 MUTANTS = [
     # The system client lives in another account: its events reach that account's users.
     (SA, 'self.client = server.internal_client(Kind.SYSTEM, "_system", system_account)',
@@ -75,6 +77,10 @@ MUTANTS = [
      "if _covers(e.subject, subject)", "act",
      [(AC, "    if find(importer, subject) is not None:\n        return",
        "    if False:\n        return")]),
+    # Chained service imports: the request stops at the first exporter.
+    (CX, "            account = target\n", "            break\n", "chain"),
+    # ... or may come back into an account it already passed.
+    (CX, "if service is None or service.account in seen:", "if service is None:", "chain"),
 ]
 
 
