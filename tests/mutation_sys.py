@@ -18,7 +18,8 @@ TESTS = {"sys": ["tests/integration/test_sysaccount_diff.py"],
          "reload": ["tests/integration/test_reload_diff.py"],
          "claims": ["tests/integration/test_claims_limit_diff.py"],
          "act": ["tests/integration/test_activation_diff.py"],
-         "chain": ["tests/integration/test_chained_imports_diff.py",
+         "chain": ["tests/unit/test_chained_imports.py",
+                   "tests/integration/test_chained_imports_diff.py",
                    "tests/integration/test_accounts_wired.py"]}
 AC = "node/activation.py"
 SA, RL, CL, SV = "node/sysaccount.py", "node/reload.py", "node/client.py", "node/server.py"
