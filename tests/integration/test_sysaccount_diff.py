@@ -113,6 +113,9 @@ async def _requests(server: Any) -> dict[str, Any]:
     out["ID.BOGUS"] = await _request(sys_nc, f"$SYS.REQ.SERVER.{server_id}.BOGUS", timeout=0.5)
     out["ACC.BOGUS"] = await _request(sys_nc, "$SYS.REQ.ACCOUNT.A.BOGUS", timeout=0.5)
     out["USER.INFO"] = await _request(sys_nc, "$SYS.REQ.USER.INFO")
+    out["ACC.PING.CONNZ"] = await _request(sys_nc, "$SYS.REQ.ACCOUNT.PING.CONNZ")
+    out["ACC.PING.STATZ"] = await _request(sys_nc, "$SYS.REQ.ACCOUNT.PING.STATZ")
+    out["ACC.NOPE.CONNZ"] = await _request(sys_nc, "$SYS.REQ.ACCOUNT.NOPE.CONNZ")
     out["bad json"] = await _request(sys_nc, "$SYS.REQ.SERVER.PING.CONNZ", b"{bad")
     out["subs option"] = await _request(sys_nc, "$SYS.REQ.SERVER.PING.CONNZ",
                                         b'{"subscriptions": true}')
@@ -158,6 +161,10 @@ def test_requests_answer_like_nats_server(both: dict[str, Any]) -> None:
         assert g["USER.INFO"]["data"] == {"user": "sys", "account": "SYS",
                                           "account_name": "SYS"}, impl
         assert g["bad json"]["error"]["code"] == 400, impl
+        assert g["ACC.PING.CONNZ"]["data"]["connections"] is None, impl  # "PING": no account
+        assert g["ACC.NOPE.CONNZ"]["data"]["connections"] is None, impl
+        statz = {s["acc"] for s in g["ACC.PING.STATZ"]["data"]["account_statz"]}
+        assert statz == {"A", "SYS"}, impl
         lists = [c.get("subscriptions_list") for c in g["subs option"]["data"]["connections"]]
         assert ["foo"] in lists, impl
         assert g["other cluster"] == "timeout", impl
