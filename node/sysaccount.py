@@ -447,6 +447,8 @@ class SystemService:
                             f"$SYS.SERVER.ACCOUNT.{acc}.CONNS",
                             f"$SYS.SERVER.{sid}.CLIENT.AUTH.ERR"):
             return
+        # "server" is filled per message (each has its own seq); placed here for
+        # nats-server's key order.
         body = {"type": DISCONNECT_TYPE, "id": _event_id(),
                 "timestamp": monitor.rfc3339(time.time()), "server": None,
                 "client": self._client_info(client, True),
