@@ -103,6 +103,10 @@ def plan_reload(old: Options, new: Options) -> Plan:
     if new.unenforced:
         names = ", ".join(repr(k) for k in new.unenforced)
         raise ReloadError(f"security configuration not enforced by jetraft yet: {names}")
+    if _system_account(old) != _system_account(new):
+        # The system service lives in it: nats-server does not move it at runtime either.
+        raise ReloadError("config reload not supported for SystemAccount: "
+                          f"old={_plain(_system_name(old))}, new={_plain(_system_name(new))}")
     for name, label in _NOT_RELOADABLE.items():
         before, after = getattr(old, name), getattr(new, name)
         if before != after:
@@ -118,7 +122,7 @@ def plan_reload(old: Options, new: Options) -> Plan:
         # nats-server re-applies users and accounts on every reload that has them.
         plan.auth = True
         plan.changes.append("Reloaded: authorization users")
-    if _has_accounts(old) or _has_accounts(new) or _system_account(old) != _system_account(new):
+    if _has_accounts(old) or _has_accounts(new):
         # Rebuilt on every reload that has them (their mapping tables have no
         # equality to compare), as nats-server re-applies them.
         plan.auth = plan.accounts = True
@@ -138,6 +142,11 @@ def _has_accounts(o: Options) -> bool:
 def _system_account(o: Options) -> tuple[str, bool] | None:
     conf = o.accounts
     return None if conf is None else (conf.system_account, conf.no_system_account)
+
+
+def _system_name(o: Options) -> str:
+    conf = o.accounts
+    return "" if conf is None or conf.no_system_account else conf.system_account
 
 
 def _plain(value: Any) -> str:

@@ -60,3 +60,10 @@ def test_unenforced_security_settings_refuse_the_reload() -> None:
 def test_go_duration() -> None:
     assert [go_duration(s) for s in (0.5, 3, 60, 120, 3725)] == \
         ["500ms", "3s", "1m0s", "2m0s", "1h2m5s"]
+
+
+def test_the_system_account_cannot_move() -> None:
+    with pytest.raises(ReloadError) as err:
+        plan_reload(_opts({}), _opts({"system_account": "SYS2",
+                                      "accounts": {"SYS2": {"users": [{"user": "s"}]}}}))
+    assert str(err.value) == "config reload not supported for SystemAccount: old=$SYS, new=SYS2"
