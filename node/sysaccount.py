@@ -246,10 +246,8 @@ class SystemService:
         if kind == "ACCOUNTZ":
             acc = opts.get("account")
             return monitor.accountz(s, {"acc": acc} if isinstance(acc, str) and acc else {})
-        if kind == "ROUTEZ":
-            return monitor.routez(s)
-        if kind == "JSZ":
-            return monitor.jsz(s)
+        if kind in ("ROUTEZ", "JSZ"):
+            return self.endpoint(kind)(s)
         if kind == "GATEWAYZ":
             return {"server_id": s.server_id, "now": monitor.rfc3339(time.time()),
                     "outbound_gateways": {}, "inbound_gateways": {}}
@@ -257,6 +255,16 @@ class SystemService:
             return {"server_id": s.server_id, "now": monitor.rfc3339(time.time()),
                     "leafnodes": 0, "leafs": []}
         raise AssertionError(kind)
+
+    @staticmethod
+    def endpoint(kind: str) -> Any:
+        """/routez's or /jsz's data: the full ones the routes and JetStream
+        branches add to node/monitor.py (`_routez`, `_jsz`) when present, else
+        nats-server's shape with nothing in it."""
+        full = getattr(monitor, "_routez" if kind == "ROUTEZ" else "_jsz", None)
+        if full is not None:
+            return lambda server: full(server, {})
+        return monitor.routez if kind == "ROUTEZ" else monitor.jsz
 
     def _on_account_kind(self, sub: Any, subject: str, reply: str | None,
                          headers: bytes | None, payload: bytes) -> None:
@@ -303,7 +311,7 @@ class SystemService:
             if s.jetstream is None:
                 self.error_reply(reply, 500, "jetstream not enabled", client, null_data=True)
             else:
-                self.data_reply(reply, monitor.jsz(s), client)
+                self.data_reply(reply, self.endpoint("JSZ")(s), client)
         elif kind == "LEAFZ" and known:
             self.data_reply(reply, {"server_id": s.server_id, "now": monitor.rfc3339(time.time()),
                                     "leafnodes": 0, "leafs": []}, client)
