@@ -459,6 +459,12 @@ class Authenticator:
         # set, although it still expects CONNECT (or applies that user) before any PUB/SUB.
         self.required = self.configured and self._no_auth is None
 
+    def user_account(self, name: str) -> str | None:
+        """The account of the configured user or nkey `name`, None if there is none
+        (a config reload closes the clients of users that are gone)."""
+        user = self._by_name.get(name) or self._by_nkey.get(name)
+        return user.account if user is not None else None
+
     def new_nonce(self) -> str | None:
         """A fresh nonce for INFO when nkey users exist (clients sign it)."""
         if not self._by_nkey:

@@ -239,6 +239,7 @@ def options_from_flags(values: dict[str, Any], env: dict[str, str] | None = None
             opts.extra[long_name] = value
     _apply_tls(opts, values)
     _apply_cluster(opts, values)
+    opts.flags = dict(values)
     return opts
 
 

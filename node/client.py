@@ -99,6 +99,7 @@ class ClientHost(Protocol):
     tls_ctx: Any
     tls_first: bool
     slow_consumers: int
+    system: Any  # node.sysaccount.SystemService, or None: $SYS events
     stale_connections: int
 
     def next_cid(self) -> int: ...
@@ -163,6 +164,7 @@ class Client(asyncio.Protocol):
         self.closed = False
         self.close_reason = ""
         self.connected = False  # CONNECT received
+        self.announced = False  # the system account saw its CONNECT event
         self.opts: dict[str, Any] = dict(_DEFAULT_OPTS)
         self.verbose = True
         self.pedantic = True
@@ -511,6 +513,62 @@ class Client(asyncio.Protocol):
             return
         self._apply_user_limits(identity)
 
+    def peer_cert(self) -> dict | None:
+        return tls.peer_cert(self.transport) if self.server.tls_ctx is not None else None
+
+    def set_tracing(self, on: bool) -> None:
+        """Config reload: -V / trace on or off for this connection."""
+        self.tracing = on
+        self.delivery_checks = self.perms is not None or on
+        self._update_fast()
+
+    def hold(self, perms: Any) -> None:
+        """Config reload: nothing in or out until `reauthorized` decides."""
+        self.perms = perms
+        self.delivery_checks = True
+        self._update_fast()
+
+    def over_account_limit(self) -> None:
+        """The account's connection limit was lowered below its connections."""
+        self.server.log.error(f"{self.host}:{self.port} - cid:{self.cid} - "
+                              f"{MAX_ACCOUNT_CONNECTIONS}")
+        self.send_err(MAX_ACCOUNT_CONNECTIONS, close=True)
+
+    def removed_by_reload(self) -> None:
+        """Config reload: this client's user is gone (or moved to another account)."""
+        self.server.log.debug(f"{self.host}:{self.port} - cid:{self.cid} - "
+                              "user removed by a config reload")
+        self.close("Authentication Failure")
+
+    def reauthorized(self, identity: Identity | None) -> None:
+        """Config reload: this client's CONNECT checked against the new config.
+        None closes it with -ERR 'Authorization Violation', a user now in another
+        account without a word (as nats-server does); otherwise the new
+        permissions apply at once and each subscription they deny is removed."""
+        if self.closed:
+            return
+        if identity is None:
+            self.send_err(AUTH_VIOLATION, close=True)
+            return
+        if identity.account != self.account.name:
+            self.removed_by_reload()
+            return
+        self.identity = identity
+        self.user = identity.user
+        self.perms = identity.permissions
+        self.delivery_checks = self.perms is not None or self.tracing
+        self._apply_user_limits(identity)
+        self._update_fast()
+        perms = self.perms
+        if perms is None:
+            return
+        for sub in list(self.subs.values()):
+            if not perms.can_subscribe(sub.subject, sub.queue):
+                self.remove_sub(sub)
+                self.server.log.info(f'Removed sub "{sub.subject}" (sid "{sub.sid}") for '
+                                     f'User "{self.user or ""}" - not authorized')
+                self.send_err(f'{sub_violation(sub.subject, sub.queue)} (sid "{sub.sid}")')
+
     def _apply_user_limits(self, identity: Identity) -> None:
         """A JWT user's own limits, on top of its account's; its expiry closes it."""
         self.max_subs = _tighter(self.account.max_subscriptions, identity.max_subscriptions)
@@ -564,6 +622,7 @@ class Client(asyncio.Protocol):
         if identity is None:
             self.server.log.error(f"{self.host}:{self.port} - cid:{self.cid} - "
                                   f'"{options.get("user") or ""}" - authentication error')
+            self.opts = {**self.opts, **options}  # what the AUTH.ERR event reports
             self.send_err(AUTH_VIOLATION, close=True)
             return
         if self._set_identity(identity):
@@ -571,6 +630,7 @@ class Client(asyncio.Protocol):
 
     def _apply_connect(self, options: dict[str, Any]) -> None:
         """Options a CONNECT leaves out keep their value (defaults at first)."""
+        first = not self.connected
         self.connected = True
         self.opts = {**self.opts, **options}
         o = self.opts
@@ -582,6 +642,10 @@ class Client(asyncio.Protocol):
         self._update_fast()
         if self.verbose:
             self.write(_OK)
+        system = self.server.system
+        if first and system is not None and self.kind is Kind.CLIENT:
+            self.announced = True
+            system.client_connected(self)
 
     def _check_off_loop(self, check: SlowCheck, options: dict[str, Any]) -> None:
         """Run a bcrypt check in the server's auth workers, or wait for the same

@@ -13,8 +13,10 @@ publish here (`Account.publish`). The order follows nats-server:
 4. the account's own subscribers receive it;
 5. each stream import of the subject delivers it in the importing account.
 
-Deliveries into another account go to that account's subscribers only: a
-message crosses at most one import, so no configuration can make it loop.
+Deliveries into another account go to that account's subscribers only; a
+request follows chained service imports (A imports from B, which imports it
+from C) at most MAX_SERVICE_HOPS deep and never back into an account it
+passed, so no configuration can make it loop.
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ DEFAULT_RESPONSE_TTL = 120.0
 # Bound on routes waiting for a reply: the oldest go first (a requester that
 # never gets its singleton reply must not grow the table forever).
 MAX_PENDING_RESPONSES = 100_000
+# Service imports followed for one request (A -> B -> C ...).
+MAX_SERVICE_HOPS = 8
 
 
 @dataclass
@@ -85,16 +89,19 @@ class Router:
         count = 0
         if subject.startswith(RESPONSE_PREFIX):
             route = self._response_route(subject)
+            # A chained import's reply passes back through each exporter's own
+            # response route until it reaches the requester's reply subject.
+            for _ in range(MAX_SERVICE_HOPS):
+                if route is None or not route.reply.startswith(RESPONSE_PREFIX):
+                    break
+                back = self._response_route(route.reply)
+                if back is None:
+                    break
+                route = back
             if route is not None:
                 count += route.account.deliver_local(publisher, route.reply, None, headers,
                                                      payload)
-        service = self.index.service_route(account.name, subject)
-        if service is not None:
-            target = self.accounts.get(service.account)
-            if target is not None:
-                rreply = self._open_response(account, reply, service.export) if reply else None
-                count += target.deliver_local(publisher, service.subject, rreply, headers,
-                                              payload)
+        count += self._serve(account, publisher, subject, reply, headers, payload)
         count += account.deliver_local(publisher, subject, reply, headers, payload)
         for delivery in self.index.stream_deliveries(account.name, subject):
             importer = self.accounts.get(delivery.account)
@@ -103,6 +110,28 @@ class Router:
                                                 payload)
         if count == 0 and reply and publisher is not None and publisher.no_responders:
             publisher.send_no_responders(subject, reply)
+        return count
+
+    def _serve(self, account: Account, publisher: Any, subject: str, reply: str | None,
+               headers: bytes | None, payload: bytes) -> int:
+        """Follow service imports: A's request goes to B; if B imports that subject
+        in turn (a chained import), on to C, each hop with its own `_R_.` reply,
+        at most MAX_SERVICE_HOPS deep (config cycles are refused at load anyway).
+        Each exporter's own subscribers receive the request on its way."""
+        count = 0
+        seen = {account.name}
+        for _ in range(MAX_SERVICE_HOPS):
+            service = self.index.service_route(account.name, subject)
+            if service is None or service.account in seen:
+                break
+            target = self.accounts.get(service.account)
+            if target is None:
+                break
+            reply = self._open_response(account, reply, service.export) if reply else None
+            subject = service.subject
+            seen.add(target.name)
+            count += target.deliver_local(publisher, subject, reply, headers, payload)
+            account = target
         return count
 
     # ------------------------------------------------------------------ responses

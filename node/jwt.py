@@ -173,8 +173,9 @@ def _get(d: dict[str, Any], key: str, kind: type | tuple[type, ...], default: An
     return v
 
 
-def decode(token: str, max_bytes: int = MAX_JWT_BYTES) -> Claims:
-    """Split, parse and verify the signature of any NATS JWT."""
+def decode(token: str, max_bytes: int = MAX_JWT_BYTES, activation: bool = False) -> Claims:
+    """Split, parse and verify the signature of any NATS JWT (an activation
+    token only when asked for: node/activation.py)."""
     if not isinstance(token, str):
         raise JWTError("JWT is not text")
     token = token.strip()
@@ -187,7 +188,7 @@ def decode(token: str, max_bytes: int = MAX_JWT_BYTES) -> Claims:
     if header.get("alg") != ALGORITHM or str(header.get("typ", "")).upper() != "JWT":
         raise JWTError(f"unsupported JWT header {header!r:.200}")
     payload = _json_object(_b64decode(parts[1]), "JWT claims")
-    claims = _claims(token, payload)
+    claims = _claims(token, payload, activation)
     signature = _b64decode(parts[2])
     prefix = _ROLE_PREFIX.get(claims.issuer[:1])
     if prefix is None or len(signature) != 64:
@@ -198,10 +199,10 @@ def decode(token: str, max_bytes: int = MAX_JWT_BYTES) -> Claims:
     return claims
 
 
-def _claims(token: str, payload: dict[str, Any]) -> Claims:
+def _claims(token: str, payload: dict[str, Any], activation: bool = False) -> Claims:
     nats = _get(payload, "nats", dict, {})
     kind = _get(nats, "type", str, "")
-    if kind not in ("operator", "account", "user"):
+    if kind not in ("operator", "account", "user") and not (activation and kind == "activation"):
         raise JWTError(f"unknown JWT type {kind!r:.40}")
     version = _get(nats, "version", int, 0)
     if version != 2:

@@ -62,6 +62,15 @@ class Logger:
         if self.trace_enabled:
             self._write("TRC", msg)
 
+    def set_file(self, log_file: str | None) -> None:
+        """Config reload: log to another file (None: stderr) from now on."""
+        stream: TextIO = open(log_file, "a", encoding="utf-8") if log_file else sys.stderr  # noqa: SIM115
+        with self._lock:
+            old, owned = self._stream, self._owned
+            self._stream, self._owned = stream, bool(log_file)
+        if owned:
+            old.close()
+
     def close(self) -> None:
         if self._owned:
             self._stream.close()

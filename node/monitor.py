@@ -1,4 +1,4 @@
-"""HTTP monitoring: /varz /connz /subsz /healthz /metrics.
+"""HTTP monitoring: /varz /connz /subsz /accountz /accstatz /healthz /metrics.
 
 A deliberately tiny HTTP/1.1 server on asyncio streams (GET only, one
 request per connection turn, keep-alive honoured) so monitoring adds no
@@ -39,6 +39,7 @@ class Server(Protocol):
     auth: Any
     accounts: dict[str, Any]
     cluster: Any  # node.cluster.Cluster or None
+    jetstream: Any
 
     def http_host(self) -> str: ...
     def totals(self) -> dict[str, int]: ...
@@ -75,7 +76,7 @@ def _rtt(seconds: float) -> str:
     return f"{seconds * 1e6:.0f}µs"
 
 
-def _mem_rss() -> int:
+def mem_rss() -> int:
     try:
         with open("/proc/self/statm") as f:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
@@ -91,16 +92,18 @@ def varz(server: Server) -> dict[str, Any]:
         "version": VERSION, "proto": 1, "go": GO_VERSION, "host": o.host,
         "port": server.port, "max_connections": o.max_connections,
         "ping_interval": int(o.ping_interval * 1e9), "ping_max": o.ping_max,
-        "http_host": server.http_host(), "http_port": server.http_port, "https_port": 0,
+        "http_host": server.http_host(), "http_port": server.http_port, "http_base_path": "",
+        "https_port": 0,
         "auth_timeout": o.auth_timeout, "max_control_line": o.max_control_line,
         "max_payload": o.max_payload, "max_pending": o.max_pending,
         "tls_timeout": o.tls.timeout if o.tls else 2, "write_deadline": int(o.write_deadline * 1e9),
         "start": rfc3339(server.start_time), "now": rfc3339(now),
-        "uptime": go_duration(now - server.start_time), "mem": _mem_rss(),
-        "cores": os.cpu_count() or 1, "cpu": _cpu_percent(),
+        "uptime": go_duration(now - server.start_time), "mem": mem_rss(),
+        "cores": os.cpu_count() or 1, "gomaxprocs": os.cpu_count() or 1, "cpu": cpu_percent(),
         "connections": len(server.clients), "total_connections": server.total_connections,
         "routes": 0, "remotes": 0, "leafnodes": 0,
         "slow_consumers": server.slow_consumers, "stale_connections": server.stale_connections,
+        "stalled_clients": 0,
         "subscriptions": server.subscription_count(), "http_req_stats": dict(server.http_req_stats),
         "config_load_time": rfc3339(server.start_time),
     }
@@ -119,6 +122,9 @@ def varz(server: Server) -> dict[str, Any]:
             v["connect_urls"] = urls
     if server.auth is not None and server.auth.required:
         v["auth_required"] = True
+    system = system_account_name(server)
+    if system:
+        v["system_account"] = system
     if o.jetstream.enabled:
         v["jetstream"] = {"config": {"store_dir": o.jetstream.store_dir}}
     return v
@@ -127,7 +133,7 @@ def varz(server: Server) -> dict[str, Any]:
 _cpu_last = [time.monotonic(), time.process_time()]
 
 
-def _cpu_percent() -> float:
+def cpu_percent() -> float:
     """Process CPU use since the previous /varz call."""
     wall, cpu = time.monotonic(), time.process_time()
     dw, dc = wall - _cpu_last[0], cpu - _cpu_last[1]
@@ -222,6 +228,148 @@ def _sub_detail(account: str, s: Any) -> dict[str, Any]:
     return d
 
 
+# What nats-server imports from the system account into every other account:
+# (subject the account publishes on, kind served there, import subject, share).
+SYSTEM_ACCOUNT_IMPORTS = (
+    ("$SYS.REQ.SERVER.PING.CONNZ", "CONNZ", "$SYS.REQ.ACCOUNT.{}.CONNZ", False),
+    ("$SYS.REQ.ACCOUNT.PING.CONNZ", "CONNZ", "$SYS.REQ.ACCOUNT.{}.CONNZ", False),
+    ("$SYS.REQ.ACCOUNT.PING.STATZ", "STATZ", "$SYS.REQ.ACCOUNT.{}.STATZ", False),
+    ("$SYS.REQ.USER.INFO", "USERINFO", "$SYS.REQ.USER.{}.INFO", True),
+)
+# What nats-server's system account exports.
+SYSTEM_EXPORTS = (
+    {"subject": "$SYS.DEBUG.SUBSCRIBERS", "type": "service", "response_type": "Singleton"},
+    {"subject": "$SYS.REQ.USER.*.INFO", "type": "service", "response_type": "Singleton"},
+    {"subject": "$SYS.REQ.ACCOUNT.*.CONNZ", "type": "service", "response_type": "Streamed"},
+    {"subject": "$SYS.REQ.ACCOUNT.*.STATZ", "type": "service", "response_type": "Streamed"},
+)
+_RESPONSE_TYPES = {"singleton": "Singleton", "stream": "Streamed", "chunked": "Chunked"}
+
+
+def system_account_name(server: Server) -> str:
+    conf = server.options.accounts
+    if conf is None or conf.no_system_account:
+        return ""
+    return str(conf.system_account)
+
+
+def accountz(server: Server, query: dict[str, str]) -> dict[str, Any]:
+    """/accountz: the account names, or one account's detail with ?acc=."""
+    out: dict[str, Any] = {"server_id": server.server_id, "now": rfc3339(time.time())}
+    system = system_account_name(server)
+    if system:
+        out["system_account"] = system
+    acc = query.get("acc")
+    if acc:
+        out["account_detail"] = account_detail(server, acc)
+    else:
+        out["accounts"] = list(server.accounts)
+    return out
+
+
+def account_detail(server: Server, name: str) -> dict[str, Any]:
+    """One account as /accountz?acc= and $SYS.REQ.ACCOUNT.<acc>.INFO show it."""
+    account = server.accounts[name]
+    system = system_account_name(server)
+    conf = server.options.accounts
+    acc_conf = conf.accounts.get(name) if conf is not None else None
+    d: dict[str, Any] = {"account_name": name,
+                         "update_time": rfc3339(getattr(account, "updated", server.start_time))}
+    if name == system:
+        d["is_system"] = True
+    js = server.jetstream is not None and (acc_conf is None or acc_conf.jetstream.enabled)
+    d.update({"expired": False, "complete": True, "jetstream_enabled": bool(js),
+              "leafnode_connections": 0, "client_connections": account.connections,
+              "subscriptions": account.subscription_count()})
+    exports: list[dict[str, Any]] = list(SYSTEM_EXPORTS) if name == system else []
+    imports: list[dict[str, Any]] = []
+    if acc_conf is not None:
+        for e in acc_conf.stream_exports:
+            exports.append({"subject": e.subject, "type": "stream",
+                            **({"account_ids": list(e.accounts)} if e.accounts else {})})
+        for e in acc_conf.service_exports:
+            exports.append({"subject": e.subject, "type": "service",
+                            **({"account_ids": list(e.accounts)} if e.accounts else {}),
+                            "response_type": _RESPONSE_TYPES.get(
+                                str(e.response_type).lower(), "Singleton")})
+        for i in acc_conf.stream_imports:
+            imports.append({"subject": i.subject, "account": i.account,
+                            "local_subject": i.local_subject, "type": "stream",
+                            "invalid": False, "share": False, "tracking": False})
+        for i in acc_conf.service_imports:
+            imports.append({"subject": i.subject, "account": i.account, "to": i.local_subject,
+                            "local_subject": i.local_subject, "type": "service",
+                            "invalid": False, "share": i.share, "tracking": False})
+    if system and getattr(server, "system", None) is not None:
+        names = [(system, "$SYS.REQ.USER.INFO", "$SYS.REQ.USER.{}.INFO", True)] \
+            if name == system else [(system, local, tmpl, share)
+                                    for local, _k, tmpl, share in SYSTEM_ACCOUNT_IMPORTS]
+        imports += [{"subject": tmpl.format(name), "account": sys_acc, "to": local,
+                     "local_subject": local, "type": "service", "invalid": False,
+                     "share": share, "tracking": False} for sys_acc, local, tmpl, share in names]
+    if exports:
+        d["exports"] = exports
+    if imports:
+        d["imports"] = imports
+    d["name_tag"] = name
+    d["sublist_stats"] = dict(account.sublist.stats())
+    return d
+
+
+def _traffic(msgs: int, data: int) -> dict[str, Any]:
+    zero = {"msgs": 0, "bytes": 0}
+    return {"msgs": msgs, "bytes": data, "gateways": dict(zero), "routes": dict(zero),
+            "leafs": dict(zero)}
+
+
+def account_statz(server: Server, account: Any) -> dict[str, Any]:
+    """One account's connection and traffic counts (nats-server's AccountStat);
+    traffic is summed over its connected clients."""
+    clients = [c for c in server.clients.values() if c.account is account]
+    return {"acc": account.name, "name": account.name, "conns": account.connections,
+            "leafnodes": 0, "total_conns": account.connections,
+            "num_subscriptions": account.subscription_count(),
+            "sent": _traffic(sum(c.out_msgs for c in clients), sum(c.out_bytes for c in clients)),
+            "received": _traffic(sum(c.in_msgs for c in clients),
+                                 sum(c.in_bytes for c in clients)),
+            "slow_consumers": 0}
+
+
+def accstatz(server: Server, query: dict[str, str]) -> dict[str, Any]:
+    """/accstatz: accounts with connections (all with ?unused=1), or those named
+    in ?accounts=a,b."""
+    unused = query.get("unused") not in (None, "", "0", "false")
+    wanted = [a for a in (query.get("accounts") or "").split(",") if a]
+    if wanted:
+        accounts = [server.accounts[a] for a in wanted if a in server.accounts]
+    else:
+        accounts = list(server.accounts.values())
+    stats = [account_statz(server, a) for a in accounts if unused or a.connections > 0]
+    return {"server_id": server.server_id, "now": rfc3339(time.time()), "account_statz": stats}
+
+
+def routez(server: Server) -> dict[str, Any]:
+    """nats-server's /routez shape; the cluster's routes fill `routes` once they exist."""
+    cluster = getattr(server, "cluster", None)
+    routes: list[dict[str, Any]] = []
+    if cluster is not None and hasattr(cluster, "routez"):
+        routes = cluster.routez()
+    return {"server_id": server.server_id, "server_name": server.server_name,
+            "now": rfc3339(time.time()), "num_routes": len(routes), "routes": routes}
+
+
+def jsz(server: Server) -> dict[str, Any]:
+    """The /jsz summary: its shape only (counts are not kept per server yet)."""
+    o = server.options
+    enabled = server.jetstream is not None
+    return {"memory": 0, "storage": 0, "reserved_memory": 0, "reserved_storage": 0,
+            "accounts": 0, "ha_assets": 0, "api": {"level": 0, "total": 0, "errors": 0},
+            "server_id": server.server_id, "now": rfc3339(time.time()), "disabled": not enabled,
+            "config": {"max_memory": 0, "max_storage": 0,
+                       **({"store_dir": o.jetstream.store_dir} if enabled else {})},
+            "streams": 0, "consumers": 0, "messages": 0, "bytes": 0, "total": 0}
+
+
 def _int(s: str | None, default: int) -> int:
     try:
         return int(s) if s is not None else default
@@ -285,6 +433,8 @@ def handle(server: Server, path: str, query: dict[str, str]) -> tuple[int, str, 
     """(status, content type, body) for one GET."""
     if path in ("", "/"):
         body = "\n".join(["/varz", "/connz", "/routez", "/subsz", "/healthz", "/metrics"]) + "\n"
+        body = "\n".join(["/varz", "/connz", "/subsz", "/accountz", "/accstatz", "/healthz",
+                          "/metrics"]) + "\n"
         return 200, "text/plain; charset=utf-8", body
     routes = {
         "/varz": lambda: varz(server),
@@ -294,12 +444,19 @@ def handle(server: Server, path: str, query: dict[str, str]) -> tuple[int, str, 
         "/healthz": lambda: {"status": "ok"},
         "/routez": lambda: _routez(server, query),
         "/jsz": lambda: _jsz(server, query),
+        "/accountz": lambda: accountz(server, query),
+        # nats-server's HTTP handler reads only `unused` (the account filter is
+        # for $SYS.REQ.ACCOUNT.<acc>.STATZ).
+        "/accstatz": lambda: accstatz(server, {"unused": query.get("unused", "")}),
     }
     if path == "/metrics":
         return 200, "text/plain; version=0.0.4; charset=utf-8", metrics(server)
     fn = routes.get(path)
     if fn is None:
         return 404, "text/plain; charset=utf-8", "404 page not found\n"
+    if path == "/accountz" and query.get("acc") and query["acc"] not in server.accounts:
+        server.http_req_stats[path] = server.http_req_stats.get(path, 0) + 1
+        return 400, "text/plain; charset=utf-8", f"Account {query['acc']} does not exist"
     server.http_req_stats[path] = server.http_req_stats.get(path, 0) + 1
     if path == "/healthz":
         ok, why = _js_health(server)

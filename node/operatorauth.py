@@ -18,6 +18,7 @@ import time
 from typing import Any
 
 from node.accountconf import AccountsConfig
+from node.activation import apply_activations
 from node.auth import (
     CONN_STANDARD,
     CompiledPermissions,
@@ -72,6 +73,7 @@ def operator_accounts(cfg: OperatorConfig, resolver: MemoryResolver,
         claims = resolver.lookup(key, now)
         if claims is not None:
             conf.accounts[key] = account_config_from_claims(claims)
+    apply_activations(conf, lambda k: resolver.lookup(k, now), now)
     return conf
 
 

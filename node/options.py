@@ -149,3 +149,5 @@ class Options:
     # refuses to start ([FTL]) rather than run without them.
     unenforced: list[str] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
+    # The command-line flags (node/cli.py), applied again over the file on a reload.
+    flags: dict[str, Any] = field(default_factory=dict)

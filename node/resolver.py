@@ -214,6 +214,11 @@ def verify_account_jwt(cfg: OperatorConfig, token: str, now: float,
     if cfg.trusts(claims.claims.issuer) is None:
         raise JWTError("account JWT not signed by a trusted operator")
     claims.claims.check_time(now)
+    from node.activation import import_token_issues  # activation imports accountconf
+
+    issues = import_token_issues(claims)
+    if issues:
+        raise JWTError("account JWT has validation issues: " + "; ".join(issues))
     return claims
 
 

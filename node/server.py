@@ -22,7 +22,8 @@ from typing import Any
 from node import tls
 from node.account import GLOBAL_ACCOUNT, Account
 from node.accountconf import AccountsConfig
-from node.auth import CONN_STANDARD, CONN_WEBSOCKET, Authenticator, AuthThrottle
+from node.activation import apply_activations
+from node.auth import AUTH_VIOLATION, CONN_STANDARD, CONN_WEBSOCKET, Authenticator, AuthThrottle
 from node.claimsservice import ClaimsService
 from node.client import Client, Kind
 from node.config import ConfigError
@@ -37,8 +38,10 @@ from node.operatorauth import (
     operator_accounts,
 )
 from node.options import Options
+from node.reload import Reloader
 from node.resolver import account_config_from_claims
 from node.sublist import SubList
+from node.sysaccount import SystemService
 from node.version import GO_VERSION, VERSION
 from node.websocket import start_websocket
 
@@ -126,6 +129,7 @@ class Server:
         self._ports_file: str | None = None
         self.services: list[Any] = []  # objects with async stop(), closed at shutdown
         self.jetstream: Any = None  # node.jetstream.service.JetStreamService with -js
+        self.system: SystemService | None = None  # $SYS requests and events
 
     # ------------------------------------------------------------------ registry
 
@@ -145,7 +149,8 @@ class Server:
         with its limits and mappings; a Router for those that need one."""
         conf = options.accounts
         if conf is None:
-            return None
+            # No config file: nats-server still has its system account ($SYS).
+            conf = options.accounts = AccountsConfig()
         for name, acc in conf.accounts.items():
             self.register_account(Account(name, acc.limits, acc.mappings or None))
         if not conf.no_system_account and conf.system_account not in self.accounts:
@@ -180,11 +185,55 @@ class Server:
             self.register_account(account)
             self.auth.accounts.add(key)
         account.set_limits(acc_conf.limits, acc_conf.mappings or None)
+        now = time.time()
+        apply_activations(conf, lambda k: self.auth.resolver.lookup(k, now), now)
         self.router = self._wire_router(conf)
         if self.cluster is not None:
             self.cluster.announce_response_interest()
+        if self.system is not None:
+            self.system.accounts_changed()
         for client in list(self.clients.values()):
             client.account_changed(account)
+        self._enforce_connection_limit(account)
+
+    def _enforce_connection_limit(self, account: Account) -> None:
+        """A lowered `conn` limit closes the connections over it, newest first,
+        as nats-server does."""
+        limit = account.max_connections
+        if limit < 0 or account.connections <= limit:
+            return
+        members = sorted((c for c in self.clients.values()
+                          if c.account is account and c.connected_to_account and not c.closed),
+                         key=lambda c: (c.start, c.cid), reverse=True)
+        for client in members[:account.connections - limit]:
+            client.over_account_limit()
+
+    def rebuild_accounts(self, options: Options) -> None:
+        """Config reload: accounts take the new config's limits and mappings,
+        new ones appear, removed ones go (their clients were closed by the
+        re-check or are about to be), and the router is rebuilt."""
+        conf = options.accounts
+        if conf is None:
+            return
+        keep = {GLOBAL_ACCOUNT, *conf.accounts}
+        if not conf.no_system_account:
+            keep.add(conf.system_account)
+        for name in [n for n in self.accounts if n not in keep]:
+            del self.accounts[name]
+        for name, acc in conf.accounts.items():
+            account = self.accounts.get(name)
+            if account is None:
+                self.register_account(Account(name, acc.limits, acc.mappings or None))
+            else:
+                account.set_limits(acc.limits, acc.mappings or None)
+        if not conf.no_system_account and conf.system_account not in self.accounts:
+            self.register_account(Account(conf.system_account))
+        self.global_account.mappings = conf.global_mappings or None
+        self.router = self._wire_router(conf)
+
+    def reload_config(self) -> str | None:
+        """Re-read the config (node/reload.py); None when applied, else why not."""
+        return Reloader(self).reload()
 
     def register_account(self, account: Account) -> None:
         """Add a configured account (its name must be new)."""
@@ -212,6 +261,10 @@ class Server:
     def unregister(self, client: Client, reason: str) -> None:
         if self.clients.pop(client.cid, None) is None:
             return
+        if self.system is not None:
+            auth_failed = not client.connected and reason == AUTH_VIOLATION
+            if client.announced or auth_failed:
+                self.system.client_closed(client, reason, auth_failed)
         st = self.closed_stats
         st[0] += client.in_msgs
         st[1] += client.in_bytes
@@ -319,6 +372,7 @@ class Server:
         if o.websocket is not None and o.websocket.port:
             await self._start_websocket()
         self._start_claims_service()
+        self._start_system_service()
         # Clients last: once the client port answers, every other listener is up too.
         await self._start_clients()
         if self.cluster is not None:
@@ -373,6 +427,15 @@ class Server:
         if cfg is None or cfg.resolver is None or cfg.resolver.kind != "full" or conf is None:
             return
         ClaimsService(self, conf.system_account).start()
+
+    def _start_system_service(self) -> None:
+        """$SYS requests and events, in the system account (none without one)."""
+        conf = self.options.accounts
+        if conf is None or conf.no_system_account or conf.system_account not in self.accounts:
+            return
+        self.system = SystemService(self, conf.system_account)
+        self.system.start()
+        self.services.insert(0, self.system)  # its SHUTDOWN event goes out first
 
     def _refuse_unenforced(self) -> None:
         """Security settings fail closed: one we cannot enforce stops the node."""
@@ -463,6 +526,11 @@ class Server:
         for sig, name in names.items():
             loop.add_signal_handler(sig, self._on_stop_signal, name)
         loop.add_signal_handler(signal.SIGUSR2, self._on_ldm_signal)
+        loop.add_signal_handler(signal.SIGHUP, self._on_reload_signal)
+
+    def _on_reload_signal(self) -> None:
+        self.log.info('Trapped "hangup" signal')
+        self.reload_config()
 
     def _on_stop_signal(self, name: str) -> None:
         self.log.info(f'Trapped "{name}" signal')
