@@ -47,6 +47,7 @@ from node.jetstream.consumer import (
 from node.jetstream.errors import ApiError
 from node.jetstream.machines import META_STORE, MetaMachine, StreamMachine
 from node.jetstream.pull import PullQueue, Status
+from node.jetstream.push import FC_REQUEST, PushFlow, fc_subject, parse_fc_subject
 from node.jetstream.store.lmdbstore import LmdbStore, NodeEnv, stored_names
 from node.jetstream.stream import Effect, Reply, Republish, Stored, rfc3339
 from raft.multigroup import MultiRaft, ProposalDropped
@@ -124,6 +125,9 @@ class _Pull:
         self.again = False
         self.deleting = False
         self.dropping = False
+        # flow control and idle heartbeats of a push consumer (push.py)
+        self.flow = PushFlow(cfg, time.time_ns()) if self.push else None
+        self.delivered_ns = self.acked_ns = 0  # CONSUMER.INFO's last_active times
 
     def wants(self) -> bool:
         return bool(self.push or self.queue.waiting)
@@ -173,6 +177,7 @@ class JetStreamService:
         self.client = self.server.internal_client(_jetstream_kind(), "jetstream")
         self.client.subscribe_internal(api.API_PREFIX + ">", self._on_api)
         self.client.subscribe_internal(api.ACK_PREFIX + ">", self._on_ack)
+        self.client.subscribe_internal("$JS.FC.>", self._on_flow_control)
         for name in self.streams:
             self._subscribe_stream(name)
             self._start_push(name)
@@ -587,6 +592,7 @@ class JetStreamService:
             fresh = self._pull(call.stream, name)  # new limits (max_waiting, ...)
             if old is not None:
                 fresh.queue.waiting = old.queue.waiting
+                fresh.delivered_ns, fresh.acked_ns = old.delivered_ns, old.acked_ns
             if fresh.push:
                 self._pump(call.stream, name)
         return self._consumer_info("consumer_create_response", sm, name)
@@ -602,9 +608,12 @@ class JetStreamService:
             pull = self.pulls.get((sm.name, name))
             created = self.consumer_created.get((sm.name, name), sm.created_ns)
             wire = consumer_config.to_wire(consumer.cfg)
-            return replies.consumer_info(kind, sm.name, name, wire, consumer, view,
-                                         rfc3339(created), self._now(),
-                                         num_waiting=len(pull.queue.waiting) if pull else 0)
+            return replies.consumer_info(
+                kind, sm.name, name, wire, consumer, view, rfc3339(created), self._now(),
+                num_waiting=len(pull.queue.waiting) if pull else 0,
+                delivered_at=rfc3339(pull.delivered_ns) if pull and pull.delivered_ns else "",
+                acked_at=rfc3339(pull.acked_ns) if pull and pull.acked_ns else "",
+                push_bound=bool(pull and pull.push and self._has_interest(pull.push)))
 
     async def _h_consumer_info(self, call: api.Call, subject: str, reply: str, body: bytes
                                ) -> dict[str, Any]:
@@ -710,6 +719,8 @@ class JetStreamService:
         now = time.time_ns()
         if pull.push and not self._has_interest(pull.push):
             return False  # nats-server delivers only while someone listens
+        if pull.flow is not None and pull.flow.stalled():
+            return False  # flow control: wait for the client's answer
         wanted = MAX_ROUND if pull.push else \
             min(sum(r.remaining for r in pull.queue.waiting), MAX_ROUND)
         with sm.lock:
@@ -722,6 +733,8 @@ class JetStreamService:
             for status in () if pull.push else pull.queue.nothing_pending():
                 self._send(status)
             return False
+        if pull.flow is not None and pull.flow.window:
+            plans = _within_window(plans, msgs, pull.flow, stream, name)
         sends: list[tuple[Any, Any]] = []  # (message, request) in plan order
         entries: list[ops.Op] = []
         drops = [p for p in plans if isinstance(p, Drop)]
@@ -750,11 +763,11 @@ class JetStreamService:
                                        return_exceptions=True)
         indexes = [r for e, r in zip(entries, results, strict=True)
                    if isinstance(e, ops.ConsumerDelivered)]
-        self._send_deliveries(sm, name, sends, indexes, pull.headers_only)
+        self._send_deliveries(sm, name, sends, indexes, pull)
         return True
 
     def _send_deliveries(self, sm: StreamMachine, name: str, sends: list[tuple[Any, str]],
-                         indexes: list[Any], headers_only: bool) -> None:
+                         indexes: list[Any], pull: _Pull) -> None:
         """Each applied delivery to its request, with the ack subject nats-server sends
         (its last token: what is still pending after that message)."""
         with sm.lock:
@@ -772,10 +785,17 @@ class JetStreamService:
             ack = (f"{api.ACK_PREFIX}{sm.name}.{name}.{d.deliveries}.{d.sseq}.{d.cseq}."
                    f"{msg.ts_ns}.{left + new_after}")
             hdr, data = msg.hdr, msg.data
-            if headers_only:  # the size instead of the body, as nats-server sends it
+            if pull.headers_only:  # the size instead of the body, as nats-server sends it
                 hdr, data = _with_header(hdr, "Nats-Msg-Size", str(len(data))), b""
             self.client.account.deliver_as(self.client, target, msg.subject, ack,
                                            hdr or None, data)
+            pull.delivered_ns = time.time_ns()
+            if pull.flow is not None:
+                size = len(msg.subject) + len(ack) + len(hdr) + len(data)
+                fc = pull.flow.on_sent(size, time.time_ns(), lambda: fc_subject(
+                    sm.name, name, secrets.randbits(62)))
+                if fc:
+                    self.client.publish(target, fc, b"", FC_REQUEST)
 
     def _on_ack(self, _sub: Any, subject: str, reply: str | None, hdr: bytes | None,
                 body: bytes) -> None:
@@ -786,6 +806,9 @@ class JetStreamService:
         if sm is None or info.consumer not in sm.stream.consumers:
             return
         kind, delay, _next = parse_ack_body(body)
+        pull = self.pulls.get((info.stream, info.consumer))
+        if pull is not None:
+            pull.acked_ns = time.time_ns()
         op = ops.ConsumerAck(time.time_ns(), info.consumer, kind, info.sseq, delay)
         self._spawn(self._ack(sm, info, op, reply, body))
 
@@ -823,6 +846,15 @@ class JetStreamService:
                     self._advise(advisories.max_deliveries(sm.name, name, a.sseq,
                                                            a.deliveries, *self._stamp()))
 
+    def _on_flow_control(self, _sub: Any, subject: str, reply: str | None,
+                         hdr: bytes | None, body: bytes) -> None:
+        """A push consumer's client answered a flow control request: deliver again."""
+        names = parse_fc_subject(subject)
+        pull = self.pulls.get(names) if names else None
+        if names and pull is not None and pull.flow is not None \
+                and pull.flow.on_reply(subject):
+            self._pump(*names)
+
     def _advise(self, advisory: tuple[str, bytes]) -> None:
         subject, body = advisory
         self.client.publish(subject, None, body)
@@ -853,6 +885,10 @@ class JetStreamService:
         owes a heartbeat (nats-server's timers are per request)."""
         wake = min((dl for p in self.pulls.values() if (dl := p.queue.next_deadline())),
                    default=None)
+        beats = [dl for p in self.pulls.values()
+                 if p.flow is not None and (dl := p.flow.next_deadline())]
+        if beats:
+            wake = min(beats + ([wake] if wake else []))
         if wake is None:
             return PULL_TICK_S
         return min(PULL_TICK_S, max(0.001, (wake - time.time_ns()) / 1e9 + 0.0005))
@@ -878,6 +914,8 @@ class JetStreamService:
             self._spawn(self._expire_consumer(sm, name))
             return
         if not active:
+            if pull.flow is not None:
+                pull.flow.heartbeat(now, 0, 0, listening=False)  # skipped, the wait restarts
             return
         with sm.lock:
             consumer = sm.stream.consumers.get(name)
@@ -888,6 +926,10 @@ class JetStreamService:
             statuses = pull.queue.tick(now, st.delivered_cseq, st.delivered_sseq)
         for status in statuses:
             self._send(status)
+        if pull.flow is not None:
+            beat = pull.flow.heartbeat(now, st.delivered_cseq, st.delivered_sseq, True)
+            if beat is not None:
+                self.client.publish(pull.push, None, b"", beat)
         if pull.push or (due is not None and due <= now):
             self._pump(stream, name)
 
@@ -916,6 +958,18 @@ class JetStreamService:
         self.pulls.pop((sm.name, name), None)
         self.consumer_created.pop((sm.name, name), None)
         self._advise(advisories.consumer_action("delete", sm.name, name, *self._stamp()))
+
+
+def _within_window(plans: list[Any], msgs: dict[int, Any], flow: PushFlow, stream: str,
+                   name: str) -> list[Any]:
+    """The plans that flow control lets go now: drops, and deliveries while no more than
+    the window is in flight before each (sizes estimated with a typical ack subject)."""
+    ack_len = len(api.ACK_PREFIX) + len(stream) + len(name) + 40
+    deliveries = [p for p in plans if isinstance(p, Delivery)]
+    sizes = [(len(m.subject) + len(m.hdr) + len(m.data) + ack_len) if (m := msgs.get(p.sseq))
+             else 0 for p in deliveries]
+    keep = set(deliveries[:flow.allowed(sizes)])
+    return [p for p in plans if isinstance(p, Drop) or p in keep]
 
 
 def _insert_before(out: dict[str, Any], key: str, new_key: str, value: Any) -> dict[str, Any]:
