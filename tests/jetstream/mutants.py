@@ -18,6 +18,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 J = "node/jetstream/"
 T = "tests/jetstream/"
+PUSH_FC = "tests/integration/test_jetstream_push.py::test_flow_control_matches_nats_server"
+PUSH_HB = "tests/integration/test_jetstream_push.py::test_idle_heartbeats_match_nats_server"
 
 # (name, file, original text, mutated text, tests that must catch it[, original2, mutated2])
 MUTANTS: list[tuple[str, ...]] = [
@@ -127,6 +129,31 @@ MUTANTS: list[tuple[str, ...]] = [
     ("wire: ack subject pending ignores the rest of the round", J + "service.py",
      "f\"{msg.ts_ns}.{left + new_after}\"", "f\"{msg.ts_ns}.{left}\"",
      "tests/integration/test_jetstream_serve.py::test_script_matches_nats_server"),
+    ("push: no flow control request", J + "push.py",
+     "if not self.fc_reply and self.in_flight > self.window // 2:", "if False:", PUSH_FC),
+    ("push: window not enforced", J + "push.py",
+     "return self.window > 0 and self.in_flight > self.window", "return False", PUSH_FC,
+     "            if flight > self.window:\n                break", "            pass"),
+    ("push: flow control answer ignored", J + "push.py",
+     "if not self.fc_reply or subject != self.fc_reply:", "if True:", PUSH_FC),
+    ("push: stalled flag missing from heartbeats", J + "push.py",
+     "return heartbeat_header(last_cseq, last_sseq, self.fc_reply)",
+     "return heartbeat_header(last_cseq, last_sseq)", PUSH_FC),
+    ("push: no idle heartbeats", J + "push.py",
+     "        if not listening:\n            return None",
+     "        if True:\n            return None", PUSH_HB),
+    ("push: heartbeat sequences swapped", J + "service.py",
+     "pull.flow.heartbeat(now, st.delivered_cseq, st.delivered_sseq, True)",
+     "pull.flow.heartbeat(now, st.delivered_sseq, st.delivered_cseq, True)", PUSH_HB),
+    ("push: deliveries do not restart the heartbeat wait", J + "push.py",
+     "        if self.heartbeat_ns:\n"
+     "            self.next_heartbeat_ns = now_ns + self.heartbeat_ns\n"
+     "        if not self.window:",
+     "        if not self.window:", PUSH_HB),
+    ("push: ordered consumer kept alive without heartbeats", J + "push.py",
+     "        if not listening:\n            return None",
+     "        if True:\n            return None",
+     "tests/integration/test_jetstream_push.py::test_ordered_consumer_matches_nats_server"),
 ]
 
 
