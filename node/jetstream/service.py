@@ -41,6 +41,7 @@ from node.jetstream.consumer import (
     Drop,
     StreamView,
     initial_position,
+    next_request,
     parse_ack_body,
     parse_ack_subject,
 )
@@ -679,11 +680,18 @@ class JetStreamService:
             # nats-server answers a request for a missing consumer with a 404 status.
             self._send(Status(reply, b"NATS/1.0 404 No Messages\r\n\r\n"))
             return None
-        pull = self._pull(call.stream, call.consumer)
+        self._next_request(call.stream, call.consumer, reply, body)
+        return None
+
+    def _next_request(self, stream: str, name: str, reply: str, body: bytes) -> None:
+        """A pull request (MSG.NEXT, or the rest of a `+NXT` ack) joins the waiting queue."""
+        pull = self._pull(stream, name)
+        if pull.push:
+            self._send(Status(reply, b"NATS/1.0 409 Consumer is push based\r\n\r\n"))
+            return
         for status in pull.queue.add(time.time_ns(), reply, body):
             self._send(status)
-        self._pump(call.stream, call.consumer)
-        return None
+        self._pump(stream, name)
 
     def _send(self, status: Status) -> None:
         self.client.publish(status.reply, None, b"", status.hdr)
@@ -805,22 +813,29 @@ class JetStreamService:
         sm = self.streams.get(info.stream)
         if sm is None or info.consumer not in sm.stream.consumers:
             return
-        kind, delay, _next = parse_ack_body(body)
+        kind, delay, wants_next = parse_ack_body(body)
         pull = self.pulls.get((info.stream, info.consumer))
         if pull is not None:
             pull.acked_ns = time.time_ns()
+        if kind is None:  # a body nats-server does not know: nothing changes
+            if reply:
+                self.client.publish(reply, None, b"")
+            return
         op = ops.ConsumerAck(time.time_ns(), info.consumer, kind, info.sseq, delay)
-        self._spawn(self._ack(sm, info, op, reply, body))
+        self._spawn(self._ack(sm, info, op, reply, body, wants_next))
 
     async def _ack(self, sm: StreamMachine, info: AckInfo, op: ops.ConsumerAck,
-                   reply: str | None, body: bytes) -> None:
+                   reply: str | None, body: bytes, wants_next: bool = False) -> None:
         name = info.consumer
         try:
             index = await self._propose(sm, op)
         except (ProposalDropped, KeyError) as exc:
             self.log.warn(f"JetStream ack on {sm.name}/{name} not recorded: {exc!r}")
             return
-        if reply:
+        if reply and wants_next:  # +NXT: the reply subject receives the next messages
+            if name in sm.stream.consumers:
+                self._next_request(sm.name, name, reply, next_request(body))
+        elif reply:
             self.client.publish(reply, None, b"")  # double ack: confirmed once applied
         for event in sm.events.pop(index, []):
             a = event.advisory
