@@ -45,6 +45,8 @@ _TABLE: dict[str, tuple[int, bool]] = {
     "CONSUMER.NAMES": (1, False),
     "CONSUMER.LIST": (1, False),
     "CONSUMER.MSG.NEXT": (2, False),
+    "CONSUMER.PAUSE": (2, False),
+    "CONSUMER.UNPIN": (2, False),
     "STREAM.LEADER.STEPDOWN": (1, False),
     "CONSUMER.LEADER.STEPDOWN": (2, False),
 }

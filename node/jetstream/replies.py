@@ -68,7 +68,7 @@ def consumer_reply(kind: str, stream: str, name: str, wire_config: dict[str, Any
                    ack_floor: tuple[int, int] = (0, 0), num_ack_pending: int = 0,
                    num_redelivered: int = 0, num_waiting: int = 0,
                    num_pending: int = 0, delivered_at: str = "", acked_at: str = "",
-                   push_bound: bool = False) -> dict[str, Any]:
+                   push_bound: bool = False, paused_ns: int = 0) -> dict[str, Any]:
     """`consumer_create_response` / `consumer_info_response` body; `delivered` and
     `ack_floor` are (consumer_seq, stream_seq). `delivered_at` / `acked_at` (the last
     delivery / ack, RFC 3339) become their `last_active`, omitted when empty as nats-server
@@ -87,9 +87,9 @@ def consumer_reply(kind: str, stream: str, name: str, wire_config: dict[str, Any
         out["ack_floor"]["last_active"] = acked_at
     if push_bound:
         out["push_bound"] = True
-    if wire_config.get("pause_until"):
+    if paused_ns > 0:  # nats-server says paused only while the pause lasts
         out["paused"] = True
-        out["pause_remaining"] = 0  # the node fills in the time left
+        out["pause_remaining"] = paused_ns
     out["ts"] = now
     if wire_config.get("priority_groups"):
         out["priority_groups"] = [{"group": g, "pinned_ts": ZERO_TIME}
@@ -100,7 +100,7 @@ def consumer_reply(kind: str, stream: str, name: str, wire_config: dict[str, Any
 def consumer_info(kind: str, stream: str, name: str, wire_config: dict[str, Any],
                   consumer: Consumer, view: StreamView, created: str, now: str,
                   num_waiting: int = 0, delivered_at: str = "", acked_at: str = "",
-                  push_bound: bool = False) -> dict[str, Any]:
+                  push_bound: bool = False, paused_ns: int = 0) -> dict[str, Any]:
     """CONSUMER.INFO / CREATE reply from a consumer's state."""
     st = consumer.state
     return consumer_reply(kind, stream, name, wire_config, created, now,
@@ -109,7 +109,8 @@ def consumer_info(kind: str, stream: str, name: str, wire_config: dict[str, Any]
                           num_ack_pending=consumer.num_ack_pending(),
                           num_redelivered=consumer.num_redelivered(),
                           num_waiting=num_waiting, num_pending=consumer.num_pending(view),
-                          delivered_at=delivered_at, acked_at=acked_at, push_bound=push_bound)
+                          delivered_at=delivered_at, acked_at=acked_at, push_bound=push_bound,
+                          paused_ns=paused_ns)
 
 
 SUBJECTS_LIMIT = 100_000

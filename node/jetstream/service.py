@@ -31,7 +31,16 @@ import secrets
 import time
 from typing import Any
 
-from node.jetstream import advisories, api, consumer_config, get, ops, replies, requests
+from node.jetstream import (
+    advisories,
+    api,
+    consumer_config,
+    get,
+    ops,
+    pause,
+    replies,
+    requests,
+)
 from node.jetstream import config as stream_config
 from node.jetstream.batch import BatchCollector
 from node.jetstream.consumer import (
@@ -83,6 +92,7 @@ def _kind(op: str) -> str:
         "INFO": "account_info_response",
         "STREAM.LEADER.STEPDOWN": "stream_leader_stepdown_response",
         "CONSUMER.LEADER.STEPDOWN": "consumer_leader_stepdown_response",
+        "CONSUMER.PAUSE": "consumer_pause_response", "CONSUMER.UNPIN": "consumer_unpin_response",
     }.get(op, "error_response")
 
 
@@ -129,6 +139,7 @@ class _Pull:
         # flow control and idle heartbeats of a push consumer (push.py)
         self.flow = PushFlow(cfg, time.time_ns()) if self.push else None
         self.delivered_ns = self.acked_ns = 0  # CONSUMER.INFO's last_active times
+        self.paused = False
 
     def wants(self) -> bool:
         return bool(self.push or self.queue.waiting)
@@ -600,6 +611,32 @@ class JetStreamService:
 
     _h_consumer_durable_create = _h_consumer_create
 
+    async def _h_consumer_pause(self, call: api.Call, subject: str, reply: str, body: bytes
+                                ) -> dict[str, Any]:
+        """Pause until a time (or resume): a consumer config change, through the log."""
+        try:
+            sm = self._stream(call.stream)
+            consumer = sm.stream.consumers.get(call.consumer)
+            if consumer is None:
+                raise ApiError.of("JSConsumerNotFoundErr")
+            until = pause.parse_pause(body)
+        except ApiError as err:
+            return pause.pause_error(err)
+        cfg = consumer_config.with_pause(consumer.cfg, until)
+        await self._propose(sm, ops.ConsumerUpsert(
+            time.time_ns(), call.consumer, _dumps(consumer_config.to_wire(cfg)), 0, 0))
+        self._pump(sm.name, call.consumer)
+        return pause.pause_reply(until, time.time_ns())
+
+    async def _h_consumer_unpin(self, call: api.Call, subject: str, reply: str, body: bytes
+                                ) -> dict[str, Any]:
+        sm = self._stream(call.stream)
+        consumer = sm.stream.consumers.get(call.consumer)
+        if consumer is None:
+            raise ApiError.of("JSConsumerNotFoundErr")
+        pause.parse_unpin(body, consumer.cfg)
+        return {"type": pause.UNPIN_TYPE}
+
     def _consumer_info(self, kind: str, sm: StreamMachine, name: str) -> dict[str, Any]:
         with sm.lock:
             consumer = sm.stream.consumers.get(name)
@@ -614,7 +651,9 @@ class JetStreamService:
                 num_waiting=len(pull.queue.waiting) if pull else 0,
                 delivered_at=rfc3339(pull.delivered_ns) if pull and pull.delivered_ns else "",
                 acked_at=rfc3339(pull.acked_ns) if pull and pull.acked_ns else "",
-                push_bound=bool(pull and pull.push and self._has_interest(pull.push)))
+                push_bound=bool(pull and pull.push and self._has_interest(pull.push)),
+                paused_ns=pause.paused_for(consumer.cfg.get("pause_until") or "",
+                                           time.time_ns()))
 
     async def _h_consumer_info(self, call: api.Call, subject: str, reply: str, body: bytes
                                ) -> dict[str, Any]:
@@ -735,6 +774,11 @@ class JetStreamService:
             consumer = sm.stream.consumers.get(name)
             if consumer is None:
                 return False
+            if consumer.cfg.get("pause_until") and \
+                    pause.paused_for(consumer.cfg["pause_until"], now):
+                pull.paused = True  # the ticker pumps again once the pause is over
+                return False
+            pull.paused = False
             plans = consumer.plan_batch(now, StreamView(sm.store, consumer.filters()), wanted)
             msgs = {p.sseq: sm.store.load(p.sseq) for p in plans if isinstance(p, Delivery)}
         if not plans:
@@ -945,7 +989,7 @@ class JetStreamService:
             beat = pull.flow.heartbeat(now, st.delivered_cseq, st.delivered_sseq, True)
             if beat is not None:
                 self.client.publish(pull.push, None, b"", beat)
-        if pull.push or (due is not None and due <= now):
+        if pull.push or pull.paused or (due is not None and due <= now):
             self._pump(stream, name)
 
     def _timer_drops(self, sm: StreamMachine, name: str, pull: _Pull, now: int) -> None:
