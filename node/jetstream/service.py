@@ -412,24 +412,40 @@ class JetStreamService:
         self._spawn(self._serve(call, subject, reply, body))
 
     async def _serve(self, call: api.Call, subject: str, reply: str, body: bytes) -> None:
-        self.api_total += 1
         handler = getattr(self, "_h_" + call.op.replace(".", "_").lower())
         try:
             out = await handler(call, subject, reply, body)
         except ApiError as err:
-            self.api_errors += 1
             out = replies.error_reply(_kind(call.op), err)
         except ProposalDropped as exc:
-            self.api_errors += 1
             out = replies.error_reply(_kind(call.op), ApiError.of(
                 "JSStreamGeneralErrorF", err=f"not committed: {exc}"))
         except (ValueError, TypeError, KeyError, AttributeError) as exc:
             # A request shape the pure checks let through: answer, log, and stay up.
-            self.api_errors += 1
             self.log.error(f"JetStream API {subject}: {exc!r}")
             out = replies.error_reply(_kind(call.op), ApiError.of("JSBadRequestErr"))
         if out is not None:
-            self.client.publish(reply, None, _dumps(out))
+            data = _dumps(out)
+            self.client.publish(reply, None, data)
+            if call.op not in advisories.NOT_AUDITED:
+                # nats-server counts (and audits) a request once it has answered it, and
+                # leaves message reads and pull requests out of both.
+                self.api_total += 1
+                self.api_errors += "error" in out
+                self._advise(advisories.api_audit(
+                    self.server.server_name, self._requester(reply), subject, body, data,
+                    *self._stamp()))
+
+    def _requester(self, reply: str) -> dict[str, Any]:
+        """The audit's client details: the connection subscribed to the request's reply
+        subject (the publisher is not handed to internal subscribers; a requester listens
+        on its own inbox)."""
+        result = self.client.account.sublist.match(reply)
+        subs = list(result.psubs) or [m for group in result.qsubs.values() for m in group]
+        client = subs[0].client if subs else None
+        if client is None or client is self.client:
+            return {"acc": self.client.account.name, "server": self.server.server_name}
+        return _client_info(client, self.server.server_name)
 
     def _stream(self, name: str) -> StreamMachine:
         sm = self.streams.get(name)
@@ -865,6 +881,8 @@ class JetStreamService:
             if reply:
                 self.client.publish(reply, None, b"")
             return
+        if kind == AckKind.ACK:
+            self._ack_sample(sm, info)
         op = ops.ConsumerAck(time.time_ns(), info.consumer, kind, info.sseq, delay)
         self._spawn(self._ack(sm, info, op, reply, body, wants_next))
 
@@ -891,6 +909,22 @@ class JetStreamService:
                 self._advise(advisories.naked(sm.name, name, info.cseq, a.sseq, a.deliveries,
                                               *self._stamp()))
         self._pump(sm.name, name)
+
+    def _ack_sample(self, sm: StreamMachine, info: AckInfo) -> None:
+        """`sample_freq`: publish an ack metric for that share of acks of pending messages
+        (the time from the delivery to the ack, as nats-server measures it)."""
+        with sm.lock:
+            consumer = sm.stream.consumers.get(info.consumer)
+            if consumer is None or not consumer.cfg.get("sample_freq"):
+                return
+            pct = advisories.sample_percent(consumer.cfg["sample_freq"])
+            pending = consumer.state.pending.get(info.sseq)
+            deliveries = consumer.state.deliveries.get(info.sseq, 1)
+        if pending is None or pct <= 0 or secrets.randbelow(100) >= pct:
+            return
+        self._advise(advisories.consumer_ack_metric(
+            sm.name, info.consumer, info.cseq, info.sseq, time.time_ns() - pending.delivered_ns,
+            deliveries, *self._stamp()))
 
     async def _drop(self, sm: StreamMachine, name: str, drops: list[Drop]) -> None:
         """Stop tracking messages out of deliveries (or gone): CONSUMER_ACK entries of kind
@@ -1029,6 +1063,20 @@ def _within_window(plans: list[Any], msgs: dict[int, Any], flow: PushFlow, strea
              else 0 for p in deliveries]
     keep = set(deliveries[:flow.allowed(sizes)])
     return [p for p in plans if isinstance(p, Drop) or p in keep]
+
+
+def _client_info(client: Any, server: str) -> dict[str, Any]:
+    """nats-server's ClientInfo of a connection, the fields a plain client connection has."""
+    info: dict[str, Any] = {"start": rfc3339(int(client.start * 1e9)), "host": client.host,
+                            "id": client.cid, "acc": client.account.name}
+    if client.user:
+        info["user"] = client.user
+    if client.opts.get("name"):
+        info["name"] = client.opts["name"]
+    info.update({"lang": client.opts.get("lang", ""), "ver": client.opts.get("version", ""),
+                 "rtt": int(client.rtt * 1e9), "server": server, "kind": "Client",
+                 "client_type": "nats"})
+    return info
 
 
 def _insert_before(out: dict[str, Any], key: str, new_key: str, value: Any) -> dict[str, Any]:
