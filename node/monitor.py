@@ -250,7 +250,15 @@ def metrics(server: Server) -> str:
         name = f"gnatsd_varz_{key}"
         lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}",
                   f'{name}{{server_id="{server.server_id}"}} {v[key]}']
+    from node.jetstream.jszdetail import metric_lines  # JetStream's series, when it runs
+    lines += metric_lines(server)
     return "\n".join(lines) + "\n"
+
+
+def _jsz(server: Server, query: dict[str, str]) -> dict[str, Any]:
+    from node.jetstream.jszdetail import jsz
+
+    return jsz(server, query)
 
 
 def handle(server: Server, path: str, query: dict[str, str]) -> tuple[int, str, str]:
@@ -264,6 +272,7 @@ def handle(server: Server, path: str, query: dict[str, str]) -> tuple[int, str, 
         "/subsz": lambda: subsz(server, query),
         "/subscriptionsz": lambda: subsz(server, query),
         "/healthz": lambda: {"status": "ok"},
+        "/jsz": lambda: _jsz(server, query),
     }
     if path == "/metrics":
         return 200, "text/plain; version=0.0.4; charset=utf-8", metrics(server)
