@@ -78,7 +78,7 @@ async def test_jsz_matches_nats_server(servers: Servers, tmp_path: Path) -> None
         their = json.loads(_get(theirs, "/jsz" + query))
         assert _paths(mine) == _paths(their), query
         if "consumers" in query:
-            assert len(_paths(their)) > 100  # the details are there to compare
+            assert len(_paths(their)) > 80  # the details are there to compare
         # file storage byte counts follow each store's own record format
         for body in (mine, their):
             body["storage"] = body["bytes"] = "*"
@@ -87,7 +87,8 @@ async def test_jsz_matches_nats_server(servers: Servers, tmp_path: Path) -> None
                 for sd in acc.get("stream_detail", []):
                     if sd["name"] == "J1":
                         sd["state"]["bytes"] = "*"
-        assert _values(mine) == _values(their), query
+        a, b = _values(mine), _values(their)
+        assert a == b, f"{query}\n ours:   {json.dumps(a)}\n theirs: {json.dumps(b)}"
 
 
 def test_metrics_carry_jetstream_series(servers: Servers, tmp_path: Path) -> None:
