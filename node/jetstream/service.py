@@ -660,7 +660,8 @@ class JetStreamService:
                 raise ApiError.of("JSConsumerNotFoundErr")
             view = StreamView(sm.store, consumer.filters())
             pull = self.pulls.get((sm.name, name))
-            created = self.consumer_created.get((sm.name, name), sm.created_ns)
+            created = sm.stream.consumer_created.get(name) or \
+                self.consumer_created.get((sm.name, name), sm.created_ns)
             wire = consumer_config.to_wire(consumer.cfg)
             return replies.consumer_info(
                 kind, sm.name, name, wire, consumer, view, rfc3339(created), self._now(),

@@ -42,6 +42,7 @@ MIN_TTL_NS = 1_000_000_000
 EXPIRE_BATCH = 10_000  # TTL expiries handled per entry: bounds one apply's work
 _U64 = struct.Struct("<Q")
 _CONSUMER_CFG = "consumer:"  # store meta key prefix of a consumer's config JSON
+_CONSUMER_CREATED = "consumer-created:"  # ... of its creation time (the creating entry's clock)
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,11 +116,17 @@ class Stream:
         self.last_ts = self._meta_int("last_ts")
         self.last_msg_id = (store.get_meta("last_msg_id") or b"").decode()
         self.consumers: dict[str, Consumer] = {}
+        # ns since the epoch, from the creating CONSUMER_UPSERT entry (CONSUMER.INFO's
+        # `created`, the same after a restart); absent for consumers older than the record
+        self.consumer_created: dict[str, int] = {}
         self._dirty: set[str] = set()
         for name in store.consumers():  # consumers created by CONSUMER_UPSERT entries
             raw = store.get_meta(_CONSUMER_CFG + name)
             if raw:
                 self.attach_consumer(name, consumer_from_wire(json.loads(raw)))
+                created = store.get_meta(_CONSUMER_CREATED + name)
+                if created:
+                    self.consumer_created[name] = int(created)
 
     def attach_consumer(self, name: str, cfg: dict[str, Any], start_sseq: int = 1,
                         lps_until: int = 0) -> Consumer:
@@ -208,6 +215,8 @@ class Stream:
         else:
             consumer = Consumer(cfg, None, start_sseq=op.start_sseq, lps_until=op.lps_until)
             self.consumers[op.consumer] = consumer
+            self.consumer_created[op.consumer] = op.now_ns
+            self.store.put_meta(_CONSUMER_CREATED + op.consumer, str(op.now_ns).encode())
         self.store.put_meta(_CONSUMER_CFG + op.consumer, op.config)
         self._dirty.add(op.consumer)  # the state record lists the consumer in the store
         return []
@@ -312,6 +321,8 @@ class Stream:
             return []
         self.store.delete_consumer(name)
         self.store.put_meta(_CONSUMER_CFG + name, b"")
+        self.store.put_meta(_CONSUMER_CREATED + name, b"")
+        self.consumer_created.pop(name, None)
         self._dirty.discard(name)
         if self.cfg["retention"] != "interest":
             return []

@@ -102,3 +102,27 @@ async def test_pause_and_unpin_match_nats_server(servers: Servers, tmp_path: Pat
         assert info["config"]["pause_until"] == FAR and info["paused"] is True
     finally:
         await nc.close()
+
+
+async def test_consumer_created_time_survives_restart(servers: Servers, tmp_path: Path) -> None:
+    """CONSUMER.INFO's `created` comes from the creating entry, so a restart (SIGTERM or
+    kill -9) shows the same time, as nats-server does; it used to be the restart's time."""
+    import signal
+
+    store = tmp_path / "ours"
+    first = servers.jetraft(args=["-js", "-sd", str(store)])
+    nc = await nats.connect(first.url)
+    try:
+        await nc.jetstream().add_stream(name="CR", subjects=["cr"])
+        created = (await _api(nc, "CONSUMER.CREATE.CR.d", {"stream_name": "CR", "config": {
+            "durable_name": "d"}}))["created"]
+    finally:
+        await nc.close()
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        first.stop(sig)
+        first = servers.jetraft(args=["-js", "-sd", str(store)])
+        nc = await nats.connect(first.url)
+        try:
+            assert (await _api(nc, "CONSUMER.INFO.CR.d"))["created"] == created
+        finally:
+            await nc.close()
