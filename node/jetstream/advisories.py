@@ -98,3 +98,18 @@ def sample_percent(freq: str) -> int:
     except ValueError:
         return 0
     return max(0, min(value, 100))
+
+
+def group_pinned(account: str, stream: str, consumer: str, group: str, pin_id: str,
+                 event_id: str, timestamp: str) -> tuple[str, bytes]:
+    return (f"{PREFIX}CONSUMER.PINNED.{stream}.{consumer}",
+            _body("consumer_group_pinned", event_id, timestamp, account=account, stream=stream,
+                  consumer=consumer, group=group, pinned_id=pin_id))
+
+
+def group_unpinned(account: str, stream: str, consumer: str, group: str, reason: str,
+                   event_id: str, timestamp: str) -> tuple[str, bytes]:
+    """`reason`: "admin" (CONSUMER.UNPIN) or "timeout" (priority_timeout ran out)."""
+    return (f"{PREFIX}CONSUMER.UNPINNED.{stream}.{consumer}",
+            _body("consumer_group_unpinned", event_id, timestamp, account=account,
+                  stream=stream, consumer=consumer, group=group, reason=reason))

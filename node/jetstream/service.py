@@ -140,6 +140,7 @@ class _Pull:
         self.flow = PushFlow(cfg, time.time_ns()) if self.push else None
         self.delivered_ns = self.acked_ns = 0  # CONSUMER.INFO's last_active times
         self.paused = False
+        self.pin_headers: dict[str, str] = {}  # request reply -> Nats-Pin-Id it is served
 
     def wants(self) -> bool:
         return bool(self.push or self.queue.waiting)
@@ -650,7 +651,13 @@ class JetStreamService:
         consumer = sm.stream.consumers.get(call.consumer)
         if consumer is None:
             raise ApiError.of("JSConsumerNotFoundErr")
-        pause.parse_unpin(body, consumer.cfg)
+        group = pause.parse_unpin(body, consumer.cfg)
+        pull = self.pulls.get((call.stream, call.consumer))
+        if pull is not None and pull.queue.priority.unpin(group):
+            self._advise(advisories.group_unpinned(self.client.account.name, call.stream,
+                                                   call.consumer, group, "admin",
+                                                   *self._stamp()))
+            self._pump(call.stream, call.consumer)
         return {"type": pause.UNPIN_TYPE}
 
     def _consumer_info(self, kind: str, sm: StreamMachine, name: str) -> dict[str, Any]:
@@ -670,7 +677,9 @@ class JetStreamService:
                 acked_at=rfc3339(pull.acked_ns) if pull and pull.acked_ns else "",
                 push_bound=bool(pull and pull.push and self._has_interest(pull.push)),
                 paused_ns=pause.paused_for(consumer.cfg.get("pause_until") or "",
-                                           time.time_ns()))
+                                           time.time_ns()),
+                pinned={g: (pin, rfc3339(ts)) for g, (pin, ts)
+                        in (pull.queue.priority.state() if pull else {}).items()})
 
     async def _h_consumer_info(self, call: api.Call, subject: str, reply: str, body: bytes
                                ) -> dict[str, Any]:
@@ -785,8 +794,6 @@ class JetStreamService:
             return False  # nats-server delivers only while someone listens
         if pull.flow is not None and pull.flow.stalled():
             return False  # flow control: wait for the client's answer
-        wanted = MAX_ROUND if pull.push else \
-            min(sum(r.remaining for r in pull.queue.waiting), MAX_ROUND)
         with sm.lock:
             consumer = sm.stream.consumers.get(name)
             if consumer is None:
@@ -796,7 +803,14 @@ class JetStreamService:
                 pull.paused = True  # the ticker pumps again once the pause is over
                 return False
             pull.paused = False
-            plans = consumer.plan_batch(now, StreamView(sm.store, consumer.filters()), wanted)
+            view = StreamView(sm.store, consumer.filters())
+            # overflow priority groups serve a request only above its pending thresholds
+            counts = [consumer.num_pending(view), consumer.num_ack_pending()] \
+                if pull.queue.priority.policy == "overflow" else [0, 0]
+            wanted = MAX_ROUND if pull.push else min(pull.queue.wanted(*counts), MAX_ROUND)
+            if not wanted and pull.queue.waiting:
+                return False  # requests wait, none of them may be served now
+            plans = consumer.plan_batch(now, view, wanted)
             msgs = {p.sseq: sm.store.load(p.sseq) for p in plans if isinstance(p, Delivery)}
         if not plans:
             for status in () if pull.push else pull.queue.nothing_pending():
@@ -818,12 +832,17 @@ class JetStreamService:
             if pull.push:
                 target = pull.push
             else:
-                req, refused = pull.queue.take(len(msg.subject) + len(msg.hdr) + len(msg.data))
+                req, refused = pull.queue.take(len(msg.subject) + len(msg.hdr) + len(msg.data),
+                                               *counts)
                 for status in refused:
                     self._send(status)
                 if req is None:
                     break
                 target = req.reply
+                if plan.deliveries == 1:
+                    counts[0] -= 1
+                counts[1] += 1
+                self._pin(sm.name, name, pull, req, now)
             entries.append(ops.ConsumerDelivered(now, name, plan.sseq))
             sends.append((msg, target))
         if not entries:
@@ -834,6 +853,16 @@ class JetStreamService:
                    if isinstance(e, ops.ConsumerDelivered)]
         self._send_deliveries(sm, name, sends, indexes, pull)
         return True
+
+    def _pin(self, stream: str, name: str, pull: _Pull, req: Any, now: int) -> None:
+        """A pinned_client group's delivery carries the pin id; the first one pins."""
+        pin, new = pull.queue.priority.pin_for(req, now, _nuid())
+        if not pin:
+            return
+        pull.pin_headers[req.reply] = pin
+        if new:
+            self._advise(advisories.group_pinned(self.client.account.name, stream, name,
+                                                 req.group, pin, *self._stamp()))
 
     def _send_deliveries(self, sm: StreamMachine, name: str, sends: list[tuple[Any, str]],
                          indexes: list[Any], pull: _Pull) -> None:
@@ -856,6 +885,9 @@ class JetStreamService:
             hdr, data = msg.hdr, msg.data
             if pull.headers_only:  # the size instead of the body, as nats-server sends it
                 hdr, data = _with_header(hdr, "Nats-Msg-Size", str(len(data))), b""
+            pin = pull.pin_headers.get(target)
+            if pin:
+                hdr = _with_header(hdr, "Nats-Pin-Id", pin)
             self.client.account.deliver_as(self.client, target, msg.subject, ack,
                                            hdr or None, data)
             pull.delivered_ns = time.time_ns()
@@ -865,6 +897,9 @@ class JetStreamService:
                     sm.name, name, secrets.randbits(62)))
                 if fc:
                     self.client.publish(target, fc, b"", FC_REQUEST)
+        if pull.pin_headers:  # forget the pins of requests that are done
+            live = {r.reply for r in pull.queue.waiting}
+            pull.pin_headers = {k: v for k, v in pull.pin_headers.items() if k in live}
 
     def _on_ack(self, _sub: Any, subject: str, reply: str | None, hdr: bytes | None,
                 body: bytes) -> None:
@@ -1000,6 +1035,10 @@ class JetStreamService:
         if sm is None:
             return
         self._timer_drops(sm, name, pull, now)
+        for group in pull.queue.priority.expired(now, list(pull.queue.waiting)):
+            self._advise(advisories.group_unpinned(self.client.account.name, stream, name,
+                                                   group, "timeout", *self._stamp()))
+            self._pump(stream, name)
         active = bool(pull.queue.waiting) or (bool(pull.push) and self._has_interest(pull.push))
         if active or pull.pumping:
             pull.last_active = now
@@ -1064,6 +1103,12 @@ def _within_window(plans: list[Any], msgs: dict[int, Any], flow: PushFlow, strea
              else 0 for p in deliveries]
     keep = set(deliveries[:flow.allowed(sizes)])
     return [p for p in plans if isinstance(p, Drop) or p in keep]
+
+
+def _nuid() -> str:
+    """A 22-character id in nats-server's nuid alphabet (pin ids)."""
+    alphabet = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+    return "".join(secrets.choice(alphabet) for _ in range(22))
 
 
 def _client_info(client: Any, server: str) -> dict[str, Any]:

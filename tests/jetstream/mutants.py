@@ -19,6 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 J = "node/jetstream/"
 T = "tests/jetstream/"
 PUSH_FC = "tests/integration/test_jetstream_push.py::test_flow_control_matches_nats_server"
+PRIO = "tests/integration/test_jetstream_priority.py"
 PUSH_HB = "tests/integration/test_jetstream_push.py::test_idle_heartbeats_match_nats_server"
 
 # (name, file, original text, mutated text, tests that must catch it[, original2, mutated2])
@@ -171,6 +172,14 @@ MUTANTS: list[tuple[str, ...]] = [
     ("gaps: ack metrics not sampled", J + "service.py",
      "        if kind == AckKind.ACK:\n            self._ack_sample(sm, info)\n", "",
      "tests/integration/test_jetstream_audit.py"),
+    ("gaps: pinned group serves any client", J + "priority.py",
+     "        return pin is None or req.pin_id == pin.pin_id", "        return True", PRIO),
+    ("gaps: overflow thresholds ignored", J + "priority.py",
+     "            if req.min_pending and num_pending < req.min_pending:\n"
+     "                return False",
+     "            if False:\n                return False", PRIO),
+    ("gaps: pins never time out", J + "priority.py",
+     "if now_ns - p.seen_ns >= self.timeout_ns]", "if False]", PRIO),
     ("push: ordered consumer kept alive without heartbeats", J + "push.py",
      "        if not listening:\n            return None",
      "        if True:\n            return None",
