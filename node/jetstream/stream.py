@@ -193,7 +193,34 @@ class Stream:
             return self._apply_delivered(op)
         if isinstance(op, ops.ConsumerAck):
             return self._apply_consumer_ack(op)
+        if isinstance(op, ops.RestoreMsgs):
+            return self._apply_restore(op)
+        if isinstance(op, ops.ConsumerState):
+            return self._apply_consumer_state(op)
         return self._expire(op.now_ns)
+
+    # -- STREAM.RESTORE --------------------------------------------------------------------
+
+    def _apply_restore(self, op: ops.RestoreMsgs) -> list[Effect]:
+        """A snapshot's messages, as they were: their sequences and times, no limits."""
+        effects: list[Effect] = []
+        for m in op.msgs:
+            if m.seq <= self.last_seq:
+                continue  # already here (sequences only grow)
+            self._put(StoredMsg(m.seq, m.subject, m.hdr, m.data, m.ts_ns))
+            self.last_seq, self.last_ts = m.seq, m.ts_ns
+            effects.append(Stored(m.seq, m.subject))
+        if op.last_seq > self.last_seq:
+            self.last_seq, self.last_ts = op.last_seq, op.last_ts
+        return effects
+
+    def _apply_consumer_state(self, op: ops.ConsumerState) -> list[Effect]:
+        consumer = self.consumers.get(op.consumer)
+        if consumer is not None:
+            consumer.state = ConsumerState.decode(op.state)
+            consumer.pending_cache = None  # derived: computed again on first use
+            self._dirty.add(op.consumer)
+        return []
 
     # -- configuration entries -------------------------------------------------------------
 
