@@ -38,6 +38,8 @@ _TABLE: dict[str, tuple[int, bool]] = {
     "STREAM.LIST": (0, False),
     "STREAM.MSG.GET": (1, False),
     "STREAM.MSG.DELETE": (1, False),
+    "STREAM.SNAPSHOT": (1, False),
+    "STREAM.RESTORE": (1, False),
     "DIRECT.GET": (1, True),
     "CONSUMER.DURABLE.CREATE": (2, False),
     "CONSUMER.INFO": (2, False),

@@ -25,6 +25,7 @@ checked against 2.15.1); so do we, and both layouts are accepted back.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import secrets
@@ -36,10 +37,12 @@ from node.jetstream import (
     api,
     consumer_config,
     get,
+    gojson,
     ops,
     pause,
     replies,
     requests,
+    snapshot,
 )
 from node.jetstream import config as stream_config
 from node.jetstream.batch import BatchCollector
@@ -60,6 +63,7 @@ from node.jetstream.pull import PullQueue, Status
 from node.jetstream.push import FC_REQUEST, PushFlow, fc_subject, parse_fc_subject
 from node.jetstream.store.lmdbstore import LmdbStore, NodeEnv, stored_names
 from node.jetstream.stream import Effect, Reply, Republish, Stored, rfc3339
+from node.subject import valid_subject
 from raft.multigroup import MultiRaft, ProposalDropped
 from raft.storage import NodeLog
 
@@ -93,6 +97,8 @@ def _kind(op: str) -> str:
         "STREAM.LEADER.STEPDOWN": "stream_leader_stepdown_response",
         "CONSUMER.LEADER.STEPDOWN": "consumer_leader_stepdown_response",
         "CONSUMER.PAUSE": "consumer_pause_response", "CONSUMER.UNPIN": "consumer_unpin_response",
+        "STREAM.SNAPSHOT": "stream_snapshot_response",
+        "STREAM.RESTORE": "stream_restore_response",
     }.get(op, "error_response")
 
 
@@ -628,6 +634,180 @@ class JetStreamService:
 
     _h_consumer_durable_create = _h_consumer_create
 
+    # ------------------------------------------------------------------ snapshot / restore
+
+    async def _h_stream_snapshot(self, call: api.Call, subject: str, reply: str, body: bytes
+                                 ) -> dict[str, Any]:
+        """Reply with the stream's config and state, then stream the snapshot's chunks to
+        the deliver subject (snapshot.py has the byte format)."""
+        if requests.is_empty_request(body):
+            raise ApiError.of("JSBadRequestErr")
+        sm = self._stream(call.stream)
+        try:
+            req = gojson.decode(body, snapshot.SNAPSHOT_REQUEST)
+        except gojson.GoJsonError as exc:
+            raise ApiError.of("JSInvalidJSONErr", err=str(exc)) from exc
+        deliver = req.get("deliver_subject") or ""
+        if not valid_subject(deliver):
+            raise ApiError.of("JSSnapshotDeliverSubjectInvalidErr")
+        with sm.lock:
+            state = sm.stream.state(len(sm.stream.consumers))
+            cfg = stream_config.to_wire(sm.stream.cfg)
+            consumers = [] if req.get("no_consumers") else [
+                {"name": n, "config": consumer_config.to_wire(c.cfg),
+                 "state": c.state.encode().decode()}
+                for n, c in sorted(sm.stream.consumers.items())]
+            header = {"config": cfg, "consumers": consumers, "last_seq": sm.stream.last_seq,
+                      "last_ts": sm.stream.last_ts}
+        self._spawn(self._send_snapshot(sm, deliver, header, req.get("chunk_size") or 0))
+        return {"type": snapshot.SNAPSHOT_TYPE, "config": _level_only(cfg), "state": state}
+
+    async def _send_snapshot(self, sm: StreamMachine, deliver: str, header: dict[str, Any],
+                             chunk_size: int) -> None:
+        """Chunks with an ack reply (`$JS.SNAPSHOT.ACK.<stream>.<id>.<size>.<n>`) except the
+        last, then an empty message; waits a little while more than the window is unacked,
+        as nats-server does."""
+        token = _nuid()
+        ack_prefix = snapshot.ack_subject(sm.name, token)
+        out = [0]
+
+        def on_ack(_sub: Any, subject: str, *_: Any) -> None:
+            try:
+                out[0] -= int(subject.split(".")[-2])
+            except ValueError:
+                pass
+
+        ack_sub = self.client.subscribe_internal(ack_prefix + ".>", on_ack)
+        try:
+            chunks = snapshot.SnapshotWriter(header).chunks(
+                self._snapshot_msgs(sm, header["last_seq"]), chunk_size or snapshot.DEFAULT_CHUNK)
+            ahead = next(chunks, None)
+            index = 0
+            while ahead is not None:
+                chunk, ahead = ahead, next(chunks, None)
+                index += 1
+                if out[0] > snapshot.WINDOW:
+                    await asyncio.sleep(0.01)
+                ack = f"{ack_prefix}.{len(chunk)}.{index}" if ahead is not None else None
+                self.client.publish(deliver, ack, chunk)
+                out[0] += len(chunk)
+                await asyncio.sleep(0)
+            self.client.publish(deliver, None, b"")
+        finally:
+            self.client.remove_sub(ack_sub)
+
+    def _snapshot_msgs(self, sm: StreamMachine, last: int) -> Any:
+        """The stream's messages up to `last`, read 1,000 at a time under the machine's lock
+        (a message removed while the snapshot streams is left out)."""
+        at = 1
+        while True:
+            with sm.lock:
+                seqs = []
+                for seq in sm.store.seqs(at):
+                    if seq > last or len(seqs) >= 1000:
+                        break
+                    seqs.append(seq)
+                msgs = [m for m in (sm.store.load(s) for s in seqs) if m is not None]
+            for m in msgs:
+                yield ops.RestoredMsg(m.seq, m.ts_ns, m.subject, m.hdr, m.data)
+            if len(seqs) < 1000:
+                return
+            at = seqs[-1] + 1
+
+    async def _h_stream_restore(self, call: api.Call, subject: str, reply: str, body: bytes
+                                ) -> dict[str, Any]:
+        """Answer with the subject the chunks go to; they are written to a temporary file,
+        and the empty message at the end restores the stream (`_finish_restore`)."""
+        try:
+            if requests.is_empty_request(body):
+                raise ApiError.of("JSBadRequestErr")
+            if call.stream in self.streams:
+                raise ApiError.of("JSStreamNameExistRestoreFailedErr")
+        except ApiError as err:
+            return {**replies.error_reply("stream_restore_response", err),
+                    "deliver_subject": ""}
+        deliver = snapshot.restore_subject(call.stream, _nuid())
+        path = os.path.join(self.store_dir, f"restore-{call.stream}-{secrets.token_hex(6)}")
+        sink = open(path, "wb")  # noqa: SIM115 - closed by the last chunk's handler
+        state = {"sub": None, "bytes": 0}
+
+        def on_chunk(_sub: Any, _subject: str, chunk_reply: str | None, hdr: bytes | None,
+                     data: bytes) -> None:
+            if data:
+                sink.write(data)
+                state["bytes"] += len(data)
+                if chunk_reply:
+                    self.client.publish(chunk_reply, None, b"")
+                return
+            sink.close()
+            self.client.remove_sub(state["sub"])
+            self._spawn(self._finish_restore(call.stream, path, chunk_reply))
+
+        state["sub"] = self.client.subscribe_internal(deliver, on_chunk)
+        return {"type": snapshot.RESTORE_TYPE, "deliver_subject": deliver}
+
+    async def _finish_restore(self, name: str, path: str, reply: str | None) -> None:
+        kind = "stream_create_response"
+        try:
+            out = await self._restore_from(name, path)
+        except ApiError as err:
+            out = replies.error_reply(kind, err)
+        except (snapshot.SnapshotError, OSError, ValueError, KeyError) as exc:
+            out = replies.error_reply(kind, ApiError.of("JSStreamRestoreErrF", err=str(exc)))
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+        if reply:
+            self.client.publish(reply, None, _dumps(out))
+
+    async def _restore_from(self, name: str, path: str) -> dict[str, Any]:
+        """Check the whole file first (a damaged backup restores nothing), then create the
+        stream through the catalogue and propose its messages and consumers as entries."""
+        reader = snapshot.SnapshotReader()
+        with open(path, "rb") as f:
+            while block := f.read(1 << 20):
+                reader.feed(block)
+                reader.take()  # checked now, proposed on the second pass
+        reader.finish()
+        header = reader.header or {}
+        cfg = stream_config.from_wire(header["config"])
+        if cfg["name"] != name:
+            raise ApiError.of("JSStreamRestoreErrF", err="snapshot is of another stream")
+        async with self._meta_lock:
+            if name in self.streams:
+                raise ApiError.of("JSStreamNameExistRestoreFailedErr")
+            stored, _created = stream_config.check_create(name, cfg, False, self._configs())
+            now = time.time_ns()
+            assert self.mr is not None
+            await self.mr.propose(META_GROUP, _dumps({
+                "op": "create", "name": name, "config": stream_config.to_wire(stored),
+                "created_ns": now, "group": f"js.{name}.{now}"}))
+            await self._open_stream(name)
+        sm = self._stream(name)
+        reader = snapshot.SnapshotReader()
+        last_ts = 0
+        with open(path, "rb") as f:
+            while block := f.read(1 << 20):
+                reader.feed(block)
+                msgs = reader.take()
+                for i in range(0, len(msgs), 256):
+                    await self._propose(sm, ops.RestoreMsgs(time.time_ns(),
+                                                            tuple(msgs[i:i + 256])))
+                    last_ts = msgs[min(i + 256, len(msgs)) - 1].ts_ns
+        # nats-server's restored stream keeps the last sequence but reports the time of the
+        # last message it holds (checked, 2.15.1)
+        await self._propose(sm, ops.RestoreMsgs(time.time_ns(), (), header["last_seq"],
+                                                last_ts or header["last_ts"]))
+        for c in header.get("consumers", []):
+            await self._propose(sm, ops.ConsumerUpsert(time.time_ns(), c["name"],
+                                                       _dumps(c["config"])))
+            await self._propose(sm, ops.ConsumerState(time.time_ns(), c["name"],
+                                                      c["state"].encode()))
+        self._start_push(name)
+        info = self._stream_reply("stream_create_response", sm)
+        return {"type": info["type"], "config": info["config"], "created": info["created"],
+                "state": info["state"], "ts": info["ts"]}
+
     async def _h_consumer_pause(self, call: api.Call, subject: str, reply: str, body: bytes
                                 ) -> dict[str, Any]:
         """Pause until a time (or resume): a consumer config change, through the log."""
@@ -1103,6 +1283,13 @@ def _within_window(plans: list[Any], msgs: dict[int, Any], flow: PushFlow, strea
              else 0 for p in deliveries]
     keep = set(deliveries[:flow.allowed(sizes)])
     return [p for p in plans if isinstance(p, Drop) or p in keep]
+
+
+def _level_only(cfg: dict[str, Any]) -> dict[str, Any]:
+    """A config as nats-server shows it in a snapshot reply: metadata `_nats.req.level` only."""
+    meta = {k: v for k, v in (cfg.get("metadata") or {}).items()
+            if not k.startswith("_nats.") or k == "_nats.req.level"}
+    return {**cfg, "metadata": meta}
 
 
 def _nuid() -> str:

@@ -180,6 +180,19 @@ MUTANTS: list[tuple[str, ...]] = [
      "            if False:\n                return False", PRIO),
     ("gaps: pins never time out", J + "priority.py",
      "if now_ns - p.seen_ns >= self.timeout_ns]", "if False]", PRIO),
+    ("gaps: restore renumbers messages", J + "stream.py",
+     "            self._put(StoredMsg(m.seq, m.subject, m.hdr, m.data, m.ts_ns))\n"
+     "            self.last_seq, self.last_ts = m.seq, m.ts_ns",
+     "            seq = self._next_seq()\n"
+     "            self._put(StoredMsg(seq, m.subject, m.hdr, m.data, m.ts_ns))\n"
+     "            self.last_seq, self.last_ts = seq, m.ts_ns",
+     "tests/integration/test_jetstream_snapshot.py"),
+    ("gaps: restored consumer state dropped", J + "stream.py",
+     "            consumer.state = ConsumerState.decode(op.state)\n", "",
+     "tests/integration/test_jetstream_snapshot.py"),
+    ("gaps: damaged snapshot accepted", J + "snapshot.py",
+     "                if crc != want:", "                if False:",
+     "tests/jetstream/test_snapshot.py"),
     ("push: ordered consumer kept alive without heartbeats", J + "push.py",
      "        if not listening:\n            return None",
      "        if True:\n            return None",
