@@ -48,3 +48,14 @@ def test_restore_entries_round_trip() -> None:
     assert ops.decode(ops.encode(state)) == state
     with pytest.raises(ops.EntryFormatError):
         ops.decode(ops.encode(op) + b"x")
+
+
+def test_a_flipped_byte_inside_a_message_fails_the_checksum() -> None:
+    import zlib
+
+    raw = bytearray(zlib.decompress(b"".join(_chunks(1 << 20))))
+    raw[len(raw) // 2] ^= 0x40  # in some message's data: the stream still decompresses
+    reader = SnapshotReader()
+    with pytest.raises(SnapshotError, match="checksum"):
+        reader.feed(zlib.compress(bytes(raw)))
+        reader.finish()
