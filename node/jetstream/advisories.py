@@ -113,3 +113,11 @@ def group_unpinned(account: str, stream: str, consumer: str, group: str, reason:
     return (f"{PREFIX}CONSUMER.UNPINNED.{stream}.{consumer}",
             _body("consumer_group_unpinned", event_id, timestamp, account=account,
                   stream=stream, consumer=consumer, group=group, reason=reason))
+
+
+def consumer_pause(stream: str, consumer: str, paused: bool, pause_until: str, event_id: str,
+                   timestamp: str) -> tuple[str, bytes]:
+    """CONSUMER.PAUSE's advisory (`pause_until` the zero time on a resume)."""
+    return (f"{PREFIX}CONSUMER.PAUSE.{stream}.{consumer}",
+            _body("consumer_pause", event_id, timestamp, stream=stream, consumer=consumer,
+                  paused=paused, pause_until=pause_until))

@@ -146,6 +146,7 @@ class _Pull:
         self.flow = PushFlow(cfg, time.time_ns()) if self.push else None
         self.delivered_ns = self.acked_ns = 0  # CONSUMER.INFO's last_active times
         self.paused = False
+        self.pause_seen = ""  # a pause_until seen in effect: its end is advised once
         self.pin_headers: dict[str, str] = {}  # request reply -> Nats-Pin-Id it is served
 
     def wants(self) -> bool:
@@ -822,8 +823,14 @@ class JetStreamService:
         cfg = consumer_config.with_pause(consumer.cfg, until)
         await self._propose(sm, ops.ConsumerUpsert(
             time.time_ns(), call.consumer, _dumps(consumer_config.to_wire(cfg)), 0, 0))
+        pull = self.pulls.get((sm.name, call.consumer))
+        if pull is not None:
+            pull.pause_seen = ""  # this request's own advisory says how the pause stands
         self._pump(sm.name, call.consumer)
-        return pause.pause_reply(until, time.time_ns())
+        out = pause.pause_reply(until, time.time_ns())
+        self._advise(advisories.consumer_pause(sm.name, call.consumer, out["paused"],
+                                               out["pause_until"], *self._stamp()))
+        return out
 
     async def _h_consumer_unpin(self, call: api.Call, subject: str, reply: str, body: bytes
                                 ) -> dict[str, Any]:
@@ -1215,6 +1222,7 @@ class JetStreamService:
         if sm is None:
             return
         self._timer_drops(sm, name, pull, now)
+        self._pause_end(sm, name, pull, now)
         for group in pull.queue.priority.expired(now, list(pull.queue.waiting)):
             self._advise(advisories.group_unpinned(self.client.account.name, stream, name,
                                                    group, "timeout", *self._stamp()))
@@ -1245,6 +1253,20 @@ class JetStreamService:
                 self.client.publish(pull.push, None, b"", beat)
         if pull.push or pull.paused or (due is not None and due <= now):
             self._pump(stream, name)
+
+    def _pause_end(self, sm: StreamMachine, name: str, pull: _Pull, now: int) -> None:
+        """A pause that ran out by itself: nats-server advises it (paused false, the time)."""
+        consumer = sm.stream.consumers.get(name)
+        until = (consumer.cfg.get("pause_until") or "") if consumer is not None else ""
+        if not until:
+            return
+        if pause.paused_for(until, now):
+            pull.pause_seen = until
+        elif pull.pause_seen == until:
+            pull.pause_seen = ""
+            self._advise(advisories.consumer_pause(sm.name, name, False, until,
+                                                   *self._stamp()))
+            self._pump(sm.name, name)
 
     def _timer_drops(self, sm: StreamMachine, name: str, pull: _Pull, now: int) -> None:
         """The ack timer's own decisions (no pull request needed): messages whose ack wait

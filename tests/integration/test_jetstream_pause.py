@@ -15,7 +15,7 @@ import nats
 from node.jetstream.stream import rfc3339
 from tests.integration.conftest import Servers
 
-ALLOWED_TO_DIFFER = {"created", "ts", "last_active", "pause_remaining"}
+ALLOWED_TO_DIFFER = {"created", "ts", "last_active", "pause_remaining", "id", "timestamp"}
 FAR = "2099-01-01T00:00:00Z"
 
 
@@ -44,7 +44,13 @@ async def _script(url: str) -> list[Any]:
     nc = await nats.connect(url)
     js = nc.jetstream()
     out: list[Any] = []
+    events: list[Any] = []
+
+    async def on_event(msg: Any) -> None:
+        events.append((msg.subject, json.loads(msg.data)))
+
     try:
+        await nc.subscribe("$JS.EVENT.ADVISORY.CONSUMER.PAUSE.>", cb=on_event)
         await js.add_stream(name="P", subjects=["p.>"])
         for i in range(4):
             await js.publish(f"p.{i}", f"m{i}".encode())
@@ -80,6 +86,9 @@ async def _script(url: str) -> list[Any]:
         out.append(await _api(nc, "CONSUMER.CREATE.P.born", {"stream_name": "P", "config": {
             "durable_name": "born", "ack_policy": "explicit", "pause_until": FAR}}))
         out.append(await _api(nc, "CONSUMER.PAUSE.P.born", {"pause_until": FAR}))
+        await nc.flush()
+        out.append([(s, {k: v for k, v in e.items() if k != "pause_until" or v != soon})
+                    for s, e in events])  # the pause advisories (a made-up time left out)
     finally:
         await nc.close()
     return out
