@@ -72,6 +72,7 @@ NODE_ID = 1
 TICK_S = 0.05          # Raft tick; a single voter elects itself within 3-6 ticks
 ELECTION_TICK = 3
 MAX_ROUND = 256        # deliveries proposed together for one consumer
+RESTORE_IDLE_S = 30.0  # a restore upload with no chunk for this long is dropped
 PULL_TICK_S = 0.1      # pull-request expiries (408) and redeliveries are looked at this often
 _NAME_CHARS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
 _JSON = {"separators": (",", ":")}
@@ -728,23 +729,36 @@ class JetStreamService:
             return {**replies.error_reply("stream_restore_response", err),
                     "deliver_subject": ""}
         deliver = snapshot.restore_subject(call.stream, _nuid())
-        path = os.path.join(self.store_dir, f"restore-{call.stream}-{secrets.token_hex(6)}")
-        sink = open(path, "wb")  # noqa: SIM115 - closed by the last chunk's handler
-        state = {"sub": None, "bytes": 0}
+        # the file name holds no client text (a subject token may hold a path separator)
+        path = os.path.join(self.store_dir, f"restore-{secrets.token_hex(8)}")
+        sink = open(path, "wb")  # noqa: SIM115 - closed by the last chunk or the timer
+        assert self.loop is not None
+        loop = self.loop
+        state: dict[str, Any] = {"sub": None, "timer": None}
+
+        def give_up() -> None:
+            """No chunk for RESTORE_IDLE_S: drop the partial upload (nats-server stalls it)."""
+            sink.close()
+            self.client.remove_sub(state["sub"])
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+            self.log.warn(f"JetStream restore of {call.stream!r} stalled: dropped")
 
         def on_chunk(_sub: Any, _subject: str, chunk_reply: str | None, hdr: bytes | None,
                      data: bytes) -> None:
+            state["timer"].cancel()
             if data:
                 sink.write(data)
-                state["bytes"] += len(data)
                 if chunk_reply:
                     self.client.publish(chunk_reply, None, b"")
+                state["timer"] = loop.call_later(RESTORE_IDLE_S, give_up)
                 return
             sink.close()
             self.client.remove_sub(state["sub"])
             self._spawn(self._finish_restore(call.stream, path, chunk_reply))
 
         state["sub"] = self.client.subscribe_internal(deliver, on_chunk)
+        state["timer"] = loop.call_later(RESTORE_IDLE_S, give_up)
         return {"type": snapshot.RESTORE_TYPE, "deliver_subject": deliver}
 
     async def _finish_restore(self, name: str, path: str, reply: str | None) -> None:
