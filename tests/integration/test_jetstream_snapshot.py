@@ -125,6 +125,14 @@ async def _script(url: str) -> list[Any]:
         out.append(nxt[0].metadata.sequence.stream)
         ack = await js.publish("s.x", b"after restore")
         out.append((ack.stream, ack.seq))
+        # a damaged backup restores nothing: 500 10062 "restore failed: <why>"
+        start = await _api(nc, "STREAM.RESTORE.G", {"config": {"name": "G"}, "state": {}})
+        await nc.request(start["deliver_subject"], b"garbage" * 100, timeout=5)
+        failed = json.loads((await nc.request(start["deliver_subject"], b"", timeout=5)).data)
+        err = failed["error"]
+        out.append((failed["type"], err["code"], err["err_code"],
+                    err["description"].startswith("restore failed: ")))
+        out.append(await _api(nc, "STREAM.INFO.G"))
     finally:
         await nc.close()
     return out
