@@ -181,6 +181,7 @@ class JetStreamService:
     async def start(self) -> None:
         self.loop = asyncio.get_running_loop()
         os.makedirs(os.path.join(self.store_dir, "lmdb"), exist_ok=True)
+        _sweep_restore_uploads(self.store_dir)
         self.env = NodeEnv(os.path.join(self.store_dir, "lmdb"))
         raft_dir = os.path.join(self.store_dir, "raft")
         node_log = NodeLog(os.path.join(raft_dir, "wal"))
@@ -1319,6 +1320,14 @@ def _within_window(plans: list[Any], msgs: dict[int, Any], flow: PushFlow, strea
              else 0 for p in deliveries]
     keep = set(deliveries[:flow.allowed(sizes)])
     return [p for p in plans if isinstance(p, Drop) or p in keep]
+
+
+def _sweep_restore_uploads(store_dir: str) -> None:
+    """Partial STREAM.RESTORE uploads left by a crash: nothing refers to them any more."""
+    for entry in os.listdir(store_dir):
+        if entry.startswith("restore-"):
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(store_dir, entry))
 
 
 def _level_only(cfg: dict[str, Any]) -> dict[str, Any]:
