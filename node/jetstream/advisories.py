@@ -121,3 +121,11 @@ def consumer_pause(stream: str, consumer: str, paused: bool, pause_until: str, e
     return (f"{PREFIX}CONSUMER.PAUSE.{stream}.{consumer}",
             _body("consumer_pause", event_id, timestamp, stream=stream, consumer=consumer,
                   paused=paused, pause_until=pause_until))
+
+
+def snapshot_event(kind: str, stream: str, event_id: str, timestamp: str, **fields: Any
+                   ) -> tuple[str, bytes]:
+    """`kind`: snapshot_create (state), snapshot_complete (start, end), restore_create,
+    restore_complete (start, end, bytes); every one carries the requesting `client`."""
+    return (f"{PREFIX}STREAM.{kind.upper()}.{stream}",
+            _body(kind, event_id, timestamp, stream=stream, **fields))

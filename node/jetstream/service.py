@@ -662,14 +662,20 @@ class JetStreamService:
                 for n, c in sorted(sm.stream.consumers.items())]
             header = {"config": cfg, "consumers": consumers, "last_seq": sm.stream.last_seq,
                       "last_ts": sm.stream.last_ts}
-        self._spawn(self._send_snapshot(sm, deliver, header, req.get("chunk_size") or 0))
+        client = self._requester(reply)
+        self._spawn(self._send_snapshot(sm, deliver, header, req.get("chunk_size") or 0,
+                                        state, client))
         return {"type": snapshot.SNAPSHOT_TYPE, "config": _level_only(cfg), "state": state}
 
     async def _send_snapshot(self, sm: StreamMachine, deliver: str, header: dict[str, Any],
-                             chunk_size: int) -> None:
+                             chunk_size: int, state: dict[str, Any],
+                             client: dict[str, Any]) -> None:
         """Chunks with an ack reply (`$JS.SNAPSHOT.ACK.<stream>.<id>.<size>.<n>`) except the
         last, then an empty message; waits a little while more than the window is unacked,
         as nats-server does."""
+        start = self._now()
+        self._advise(advisories.snapshot_event("snapshot_create", sm.name, *self._stamp(),
+                                               state=state, client=client))
         token = _nuid()
         ack_prefix = snapshot.ack_subject(sm.name, token)
         out = [0]
@@ -696,6 +702,9 @@ class JetStreamService:
                 out[0] += len(chunk)
                 await asyncio.sleep(0)
             self.client.publish(deliver, None, b"")
+            event_id, end = self._stamp()
+            self._advise(advisories.snapshot_event("snapshot_complete", sm.name, event_id, end,
+                                                   start=start, end=end, client=client))
         finally:
             self.client.remove_sub(ack_sub)
 
@@ -735,7 +744,11 @@ class JetStreamService:
         sink = open(path, "wb")  # noqa: SIM115 - closed by the last chunk or the timer
         assert self.loop is not None
         loop = self.loop
-        state: dict[str, Any] = {"sub": None, "timer": None}
+        state: dict[str, Any] = {"sub": None, "timer": None, "bytes": 0}
+        client = self._requester(reply)
+        start = self._now()
+        self._advise(advisories.snapshot_event("restore_create", call.stream, *self._stamp(),
+                                               client=client))
 
         def give_up() -> None:
             """No chunk for RESTORE_IDLE_S: drop the partial upload (nats-server stalls it)."""
@@ -750,22 +763,26 @@ class JetStreamService:
             state["timer"].cancel()
             if data:
                 sink.write(data)
+                state["bytes"] += len(data)
                 if chunk_reply:
                     self.client.publish(chunk_reply, None, b"")
                 state["timer"] = loop.call_later(RESTORE_IDLE_S, give_up)
                 return
             sink.close()
             self.client.remove_sub(state["sub"])
-            self._spawn(self._finish_restore(call.stream, path, chunk_reply))
+            self._spawn(self._finish_restore(call.stream, path, chunk_reply, {
+                "start": start, "bytes": state["bytes"], "client": client}))
 
         state["sub"] = self.client.subscribe_internal(deliver, on_chunk)
         state["timer"] = loop.call_later(RESTORE_IDLE_S, give_up)
         return {"type": snapshot.RESTORE_TYPE, "deliver_subject": deliver}
 
-    async def _finish_restore(self, name: str, path: str, reply: str | None) -> None:
+    async def _finish_restore(self, name: str, path: str, reply: str | None,
+                              done: dict[str, Any]) -> None:
         kind = "stream_create_response"
         try:
             out = await self._restore_from(name, path)
+            self._advise(advisories.stream_action("create", name, *self._stamp()))
         except ApiError as err:
             out = replies.error_reply(kind, err)
         except (snapshot.SnapshotError, OSError, ValueError, KeyError) as exc:
@@ -773,6 +790,11 @@ class JetStreamService:
         finally:
             with contextlib.suppress(OSError):
                 os.unlink(path)
+        # nats-server sends the complete advisory for a failed restore too (checked, 2.15.1)
+        event_id, end = self._stamp()
+        self._advise(advisories.snapshot_event(
+            "restore_complete", name, event_id, end, start=done["start"], end=end,
+            bytes=done["bytes"], client=done["client"]))
         if reply:
             self.client.publish(reply, None, _dumps(out))
 

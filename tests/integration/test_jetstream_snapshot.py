@@ -72,7 +72,13 @@ async def _script(url: str) -> list[Any]:
     nc = await nats.connect(url)
     js = nc.jetstream()
     out: list[Any] = []
+    events: list[Any] = []
+
+    async def on_event(msg: Any) -> None:
+        events.append((msg.subject, json.loads(msg.data)))
+
     try:
+        await nc.subscribe("$JS.EVENT.ADVISORY.STREAM.>", cb=on_event)
         await js.add_stream(name="S", subjects=["s.>"])
         for i in range(40):
             await js.publish(f"s.{i % 4}", random.Random(i).randbytes(200 + 50 * i),
@@ -133,6 +139,11 @@ async def _script(url: str) -> list[Any]:
         out.append((failed["type"], err["code"], err["err_code"],
                     err["description"].startswith("restore failed: ")))
         out.append(await _api(nc, "STREAM.INFO.G"))
+        await asyncio.sleep(0.3)
+        # the advisories: snapshot create/complete, restore create/complete (the restored
+        # stream's create between them); their keys, not their times or sizes
+        out.append([(subject, body["type"], sorted(body), sorted(body.get("client", {})))
+                    for subject, body in events])
     finally:
         await nc.close()
     return out
