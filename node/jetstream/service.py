@@ -25,7 +25,6 @@ checked against 2.15.1); so do we, and both layouts are accepted back.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import secrets
@@ -35,14 +34,13 @@ from typing import Any
 from node.jetstream import (
     advisories,
     api,
+    backup,
     consumer_config,
     get,
-    gojson,
     ops,
     pause,
     replies,
     requests,
-    snapshot,
 )
 from node.jetstream import config as stream_config
 from node.jetstream.batch import BatchCollector
@@ -63,7 +61,6 @@ from node.jetstream.pull import PullQueue, Status
 from node.jetstream.push import FC_REQUEST, PushFlow, fc_subject, parse_fc_subject
 from node.jetstream.store.lmdbstore import LmdbStore, NodeEnv, stored_names
 from node.jetstream.stream import Effect, Reply, Republish, Stored, rfc3339
-from node.subject import valid_subject
 from raft.multigroup import MultiRaft, ProposalDropped
 from raft.storage import NodeLog
 
@@ -72,7 +69,6 @@ NODE_ID = 1
 TICK_S = 0.05          # Raft tick; a single voter elects itself within 3-6 ticks
 ELECTION_TICK = 3
 MAX_ROUND = 256        # deliveries proposed together for one consumer
-RESTORE_IDLE_S = 30.0  # a restore upload with no chunk for this long is dropped
 PULL_TICK_S = 0.1      # pull-request expiries (408) and redeliveries are looked at this often
 _NAME_CHARS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
 _JSON = {"separators": (",", ":")}
@@ -155,6 +151,8 @@ class _Pull:
 
 
 class JetStreamService:
+    meta_group = META_GROUP
+
     def __init__(self, server: Any) -> None:
         self.server = server
         self.log = server.log
@@ -181,7 +179,7 @@ class JetStreamService:
     async def start(self) -> None:
         self.loop = asyncio.get_running_loop()
         os.makedirs(os.path.join(self.store_dir, "lmdb"), exist_ok=True)
-        _sweep_restore_uploads(self.store_dir)
+        backup.sweep_uploads(self.store_dir)
         self.env = NodeEnv(os.path.join(self.store_dir, "lmdb"))
         raft_dir = os.path.join(self.store_dir, "raft")
         node_log = NodeLog(os.path.join(raft_dir, "wal"))
@@ -641,210 +639,11 @@ class JetStreamService:
 
     async def _h_stream_snapshot(self, call: api.Call, subject: str, reply: str, body: bytes
                                  ) -> dict[str, Any]:
-        """Reply with the stream's config and state, then stream the snapshot's chunks to
-        the deliver subject (snapshot.py has the byte format)."""
-        if requests.is_empty_request(body):
-            raise ApiError.of("JSBadRequestErr")
-        sm = self._stream(call.stream)
-        try:
-            req = gojson.decode(body, snapshot.SNAPSHOT_REQUEST)
-        except gojson.GoJsonError as exc:
-            raise ApiError.of("JSInvalidJSONErr", err=str(exc)) from exc
-        deliver = req.get("deliver_subject") or ""
-        if not valid_subject(deliver):
-            raise ApiError.of("JSSnapshotDeliverSubjectInvalidErr")
-        with sm.lock:
-            state = sm.stream.state(len(sm.stream.consumers))
-            cfg = stream_config.to_wire(sm.stream.cfg)
-            consumers = [] if req.get("no_consumers") else [
-                {"name": n, "config": consumer_config.to_wire(c.cfg),
-                 "state": c.state.encode().decode()}
-                for n, c in sorted(sm.stream.consumers.items())]
-            header = {"config": cfg, "consumers": consumers, "last_seq": sm.stream.last_seq,
-                      "last_ts": sm.stream.last_ts}
-        client = self._requester(reply)
-        self._spawn(self._send_snapshot(sm, deliver, header, req.get("chunk_size") or 0,
-                                        state, client))
-        return {"type": snapshot.SNAPSHOT_TYPE, "config": _level_only(cfg), "state": state}
-
-    async def _send_snapshot(self, sm: StreamMachine, deliver: str, header: dict[str, Any],
-                             chunk_size: int, state: dict[str, Any],
-                             client: dict[str, Any]) -> None:
-        """Chunks with an ack reply (`$JS.SNAPSHOT.ACK.<stream>.<id>.<size>.<n>`) except the
-        last, then an empty message; waits a little while more than the window is unacked,
-        as nats-server does."""
-        start = self._now()
-        self._advise(advisories.snapshot_event("snapshot_create", sm.name, *self._stamp(),
-                                               state=state, client=client))
-        token = _nuid()
-        ack_prefix = snapshot.ack_subject(sm.name, token)
-        out = [0]
-
-        def on_ack(_sub: Any, subject: str, *_: Any) -> None:
-            try:
-                out[0] -= int(subject.split(".")[-2])
-            except ValueError:
-                pass
-
-        ack_sub = self.client.subscribe_internal(ack_prefix + ".>", on_ack)
-        try:
-            chunks = snapshot.SnapshotWriter(header).chunks(
-                self._snapshot_msgs(sm, header["last_seq"]), chunk_size or snapshot.DEFAULT_CHUNK)
-            ahead = next(chunks, None)
-            index = 0
-            while ahead is not None:
-                chunk, ahead = ahead, next(chunks, None)
-                index += 1
-                if out[0] > snapshot.WINDOW:
-                    await asyncio.sleep(0.01)
-                ack = f"{ack_prefix}.{len(chunk)}.{index}" if ahead is not None else None
-                self.client.publish(deliver, ack, chunk)
-                out[0] += len(chunk)
-                await asyncio.sleep(0)
-            self.client.publish(deliver, None, b"")
-            event_id, end = self._stamp()
-            self._advise(advisories.snapshot_event("snapshot_complete", sm.name, event_id, end,
-                                                   start=start, end=end, client=client))
-        finally:
-            self.client.remove_sub(ack_sub)
-
-    def _snapshot_msgs(self, sm: StreamMachine, last: int) -> Any:
-        """The stream's messages up to `last`, read 1,000 at a time under the machine's lock
-        (a message removed while the snapshot streams is left out)."""
-        at = 1
-        while True:
-            with sm.lock:
-                seqs = []
-                for seq in sm.store.seqs(at):
-                    if seq > last or len(seqs) >= 1000:
-                        break
-                    seqs.append(seq)
-                msgs = [m for m in (sm.store.load(s) for s in seqs) if m is not None]
-            for m in msgs:
-                yield ops.RestoredMsg(m.seq, m.ts_ns, m.subject, m.hdr, m.data)
-            if len(seqs) < 1000:
-                return
-            at = seqs[-1] + 1
+        return await backup.snapshot_request(self, call, reply, body)
 
     async def _h_stream_restore(self, call: api.Call, subject: str, reply: str, body: bytes
                                 ) -> dict[str, Any]:
-        """Answer with the subject the chunks go to; they are written to a temporary file,
-        and the empty message at the end restores the stream (`_finish_restore`)."""
-        try:
-            if requests.is_empty_request(body):
-                raise ApiError.of("JSBadRequestErr")
-            if call.stream in self.streams:
-                raise ApiError.of("JSStreamNameExistRestoreFailedErr")
-        except ApiError as err:
-            return {**replies.error_reply("stream_restore_response", err),
-                    "deliver_subject": ""}
-        deliver = snapshot.restore_subject(call.stream, _nuid())
-        # the file name holds no client text (a subject token may hold a path separator)
-        path = os.path.join(self.store_dir, f"restore-{secrets.token_hex(8)}")
-        sink = open(path, "wb")  # noqa: SIM115 - closed by the last chunk or the timer
-        assert self.loop is not None
-        loop = self.loop
-        state: dict[str, Any] = {"sub": None, "timer": None, "bytes": 0}
-        client = self._requester(reply)
-        start = self._now()
-        self._advise(advisories.snapshot_event("restore_create", call.stream, *self._stamp(),
-                                               client=client))
-
-        def give_up() -> None:
-            """No chunk for RESTORE_IDLE_S: drop the partial upload (nats-server stalls it)."""
-            sink.close()
-            self.client.remove_sub(state["sub"])
-            with contextlib.suppress(OSError):
-                os.unlink(path)
-            self.log.warn(f"JetStream restore of {call.stream!r} stalled: dropped")
-
-        def on_chunk(_sub: Any, _subject: str, chunk_reply: str | None, hdr: bytes | None,
-                     data: bytes) -> None:
-            state["timer"].cancel()
-            if data:
-                sink.write(data)
-                state["bytes"] += len(data)
-                if chunk_reply:
-                    self.client.publish(chunk_reply, None, b"")
-                state["timer"] = loop.call_later(RESTORE_IDLE_S, give_up)
-                return
-            sink.close()
-            self.client.remove_sub(state["sub"])
-            self._spawn(self._finish_restore(call.stream, path, chunk_reply, {
-                "start": start, "bytes": state["bytes"], "client": client}))
-
-        state["sub"] = self.client.subscribe_internal(deliver, on_chunk)
-        state["timer"] = loop.call_later(RESTORE_IDLE_S, give_up)
-        return {"type": snapshot.RESTORE_TYPE, "deliver_subject": deliver}
-
-    async def _finish_restore(self, name: str, path: str, reply: str | None,
-                              done: dict[str, Any]) -> None:
-        kind = "stream_create_response"
-        try:
-            out = await self._restore_from(name, path)
-            self._advise(advisories.stream_action("create", name, *self._stamp()))
-        except ApiError as err:
-            out = replies.error_reply(kind, err)
-        except (snapshot.SnapshotError, OSError, ValueError, KeyError) as exc:
-            out = replies.error_reply(kind, ApiError.of("JSStreamRestoreErrF", err=str(exc)))
-        finally:
-            with contextlib.suppress(OSError):
-                os.unlink(path)
-        # nats-server sends the complete advisory for a failed restore too (checked, 2.15.1)
-        event_id, end = self._stamp()
-        self._advise(advisories.snapshot_event(
-            "restore_complete", name, event_id, end, start=done["start"], end=end,
-            bytes=done["bytes"], client=done["client"]))
-        if reply:
-            self.client.publish(reply, None, _dumps(out))
-
-    async def _restore_from(self, name: str, path: str) -> dict[str, Any]:
-        """Check the whole file first (a damaged backup restores nothing), then create the
-        stream through the catalogue and propose its messages and consumers as entries."""
-        reader = snapshot.SnapshotReader()
-        with open(path, "rb") as f:
-            while block := f.read(1 << 20):
-                reader.feed(block)
-                reader.take()  # checked now, proposed on the second pass
-        reader.finish()
-        header = reader.header or {}
-        cfg = stream_config.from_wire(header["config"])
-        if cfg["name"] != name:
-            raise ApiError.of("JSStreamRestoreErrF", err="snapshot is of another stream")
-        async with self._meta_lock:
-            if name in self.streams:
-                raise ApiError.of("JSStreamNameExistRestoreFailedErr")
-            stored, _created = stream_config.check_create(name, cfg, False, self._configs())
-            now = time.time_ns()
-            assert self.mr is not None
-            await self.mr.propose(META_GROUP, _dumps({
-                "op": "create", "name": name, "config": stream_config.to_wire(stored),
-                "created_ns": now, "group": f"js.{name}.{now}"}))
-            await self._open_stream(name)
-        sm = self._stream(name)
-        reader = snapshot.SnapshotReader()
-        last_ts = 0
-        with open(path, "rb") as f:
-            while block := f.read(1 << 20):
-                reader.feed(block)
-                msgs = reader.take()
-                for i in range(0, len(msgs), 256):
-                    await self._propose(sm, ops.RestoreMsgs(time.time_ns(),
-                                                            tuple(msgs[i:i + 256])))
-                    last_ts = msgs[min(i + 256, len(msgs)) - 1].ts_ns
-        # nats-server's restored stream keeps the last sequence but reports the time of the
-        # last message it holds (checked, 2.15.1)
-        await self._propose(sm, ops.RestoreMsgs(time.time_ns(), (), header["last_seq"],
-                                                last_ts or header["last_ts"]))
-        for c in header.get("consumers", []):
-            await self._propose(sm, ops.ConsumerUpsert(time.time_ns(), c["name"],
-                                                       _dumps(c["config"])))
-            await self._propose(sm, ops.ConsumerState(time.time_ns(), c["name"],
-                                                      c["state"].encode()))
-        self._start_push(name)
-        info = self._stream_reply("stream_create_response", sm)
-        return {"type": info["type"], "config": info["config"], "created": info["created"],
-                "state": info["state"], "ts": info["ts"]}
+        return await backup.restore_request(self, call, reply, body)
 
     async def _h_consumer_pause(self, call: api.Call, subject: str, reply: str, body: bytes
                                 ) -> dict[str, Any]:
@@ -1080,7 +879,7 @@ class JetStreamService:
 
     def _pin(self, stream: str, name: str, pull: _Pull, req: Any, now: int) -> None:
         """A pinned_client group's delivery carries the pin id; the first one pins."""
-        pin, new = pull.queue.priority.pin_for(req, now, _nuid())
+        pin, new = pull.queue.priority.pin_for(req, now, backup.nuid())
         if not pin:
             return
         pull.pin_headers[req.reply] = pin
@@ -1342,27 +1141,6 @@ def _within_window(plans: list[Any], msgs: dict[int, Any], flow: PushFlow, strea
              else 0 for p in deliveries]
     keep = set(deliveries[:flow.allowed(sizes)])
     return [p for p in plans if isinstance(p, Drop) or p in keep]
-
-
-def _sweep_restore_uploads(store_dir: str) -> None:
-    """Partial STREAM.RESTORE uploads left by a crash: nothing refers to them any more."""
-    for entry in os.listdir(store_dir):
-        if entry.startswith("restore-"):
-            with contextlib.suppress(OSError):
-                os.unlink(os.path.join(store_dir, entry))
-
-
-def _level_only(cfg: dict[str, Any]) -> dict[str, Any]:
-    """A config as nats-server shows it in a snapshot reply: metadata `_nats.req.level` only."""
-    meta = {k: v for k, v in (cfg.get("metadata") or {}).items()
-            if not k.startswith("_nats.") or k == "_nats.req.level"}
-    return {**cfg, "metadata": meta}
-
-
-def _nuid() -> str:
-    """A 22-character id in nats-server's nuid alphabet (pin ids)."""
-    alphabet = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
-    return "".join(secrets.choice(alphabet) for _ in range(22))
 
 
 def _client_info(client: Any, server: str) -> dict[str, Any]:
