@@ -162,10 +162,16 @@ MUTANTS: list[tuple[str, ...]] = [
      "                return False",
      "                pull.paused = True  # the ticker pumps again once the pause is over",
      "tests/integration/test_jetstream_pause.py::test_pause_and_unpin_match_nats_server"),
+    # two paths resume delivery when a pause runs out (the ticker's pump of a paused
+    # consumer, and the pause-end advisory's pump): the mutant removes both
     ("gaps: pause never ends", J + "service.py",
      "if pull.push or pull.paused or (due is not None and due <= now):",
      "if pull.push or (due is not None and due <= now):",
-     "tests/integration/test_jetstream_pause.py::test_pause_and_unpin_match_nats_server"),
+     "tests/integration/test_jetstream_pause.py::test_pause_and_unpin_match_nats_server",
+     "                                                   *self._stamp()))\n"
+     "            self._pump(sm.name, name)\n\n    def _timer_drops",
+     "                                                   *self._stamp()))\n\n"
+     "    def _timer_drops"),
     ("gaps: unknown ack bodies ack", J + "consumer.py",
      "    return None, 0, False\n", "    return AckKind.ACK, 0, False\n",
      "tests/integration/test_jetstream_acks.py"),
