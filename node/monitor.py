@@ -406,6 +406,8 @@ def metrics(server: Server) -> str:
         name = f"gnatsd_varz_{key}"
         lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}",
                   f'{name}{{server_id="{server.server_id}"}} {v[key]}']
+    from node.jetstream.jszdetail import metric_lines  # JetStream's series, when it runs
+    lines += metric_lines(server)
     return "\n".join(lines) + "\n"
 
 
@@ -432,9 +434,8 @@ def _js_health(server: Server) -> tuple[bool, str]:
 def handle(server: Server, path: str, query: dict[str, str]) -> tuple[int, str, str]:
     """(status, content type, body) for one GET."""
     if path in ("", "/"):
-        body = "\n".join(["/varz", "/connz", "/routez", "/subsz", "/healthz", "/metrics"]) + "\n"
-        body = "\n".join(["/varz", "/connz", "/subsz", "/accountz", "/accstatz", "/healthz",
-                          "/metrics"]) + "\n"
+        body = "\n".join(["/varz", "/connz", "/routez", "/subsz", "/accountz", "/accstatz",
+                           "/jsz", "/healthz", "/metrics"]) + "\n"
         return 200, "text/plain; charset=utf-8", body
     routes = {
         "/varz": lambda: varz(server),

@@ -230,6 +230,8 @@ class Server:
             self.register_account(Account(conf.system_account))
         self.global_account.mappings = conf.global_mappings or None
         self.router = self._wire_router(conf)
+        if self.cluster is not None:  # the rebuilt router's reply interest goes to peers
+            self.cluster.announce_response_interest()
 
     def reload_config(self) -> str | None:
         """Re-read the config (node/reload.py); None when applied, else why not."""

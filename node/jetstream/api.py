@@ -38,6 +38,8 @@ _TABLE: dict[str, tuple[int, bool]] = {
     "STREAM.LIST": (0, False),
     "STREAM.MSG.GET": (1, False),
     "STREAM.MSG.DELETE": (1, False),
+    "STREAM.SNAPSHOT": (1, False),
+    "STREAM.RESTORE": (1, False),
     "DIRECT.GET": (1, True),
     "CONSUMER.DURABLE.CREATE": (2, False),
     "CONSUMER.INFO": (2, False),
@@ -45,6 +47,8 @@ _TABLE: dict[str, tuple[int, bool]] = {
     "CONSUMER.NAMES": (1, False),
     "CONSUMER.LIST": (1, False),
     "CONSUMER.MSG.NEXT": (2, False),
+    "CONSUMER.PAUSE": (2, False),
+    "CONSUMER.UNPIN": (2, False),
     "STREAM.LEADER.STEPDOWN": (1, False),
     "CONSUMER.LEADER.STEPDOWN": (2, False),
     "META.LEADER.STEPDOWN": (0, False),  # clustered only (node/jetstream/cluster.py)

@@ -415,19 +415,28 @@ def parse_ack_subject(subject: str) -> AckInfo | None:
     return None
 
 
-def parse_ack_body(body: bytes) -> tuple[AckKind, int, bool]:
-    """An ack message body -> (kind, nak delay ns, wants next). An empty body is `+ACK`;
-    `+NXT` acks and asks for the next message; a body nats-server does not know is an ack."""
-    text = body.strip()
-    if text.startswith(b"-NAK"):
-        return AckKind.NAK, _nak_delay(text[4:].strip()), False
-    if text.startswith(b"+WPI"):
-        return AckKind.WPI, 0, False
-    if text.startswith(b"+TERM"):
-        return AckKind.TERM, 0, False
-    if text.startswith(b"+NXT"):
+def parse_ack_body(body: bytes) -> tuple[AckKind | None, int, bool]:
+    """An ack message body -> (kind, nak delay ns, wants next). An empty body, `+ACK` and
+    `+OK` ack; `+NXT` acks and asks for the next messages (`next_request`); `-NAK`, `+TERM`
+    and `+NXT` may carry more after the word, `+ACK` / `+WPI` must be exact. A body
+    nats-server does not know changes nothing (kind None), though a double ack is still
+    answered."""
+    if not body or body in (b"+ACK", b"+OK"):
+        return AckKind.ACK, 0, False
+    if body.startswith(b"+NXT"):
         return AckKind.ACK, 0, True
-    return AckKind.ACK, 0, False
+    if body.startswith(b"-NAK"):
+        return AckKind.NAK, _nak_delay(body[4:].strip()), False
+    if body == b"+WPI":
+        return AckKind.WPI, 0, False
+    if body.startswith(b"+TERM"):
+        return AckKind.TERM, 0, False
+    return None, 0, False
+
+
+def next_request(body: bytes) -> bytes:
+    """The pull request a `+NXT` ack carries after the word (empty: one message)."""
+    return body[len(b"+NXT"):] if body.startswith(b"+NXT") else b""
 
 
 def _nak_delay(arg: bytes) -> int:

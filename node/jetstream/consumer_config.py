@@ -479,6 +479,14 @@ def _check_rest(cfg: Config) -> None:
             raise ApiError.of("JSConsumerPinnedTTLWithoutPriorityPolicyNone")
 
 
+def with_pause(cfg: Config, until: str) -> Config:
+    """The config after CONSUMER.PAUSE (`until` "" : resumed), its levels recomputed."""
+    out = copy.deepcopy(cfg)
+    out["pause_until"] = until
+    out["metadata"] = _with_levels(out)
+    return out
+
+
 def _with_levels(cfg: Config) -> dict[str, str]:
     required = 0
     if cfg["pause_until"] or cfg["priority_policy"] != "none" or cfg["priority_groups"]:

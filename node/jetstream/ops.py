@@ -23,11 +23,13 @@ class EntryOp(IntEnum):
     EXPIRE = 4       # a leader tick: remove what max_age and per-message TTLs expired by now_ns
     UPDATE_CONFIG = 5        # STREAM.UPDATE: the checked config, as JSON
     # 6..15 reserved for stream ops
+    RESTORE_MSGS = 13        # STREAM.RESTORE: messages at their own sequences and times
     CONSUMER_DELIVERED = 16  # the leader delivered a stream message to a consumer
     CONSUMER_ACK = 17        # +ACK / -NAK / +WPI / +TERM, or a leader's MAX_DELIVER / GONE
     STREAM_BATCH = 18        # a committed atomic batch, applied all-or-nothing
     CONSUMER_UPSERT = 19     # create or update a consumer: config JSON + start position
     CONSUMER_DELETE = 20     # delete a consumer
+    CONSUMER_STATE = 21      # STREAM.RESTORE: a consumer's whole state record
 
 
 class EntryFormatError(ValueError):
@@ -44,6 +46,9 @@ _BATCH = struct.Struct("<HI")               # batch_id_len, message count
 _CONFIG = struct.Struct("<I")               # config_len
 _UPSERT = struct.Struct("<HQQI")            # name_len, start seq, lps_until, config_len
 _NAME = struct.Struct("<H")                 # name_len
+_RESTORE = struct.Struct("<QqI")            # last_seq, last_ts, message count
+_RMSG = struct.Struct("<QqHII")             # seq, ts, subject_len, hdr_len, data_len
+_STATE = struct.Struct("<HI")               # name_len, state_len
 DELETE_NO_ERASE = 0x01
 
 
@@ -120,8 +125,35 @@ class ConsumerDelete:
     consumer: str
 
 
+@dataclass(frozen=True, slots=True)
+class RestoredMsg:
+    seq: int
+    ts_ns: int
+    subject: str
+    hdr: bytes
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class RestoreMsgs:
+    """Messages of a snapshot, stored at their own sequences and times (no limits, no
+    dedup); then the stream's last sequence / time become at least `last_seq` / `last_ts`
+    (a snapshot may end with deleted messages)."""
+    now_ns: int
+    msgs: tuple[RestoredMsg, ...]
+    last_seq: int = 0
+    last_ts: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerState:
+    now_ns: int
+    consumer: str
+    state: bytes  # consumer.ConsumerState.encode()
+
+
 Op = (StreamMsg | DeleteMsg | Purge | Expire | ConsumerDelivered | ConsumerAck | StreamBatch
-      | UpdateConfig | ConsumerUpsert | ConsumerDelete)
+      | UpdateConfig | ConsumerUpsert | ConsumerDelete | RestoreMsgs | ConsumerState)
 
 
 def _msg_body(msg: StreamMsg) -> bytes:
@@ -170,6 +202,18 @@ def _encode_admin(op: Op) -> bytes:
     if isinstance(op, ConsumerDelete):
         name = op.consumer.encode()
         return _HEAD.pack(EntryOp.CONSUMER_DELETE, op.now_ns) + _NAME.pack(len(name)) + name
+    if isinstance(op, RestoreMsgs):
+        parts = [_HEAD.pack(EntryOp.RESTORE_MSGS, op.now_ns),
+                 _RESTORE.pack(op.last_seq, op.last_ts, len(op.msgs))]
+        for m in op.msgs:
+            subject = m.subject.encode()
+            parts += [_RMSG.pack(m.seq, m.ts_ns, len(subject), len(m.hdr), len(m.data)),
+                      subject, m.hdr, m.data]
+        return b"".join(parts)
+    if isinstance(op, ConsumerState):
+        name = op.consumer.encode()
+        return (_HEAD.pack(EntryOp.CONSUMER_STATE, op.now_ns)
+                + _STATE.pack(len(name), len(op.state)) + name + op.state)
     raise TypeError(f"not an entry op: {op!r}")
 
 
@@ -293,6 +337,32 @@ def _decode_consumer_delete(now_ns: int, body: memoryview) -> ConsumerDelete:
     return ConsumerDelete(now_ns, bytes(body[_NAME.size:]).decode())
 
 
+def _decode_restore(now_ns: int, body: memoryview) -> RestoreMsgs:
+    last_seq, last_ts, count = _fixed(body, _RESTORE, "restore msgs")
+    at, msgs = _RESTORE.size, []
+    for _ in range(count):
+        seq, ts, subject_len, hdr_len, data_len = _fixed(body[at:], _RMSG, "restore msgs")
+        at += _RMSG.size
+        end = at + subject_len + hdr_len + data_len
+        if len(body) < end:
+            raise EntryFormatError("restore msgs entry truncated")
+        subject = bytes(body[at:at + subject_len]).decode()
+        hdr = bytes(body[at + subject_len:at + subject_len + hdr_len])
+        msgs.append(RestoredMsg(seq, ts, subject, hdr, bytes(body[end - data_len:end])))
+        at = end
+    if at != len(body):
+        raise EntryFormatError("restore msgs entry has trailing bytes")
+    return RestoreMsgs(now_ns, tuple(msgs), last_seq, last_ts)
+
+
+def _decode_consumer_state(now_ns: int, body: memoryview) -> ConsumerState:
+    name_len, size = _fixed(body, _STATE, "consumer state")
+    if len(body) != _STATE.size + name_len + size:
+        raise EntryFormatError("consumer state entry has the wrong size")
+    at = _STATE.size + name_len
+    return ConsumerState(now_ns, bytes(body[_STATE.size:at]).decode(), bytes(body[at:]))
+
+
 _DECODERS = {
     EntryOp.STREAM_MSG: _decode_msg,
     EntryOp.DELETE_MSG: _decode_delete,
@@ -304,4 +374,6 @@ _DECODERS = {
     EntryOp.UPDATE_CONFIG: _decode_update,
     EntryOp.CONSUMER_UPSERT: _decode_upsert,
     EntryOp.CONSUMER_DELETE: _decode_consumer_delete,
+    EntryOp.RESTORE_MSGS: _decode_restore,
+    EntryOp.CONSUMER_STATE: _decode_consumer_state,
 }

@@ -20,6 +20,7 @@ from typing import Any
 
 from node.jetstream import gojson
 from node.jetstream.headers import format_go_duration
+from node.jetstream.priority import PriorityGroups
 
 # nats-server decodes a MSG.NEXT body into an anonymous struct (errors name ".batch").
 _INT = gojson.scalar("int")
@@ -57,6 +58,10 @@ class PullRequest:
     heartbeat_ns: int
     next_heartbeat_ns: int
     max_bytes: int
+    group: str = ""          # priority group (priority.py)
+    pin_id: str = ""         # the pinned client's id it carries (or was given)
+    min_pending: int = 0     # overflow: served only while this many are pending
+    min_ack_pending: int = 0
 
 
 def parse_next(body: bytes) -> dict[str, Any]:
@@ -85,6 +90,7 @@ class PullQueue:
         self.max_expires = cfg.get("max_expires", 0)
         self.max_bytes = cfg.get("max_bytes", 0)
         self.waiting: deque[PullRequest] = deque()
+        self.priority = PriorityGroups(cfg)
 
     def add(self, now_ns: int, reply: str, body: bytes) -> list[Status]:
         try:
@@ -97,12 +103,23 @@ class PullQueue:
         refusal = self._refusal(batch, expires, max_bytes)
         if refusal:
             return [status(reply, 409, refusal)]
+        refused = self.priority.refuse(req, now_ns)
+        if refused is not None:
+            pairs = [("Nats-Pending-Messages", str(batch)), ("Nats-Pending-Bytes", "0")] \
+                if refused.pending_headers else None
+            return [status(reply, refused.code, refused.text, pairs)]
         heartbeat = int(req.get("idle_heartbeat") or 0)
         self.waiting.append(PullRequest(
             reply, batch, max_bytes, now_ns + expires if expires else 0,
             bool(req.get("no_wait")), heartbeat, now_ns + heartbeat if heartbeat else 0,
-            max_bytes))
+            max_bytes, req.get("group") or "", req.get("id") or "",
+            int(req.get("min_pending") or 0), int(req.get("min_ack_pending") or 0)))
         return []
+
+    def wanted(self, num_pending: int = 0, num_ack_pending: int = 0) -> int:
+        """Messages the requests that may be served now still want."""
+        return sum(r.remaining for r in self.waiting
+                   if self.priority.eligible(r, num_pending, num_ack_pending))
 
     def _refusal(self, batch: int, expires: int, max_bytes: int) -> str:
         if self.max_batch > 0 and batch > self.max_batch:
@@ -115,21 +132,24 @@ class PullQueue:
             return "Exceeded MaxWaiting"
         return ""
 
-    def take(self, size: int) -> tuple[PullRequest | None, list[Status]]:
-        """The request that receives a message of `size` bytes (None: nobody waits), and
-        the statuses of requests that cannot take it (their max_bytes is too small)."""
+    def take(self, size: int, num_pending: int = 0, num_ack_pending: int = 0
+             ) -> tuple[PullRequest | None, list[Status]]:
+        """The request that receives a message of `size` bytes (None: nobody waits who may
+        be served), and the statuses of requests that cannot take it (their max_bytes is
+        too small). Requests a priority group holds back keep their place."""
         refused: list[Status] = []
-        while self.waiting:
-            req = self.waiting[0]
+        for req in list(self.waiting):
+            if not self.priority.eligible(req, num_pending, num_ack_pending):
+                continue
             if req.max_bytes and size > req.bytes_left:
-                self.waiting.popleft()
+                self.waiting.remove(req)
                 refused.append(status(req.reply, 409, "Message Size Exceeds MaxBytes"))
                 continue
             req.remaining -= 1
             if req.max_bytes:
                 req.bytes_left -= size
             if req.remaining <= 0:
-                self.waiting.popleft()  # fully served: nats-server sends no status
+                self.waiting.remove(req)  # fully served: nats-server sends no status
             return req, refused
         return None, refused
 

@@ -67,29 +67,46 @@ def consumer_reply(kind: str, stream: str, name: str, wire_config: dict[str, Any
                    created: str, now: str, delivered: tuple[int, int] = (0, 0),
                    ack_floor: tuple[int, int] = (0, 0), num_ack_pending: int = 0,
                    num_redelivered: int = 0, num_waiting: int = 0,
-                   num_pending: int = 0) -> dict[str, Any]:
+                   num_pending: int = 0, delivered_at: str = "", acked_at: str = "",
+                   push_bound: bool = False, paused_ns: int = 0,
+                   pinned: dict[str, tuple[str, str]] | None = None) -> dict[str, Any]:
     """`consumer_create_response` / `consumer_info_response` body; `delivered` and
-    `ack_floor` are (consumer_seq, stream_seq)."""
+    `ack_floor` are (consumer_seq, stream_seq). `delivered_at` / `acked_at` (the last
+    delivery / ack, RFC 3339) become their `last_active`, omitted when empty as nats-server
+    omits a zero time; `push_bound`: someone listens on a push consumer's deliver subject."""
     out: dict[str, Any] = {
         "type": TYPE_PREFIX + kind, "stream_name": stream, "name": name, "created": created,
         "config": wire_config,
         "delivered": {"consumer_seq": delivered[0], "stream_seq": delivered[1]},
         "ack_floor": {"consumer_seq": ack_floor[0], "stream_seq": ack_floor[1]},
         "num_ack_pending": num_ack_pending, "num_redelivered": num_redelivered,
-        "num_waiting": num_waiting, "num_pending": num_pending, "ts": now,
+        "num_waiting": num_waiting, "num_pending": num_pending,
     }
-    if wire_config.get("pause_until"):
+    if delivered_at:
+        out["delivered"]["last_active"] = delivered_at
+    if acked_at:
+        out["ack_floor"]["last_active"] = acked_at
+    if push_bound:
+        out["push_bound"] = True
+    if paused_ns > 0:  # nats-server says paused only while the pause lasts
         out["paused"] = True
-        out["pause_remaining"] = 0  # the node fills in the time left
+        out["pause_remaining"] = paused_ns
+    out["ts"] = now
     if wire_config.get("priority_groups"):
-        out["priority_groups"] = [{"group": g, "pinned_ts": ZERO_TIME}
-                                  for g in wire_config["priority_groups"]]
+        groups: list[dict[str, Any]] = []
+        for g in wire_config["priority_groups"]:
+            pin_id, since = (pinned or {}).get(g, ("", ZERO_TIME))
+            groups.append({"group": g, "pinned_client_id": pin_id, "pinned_ts": since}
+                          if pin_id else {"group": g, "pinned_ts": ZERO_TIME})
+        out["priority_groups"] = groups
     return out
 
 
 def consumer_info(kind: str, stream: str, name: str, wire_config: dict[str, Any],
                   consumer: Consumer, view: StreamView, created: str, now: str,
-                  num_waiting: int = 0) -> dict[str, Any]:
+                  num_waiting: int = 0, delivered_at: str = "", acked_at: str = "",
+                  push_bound: bool = False, paused_ns: int = 0,
+                  pinned: dict[str, tuple[str, str]] | None = None) -> dict[str, Any]:
     """CONSUMER.INFO / CREATE reply from a consumer's state."""
     st = consumer.state
     return consumer_reply(kind, stream, name, wire_config, created, now,
@@ -97,7 +114,9 @@ def consumer_info(kind: str, stream: str, name: str, wire_config: dict[str, Any]
                           ack_floor=(st.floor_cseq, st.floor_sseq),
                           num_ack_pending=consumer.num_ack_pending(),
                           num_redelivered=consumer.num_redelivered(),
-                          num_waiting=num_waiting, num_pending=consumer.num_pending(view))
+                          num_waiting=num_waiting, num_pending=consumer.num_pending(view),
+                          delivered_at=delivered_at, acked_at=acked_at, push_bound=push_bound,
+                          paused_ns=paused_ns, pinned=pinned)
 
 
 SUBJECTS_LIMIT = 100_000

@@ -31,7 +31,18 @@ import secrets
 import time
 from typing import Any
 
-from node.jetstream import advisories, api, consumer_config, dirs, get, ops, replies, requests
+from node.jetstream import (
+    advisories,
+    api,
+    backup,
+    consumer_config,
+    dirs,
+    get,
+    ops,
+    pause,
+    replies,
+    requests,
+)
 from node.jetstream import config as stream_config
 from node.jetstream.batch import BatchCollector
 from node.jetstream.cluster import ClusterJS, Frames
@@ -42,12 +53,14 @@ from node.jetstream.consumer import (
     Drop,
     StreamView,
     initial_position,
+    next_request,
     parse_ack_body,
     parse_ack_subject,
 )
 from node.jetstream.errors import ApiError
 from node.jetstream.machines import META_STORE, MetaMachine, StreamMachine
 from node.jetstream.pull import PullQueue, Status
+from node.jetstream.push import FC_REQUEST, PushFlow, fc_subject, parse_fc_subject
 from node.jetstream.store import CorruptRecordError
 from node.jetstream.store.lmdbstore import LmdbStore, NodeEnv, stored_names
 from node.jetstream.stream import Effect, Reply, Republish, Stored, rfc3339
@@ -70,6 +83,14 @@ def _dumps(obj: Any) -> bytes:
     return json.dumps(obj, **_JSON).encode()  # type: ignore[arg-type]
 
 
+def _is_error(reply: bytes) -> bool:
+    """Whether an API reply is an error reply (the counters of INFO and /jsz)."""
+    try:
+        return "error" in json.loads(reply)
+    except (ValueError, TypeError):
+        return False
+
+
 def _kind(op: str) -> str:
     """The reply `type` suffix nats-server uses for an API op."""
     return {
@@ -88,6 +109,9 @@ def _kind(op: str) -> str:
         "META.LEADER.STEPDOWN": "meta_leader_stepdown_response",
         "SERVER.REMOVE": "meta_server_remove_response",
         "STREAM.PEER.REMOVE": "stream_remove_peer_response",
+        "CONSUMER.PAUSE": "consumer_pause_response", "CONSUMER.UNPIN": "consumer_unpin_response",
+        "STREAM.SNAPSHOT": "stream_snapshot_response",
+        "STREAM.RESTORE": "stream_restore_response",
     }.get(op, "error_response")
 
 
@@ -131,12 +155,20 @@ class _Pull:
         self.again = False
         self.deleting = False
         self.dropping = False
+        # flow control and idle heartbeats of a push consumer (push.py)
+        self.flow = PushFlow(cfg, time.time_ns()) if self.push else None
+        self.delivered_ns = self.acked_ns = 0  # CONSUMER.INFO's last_active times
+        self.paused = False
+        self.pause_seen = ""  # a pause_until seen in effect: its end is advised once
+        self.pin_headers: dict[str, str] = {}  # request reply -> Nats-Pin-Id it is served
 
     def wants(self) -> bool:
         return bool(self.push or self.queue.waiting)
 
 
 class JetStreamService:
+    meta_group = META_GROUP
+
     def __init__(self, server: Any) -> None:
         self.server = server
         self.log = server.log
@@ -168,6 +200,7 @@ class JetStreamService:
     async def start(self) -> None:
         self.loop = asyncio.get_running_loop()
         dirs.prepare_store_dir(self.store_dir)  # durable directories (tests/durability)
+        backup.sweep_uploads(self.store_dir)
         self.env = NodeEnv(os.path.join(self.store_dir, "lmdb"))
         raft_dir = os.path.join(self.store_dir, "raft")
         node_log = NodeLog(os.path.join(raft_dir, "wal"))
@@ -200,6 +233,7 @@ class JetStreamService:
         self.client.local_only = True
         self.client.subscribe_internal(api.API_PREFIX + ">", self._on_api)
         self.client.subscribe_internal(api.ACK_PREFIX + ">", self._on_ack)
+        self.client.subscribe_internal("$JS.FC.>", self._on_flow_control)
         for name in self.streams:
             self._subscribe_stream(name)
             self._start_push(name)
@@ -491,8 +525,18 @@ class JetStreamService:
         self._spawn(self._serve(call, subject, reply, body))
 
     async def _serve(self, call: api.Call, subject: str, reply: str, body: bytes) -> None:
-        for hdr, data in await self._answer(call, subject, reply, body):
+        frames = await self._answer(call, subject, reply, body)
+        for hdr, data in frames:
             self.client.publish(reply, None, data, hdr)
+        if frames and call.op not in advisories.NOT_AUDITED:
+            # nats-server counts (and audits) a request once it has answered it, and
+            # leaves message reads and pull requests out of both.
+            data = frames[-1][1]
+            self.api_total += 1
+            self.api_errors += _is_error(data)
+            self._advise(advisories.api_audit(
+                self.server.server_name, self._requester(reply), subject, body, data,
+                *self._stamp()))
 
     async def _answer(self, call: api.Call, subject: str, reply: str, body: bytes,
                       hops: int = 0) -> Frames:
@@ -503,7 +547,6 @@ class JetStreamService:
             try:
                 forwarded = await self.jsc.route_api(call, subject, reply, body, hops)
             except ApiError as err:
-                self.api_errors += 1
                 return [(None, _dumps(replies.error_reply(_kind(call.op), err)))]
             except Exception as exc:  # noqa: BLE001 (the serving node did not answer)
                 self.log.warn(f"JetStream API {subject}: forwarding failed: {exc!r}")
@@ -511,28 +554,22 @@ class JetStreamService:
                 return [(None, _dumps(replies.error_reply(_kind(call.op), err)))]
             if forwarded is not None:
                 return forwarded
-        self.api_total += 1
         handler = getattr(self, "_h_" + call.op.replace(".", "_").lower())
         try:
             out = await handler(call, subject, reply, body)
         except ApiError as err:
-            self.api_errors += 1
             out = replies.error_reply(_kind(call.op), err)
         except ProposalDropped as exc:
-            self.api_errors += 1
             out = replies.error_reply(_kind(call.op), ApiError.of(
                 "JSStreamGeneralErrorF", err=f"not committed: {exc}"))
-        except (NotLeader, TimeoutError):
-            self.api_errors += 1  # leadership moved while serving: the client may retry
+        except (NotLeader, TimeoutError):  # leadership moved while serving: the client may retry
             out = replies.error_reply(_kind(call.op), ApiError.of("JSClusterNotAvailErr"))
         except CorruptRecordError as exc:  # a stored record failed its CRC: say so, stay up
-            self.api_errors += 1
             self.log.error(f"JetStream API {subject}: {exc}")
             out = replies.error_reply(_kind(call.op), ApiError.of("JSStreamGeneralErrorF",
                                                                   err=str(exc)))
         except (ValueError, TypeError, KeyError, AttributeError) as exc:
             # A request shape the pure checks let through: answer, log, and stay up.
-            self.api_errors += 1
             self.log.error(f"JetStream API {subject}: {exc!r}")
             out = replies.error_reply(_kind(call.op), ApiError.of("JSBadRequestErr"))
         if out is None:
@@ -540,6 +577,17 @@ class JetStreamService:
         if isinstance(out, list):
             return out  # frames (DIRECT.GET)
         return [(None, _dumps(out))]
+
+    def _requester(self, reply: str) -> dict[str, Any]:
+        """The audit's client details: the connection subscribed to the request's reply
+        subject (the publisher is not handed to internal subscribers; a requester listens
+        on its own inbox)."""
+        result = self.client.account.sublist.match(reply)
+        subs = list(result.psubs) or [m for group in result.qsubs.values() for m in group]
+        client = subs[0].client if subs else None
+        if client is None or client is self.client:
+            return {"acc": self.client.account.name, "server": self.server.server_name}
+        return _client_info(client, self.server.server_name)
 
     def _stream(self, name: str) -> StreamMachine:
         sm = self.streams.get(name)
@@ -805,11 +853,60 @@ class JetStreamService:
             fresh = self._pull(call.stream, name)  # new limits (max_waiting, ...)
             if old is not None:
                 fresh.queue.waiting = old.queue.waiting
+                fresh.delivered_ns, fresh.acked_ns = old.delivered_ns, old.acked_ns
             if fresh.push:
                 self._pump(call.stream, name)
         return self._consumer_info("consumer_create_response", sm, name)
 
     _h_consumer_durable_create = _h_consumer_create
+
+    # ------------------------------------------------------------------ snapshot / restore
+
+    async def _h_stream_snapshot(self, call: api.Call, subject: str, reply: str, body: bytes
+                                 ) -> dict[str, Any]:
+        return await backup.snapshot_request(self, call, reply, body)
+
+    async def _h_stream_restore(self, call: api.Call, subject: str, reply: str, body: bytes
+                                ) -> dict[str, Any]:
+        return await backup.restore_request(self, call, reply, body)
+
+    async def _h_consumer_pause(self, call: api.Call, subject: str, reply: str, body: bytes
+                                ) -> dict[str, Any]:
+        """Pause until a time (or resume): a consumer config change, through the log."""
+        try:
+            sm = self._stream(call.stream)
+            consumer = sm.stream.consumers.get(call.consumer)
+            if consumer is None:
+                raise ApiError.of("JSConsumerNotFoundErr")
+            until = pause.parse_pause(body)
+        except ApiError as err:
+            return pause.pause_error(err)
+        cfg = consumer_config.with_pause(consumer.cfg, until)
+        await self._propose(sm, ops.ConsumerUpsert(
+            time.time_ns(), call.consumer, _dumps(consumer_config.to_wire(cfg)), 0, 0))
+        pull = self.pulls.get((sm.name, call.consumer))
+        if pull is not None:
+            pull.pause_seen = ""  # this request's own advisory says how the pause stands
+        self._pump(sm.name, call.consumer)
+        out = pause.pause_reply(until, time.time_ns())
+        self._advise(advisories.consumer_pause(sm.name, call.consumer, out["paused"],
+                                               out["pause_until"], *self._stamp()))
+        return out
+
+    async def _h_consumer_unpin(self, call: api.Call, subject: str, reply: str, body: bytes
+                                ) -> dict[str, Any]:
+        sm = self._stream(call.stream)
+        consumer = sm.stream.consumers.get(call.consumer)
+        if consumer is None:
+            raise ApiError.of("JSConsumerNotFoundErr")
+        group = pause.parse_unpin(body, consumer.cfg)
+        pull = self.pulls.get((call.stream, call.consumer))
+        if pull is not None and pull.queue.priority.unpin(group):
+            self._advise(advisories.group_unpinned(self.client.account.name, call.stream,
+                                                   call.consumer, group, "admin",
+                                                   *self._stamp()))
+            self._pump(call.stream, call.consumer)
+        return {"type": pause.UNPIN_TYPE}
 
     def _consumer_info(self, kind: str, sm: StreamMachine, name: str) -> dict[str, Any]:
         with sm.lock:
@@ -818,11 +915,19 @@ class JetStreamService:
                 raise ApiError.of("JSConsumerNotFoundErr")
             view = StreamView(sm.store, consumer.filters())
             pull = self.pulls.get((sm.name, name))
-            created = self.consumer_created.get((sm.name, name), sm.created_ns)
+            created = sm.stream.consumer_created.get(name) or \
+                self.consumer_created.get((sm.name, name), sm.created_ns)
             wire = consumer_config.to_wire(consumer.cfg)
-            out = replies.consumer_info(kind, sm.name, name, wire, consumer, view,
-                                        rfc3339(created), self._now(),
-                                        num_waiting=len(pull.queue.waiting) if pull else 0)
+            out = replies.consumer_info(
+                kind, sm.name, name, wire, consumer, view, rfc3339(created), self._now(),
+                num_waiting=len(pull.queue.waiting) if pull else 0,
+                delivered_at=rfc3339(pull.delivered_ns) if pull and pull.delivered_ns else "",
+                acked_at=rfc3339(pull.acked_ns) if pull and pull.acked_ns else "",
+                push_bound=bool(pull and pull.push and self._has_interest(pull.push)),
+                paused_ns=pause.paused_for(consumer.cfg.get("pause_until") or "",
+                                           time.time_ns()),
+                pinned={g: (pin, rfc3339(ts)) for g, (pin, ts)
+                        in (pull.queue.priority.state() if pull else {}).items()})
         if self.jsc is not None:  # a consumer lives in its stream's group (its replicas)
             out = _insert_before(out, "ts", "cluster", self.jsc.cluster_info(sm.group))
         return out
@@ -891,11 +996,18 @@ class JetStreamService:
             # nats-server answers a request for a missing consumer with a 404 status.
             self._send(Status(reply, b"NATS/1.0 404 No Messages\r\n\r\n"))
             return None
-        pull = self._pull(call.stream, call.consumer)
+        self._next_request(call.stream, call.consumer, reply, body)
+        return None
+
+    def _next_request(self, stream: str, name: str, reply: str, body: bytes) -> None:
+        """A pull request (MSG.NEXT, or the rest of a `+NXT` ack) joins the waiting queue."""
+        pull = self._pull(stream, name)
+        if pull.push:
+            self._send(Status(reply, b"NATS/1.0 409 Consumer is push based\r\n\r\n"))
+            return
         for status in pull.queue.add(time.time_ns(), reply, body):
             self._send(status)
-        self._pump(call.stream, call.consumer)
-        return None
+        self._pump(stream, name)
 
     def _send(self, status: Status) -> None:
         self.client.publish(status.reply, None, b"", status.hdr)
@@ -931,18 +1043,32 @@ class JetStreamService:
         now = time.time_ns()
         if pull.push and not self._has_interest(pull.push):
             return False  # nats-server delivers only while someone listens
-        wanted = MAX_ROUND if pull.push else \
-            min(sum(r.remaining for r in pull.queue.waiting), MAX_ROUND)
+        if pull.flow is not None and pull.flow.stalled():
+            return False  # flow control: wait for the client's answer
         with sm.lock:
             consumer = sm.stream.consumers.get(name)
             if consumer is None:
                 return False
-            plans = consumer.plan_batch(now, StreamView(sm.store, consumer.filters()), wanted)
+            if consumer.cfg.get("pause_until") and \
+                    pause.paused_for(consumer.cfg["pause_until"], now):
+                pull.paused = True  # the ticker pumps again once the pause is over
+                return False
+            pull.paused = False
+            view = StreamView(sm.store, consumer.filters())
+            # overflow priority groups serve a request only above its pending thresholds
+            counts = [consumer.num_pending(view), consumer.num_ack_pending()] \
+                if pull.queue.priority.policy == "overflow" else [0, 0]
+            wanted = MAX_ROUND if pull.push else min(pull.queue.wanted(*counts), MAX_ROUND)
+            if not wanted and pull.queue.waiting:
+                return False  # requests wait, none of them may be served now
+            plans = consumer.plan_batch(now, view, wanted)
             msgs = {p.sseq: sm.store.load(p.sseq) for p in plans if isinstance(p, Delivery)}
         if not plans:
             for status in () if pull.push else pull.queue.nothing_pending():
                 self._send(status)
             return False
+        if pull.flow is not None and pull.flow.window:
+            plans = _within_window(plans, msgs, pull.flow, stream, name)
         sends: list[tuple[Any, Any]] = []  # (message, request) in plan order
         entries: list[ops.Op] = []
         drops = [p for p in plans if isinstance(p, Drop)]
@@ -957,12 +1083,17 @@ class JetStreamService:
             if pull.push:
                 target = pull.push
             else:
-                req, refused = pull.queue.take(len(msg.subject) + len(msg.hdr) + len(msg.data))
+                req, refused = pull.queue.take(len(msg.subject) + len(msg.hdr) + len(msg.data),
+                                               *counts)
                 for status in refused:
                     self._send(status)
                 if req is None:
                     break
                 target = req.reply
+                if plan.deliveries == 1:
+                    counts[0] -= 1
+                counts[1] += 1
+                self._pin(sm.name, name, pull, req, now)
             entries.append(ops.ConsumerDelivered(now, name, plan.sseq))
             sends.append((msg, target))
         if not entries:
@@ -971,11 +1102,21 @@ class JetStreamService:
                                        return_exceptions=True)
         indexes = [r for e, r in zip(entries, results, strict=True)
                    if isinstance(e, ops.ConsumerDelivered)]
-        self._send_deliveries(sm, name, sends, indexes, pull.headers_only)
+        self._send_deliveries(sm, name, sends, indexes, pull)
         return True
 
+    def _pin(self, stream: str, name: str, pull: _Pull, req: Any, now: int) -> None:
+        """A pinned_client group's delivery carries the pin id; the first one pins."""
+        pin, new = pull.queue.priority.pin_for(req, now, backup.nuid())
+        if not pin:
+            return
+        pull.pin_headers[req.reply] = pin
+        if new:
+            self._advise(advisories.group_pinned(self.client.account.name, stream, name,
+                                                 req.group, pin, *self._stamp()))
+
     def _send_deliveries(self, sm: StreamMachine, name: str, sends: list[tuple[Any, str]],
-                         indexes: list[Any], headers_only: bool) -> None:
+                         indexes: list[Any], pull: _Pull) -> None:
         """Each applied delivery to its request, with the ack subject nats-server sends
         (its last token: what is still pending after that message)."""
         with sm.lock:
@@ -993,10 +1134,23 @@ class JetStreamService:
             ack = (f"{api.ACK_PREFIX}{sm.name}.{name}.{d.deliveries}.{d.sseq}.{d.cseq}."
                    f"{msg.ts_ns}.{left + new_after}")
             hdr, data = msg.hdr, msg.data
-            if headers_only:  # the size instead of the body, as nats-server sends it
+            if pull.headers_only:  # the size instead of the body, as nats-server sends it
                 hdr, data = _with_header(hdr, "Nats-Msg-Size", str(len(data))), b""
+            pin = pull.pin_headers.get(target)
+            if pin:
+                hdr = _with_header(hdr, "Nats-Pin-Id", pin)
             self.client.account.deliver_as(self.client, target, msg.subject, ack,
                                            hdr or None, data)
+            pull.delivered_ns = time.time_ns()
+            if pull.flow is not None:
+                size = len(msg.subject) + len(ack) + len(hdr) + len(data)
+                fc = pull.flow.on_sent(size, time.time_ns(), lambda: fc_subject(
+                    sm.name, name, secrets.randbits(62)))
+                if fc:
+                    self.client.publish(target, fc, b"", FC_REQUEST)
+        if pull.pin_headers:  # forget the pins of requests that are done
+            live = {r.reply for r in pull.queue.waiting}
+            pull.pin_headers = {k: v for k, v in pull.pin_headers.items() if k in live}
 
     def _on_ack(self, _sub: Any, subject: str, reply: str | None, hdr: bytes | None,
                 body: bytes) -> None:
@@ -1010,9 +1164,18 @@ class JetStreamService:
         sm = self.streams.get(info.stream)
         if sm is None or info.consumer not in sm.stream.consumers:
             return
-        kind, delay, _next = parse_ack_body(body)
+        kind, delay, wants_next = parse_ack_body(body)
+        pull = self.pulls.get((info.stream, info.consumer))
+        if pull is not None:
+            pull.acked_ns = time.time_ns()
+        if kind is None:  # a body nats-server does not know: nothing changes
+            if reply:
+                self.client.publish(reply, None, b"")
+            return
+        if kind == AckKind.ACK:
+            self._ack_sample(sm, info)
         op = ops.ConsumerAck(time.time_ns(), info.consumer, kind, info.sseq, delay)
-        self._spawn(self._ack(sm, info, op, reply, body))
+        self._spawn(self._ack(sm, info, op, reply, body, wants_next))
 
     async def _ack_here(self, subject: str, body: bytes) -> bool:
         """An ack forwarded by another node (this node leads the stream): True once it is
@@ -1024,18 +1187,23 @@ class JetStreamService:
         if sm is None or info.consumer not in sm.stream.consumers:
             return False
         kind, delay, _next = parse_ack_body(body)
+        if kind is None:  # a body nats-server does not know: nothing changes
+            return True
         op = ops.ConsumerAck(time.time_ns(), info.consumer, kind, info.sseq, delay)
         return await self._ack(sm, info, op, None, body)
 
     async def _ack(self, sm: StreamMachine, info: AckInfo, op: ops.ConsumerAck,
-                   reply: str | None, body: bytes) -> bool:
+                   reply: str | None, body: bytes, wants_next: bool = False) -> bool:
         name = info.consumer
         try:
             index = await self._propose(sm, op)
         except (ProposalDropped, KeyError, NotLeader) as exc:
             self.log.warn(f"JetStream ack on {sm.name}/{name} not recorded: {exc!r}")
             return False
-        if reply:
+        if reply and wants_next:  # +NXT: the reply subject receives the next messages
+            if name in sm.stream.consumers:
+                self._next_request(sm.name, name, reply, next_request(body))
+        elif reply:
             self.client.publish(reply, None, b"")  # double ack: confirmed once applied
         for event in sm.events.pop(index, []):
             a = event.advisory
@@ -1049,6 +1217,22 @@ class JetStreamService:
         self._pump(sm.name, name)
         return True
 
+    def _ack_sample(self, sm: StreamMachine, info: AckInfo) -> None:
+        """`sample_freq`: publish an ack metric for that share of acks of pending messages
+        (the time from the delivery to the ack, as nats-server measures it)."""
+        with sm.lock:
+            consumer = sm.stream.consumers.get(info.consumer)
+            if consumer is None or not consumer.cfg.get("sample_freq"):
+                return
+            pct = advisories.sample_percent(consumer.cfg["sample_freq"])
+            pending = consumer.state.pending.get(info.sseq)
+            deliveries = consumer.state.deliveries.get(info.sseq, 1)
+        if pending is None or pct <= 0 or secrets.randbelow(100) >= pct:
+            return
+        self._advise(advisories.consumer_ack_metric(
+            sm.name, info.consumer, info.cseq, info.sseq, time.time_ns() - pending.delivered_ns,
+            deliveries, *self._stamp()))
+
     async def _drop(self, sm: StreamMachine, name: str, drops: list[Drop]) -> None:
         """Stop tracking messages out of deliveries (or gone): CONSUMER_ACK entries of kind
         MAX_DELIVER / GONE, and the max-deliveries advisories they produce."""
@@ -1061,6 +1245,15 @@ class JetStreamService:
                 if a.kind == "MAX_DELIVERIES":
                     self._advise(advisories.max_deliveries(sm.name, name, a.sseq,
                                                            a.deliveries, *self._stamp()))
+
+    def _on_flow_control(self, _sub: Any, subject: str, reply: str | None,
+                         hdr: bytes | None, body: bytes) -> None:
+        """A push consumer's client answered a flow control request: deliver again."""
+        names = parse_fc_subject(subject)
+        pull = self.pulls.get(names) if names else None
+        if names and pull is not None and pull.flow is not None \
+                and pull.flow.on_reply(subject):
+            self._pump(*names)
 
     def _advise(self, advisory: tuple[str, bytes]) -> None:
         subject, body = advisory
@@ -1097,6 +1290,10 @@ class JetStreamService:
         owes a heartbeat (nats-server's timers are per request)."""
         wake = min((dl for p in self.pulls.values() if (dl := p.queue.next_deadline())),
                    default=None)
+        beats = [dl for p in self.pulls.values()
+                 if p.flow is not None and (dl := p.flow.next_deadline())]
+        if beats:
+            wake = min(beats + ([wake] if wake else []))
         if wake is None:
             return PULL_TICK_S
         return min(PULL_TICK_S, max(0.001, (wake - time.time_ns()) / 1e9 + 0.0005))
@@ -1114,6 +1311,11 @@ class JetStreamService:
         if sm is None:
             return
         self._timer_drops(sm, name, pull, now)
+        self._pause_end(sm, name, pull, now)
+        for group in pull.queue.priority.expired(now, list(pull.queue.waiting)):
+            self._advise(advisories.group_unpinned(self.client.account.name, stream, name,
+                                                   group, "timeout", *self._stamp()))
+            self._pump(stream, name)
         active = bool(pull.queue.waiting) or (bool(pull.push) and self._has_interest(pull.push))
         if active or pull.pumping:
             pull.last_active = now
@@ -1122,6 +1324,8 @@ class JetStreamService:
             self._spawn(self._expire_consumer(sm, name))
             return
         if not active:
+            if pull.flow is not None:
+                pull.flow.heartbeat(now, 0, 0, listening=False)  # skipped, the wait restarts
             return
         with sm.lock:
             consumer = sm.stream.consumers.get(name)
@@ -1132,8 +1336,26 @@ class JetStreamService:
             statuses = pull.queue.tick(now, st.delivered_cseq, st.delivered_sseq)
         for status in statuses:
             self._send(status)
-        if pull.push or (due is not None and due <= now):
+        if pull.flow is not None:
+            beat = pull.flow.heartbeat(now, st.delivered_cseq, st.delivered_sseq, True)
+            if beat is not None:
+                self.client.publish(pull.push, None, b"", beat)
+        if pull.push or pull.paused or (due is not None and due <= now):
             self._pump(stream, name)
+
+    def _pause_end(self, sm: StreamMachine, name: str, pull: _Pull, now: int) -> None:
+        """A pause that ran out by itself: nats-server advises it (paused false, the time)."""
+        consumer = sm.stream.consumers.get(name)
+        until = (consumer.cfg.get("pause_until") or "") if consumer is not None else ""
+        if not until:
+            return
+        if pause.paused_for(until, now):
+            pull.pause_seen = until
+        elif pull.pause_seen == until:
+            pull.pause_seen = ""
+            self._advise(advisories.consumer_pause(sm.name, name, False, until,
+                                                   *self._stamp()))
+            self._pump(sm.name, name)
 
     def _timer_drops(self, sm: StreamMachine, name: str, pull: _Pull, now: int) -> None:
         """The ack timer's own decisions (no pull request needed): messages whose ack wait
@@ -1160,6 +1382,32 @@ class JetStreamService:
         self.pulls.pop((sm.name, name), None)
         self.consumer_created.pop((sm.name, name), None)
         self._advise(advisories.consumer_action("delete", sm.name, name, *self._stamp()))
+
+
+def _within_window(plans: list[Any], msgs: dict[int, Any], flow: PushFlow, stream: str,
+                   name: str) -> list[Any]:
+    """The plans that flow control lets go now: drops, and deliveries while no more than
+    the window is in flight before each (sizes estimated with a typical ack subject)."""
+    ack_len = len(api.ACK_PREFIX) + len(stream) + len(name) + 40
+    deliveries = [p for p in plans if isinstance(p, Delivery)]
+    sizes = [(len(m.subject) + len(m.hdr) + len(m.data) + ack_len) if (m := msgs.get(p.sseq))
+             else 0 for p in deliveries]
+    keep = set(deliveries[:flow.allowed(sizes)])
+    return [p for p in plans if isinstance(p, Drop) or p in keep]
+
+
+def _client_info(client: Any, server: str) -> dict[str, Any]:
+    """nats-server's ClientInfo of a connection, the fields a plain client connection has."""
+    info: dict[str, Any] = {"start": rfc3339(int(client.start * 1e9)), "host": client.host,
+                            "id": client.cid, "acc": client.account.name}
+    if client.user:
+        info["user"] = client.user
+    if client.opts.get("name"):
+        info["name"] = client.opts["name"]
+    info.update({"lang": client.opts.get("lang", ""), "ver": client.opts.get("version", ""),
+                 "rtt": int(client.rtt * 1e9), "server": server, "kind": "Client",
+                 "client_type": "nats"})
+    return info
 
 
 def _insert_before(out: dict[str, Any], key: str, new_key: str, value: Any) -> dict[str, Any]:

@@ -42,6 +42,7 @@ MIN_TTL_NS = 1_000_000_000
 EXPIRE_BATCH = 10_000  # TTL expiries handled per entry: bounds one apply's work
 _U64 = struct.Struct("<Q")
 _CONSUMER_CFG = "consumer:"  # store meta key prefix of a consumer's config JSON
+_CONSUMER_CREATED = "consumer-created:"  # ... of its creation time (the creating entry's clock)
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,11 +116,17 @@ class Stream:
         self.last_ts = self._meta_int("last_ts")
         self.last_msg_id = (store.get_meta("last_msg_id") or b"").decode()
         self.consumers: dict[str, Consumer] = {}
+        # ns since the epoch, from the creating CONSUMER_UPSERT entry (CONSUMER.INFO's
+        # `created`, the same after a restart); absent for consumers older than the record
+        self.consumer_created: dict[str, int] = {}
         self._dirty: set[str] = set()
         for name in store.consumers():  # consumers created by CONSUMER_UPSERT entries
             raw = store.get_meta(_CONSUMER_CFG + name)
             if raw:
                 self.attach_consumer(name, consumer_from_wire(json.loads(raw)))
+                created = store.get_meta(_CONSUMER_CREATED + name)
+                if created:
+                    self.consumer_created[name] = int(created)
 
     def attach_consumer(self, name: str, cfg: dict[str, Any], start_sseq: int = 1,
                         lps_until: int = 0) -> Consumer:
@@ -186,7 +193,34 @@ class Stream:
             return self._apply_delivered(op)
         if isinstance(op, ops.ConsumerAck):
             return self._apply_consumer_ack(op)
+        if isinstance(op, ops.RestoreMsgs):
+            return self._apply_restore(op)
+        if isinstance(op, ops.ConsumerState):
+            return self._apply_consumer_state(op)
         return self._expire(op.now_ns)
+
+    # -- STREAM.RESTORE --------------------------------------------------------------------
+
+    def _apply_restore(self, op: ops.RestoreMsgs) -> list[Effect]:
+        """A snapshot's messages, as they were: their sequences and times, no limits."""
+        effects: list[Effect] = []
+        for m in op.msgs:
+            if m.seq <= self.last_seq:
+                continue  # already here (sequences only grow)
+            self._put(StoredMsg(m.seq, m.subject, m.hdr, m.data, m.ts_ns))
+            self.last_seq, self.last_ts = m.seq, m.ts_ns
+            effects.append(Stored(m.seq, m.subject))
+        if op.last_seq > self.last_seq:
+            self.last_seq, self.last_ts = op.last_seq, op.last_ts
+        return effects
+
+    def _apply_consumer_state(self, op: ops.ConsumerState) -> list[Effect]:
+        consumer = self.consumers.get(op.consumer)
+        if consumer is not None:
+            consumer.state = ConsumerState.decode(op.state)
+            consumer.pending_cache = None  # derived: computed again on first use
+            self._dirty.add(op.consumer)
+        return []
 
     # -- configuration entries -------------------------------------------------------------
 
@@ -208,6 +242,8 @@ class Stream:
         else:
             consumer = Consumer(cfg, None, start_sseq=op.start_sseq, lps_until=op.lps_until)
             self.consumers[op.consumer] = consumer
+            self.consumer_created[op.consumer] = op.now_ns
+            self.store.put_meta(_CONSUMER_CREATED + op.consumer, str(op.now_ns).encode())
         self.store.put_meta(_CONSUMER_CFG + op.consumer, op.config)
         self._dirty.add(op.consumer)  # the state record lists the consumer in the store
         return []
@@ -312,6 +348,8 @@ class Stream:
             return []
         self.store.delete_consumer(name)
         self.store.put_meta(_CONSUMER_CFG + name, b"")
+        self.store.put_meta(_CONSUMER_CREATED + name, b"")
+        self.consumer_created.pop(name, None)
         self._dirty.discard(name)
         if self.cfg["retention"] != "interest":
             return []

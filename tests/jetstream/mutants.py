@@ -18,6 +18,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 J = "node/jetstream/"
 T = "tests/jetstream/"
+PUSH_FC = "tests/integration/test_jetstream_push.py::test_flow_control_matches_nats_server"
+PRIO = "tests/integration/test_jetstream_priority.py"
+PUSH_HB = "tests/integration/test_jetstream_push.py::test_idle_heartbeats_match_nats_server"
 
 # (name, file, original text, mutated text, tests that must catch it[, original2, mutated2])
 MUTANTS: list[tuple[str, ...]] = [
@@ -127,6 +130,79 @@ MUTANTS: list[tuple[str, ...]] = [
     ("wire: ack subject pending ignores the rest of the round", J + "service.py",
      "f\"{msg.ts_ns}.{left + new_after}\"", "f\"{msg.ts_ns}.{left}\"",
      "tests/integration/test_jetstream_serve.py::test_script_matches_nats_server"),
+    ("push: no flow control request", J + "push.py",
+     "if not self.fc_reply and self.in_flight > self.window // 2:", "if False:", PUSH_FC),
+    ("push: window not enforced", J + "push.py",
+     "return self.window > 0 and self.in_flight > self.window", "return False", PUSH_FC,
+     "            if flight > self.window:\n                break", "            pass"),
+    ("push: flow control answer ignored", J + "push.py",
+     "if not self.fc_reply or subject != self.fc_reply:", "if True:", PUSH_FC),
+    ("push: stalled flag missing from heartbeats", J + "push.py",
+     "return heartbeat_header(last_cseq, last_sseq, self.fc_reply)",
+     "return heartbeat_header(last_cseq, last_sseq)", PUSH_FC),
+    ("push: no idle heartbeats", J + "push.py",
+     "        if not listening:\n            return None",
+     "        if True:\n            return None", PUSH_HB),
+    ("push: heartbeat sequences swapped", J + "service.py",
+     "pull.flow.heartbeat(now, st.delivered_cseq, st.delivered_sseq, True)",
+     "pull.flow.heartbeat(now, st.delivered_sseq, st.delivered_cseq, True)", PUSH_HB),
+    ("push: deliveries do not restart the heartbeat wait", J + "push.py",
+     "        if self.heartbeat_ns:\n"
+     "            self.next_heartbeat_ns = now_ns + self.heartbeat_ns\n"
+     "        if not self.window:",
+     "        if not self.window:", PUSH_HB),
+    ("gaps: consumer created time not read from the store", J + "service.py",
+     "created = sm.stream.consumer_created.get(name) or", "created = None or",
+     "tests/integration/test_jetstream_pause.py::test_consumer_created_time_survives_restart"),
+    ("gaps: +NXT answered as a plain ack", J + "service.py",
+     "        if reply and wants_next:", "        if False:",
+     "tests/integration/test_jetstream_acks.py"),
+    ("gaps: paused consumer still delivers", J + "service.py",
+     "                pull.paused = True  # the ticker pumps again once the pause is over\n"
+     "                return False",
+     "                pull.paused = True  # the ticker pumps again once the pause is over",
+     "tests/integration/test_jetstream_pause.py::test_pause_and_unpin_match_nats_server"),
+    # two paths resume delivery when a pause runs out (the ticker's pump of a paused
+    # consumer, and the pause-end advisory's pump): the mutant removes both
+    ("gaps: pause never ends", J + "service.py",
+     "if pull.push or pull.paused or (due is not None and due <= now):",
+     "if pull.push or (due is not None and due <= now):",
+     "tests/integration/test_jetstream_pause.py::test_pause_and_unpin_match_nats_server",
+     "                                                   *self._stamp()))\n"
+     "            self._pump(sm.name, name)\n\n    def _timer_drops",
+     "                                                   *self._stamp()))\n\n"
+     "    def _timer_drops"),
+    ("gaps: unknown ack bodies ack", J + "consumer.py",
+     "    return None, 0, False\n", "    return AckKind.ACK, 0, False\n",
+     "tests/integration/test_jetstream_acks.py"),
+    ("gaps: ack metrics not sampled", J + "service.py",
+     "        if kind == AckKind.ACK:\n            self._ack_sample(sm, info)\n", "",
+     "tests/integration/test_jetstream_audit.py"),
+    ("gaps: pinned group serves any client", J + "priority.py",
+     "        return pin is None or req.pin_id == pin.pin_id", "        return True", PRIO),
+    ("gaps: overflow thresholds ignored", J + "priority.py",
+     "            if req.min_pending and num_pending < req.min_pending:\n"
+     "                return False",
+     "            if False:\n                return False", PRIO),
+    ("gaps: pins never time out", J + "priority.py",
+     "if now_ns - p.seen_ns >= self.timeout_ns]", "if False]", PRIO),
+    ("gaps: restore renumbers messages", J + "stream.py",
+     "            self._put(StoredMsg(m.seq, m.subject, m.hdr, m.data, m.ts_ns))\n"
+     "            self.last_seq, self.last_ts = m.seq, m.ts_ns",
+     "            seq = self._next_seq()\n"
+     "            self._put(StoredMsg(seq, m.subject, m.hdr, m.data, m.ts_ns))\n"
+     "            self.last_seq, self.last_ts = seq, m.ts_ns",
+     "tests/integration/test_jetstream_snapshot.py"),
+    ("gaps: restored consumer state dropped", J + "stream.py",
+     "            consumer.state = ConsumerState.decode(op.state)\n", "",
+     "tests/integration/test_jetstream_snapshot.py"),
+    ("gaps: damaged snapshot accepted", J + "snapshot.py",
+     "                if crc != want:", "                if False:",
+     "tests/jetstream/test_snapshot.py"),
+    ("push: ordered consumer kept alive without heartbeats", J + "push.py",
+     "        if not listening:\n            return None",
+     "        if True:\n            return None",
+     "tests/integration/test_jetstream_push.py::test_ordered_consumer_matches_nats_server"),
 ]
 
 

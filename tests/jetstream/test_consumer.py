@@ -250,9 +250,11 @@ def test_ack_subject_roundtrip_and_garbage() -> None:
     (b"-NAK 1.5s", (AckKind.NAK, 1_500_000_000, False)),
     (b"-NAK {bad", (AckKind.NAK, 0, False)),
     (b"+WPI", (AckKind.WPI, 0, False)), (b"+TERM reason", (AckKind.TERM, 0, False)),
-    (b"+NXT", (AckKind.ACK, 0, True)),
+    (b"+NXT", (AckKind.ACK, 0, True)), (b"+NXT 5", (AckKind.ACK, 0, True)),
+    (b"+OK", (AckKind.ACK, 0, False)), (b"+BOGUS", (None, 0, False)),
+    (b"+ACK ", (None, 0, False)), (b"+WPI now", (None, 0, False)),
 ])
-def test_ack_bodies(body: bytes, expected: tuple[AckKind, int, bool]) -> None:
+def test_ack_bodies(body: bytes, expected: tuple[AckKind | None, int, bool]) -> None:
     assert parse_ack_body(body) == expected
 
 

@@ -36,7 +36,7 @@ def test_op_codes_are_append_only() -> None:
     assert {op.name: op.value for op in ops.EntryOp} == {
         "STREAM_MSG": 1, "DELETE_MSG": 2, "PURGE": 3, "EXPIRE": 4,
         "UPDATE_CONFIG": 5, "CONSUMER_DELIVERED": 16, "CONSUMER_ACK": 17, "STREAM_BATCH": 18,
-        "CONSUMER_UPSERT": 19, "CONSUMER_DELETE": 20}
+        "CONSUMER_UPSERT": 19, "CONSUMER_DELETE": 20, "RESTORE_MSGS": 13, "CONSUMER_STATE": 21}
 
 
 @given(now=st.integers(-(1 << 63), (1 << 63) - 1), subject=SUBJECT, reply=st.text(max_size=20),

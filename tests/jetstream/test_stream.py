@@ -196,12 +196,12 @@ def test_config_and_consumers_come_back_from_the_store(tmp_path: Path) -> None:
     entries = [(i, ops.encode(ops.StreamMsg(T0 + i, "a.x", "r", b"", b"d"))) for i in range(1, 6)]
     entries += [
         (6, ops.encode(ops.UpdateConfig(T0, json.dumps(config.to_wire(newer)).encode()))),
-        (7, ops.encode(ops.ConsumerUpsert(T0, "keep", b'{"ack_policy":"explicit"}', 3))),
+        (7, ops.encode(ops.ConsumerUpsert(T0 + 7, "keep", b'{"ack_policy":"explicit"}', 3))),
         (8, ops.encode(ops.ConsumerUpsert(T0, "gone", b'{"ack_policy":"none"}'))),
         (9, ops.encode(ops.ConsumerDelivered(T0, "keep", 3))),
         (10, ops.encode(ops.ConsumerDelete(T0, "gone"))),
-        (11, ops.encode(ops.ConsumerUpsert(T0, "keep", b'{"ack_policy":"explicit",'
-                                                      b'"description":"v2"}'))),
+        (11, ops.encode(ops.ConsumerUpsert(T0 + 11, "keep", b'{"ack_policy":"explicit",'
+                                                           b'"description":"v2"}'))),
     ]
     env = NodeEnv(str(tmp_path / "env"))
     stream = Stream(cfg, LmdbStore(env, "T"))
@@ -215,5 +215,7 @@ def test_config_and_consumers_come_back_from_the_store(tmp_path: Path) -> None:
         assert sorted(again.consumers) == ["keep"]
         keep = again.consumers["keep"]
         assert keep.cfg["description"] == "v2" and list(keep.state.pending) == [3]
+        # created: the creating entry's clock, not the update's, and not the restart's
+        assert again.consumer_created == {"keep": T0 + 7}
     finally:
         env.close()

@@ -1,0 +1,173 @@
+"""`/jsz` in nats-server 2.15's shape for one node, and JetStream series for `/metrics`.
+
+    body = jsz(server, query)        # ?accounts=true&streams=true&consumers=true&config=true
+    lines = metric_lines(server)     # Prometheus text lines
+
+The key order is nats-server's: memory, storage, reserved_*, accounts, ha_assets, api, server_id,
+now, config, limits, streams, consumers, messages, bytes, [account_details], total. A cluster
+adds `meta_cluster` after `bytes` (the cluster's jsz.py does that on top of this body).
+Standalone nats-server reports `ha_assets` 0 and the account's `reserved_*` as the unsigned
+-1 it uses for "no reservation".
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from typing import Any
+
+from node.jetstream import api
+from node.jetstream.stream import rfc3339
+
+NO_RESERVATION = 2**64 - 1
+DEFAULT_MAX_CONSUMERS = 1000  # nats-server's `limits.default_max_consumers` in /jsz
+
+
+def _flag(query: dict[str, str], key: str) -> bool:
+    return query.get(key, "").lower() in ("1", "true")
+
+
+def _totals(svc: Any) -> tuple[int, int, int, int, int, int]:
+    """(memory bytes, file bytes, streams, consumers, messages, bytes)."""
+    memory = storage = streams = consumers = messages = 0
+    for sm in list(svc.streams.values()):
+        with sm.lock:
+            size = sm.store.bytes()
+            streams += 1
+            consumers += len(sm.stream.consumers)
+            messages += sm.store.msgs()
+        if sm.memory:
+            memory += size
+        else:
+            storage += size
+    return memory, storage, streams, consumers, messages, memory + storage
+
+
+def _level_only(cfg: dict[str, Any]) -> dict[str, Any]:
+    """/jsz shows a config's metadata with `_nats.req.level` only (as nats-server does)."""
+    out = copy.deepcopy(cfg)
+    meta = out.get("metadata")
+    if isinstance(meta, dict):
+        out["metadata"] = {k: v for k, v in meta.items()
+                           if not k.startswith("_nats.") or k == "_nats.req.level"}
+    return out
+
+
+def _stream_detail(svc: Any, sm: Any, consumers: bool, config: bool) -> dict[str, Any]:
+    info = svc._stream_reply("stream_info_response", sm)
+    out: dict[str, Any] = {"name": sm.name, "created": info["created"],
+                           "cluster": {"leader": svc.server.server_name}}
+    if config:
+        out["config"] = _level_only(info["config"])
+    out["state"] = info["state"]
+    if consumers:
+        details = []
+        for name in sorted(sm.stream.consumers):
+            ci = svc._consumer_info("consumer_info_response", sm, name)
+            ci.pop("type", None)
+            if config:
+                ci["config"] = _level_only(ci["config"])
+            else:
+                ci.pop("config", None)
+            details.append(ci)
+        if details:
+            out["consumer_detail"] = details
+    return out
+
+
+def jsz(server: Any, query: dict[str, str]) -> dict[str, Any]:
+    svc = server.jetstream
+    now = rfc3339(time.time_ns())
+    if svc is None:
+        return {"server_id": server.server_id, "now": now, "disabled": True}
+    o = server.options.jetstream
+    memory, storage, streams, consumers, messages, size = _totals(svc)
+    api_stats = {"level": api.API_LEVEL, "total": svc.api_total, "errors": svc.api_errors}
+    out: dict[str, Any] = {
+        "memory": memory, "storage": storage, "reserved_memory": 0, "reserved_storage": 0,
+        "accounts": 1, "ha_assets": 0, "api": api_stats, "server_id": server.server_id,
+        "now": now,
+        "config": {"max_memory": o.max_mem, "max_storage": o.max_file,
+                   "store_dir": svc.store_dir, "sync_interval": _sync_interval(o.sync_interval),
+                   "strict": True},
+        "limits": {"default_max_consumers": DEFAULT_MAX_CONSUMERS},
+        "streams": streams, "consumers": consumers, "messages": messages, "bytes": size,
+    }
+    want_streams = _flag(query, "streams") or _flag(query, "consumers")
+    if _flag(query, "accounts") or want_streams:
+        account: dict[str, Any] = {
+            "name": "$G", "id": "$G", "memory": memory, "storage": storage,
+            "reserved_memory": NO_RESERVATION, "reserved_storage": NO_RESERVATION,
+            "accounts": 0, "ha_assets": 0,
+            "api": {"level": 0, "total": svc.api_total, "errors": svc.api_errors}}
+        if want_streams:
+            details = [_stream_detail(svc, sm, _flag(query, "consumers"),
+                                      _flag(query, "config"))
+                       for _, sm in sorted(svc.streams.items())]
+            if details:
+                account["stream_detail"] = details
+        out["account_details"] = [account]
+    out["total"] = 1
+    return out
+
+
+def _sync_interval(value: Any) -> int:
+    """nats-server reports its sync interval in ns; Jetraft syncs before every ack, which
+    `sync_interval: always` names, and says so as 0."""
+    return value if isinstance(value, int) else 0
+
+
+def metric_lines(server: Any) -> list[str]:
+    """JetStream series with the names prometheus-nats-exporter gives /jsz's figures."""
+    svc = getattr(server, "jetstream", None)
+    if svc is None:
+        return []
+    memory, storage, streams, consumers, messages, size = _totals(svc)
+    sid = f'server_id="{server.server_id}"'
+    lines: list[str] = []
+
+    def series(name: str, kind: str, help_text: str, samples: list[tuple[str, int]]) -> None:
+        lines.extend([f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"])
+        lines.extend(f"{name}{{{labels}}} {value}" for labels, value in samples)
+
+    for name, value, help_text in (
+            ("streams", streams, "Streams on this server"),
+            ("consumers", consumers, "Consumers on this server"),
+            ("messages", messages, "Messages stored in all streams"),
+            ("bytes", size, "Bytes stored in all streams"),
+            ("memory", memory, "Bytes held by memory streams"),
+            ("storage", storage, "Bytes held by file streams")):
+        series(f"jetstream_server_total_{name}", "gauge", help_text, [(sid, value)])
+    series("jetstream_server_api_requests_total", "counter", "JetStream API requests",
+           [(sid, svc.api_total)])
+    series("jetstream_server_api_errors_total", "counter", "JetStream API errors",
+           [(sid, svc.api_errors)])
+    per_stream: dict[str, list[tuple[str, int]]] = {}
+    per_consumer: dict[str, list[tuple[str, int]]] = {}
+    for name, sm in sorted(svc.streams.items()):
+        labels = f'{sid},stream_name="{name}"'
+        with sm.lock:
+            state = sm.stream.state(len(sm.stream.consumers))
+            names = sorted(sm.stream.consumers)
+        for key in ("messages", "bytes", "first_seq", "last_seq", "consumer_count"):
+            per_stream.setdefault(key, []).append((labels, int(state.get(key, 0))))
+        for cname in names:
+            try:
+                ci = svc._consumer_info("consumer_info_response", sm, cname)
+            except Exception:  # noqa: BLE001 - deleted meanwhile: no sample
+                continue
+            clabels = f'{labels},consumer_name="{cname}"'
+            for key, value in (("num_pending", ci["num_pending"]),
+                               ("num_ack_pending", ci["num_ack_pending"]),
+                               ("num_redelivered", ci["num_redelivered"]),
+                               ("num_waiting", ci["num_waiting"]),
+                               ("delivered_consumer_seq", ci["delivered"]["consumer_seq"]),
+                               ("delivered_stream_seq", ci["delivered"]["stream_seq"]),
+                               ("ack_floor_consumer_seq", ci["ack_floor"]["consumer_seq"]),
+                               ("ack_floor_stream_seq", ci["ack_floor"]["stream_seq"])):
+                per_consumer.setdefault(key, []).append((clabels, value))
+    for key, samples in per_stream.items():
+        series(f"jetstream_stream_{key}", "gauge", f"Stream state: {key}", samples)
+    for key, samples in per_consumer.items():
+        series(f"jetstream_consumer_{key}", "gauge", f"Consumer state: {key}", samples)
+    return lines
