@@ -47,6 +47,7 @@ from node.jetstream.consumer import (
 from node.jetstream.errors import ApiError
 from node.jetstream.machines import META_STORE, MetaMachine, StreamMachine
 from node.jetstream.pull import PullQueue, Status
+from node.jetstream.sourcing_wire import SourcingWire
 from node.jetstream.store.lmdbstore import LmdbStore, NodeEnv, stored_names
 from node.jetstream.stream import Effect, Reply, Republish, Stored, rfc3339
 from raft.multigroup import MultiRaft, ProposalDropped
@@ -150,6 +151,7 @@ class JetStreamService:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._ticker: asyncio.Task[Any] | None = None
         self.api_total = self.api_errors = 0
+        self.sourcing = SourcingWire(self)  # mirrors and sources (sourcing_wire.py)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -176,6 +178,7 @@ class JetStreamService:
         for name in self.streams:
             self._subscribe_stream(name)
             self._start_push(name)
+        self.sourcing.start()
         self._ticker = asyncio.ensure_future(self._tick_loop())
         self.log.info(f"JetStream started: {len(self.streams)} streams, store {self.store_dir}")
 
@@ -184,6 +187,7 @@ class JetStreamService:
             self._ticker.cancel()
         for task in list(self._tasks):
             task.cancel()
+        self.sourcing.stop()
         if self.mr is not None:
             await self.mr.stop()
         if self.env is not None:
@@ -283,6 +287,7 @@ class JetStreamService:
         if self.client is not None:
             self._subscribe_stream(name)
             self._start_push(name)
+            self.sourcing.sync(name)
 
     def _start_push(self, name: str) -> None:
         """Push consumers deliver on their own: start their pumps (at start, after a create)."""
@@ -296,6 +301,7 @@ class JetStreamService:
         sm = self.streams.pop(name, None)
         if sm is None:
             return
+        self.sourcing.closed(name)
         for sub in self.subs.pop(name, []):
             self.client.remove_sub(sub)
         for key in [k for k in self.pulls if k[0] == name]:
@@ -309,7 +315,8 @@ class JetStreamService:
         for sub in self.subs.pop(name, []):
             self.client.remove_sub(sub)
         sm = self.streams[name]
-        subjects = sm.stream.cfg["subjects"] or [name]
+        cfg = sm.stream.cfg  # a mirror, or sources without subjects, listens on nothing
+        subjects = cfg["subjects"] or ([] if cfg.get("mirror") or cfg.get("sources") else [name])
 
         def on_msg(_sub: Any, subject: str, reply: str | None, hdr: bytes | None,
                    payload: bytes) -> None:
@@ -380,6 +387,7 @@ class JetStreamService:
             elif isinstance(effect, Stored):
                 stored = True
         if stored:
+            self.sourcing.on_stored(sm.name)
             for cname in list(sm.stream.consumers):
                 pull = self.pulls.get((sm.name, cname))
                 if pull is not None and pull.wants():
@@ -479,6 +487,7 @@ class JetStreamService:
             await self._propose(sm, ops.UpdateConfig(
                 time.time_ns(), _dumps(stream_config.to_wire(stored))))
             self._subscribe_stream(call.stream)
+            self.sourcing.sync(call.stream)
             self._advise(advisories.stream_action("modify", call.stream, *self._stamp()))
         return self._stream_reply("stream_update_response", sm)
 
@@ -492,8 +501,11 @@ class JetStreamService:
             out = replies.stream_info(sm.stream, body, rfc3339(sm.created_ns), self._now(),
                                       consumers=len(sm.stream.consumers))
         if "error" not in out:
-            # A standalone nats-server names itself the stream's leader in INFO.
-            out = _insert_before(out, "ts", "cluster", {"leader": self.server.server_name})
+            # A standalone nats-server names itself the stream's leader in INFO
+            # (nats-server's order: state, cluster, mirror / sources, ts)
+            at = next((k for k in ("mirror", "sources") if k in out), "ts")
+            out = _insert_before(self.sourcing.info(out, sm), at, "cluster",
+                                 {"leader": self.server.server_name})
         return out
 
     async def _h_stream_delete(self, call: api.Call, subject: str, reply: str, body: bytes
@@ -563,6 +575,8 @@ class JetStreamService:
 
     async def _h_consumer_create(self, call: api.Call, subject: str, reply: str, body: bytes
                                  ) -> dict[str, Any]:
+        if self.sourcing.is_direct(body):  # a mirror's / source's origin consumer
+            return await self.sourcing.create_direct(call.stream, body)
         req = consumer_config.parse_request(body)
         sm = self.streams.get(call.stream)
         with sm.lock if sm else _nolock():
@@ -614,6 +628,8 @@ class JetStreamService:
     async def _h_consumer_delete(self, call: api.Call, subject: str, reply: str, body: bytes
                                  ) -> dict[str, Any]:
         sm = self._stream(call.stream)
+        if self.sourcing.delete_direct(call.stream, call.consumer):
+            return {"type": replies.TYPE_PREFIX + "consumer_delete_response", "success": True}
         if call.consumer not in sm.stream.consumers:
             raise ApiError.of("JSConsumerNotFoundErr")
         await self._propose(sm, ops.ConsumerDelete(time.time_ns(), call.consumer))
