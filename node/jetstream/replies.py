@@ -32,11 +32,13 @@ def empty_state(cfg: Config, consumers: int = 0) -> dict[str, Any]:
             "consumer_count": consumers}
 
 
-def _source_info(src: Config) -> dict[str, Any]:
+def _source_info(src: Config, mirror: bool = False) -> dict[str, Any]:
     out: dict[str, Any] = {"name": src["name"]}
     if src.get("external"):
         out["external"] = src["external"]
     out.update(lag=0, active=-1)
+    if mirror:  # nats-server's create/update replies name no mirror filters (checked, 2.15.1)
+        return out
     if src.get("filter_subject"):
         out["filter_subject"] = src["filter_subject"]
     if src.get("subject_transforms"):
@@ -54,7 +56,7 @@ def stream_reply(kind: str, cfg: Config, state: dict[str, Any], created: str, no
     out["created"] = created
     out["state"] = state
     if cfg.get("mirror"):
-        out["mirror"] = _source_info(cfg["mirror"])
+        out["mirror"] = _source_info(cfg["mirror"], mirror=True)
     if cfg.get("sources"):
         out["sources"] = [_source_info(s) for s in cfg["sources"]]
     out["ts"] = now

@@ -106,8 +106,25 @@ def source_header(src: dict[str, Any], origin_seq: int, subject: str, ident: str
 
 
 def progress(store: Any, key: str) -> int:
+    return progress_of(store, key)[0]
+
+
+def progress_of(store: Any, key: str) -> tuple[int, str]:
+    """(last origin seq stored, the identity of the origin it came from)."""
     raw = store.get_meta(PROGRESS_PREFIX + key)
-    return _U64.unpack(raw)[0] if raw else 0
+    if not raw:
+        return 0, ""
+    return _U64.unpack_from(raw)[0], raw[_U64.size:].decode()
+
+
+def resume_after(store: Any, key: str, ident: str) -> int:
+    """The origin seq a source resumes after. A source whose origin was re-created (its
+    identity changed) starts over, as nats-server 2.15 does; a mirror never rewrites a
+    sequence, so it goes on after its last one."""
+    done, seen = progress_of(store, key)
+    if key != MIRROR_KEY and seen and ident and seen != ident:
+        return 0
+    return done
 
 
 # ------------------------------------------------------------------------------------------
@@ -197,7 +214,7 @@ def apply_sourced(stream: Stream, op: ops.SourceMsgs) -> list[Effect]:
     if src is None:
         return effects
     mirror = op.key == MIRROR_KEY
-    done = progress(stream.store, op.key)
+    done = resume_after(stream.store, op.key, op.ident)
     removed: list[int] = []
     for m in op.msgs:
         if m.origin_seq <= done:
@@ -228,7 +245,7 @@ def apply_sourced(stream: Stream, op: ops.SourceMsgs) -> list[Effect]:
             removed.append(seq)
         effects.extend(stream._republish(seq, subject, ops.StreamMsg(ts, subject, "", hdr,
                                                                      m.data), previous))
-    stream.store.put_meta(PROGRESS_PREFIX + op.key, _U64.pack(done))
+    stream.store.put_meta(PROGRESS_PREFIX + op.key, _U64.pack(done) + op.ident.encode())
     if removed:
         effects.append(Removed(tuple(removed)))
     return effects

@@ -112,7 +112,7 @@ class SourceLink:
         if sm is None:
             raise _Restart
         with sm.lock:
-            done = sourcing.progress(sm.store, self.key)
+            done = sourcing.resume_after(sm.store, self.key, self.wire.identity(self.src["name"]))
         name = ("JS_MIRROR_" if self.mirror else "JS_SRC_") + _token()
         deliver = ("$JS.M." if self.mirror else "$JS.S.") + _token()
         inbox: asyncio.Queue[tuple[str, str | None, bytes | None, bytes]] = asyncio.Queue()
