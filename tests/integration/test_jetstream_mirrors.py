@@ -224,8 +224,24 @@ async def _publish_origin(url: str, first: int, count: int) -> None:
     await nc.close()
 
 
+async def _keep_publishing(url: str, tag: str) -> None:
+    """Publish until the node dies under us (what was stored is what the checker reads)."""
+    nc = await nats.connect(url, allow_reconnect=False)
+    js = nc.jetstream()
+    i = 0
+    try:
+        while True:
+            await asyncio.gather(*(js.publish(f"o.{'ab'[j % 2]}", f"{tag}:{j}".encode(),
+                                              timeout=2) for j in range(i, i + 20)))
+            i += 20
+    except Exception:  # noqa: BLE001 - killed
+        return
+    finally:
+        await nc.close()
+
+
 async def _read_all(js: Any, stream: str, n: int) -> list[Any]:
-    """Every message of `stream` in order, by an ordered pull through a fresh consumer."""
+    """Every message of `stream` in order, by a pull through a fresh consumer."""
     psub = await js.pull_subscribe("", stream=stream, config=nats.js.api.ConsumerConfig(
         ack_policy="none", inactive_threshold=30.0))
     out: list[Any] = []
@@ -238,31 +254,44 @@ async def _read_all(js: Any, stream: str, n: int) -> list[Any]:
     return out
 
 
-async def _check_exactly_once(url: str, total: int) -> None:
+async def _check_exactly_once(url: str) -> int:
+    """The checker: M holds exactly O's messages at O's seqs; S holds every O message
+    exactly once, in O's order, at seqs 1..n. Returns n."""
     nc = await nats.connect(url)
     js = nc.jetstream()
     try:
-        for name in ("M", "S"):
-            await _settle(nc, name, total if name == "M" else 0,
-                          total if name == "M" else total)
+        total = (await _info(nc, "O"))["state"]["last_seq"]
+        await _settle(nc, "M", total, total)
+        await _settle(nc, "S", total, total)
         origin = await _read_all(js, "O", total)
         mirror = await _read_all(js, "M", total)
         source = await _read_all(js, "S", total)
+        assert [m.metadata.sequence.stream for m in origin] == list(range(1, total + 1))
         assert [(m.metadata.sequence.stream, m.subject, m.data) for m in mirror] == \
             [(m.metadata.sequence.stream, m.subject, m.data) for m in origin]
         seen = [int(m.headers["Nats-Stream-Source"].split(" ")[1]) for m in source]
-        assert seen == list(range(1, total + 1)), "source lost or repeated origin messages"
+        assert seen == list(range(1, total + 1)), "the source lost or repeated messages"
         assert [m.metadata.sequence.stream for m in source] == list(range(1, total + 1))
         assert [(m.subject, m.data) for m in source] == \
             [("s." + m.subject, m.data) for m in origin]
+        return total
+    finally:
+        await nc.close()
+
+
+async def _copied(url: str) -> tuple[int, int, int]:
+    nc = await nats.connect(url)
+    try:
+        return tuple([(await _info(nc, n))["state"]["last_seq"]  # type: ignore[return-value]
+                      for n in ("O", "M", "S")])
     finally:
         await nc.close()
 
 
 async def test_kill_9_while_sourcing_then_exactly_once(servers: Servers, tmp_path: Path) -> None:
-    """kill -9 while a mirror and a source copy the origin (and the origin grows): after
-    each restart both resume at their durable progress: the mirror holds exactly the
-    origin's messages at the origin's seqs, the source each origin message exactly once."""
+    """kill -9 while a mirror and a source copy the origin and publishers write to it: after
+    each restart both resume at their durable progress. At least one kill must land while
+    the copies lag behind the origin (else the test proves nothing)."""
     store = tmp_path / "store"
     rng = random.Random(int(os.environ.get("JS_MIRROR_SEED", "8")))
     proc: ServerProc = servers.jetraft(args=["-js", "-sd", str(store)])
@@ -272,14 +301,17 @@ async def test_kill_9_while_sourcing_then_exactly_once(servers: Servers, tmp_pat
     await _api(nc, "STREAM.CREATE.S", {"name": "S", "subjects": ["s.>"], "sources": [
         {"name": "O", "subject_transforms": [{"src": "o.*", "dest": "s.o.$1"}]}]})
     await nc.close()
-    total = ORIGIN_MSGS
+    behind = 0
     for cycle in range(KILL_CYCLES):
-        await asyncio.sleep(rng.uniform(0.05, 0.6))
+        pub = asyncio.ensure_future(_keep_publishing(proc.url, f"c{cycle}"))
+        await asyncio.sleep(rng.uniform(0.05, 0.8))
+        o, m, s = await _copied(proc.url)
+        behind += m < o or s < o
         proc.stop(signal.SIGKILL)
+        await pub
         proc = servers.jetraft(args=["-js", "-sd", str(store)])
-        await _publish_origin(proc.url, total, 200 + 100 * cycle)
-        total += 200 + 100 * cycle
-    await _check_exactly_once(proc.url, total)
+    total = await _check_exactly_once(proc.url)
+    assert total > ORIGIN_MSGS and behind, (total, behind)
 
 
 @pytest.mark.skipif(not os.environ.get("JETRAFT_LONG"), reason="JETRAFT_LONG=1: 20 cycles")

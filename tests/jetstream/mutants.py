@@ -18,6 +18,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 J = "node/jetstream/"
 T = "tests/jetstream/"
+MK9 = "tests/integration/test_jetstream_mirrors.py::test_kill_9_while_sourcing_then_exactly_once"
+MDIFF = "tests/integration/test_jetstream_mirrors.py::test_mirrors_and_sources_match_nats_server"
 
 # (name, file, original text, mutated text, tests that must catch it[, original2, mutated2])
 MUTANTS: list[tuple[str, ...]] = [
@@ -127,6 +129,23 @@ MUTANTS: list[tuple[str, ...]] = [
     ("wire: ack subject pending ignores the rest of the round", J + "service.py",
      "f\"{msg.ts_ns}.{left + new_after}\"", "f\"{msg.ts_ns}.{left}\"",
      "tests/integration/test_jetstream_serve.py::test_script_matches_nats_server"),
+    # Mirrors and sources (sourcing.py): resume after a restart without gaps or duplicates.
+    ("source resume off by one (skips)", J + "sourcing.py",
+     "opt_start_seq=done + 1)", "opt_start_seq=done + 2)",
+     MK9),
+    ("source resume off by one (repeats, guard off)", J + "sourcing.py",
+     "opt_start_seq=done + 1)", "opt_start_seq=max(done, 1))",
+     MK9,
+     "        if m.origin_seq <= done:\n", "        if m.origin_seq < done:\n"),
+    ("source progress not saved with the messages", J + "sourcing.py",
+     "    stream.store.put_meta(PROGRESS_PREFIX + op.key, _U64.pack(done) + op.ident.encode())",
+     "    pass", MK9),
+    ("source re-delivery guard off", J + "sourcing.py",
+     "        if m.origin_seq <= done:\n", "        if m.origin_seq < done:\n",
+     T + "test_sourcing.py"),
+    ("source keeps progress across a re-created origin", J + "sourcing.py",
+     "    if key != MIRROR_KEY and seen and ident and seen != ident:",
+     "    if False:", MDIFF),
 ]
 
 
