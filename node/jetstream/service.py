@@ -558,10 +558,12 @@ class JetStreamService:
                             ) -> None:
         sm = self.streams.get(call.stream)
         if sm is None or not sm.stream.cfg.get("allow_direct"):
+            sm = self.sourcing.direct_mirror(call.stream)  # `mirror_direct` answers for it
+        if sm is None:
             # nats-server only listens for streams that allow direct gets: no responders.
             self.client.publish(reply, None, b"", b"NATS/1.0 503\r\n\r\n")
             return None
-        for frame in get.direct_get(sm.store, call.stream, body, call.rest):
+        for frame in get.direct_get(sm.store, sm.name, body, call.rest):
             self.client.publish(reply, None, frame.data, frame.hdr)
         return None
 

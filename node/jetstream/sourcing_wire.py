@@ -470,6 +470,16 @@ class SourcingWire:
         self.readers.pop(name, None)
         return True
 
+    def direct_mirror(self, origin: str) -> Any:
+        """A mirror of `origin` with `mirror_direct`: it answers
+        DIRECT.GET for its origin, as nats-server's mirrors join the origin's direct-get
+        queue group (so gets keep working while the origin is gone)."""
+        for sm in self.svc.streams.values():
+            cfg = sm.stream.cfg
+            if cfg.get("mirror_direct") and (cfg.get("mirror") or {}).get("name") == origin:
+                return sm
+        return None
+
     # -- STREAM.INFO ------------------------------------------------------------------------
 
     def info(self, out: dict[str, Any], sm: Any) -> dict[str, Any]:

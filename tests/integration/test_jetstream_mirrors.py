@@ -208,6 +208,52 @@ async def test_mirrors_and_sources_match_nats_server(servers: Servers, tmp_path:
     assert not diffs, "\n".join(diffs)
 
 
+async def _direct(nc: Any, subject: str, body: Any) -> Any:
+    try:
+        m = await nc.request("$JS.API." + subject, json.dumps(body).encode(), timeout=2)
+    except nats.errors.NoRespondersError:
+        return "no responders"
+    hdrs = {k: v for k, v in (m.headers or {}).items() if k != "Nats-Time-Stamp"}
+    return hdrs, m.data
+
+
+async def _kv_script(url: str) -> list[Any]:
+    """A KV bucket mirrored with `mirror_direct`: direct gets of the origin's keys, also
+    once the origin is gone (the mirror answers for it)."""
+    nc = await nats.connect(url)
+    js = nc.jetstream()
+    out: list[Any] = []
+    try:
+        kv = await js.create_key_value(bucket="KO", direct=True)
+        await kv.put("a", b"1")
+        await kv.put("b", b"2")
+        await kv.put("a", b"3")
+        out.append(await _api(nc, "STREAM.CREATE.KV_KM", {
+            "name": "KV_KM", "mirror": {"name": "KV_KO"}, "mirror_direct": True,
+            "allow_direct": True, "max_msgs_per_subject": 1, "allow_rollup_hdrs": True,
+            "deny_delete": True, "discard": "new"}))
+        out[-1]["mirror"].pop("active")
+        out.append(await _settle(nc, "KV_KM", 3, 2))
+        out.append(await _direct(nc, "DIRECT.GET.KV_KM", {"last_by_subj": "$KV.KO.a"}))
+        out.append(await _direct(nc, "DIRECT.GET.KV_KM", {"seq": 2}))
+        out.append(await _api(nc, "STREAM.DELETE.KV_KO"))
+        out.append(await _direct(nc, "DIRECT.GET.KV_KO", {"last_by_subj": "$KV.KO.a"}))
+        out.append(await _direct(nc, "DIRECT.GET.KV_KO", {"last_by_subj": "$KV.KO.zz"}))
+        out.append(await _direct(nc, "DIRECT.GET.NOPE", {"seq": 1}))
+    finally:
+        await nc.close()
+    return out
+
+
+async def test_kv_mirror_direct_matches_nats_server(servers: Servers, tmp_path: Path) -> None:
+    ours = servers.jetraft(args=["-js", "-sd", str(tmp_path / "ours")])
+    theirs = servers.nats_server(args=["-js", "-sd", str(tmp_path / "theirs")])
+    mine, their = await _kv_script(ours.url), await _kv_script(theirs.url)
+    diffs = [f"step {i}:\n  ours:   {_strip(a)}\n  theirs: {_strip(b)}"
+             for i, (a, b) in enumerate(zip(mine, their, strict=True)) if _strip(a) != _strip(b)]
+    assert not diffs, "\n".join(diffs)
+
+
 # --------------------------------------------------------------------------- kill -9
 
 KILL_CYCLES = int(os.environ.get("JS_MIRROR_KILL_CYCLES", "3"))

@@ -19,6 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 J = "node/jetstream/"
 T = "tests/jetstream/"
 MK9 = "tests/integration/test_jetstream_mirrors.py::test_kill_9_while_sourcing_then_exactly_once"
+MKV = "tests/integration/test_jetstream_mirrors.py::test_kv_mirror_direct_matches_nats_server"
 MDIFF = "tests/integration/test_jetstream_mirrors.py::test_mirrors_and_sources_match_nats_server"
 
 # (name, file, original text, mutated text, tests that must catch it[, original2, mutated2])
@@ -146,6 +147,9 @@ MUTANTS: list[tuple[str, ...]] = [
     ("source keeps progress across a re-created origin", J + "sourcing.py",
      "    if key != MIRROR_KEY and seen and ident and seen != ident:",
      "    if False:", MDIFF),
+    ("mirror_direct mirror does not answer for its origin", J + "sourcing_wire.py",
+     'if cfg.get("mirror_direct") and (cfg.get("mirror") or {}).get("name") == origin:',
+     "if False:", MKV),
 ]
 
 
