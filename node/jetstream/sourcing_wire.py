@@ -429,15 +429,17 @@ class SourcingWire:
 
     @staticmethod
     def is_direct(body: bytes) -> bool:
-        """A CONSUMER.CREATE for a sourcing (`direct`) consumer?"""
+        """A CONSUMER.CREATE for a sourcing consumer (`direct` and `sourcing`, push)?"""
         if b'"direct"' not in body:
             return False
         try:
             req = json.loads(body)
         except ValueError:
             return False
-        return isinstance(req, dict) and isinstance(req.get("config"), dict) and \
-            req["config"].get("direct") is True
+        cfg = req.get("config") if isinstance(req, dict) else None
+        # only a mirror's / source's own request: other direct configs get the usual checks
+        return isinstance(cfg, dict) and cfg.get("direct") is True and \
+            cfg.get("sourcing") is True and bool(cfg.get("deliver_subject"))
 
     async def create_direct(self, origin: str, body: bytes) -> dict[str, Any]:
         cfg = json.loads(body)["config"]
