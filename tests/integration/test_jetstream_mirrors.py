@@ -357,6 +357,8 @@ async def test_kill_9_while_sourcing_then_exactly_once(servers: Servers, tmp_pat
         await pub
         proc = servers.jetraft(args=["-js", "-sd", str(store)])
     total = await _check_exactly_once(proc.url)
+    print(f"sourcing kill -9: {total} origin messages, {behind}/{KILL_CYCLES} kills while "
+          "a copy lagged")
     assert total > ORIGIN_MSGS and behind, (total, behind)
 
 
