@@ -32,6 +32,7 @@ from node.jetstream import ops, sourcing
 from node.jetstream.consumer import StreamView
 from node.jetstream.errors import ApiError
 from node.jetstream.replies import TYPE_PREFIX
+from node.subject import is_literal
 from raft.multigroup import ProposalDropped
 
 HEARTBEAT_NS = 1_000_000_000      # the origin's idle heartbeat (nats-server: 1s)
@@ -291,15 +292,23 @@ class DirectReader:
         out = []
         with sm.lock:
             view = StreamView(sm.store, self.filters)
-            seq = self.next_seq
-            while len(out) < READ_BATCH:
-                seq = view.next_matching(seq)
-                if not seq:
-                    break
-                msg = sm.store.load(seq)
-                if msg is not None:
-                    out.append(msg)
-                seq += 1
+            if len(self.filters) == 1 and is_literal(self.filters[0]):
+                seq = self.next_seq
+                while len(out) < READ_BATCH:
+                    seq = sm.store.first_for_subject(self.filters[0], seq)
+                    if not seq:
+                        break
+                    msg = sm.store.load(seq)
+                    if msg is not None:
+                        out.append(msg)
+                    seq += 1
+            else:  # one walk over the stored seqs (next_matching per message walks anew)
+                for seq in sm.store.seqs(self.next_seq):
+                    msg = sm.store.load(seq)
+                    if msg is not None and view.matches(msg.subject):
+                        out.append(msg)
+                        if len(out) >= READ_BATCH:
+                            break
             more = bool(out) and bool(view.next_matching(out[-1].seq + 1))
             return out, sm.stream.last_seq, more
 
