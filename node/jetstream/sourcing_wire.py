@@ -493,12 +493,12 @@ class SourcingWire:
 
     # -- STREAM.INFO ------------------------------------------------------------------------
 
-    def info(self, out: dict[str, Any], sm: Any) -> dict[str, Any]:
+    def info(self, out: dict[str, Any], sm: Any, mirror: bool = True) -> dict[str, Any]:
         """Replace the config-only `mirror` / `sources` blocks with live ones."""
         links = self.links.get(sm.name, {})
         cfg = sm.stream.cfg
         with sm.lock:
-            if cfg.get("mirror") and "mirror" in out:
+            if mirror and cfg.get("mirror") and "mirror" in out:
                 out["mirror"] = self._block(sm, sourcing.MIRROR_KEY, cfg["mirror"], links)
             if cfg.get("sources") and "sources" in out:
                 out["sources"] = [self._block(sm, sourcing.source_key(s), s, links)

@@ -171,6 +171,16 @@ async def _script(url: str) -> list[Any]:
         await js.publish("p.x", b"p-late")
         await step(await _settle(nc, "M", 9, 8))
         await step(await _settle(nc, "S", 11, 11))
+        # a third source added by an update: one origin, two transforms
+        sources = creates["S"]["sources"] + [{"name": "P", "subject_transforms": [
+            {"src": "p.x", "dest": "s.px"}, {"src": "p.y", "dest": "s.py"}]}]
+        updated = await _api(nc, "STREAM.UPDATE.S", {"name": "S", "subjects": ["s.>"],
+                                                     "sources": sources})
+        for block in updated.get("sources", []):
+            block.pop("active", None)
+        await step(updated)
+        await step(await _settle(nc, "S", 15, 15))
+        await step(sorted((m[1], m[2], m[3]) for m in await _messages(nc, "S", 15)))
         # promotion: an update without `mirror` makes M an ordinary stream
         promoted = await _api(nc, "STREAM.UPDATE.M", {"name": "M", "subjects": ["m.>"]})
         await step(promoted)
