@@ -547,9 +547,9 @@ class JetStreamService:
                              ) -> dict[str, Any]:
         infos = {}
         for name, sm in self.streams.items():
-            full = self._stream_reply("stream_info_response", sm)
-            infos[name] = {"created": full["created"], "state": full["state"],
-                           "ts": full["ts"]}
+            full = self.sourcing.info(self._stream_reply("stream_info_response", sm), sm)
+            infos[name] = {k: full[k] for k in ("created", "state", "mirror", "sources", "ts")
+                           if k in full}
         return requests.list_reply(self._configs(), body, infos)
 
     async def _h_stream_msg_get(self, call: api.Call, subject: str, reply: str, body: bytes

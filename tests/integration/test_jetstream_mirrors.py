@@ -39,7 +39,7 @@ def _strip(obj: Any) -> Any:
             if k in ALLOWED_TO_DIFFER:
                 continue
             out[k] = (v > 0 if v != -1 else -1) if k == "active" else _strip(v)
-            if k == "sources" and v and "lag" in v[0]:
+            if k == "sources" and v and isinstance(v[0], dict) and "lag" in v[0]:
                 # nats-server builds the info list from a Go map: its order is random
                 out[k] = sorted(out[k], key=lambda b: json.dumps(b, sort_keys=True))
         return out
@@ -150,6 +150,9 @@ async def _script(url: str) -> list[Any]:
             await asyncio.sleep(0.1)
             mx = await _info(nc, "MX")
         await step(mx)
+        listed = await _api(nc, "STREAM.LIST")  # live mirror / sources blocks too
+        await step([{"name": x["config"]["name"], "keys": list(x), "mirror": x.get("mirror"),
+                     "sources": x.get("sources")} for x in listed["streams"]])
         origin = await _messages(nc, "O", 6)
         for name in ("M", "MS", "MF", "MT"):
             mirrored = await _messages(nc, name, 6)
