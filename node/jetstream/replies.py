@@ -37,9 +37,9 @@ def _source_info(src: Config, mirror: bool = False) -> dict[str, Any]:
     if src.get("external"):
         out["external"] = src["external"]
     out.update(lag=0, active=-1)
-    if mirror:  # nats-server's create/update replies name no mirror filters (checked, 2.15.1)
-        return out
-    if src.get("filter_subject"):
+    # nats-server's create/update replies leave out a mirror's filter_subject but show its
+    # transforms (checked, 2.15.1)
+    if src.get("filter_subject") and not mirror:
         out["filter_subject"] = src["filter_subject"]
     if src.get("subject_transforms"):
         out["subject_transforms"] = src["subject_transforms"]

@@ -223,7 +223,8 @@ def apply_sourced(stream: Stream, op: ops.SourceMsgs) -> list[Effect]:
         if mirror:
             if m.origin_seq <= stream.last_seq:
                 continue  # the origin went back (re-created): a mirror never rewrites a seq
-            seq, ts, subject, hdr = m.origin_seq, m.origin_ts, m.subject, m.hdr
+            seq, ts, hdr = m.origin_seq, m.origin_ts, m.hdr
+            subject = map_subject(src, m.subject)  # a mirror's transforms apply too
         else:
             msg_id = h.get(m.hdr, h.MSG_ID) or ""
             if msg_id and _duplicate(stream, msg_id, op.now_ns):

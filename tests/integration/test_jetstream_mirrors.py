@@ -128,6 +128,8 @@ async def _script(url: str) -> list[Any]:
             "MF": {"name": "MF", "mirror": {"name": "O", "filter_subject": "o.a"}},
             "MT": {"name": "MT", "mirror": {"name": "O", "opt_start_time": start_time}},
             "MX": {"name": "MX", "mirror": {"name": "NOPE"}},
+            "MR": {"name": "MR", "mirror": {"name": "O", "subject_transforms": [
+                {"src": "o.a", "dest": "r.a"}, {"src": "o.b", "dest": ""}]}},
             "S": {"name": "S", "subjects": ["s.>"], "sources": [
                 {"name": "O", "subject_transforms": [{"src": "o.*", "dest": "s.o.$1"}]},
                 {"name": "P", "filter_subject": "p.x"}]},
@@ -139,7 +141,8 @@ async def _script(url: str) -> list[Any]:
                 if block:
                     block.pop("active")  # -1 or not yet: the setup races the reply
             await step(reply)
-        targets = {"M": (6, 5), "MS": (6, 4), "MF": (5, 3), "MT": (6, 3), "S": (7, 7),
+        targets = {"M": (6, 5), "MS": (6, 4), "MF": (5, 3), "MT": (6, 3), "MR": (6, 5),
+                   "S": (7, 7),
                    "ST": (3, 3)}
         for name, (last, count) in targets.items():
             info = await _settle(nc, name, last, count)
@@ -154,11 +157,12 @@ async def _script(url: str) -> list[Any]:
         await step([{"name": x["config"]["name"], "keys": list(x), "mirror": x.get("mirror"),
                      "sources": x.get("sources")} for x in listed["streams"]])
         origin = await _messages(nc, "O", 6)
-        for name in ("M", "MS", "MF", "MT"):
+        for name in ("M", "MS", "MF", "MT", "MR"):
             mirrored = await _messages(nc, name, 6)
-            # a mirror keeps the origin's seq, subject, data, headers AND time
+            # a mirror keeps the origin's seq, data, headers AND time (subject: transformed)
             await step([m[:4] for m in mirrored])
-            await step(all(m in origin for m in mirrored))
+            await step(all((m[0], m[2], m[4]) in {(o[0], o[2], o[4]) for o in origin}
+                           for m in mirrored))
         for name in ("S", "ST"):
             got = await _messages(nc, name, 7)
             await step(sorted((m[1], m[2], m[3]) for m in got))
