@@ -236,7 +236,8 @@ async def _direct(nc: Any, subject: str, body: Any) -> Any:
 
 async def _kv_script(url: str) -> list[Any]:
     """A KV bucket mirrored with `mirror_direct`: direct gets of the origin's keys, also
-    once the origin is gone (the mirror answers for it)."""
+    once the origin is gone (the mirror answers for it); a bucket sourced from it, read with
+    nats-py's KV API."""
     nc = await nats.connect(url)
     js = nc.jetstream()
     out: list[Any] = []
@@ -253,6 +254,25 @@ async def _kv_script(url: str) -> list[Any]:
         out.append(await _settle(nc, "KV_KM", 3, 2))
         out.append(await _direct(nc, "DIRECT.GET.KV_KM", {"last_by_subj": "$KV.KO.a"}))
         out.append(await _direct(nc, "DIRECT.GET.KV_KM", {"seq": 2}))
+        # a bucket sourced from KO, its keys moved into its own namespace (as nats.go
+        # configures sourced buckets): nats-py reads it as an ordinary bucket
+        out.append(await _api(nc, "STREAM.CREATE.KV_KS", {
+            "name": "KV_KS", "subjects": ["$KV.KS.>"], "sources": [{
+                "name": "KV_KO", "subject_transforms": [{"src": "$KV.KO.>",
+                                                         "dest": "$KV.KS.>"}]}],
+            "allow_direct": True, "max_msgs_per_subject": 5, "allow_rollup_hdrs": True,
+            "deny_delete": True, "discard": "new"}))
+        out[-1]["sources"][0].pop("active")
+        await _settle(nc, "KV_KS", 2, 2)
+        ks = await js.key_value("KS")
+        out.append([(e.key, e.value, e.revision) for e in [await ks.get("a"),
+                                                            await ks.get("b")]])
+        out.append(sorted(await ks.keys()))
+        out.append([(e.key, e.value) for e in await ks.history("a")])
+        out.append(await ks.put("own", b"4"))
+        await kv.put("b", b"5")
+        await _settle(nc, "KV_KS", 4, 4)
+        out.append((await ks.get("b")).value)
         out.append(await _api(nc, "STREAM.DELETE.KV_KO"))
         out.append(await _direct(nc, "DIRECT.GET.KV_KO", {"last_by_subj": "$KV.KO.a"}))
         out.append(await _direct(nc, "DIRECT.GET.KV_KO", {"last_by_subj": "$KV.KO.zz"}))
