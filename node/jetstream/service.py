@@ -47,6 +47,7 @@ from node.jetstream.consumer import (
 from node.jetstream.errors import ApiError
 from node.jetstream.machines import META_STORE, MetaMachine, StreamMachine
 from node.jetstream.pull import PullQueue, Status
+from node.jetstream.sourcing import listen_subjects
 from node.jetstream.sourcing_wire import SourcingWire
 from node.jetstream.store.lmdbstore import LmdbStore, NodeEnv, stored_names
 from node.jetstream.stream import Effect, Reply, Republish, Stored, rfc3339
@@ -315,8 +316,7 @@ class JetStreamService:
         for sub in self.subs.pop(name, []):
             self.client.remove_sub(sub)
         sm = self.streams[name]
-        cfg = sm.stream.cfg  # a mirror, or sources without subjects, listens on nothing
-        subjects = cfg["subjects"] or ([] if cfg.get("mirror") or cfg.get("sources") else [name])
+        subjects = listen_subjects(sm.stream.cfg, name)  # a mirror captures nothing
 
         def on_msg(_sub: Any, subject: str, reply: str | None, hdr: bytes | None,
                    payload: bytes) -> None:

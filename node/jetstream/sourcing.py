@@ -105,6 +105,14 @@ def source_header(src: dict[str, Any], origin_seq: int, subject: str, ident: str
     return f"{value} {ident}" if ident else value
 
 
+def listen_subjects(cfg: dict[str, Any], name: str) -> list[str]:
+    """The subjects a stream captures: a mirror, or a stream with sources and no subjects,
+    captures none (nats-server: a publish to its name finds no responders)."""
+    if cfg.get("subjects"):
+        return list(cfg["subjects"])
+    return [] if cfg.get("mirror") or cfg.get("sources") else [name]
+
+
 def progress(store: Any, key: str) -> int:
     return progress_of(store, key)[0]
 
