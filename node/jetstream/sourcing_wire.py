@@ -112,6 +112,8 @@ class SourceLink:
         sm = svc.streams.get(self.target)
         if sm is None:
             raise _Restart
+        if svc.mr.leader(sm.group) != getattr(svc, "node_id", 1):  # 1: the single node's id
+            raise _Restart  # only the target's leader sources; a follower waits its turn
         with sm.lock:
             done = sourcing.resume_after(sm.store, self.key, self.wire.identity(self.src["name"]))
         name = ("JS_MIRROR_" if self.mirror else "JS_SRC_") + _token()
