@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from node.jetstream import headers as h
 from node.jetstream import ops
+from node.jetstream.errors import ApiError
 from node.jetstream.store import StoredMsg
 from node.jetstream.transform import apply_mapping
 from node.subject import compile_matcher
@@ -175,6 +176,43 @@ def consumer_request(src: dict[str, Any], name: str, deliver: str, done: int,
                sourcing=True)
     cfg["metadata"] = {"_nats.mirror" if mirror else "_nats.src": "true"}
     return {"stream_name": src["name"], "config": cfg}
+
+
+_DIRECT_FIELDS: dict[str, tuple[type, ...]] = {
+    "name": (str,), "deliver_subject": (str,), "deliver_policy": (str,),
+    "filter_subject": (str,), "filter_subjects": (list,), "opt_start_seq": (int,),
+    "opt_start_time": (str,), "idle_heartbeat": (int,), "inactive_threshold": (int,),
+    "flow_control": (bool,),
+}
+_POLICIES = ("all", "by_start_sequence", "by_start_time")
+
+
+def check_direct(cfg: dict[str, Any]) -> None:
+    """The origin side's checks of a sourcing consumer config: types, a name and a deliver
+    subject, a start position it can serve. Refusals are API errors, never exceptions."""
+    for key, types in _DIRECT_FIELDS.items():
+        value = cfg.get(key)
+        if value is not None and (not isinstance(value, types) or isinstance(value, bool)
+                                  and bool not in types):
+            raise ApiError.of("JSInvalidJSONErr", err=f"sourcing consumer field {key!r} "
+                              f"has the wrong type")
+    if not cfg.get("name") or not cfg.get("deliver_subject"):
+        raise ApiError.of("JSConsumerCreateErrF",
+                          err="sourcing consumer needs a name and a deliver subject")
+    if any(not isinstance(f, str) or not f for f in cfg.get("filter_subjects") or []):
+        raise ApiError.of("JSInvalidJSONErr", err="sourcing consumer filter_subjects")
+    policy = cfg.get("deliver_policy", "all")
+    if policy not in _POLICIES:
+        raise ApiError.of("JSConsumerInvalidPolicyErrF",
+                          err=f"sourcing consumer deliver policy {policy!r}")
+    if policy == "by_start_time":
+        try:
+            parse_time(cfg.get("opt_start_time") or "")
+        except ValueError as exc:
+            raise ApiError.of("JSConsumerInvalidPolicyErrF", err=str(exc)) from exc
+    if any(int(cfg.get(k) or 0) < 0 for k in ("opt_start_seq", "idle_heartbeat",
+                                               "inactive_threshold")):
+        raise ApiError.of("JSConsumerCreateErrF", err="sourcing consumer negative value")
 
 
 def parse_delivery(reply: str) -> tuple[int, int, int, int] | None:

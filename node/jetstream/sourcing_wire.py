@@ -453,23 +453,17 @@ class SourcingWire:
             cfg.get("sourcing") is True and bool(cfg.get("deliver_subject"))
 
     async def create_direct(self, origin: str, body: bytes) -> dict[str, Any]:
-        cfg = json.loads(body)["config"]
+        cfg = json.loads(body)["config"]  # is_direct parsed it: a dict
         sm = self.svc.streams.get(origin)
         if sm is None:
             raise ApiError.of("JSStreamNotFoundErr")
-        name = cfg.get("name")
-        deliver = cfg.get("deliver_subject")
-        if not isinstance(name, str) or not name or not isinstance(deliver, str) or not deliver:
-            raise ApiError.of("JSConsumerCreateErrF", err="direct consumer needs a name and "
-                              "a deliver subject")
+        sourcing.check_direct(cfg)
+        name = cfg["name"]
         old = self.readers.pop(name, None)
         if old is not None:
             old.stop()
         reader = DirectReader(self, origin, name, cfg)
-        try:
-            reader.start(sm)
-        except (ValueError, KeyError) as exc:
-            raise ApiError.of("JSConsumerCreateErrF", err=str(exc)) from exc
+        reader.start(sm)
         self.readers[name] = reader
         return {"type": TYPE_PREFIX + "consumer_create_response", "stream_name": origin,
                 "name": name, "config": cfg,

@@ -407,3 +407,36 @@ async def test_kill_9_while_sourcing_long(servers: Servers, tmp_path: Path) -> N
         await test_kill_9_while_sourcing_then_exactly_once(servers, tmp_path)
     finally:
         KILL_CYCLES = saved
+
+
+async def test_bad_sourcing_requests_get_answers_and_harm_nothing(servers: Servers,
+                                                                  tmp_path: Path) -> None:
+    """Malformed origin-consumer requests (the `direct` + `sourcing` form) are answered
+    with an error, the node stays up, and a mirror keeps working."""
+    proc = servers.jetraft(args=["-js", "-sd", str(tmp_path / "s")])
+    nc = await nats.connect(proc.url)
+    js = nc.jetstream()
+    try:
+        await js.add_stream(name="O", subjects=["o.>"])
+        await _api(nc, "STREAM.CREATE.M", {"name": "M", "mirror": {"name": "O"}})
+        good = {"direct": True, "sourcing": True, "deliver_subject": "d.x", "name": "X"}
+        bad = [
+            {**good, "opt_start_time": "yesterday", "deliver_policy": "by_start_time"},
+            {**good, "filter_subjects": 7},
+            {**good, "idle_heartbeat": "soon"},
+            {**good, "name": 5},
+            {**good, "name": ""},
+            {**good, "inactive_threshold": [1]},
+            {**good, "opt_start_seq": "x", "deliver_policy": "by_start_sequence"},
+        ]
+        for cfg in bad:
+            reply = await _api(nc, "CONSUMER.CREATE.O.X", {"stream_name": "O", "config": cfg})
+            assert "error" in reply, (cfg, reply)
+        missing = await _api(nc, "CONSUMER.CREATE.NOPE.X", {"stream_name": "NOPE",
+                                                             "config": good})
+        assert missing["error"]["err_code"] == 10059
+        ack = await js.publish("o.a", b"still")
+        await _settle(nc, "M", ack.seq, 1)
+        assert proc.alive() and "[ERR]" not in proc.log_text()
+    finally:
+        await nc.close()
