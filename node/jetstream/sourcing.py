@@ -252,7 +252,10 @@ def find_source(cfg: dict[str, Any], key: str) -> dict[str, Any] | None:
 
 def apply_sourced(stream: Stream, op: ops.SourceMsgs) -> list[Effect]:
     """Store what the origin delivered (in origin order) and move the source's progress.
-    A source no longer configured (a promoted mirror, a removed source) stores nothing."""
+    A source no longer configured (a promoted mirror, a removed source) stores nothing. A
+    target with `discard: new` that is full stores nothing more from the entry and keeps its
+    progress before the refused message (the link sees that and retries later, as
+    nats-server's source retries)."""
     from node.jetstream.stream import Removed, Stored
 
     effects: list[Effect] = list(stream._expire(op.now_ns))
@@ -278,6 +281,11 @@ def apply_sourced(stream: Stream, op: ops.SourceMsgs) -> list[Effect]:
             seq, ts, subject = stream._next_seq(), op.now_ns, map_subject(src, m.subject)
             hdr = _with_source_header(m.hdr, source_header(src, m.origin_seq, m.subject,
                                                            op.ident))
+        try:
+            stream._check_discard_new(ops.StreamMsg(ts, subject, "", hdr, m.data))
+        except ApiError:
+            done = m.origin_seq - 1
+            break
         previous = stream.store.last_for_subject(subject)
         stream._put(StoredMsg(seq, subject, hdr, m.data, ts))
         stream.last_seq, stream.last_ts = seq, ts

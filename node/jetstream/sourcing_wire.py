@@ -191,6 +191,10 @@ class SourceLink:
                     await svc.mr.propose(sm.group, ops.encode(entry))
                 except (ProposalDropped, KeyError) as exc:
                     raise _Restart from exc
+                with sm.lock:
+                    stored_to = sourcing.progress(sm.store, self.key)
+                if stored_to < msgs[-1].origin_seq:
+                    raise _Restart  # refused (a full `discard: new` target): retry later
             for answer in answers:  # what came before is committed: the origin may go on
                 self.wire.client.publish(answer, None, b"")
 

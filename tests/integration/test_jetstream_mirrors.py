@@ -440,3 +440,37 @@ async def test_bad_sourcing_requests_get_answers_and_harm_nothing(servers: Serve
         assert proc.alive() and "[ERR]" not in proc.log_text()
     finally:
         await nc.close()
+
+
+async def _discard_new_script(url: str) -> list[Any]:
+    nc = await nats.connect(url)
+    js = nc.jetstream()
+    out: list[Any] = []
+    try:
+        await js.add_stream(name="DO", subjects=["do.>"])
+        for i in range(4):
+            await js.publish("do.a", f"m{i}".encode())
+        created = await _api(nc, "STREAM.CREATE.DS", {
+            "name": "DS", "subjects": ["ds"], "sources": [{"name": "DO"}], "max_msgs": 2,
+            "discard": "new"})
+        created["sources"][0].pop("active")
+        out.append(created)
+        out.append(await _settle(nc, "DS", 2, 2))
+        await asyncio.sleep(0.5)
+        out.append(await _info(nc, "DS"))  # full: the rest is refused, progress stays at 2
+        out.append(await _api(nc, "STREAM.PURGE.DS"))
+        out.append(await _settle(nc, "DS", 4, 2))  # room again: the source retried
+        out.append([m[:4] for m in await _messages(nc, "DS", 4)])
+    finally:
+        await nc.close()
+    return out
+
+
+async def test_full_discard_new_source_retries_as_nats_server(servers: Servers,
+                                                              tmp_path: Path) -> None:
+    ours = servers.jetraft(args=["-js", "-sd", str(tmp_path / "ours")])
+    theirs = servers.nats_server(args=["-js", "-sd", str(tmp_path / "theirs")])
+    mine, their = await _discard_new_script(ours.url), await _discard_new_script(theirs.url)
+    diffs = [f"step {i}:\n  ours:   {_strip(a)}\n  theirs: {_strip(b)}"
+             for i, (a, b) in enumerate(zip(mine, their, strict=True)) if _strip(a) != _strip(b)]
+    assert not diffs, "\n".join(diffs)

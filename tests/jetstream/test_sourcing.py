@@ -137,3 +137,15 @@ def test_any_split_into_entries_stores_each_origin_message_once(seqs: list[int],
             apply(s, index, key, msgs(*part))
     got = [int(hdr.split(b" ")[2]) for _, _, hdr, _, _ in stored(s)]
     assert got == origin
+
+
+def test_a_full_discard_new_target_refuses_and_keeps_its_progress() -> None:
+    s = make("S", subjects=["s"], sources=[{"name": "O"}], max_msgs=2, discard="new")
+    key = sourcing.source_key(s.cfg["sources"][0])
+    apply(s, 1, key, msgs(1, 2, 3, 4))
+    assert [d for _, _, _, d, _ in stored(s)] == [b"m1", b"m2"]
+    assert sourcing.progress(s.store, key) == 2  # 3 is retried once there is room
+    m = make("M", mirror={"name": "O"}, max_msgs=1, discard="new")
+    apply(m, 1, sourcing.MIRROR_KEY, msgs(5, 6))
+    assert [seq for seq, *_ in stored(m)] == [5]
+    assert sourcing.progress(m.store, sourcing.MIRROR_KEY) == 5
