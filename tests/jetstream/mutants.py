@@ -150,6 +150,9 @@ MUTANTS: list[tuple[str, ...]] = [
     ("mirror_direct mirror does not answer for its origin", J + "sourcing_wire.py",
      'if cfg.get("mirror_direct") and (cfg.get("mirror") or {}).get("name") == origin:',
      "if False:", MKV),
+    ("source ignores a full discard-new target", J + "sourcing.py",
+     "            stream._check_discard_new(ops.StreamMsg(ts, subject, \"\", hdr, m.data))",
+     "            pass", T + "test_sourcing.py"),
 ]
 
 
