@@ -400,6 +400,7 @@ async def test_kill_9_while_sourcing_then_exactly_once(servers: Servers, tmp_pat
 
 
 @pytest.mark.skipif(not os.environ.get("JETRAFT_LONG"), reason="JETRAFT_LONG=1: 20 cycles")
+@pytest.mark.timeout(900)
 async def test_kill_9_while_sourcing_long(servers: Servers, tmp_path: Path) -> None:
     global KILL_CYCLES
     saved, KILL_CYCLES = KILL_CYCLES, 20
