@@ -249,7 +249,8 @@ class DirectReader:
         try:
             await self._loop()
         finally:
-            self.wire.readers.pop(self.name, None)
+            if self.wire.readers.get(self.name) is self:  # not a successor of the same name
+                self.wire.readers.pop(self.name)
             if self.fc_sub is not None:
                 self.wire.client.remove_sub(self.fc_sub)
                 self.fc_sub = None
