@@ -23,6 +23,7 @@ class EntryOp(IntEnum):
     EXPIRE = 4       # a leader tick: remove what max_age and per-message TTLs expired by now_ns
     UPDATE_CONFIG = 5        # STREAM.UPDATE: the checked config, as JSON
     # 6..15 reserved for stream ops
+    SOURCE_MSGS = 12         # messages a mirror / source read from its origin, with origin seqs
     RESTORE_MSGS = 13        # STREAM.RESTORE: messages at their own sequences and times
     CONSUMER_DELIVERED = 16  # the leader delivered a stream message to a consumer
     CONSUMER_ACK = 17        # +ACK / -NAK / +WPI / +TERM, or a leader's MAX_DELIVER / GONE
@@ -49,6 +50,8 @@ _NAME = struct.Struct("<H")                 # name_len
 _RESTORE = struct.Struct("<QqI")            # last_seq, last_ts, message count
 _RMSG = struct.Struct("<QqHII")             # seq, ts, subject_len, hdr_len, data_len
 _STATE = struct.Struct("<HI")               # name_len, state_len
+_SOURCE = struct.Struct("<HHI")             # source key_len, origin ident_len, message count
+_SOURCED = struct.Struct("<QqHII")          # origin seq, origin ts, subject_len, hdr_len, data_len
 DELETE_NO_ERASE = 0x01
 
 
@@ -135,6 +138,15 @@ class RestoredMsg:
 
 
 @dataclass(frozen=True, slots=True)
+class SourcedMsg:
+    origin_seq: int
+    origin_ts: int
+    subject: str  # the origin's subject (a source's transform is applied by the target)
+    hdr: bytes
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
 class RestoreMsgs:
     """Messages of a snapshot, stored at their own sequences and times (no limits, no
     dedup); then the stream's last sequence / time become at least `last_seq` / `last_ts`
@@ -152,8 +164,18 @@ class ConsumerState:
     state: bytes  # consumer.ConsumerState.encode()
 
 
+@dataclass(frozen=True, slots=True)
+class SourceMsgs:
+    """Messages read from one origin, in origin order. `key` names the source ("" for the
+    mirror); applying records the last origin seq under it with the messages."""
+    now_ns: int
+    key: str
+    ident: str  # the origin's identity, for the source header
+    msgs: tuple[SourcedMsg, ...]
+
+
 Op = (StreamMsg | DeleteMsg | Purge | Expire | ConsumerDelivered | ConsumerAck | StreamBatch
-      | UpdateConfig | ConsumerUpsert | ConsumerDelete | RestoreMsgs | ConsumerState)
+      | UpdateConfig | ConsumerUpsert | ConsumerDelete | RestoreMsgs | ConsumerState | SourceMsgs)
 
 
 def _msg_body(msg: StreamMsg) -> bytes:
@@ -214,6 +236,8 @@ def _encode_admin(op: Op) -> bytes:
         name = op.consumer.encode()
         return (_HEAD.pack(EntryOp.CONSUMER_STATE, op.now_ns)
                 + _STATE.pack(len(name), len(op.state)) + name + op.state)
+    if isinstance(op, SourceMsgs):
+        return _encode_sourced(op)
     raise TypeError(f"not an entry op: {op!r}")
 
 
@@ -363,6 +387,40 @@ def _decode_consumer_state(now_ns: int, body: memoryview) -> ConsumerState:
     return ConsumerState(now_ns, bytes(body[_STATE.size:at]).decode(), bytes(body[at:]))
 
 
+def _encode_sourced(op: SourceMsgs) -> bytes:
+    key, ident = op.key.encode(), op.ident.encode()
+    parts = [_HEAD.pack(EntryOp.SOURCE_MSGS, op.now_ns),
+             _SOURCE.pack(len(key), len(ident), len(op.msgs)), key, ident]
+    for m in op.msgs:
+        subject = m.subject.encode()
+        parts += [_SOURCED.pack(m.origin_seq, m.origin_ts, len(subject), len(m.hdr),
+                                len(m.data)), subject, m.hdr, m.data]
+    return b"".join(parts)
+
+
+def _decode_sourced(now_ns: int, body: memoryview) -> SourceMsgs:
+    key_len, ident_len, count = _fixed(body, _SOURCE, "source msgs")
+    at = _SOURCE.size + key_len + ident_len
+    if len(body) < at or count == 0:
+        raise EntryFormatError("source msgs entry truncated or empty")
+    key = bytes(body[_SOURCE.size:_SOURCE.size + key_len]).decode()
+    ident = bytes(body[_SOURCE.size + key_len:at]).decode()
+    msgs = []
+    for _ in range(count):
+        seq, ts, subject_len, hdr_len, data_len = _fixed(body[at:], _SOURCED, "source msgs")
+        start = at + _SOURCED.size
+        end = start + subject_len + hdr_len + data_len
+        if len(body) < end:
+            raise EntryFormatError("source msgs entry truncated")
+        subject = bytes(body[start:start + subject_len]).decode()
+        hdr = bytes(body[start + subject_len:start + subject_len + hdr_len])
+        msgs.append(SourcedMsg(seq, ts, subject, hdr, bytes(body[end - data_len:end])))
+        at = end
+    if at != len(body):
+        raise EntryFormatError("source msgs entry has trailing bytes")
+    return SourceMsgs(now_ns, key, ident, tuple(msgs))
+
+
 _DECODERS = {
     EntryOp.STREAM_MSG: _decode_msg,
     EntryOp.DELETE_MSG: _decode_delete,
@@ -376,4 +434,5 @@ _DECODERS = {
     EntryOp.CONSUMER_DELETE: _decode_consumer_delete,
     EntryOp.RESTORE_MSGS: _decode_restore,
     EntryOp.CONSUMER_STATE: _decode_consumer_state,
+    EntryOp.SOURCE_MSGS: _decode_sourced,
 }

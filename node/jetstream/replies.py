@@ -32,12 +32,14 @@ def empty_state(cfg: Config, consumers: int = 0) -> dict[str, Any]:
             "consumer_count": consumers}
 
 
-def _source_info(src: Config) -> dict[str, Any]:
+def _source_info(src: Config, mirror: bool = False) -> dict[str, Any]:
     out: dict[str, Any] = {"name": src["name"]}
     if src.get("external"):
         out["external"] = src["external"]
     out.update(lag=0, active=-1)
-    if src.get("filter_subject"):
+    # nats-server's create/update replies leave out a mirror's filter_subject but show its
+    # transforms (checked, 2.15.1)
+    if src.get("filter_subject") and not mirror:
         out["filter_subject"] = src["filter_subject"]
     if src.get("subject_transforms"):
         out["subject_transforms"] = src["subject_transforms"]
@@ -54,7 +56,7 @@ def stream_reply(kind: str, cfg: Config, state: dict[str, Any], created: str, no
     out["created"] = created
     out["state"] = state
     if cfg.get("mirror"):
-        out["mirror"] = _source_info(cfg["mirror"])
+        out["mirror"] = _source_info(cfg["mirror"], mirror=True)
     if cfg.get("sources"):
         out["sources"] = [_source_info(s) for s in cfg["sources"]]
     out["ts"] = now

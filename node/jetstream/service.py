@@ -61,6 +61,8 @@ from node.jetstream.errors import ApiError
 from node.jetstream.machines import META_STORE, MetaMachine, StreamMachine
 from node.jetstream.pull import PullQueue, Status
 from node.jetstream.push import FC_REQUEST, PushFlow, fc_subject, parse_fc_subject
+from node.jetstream.sourcing import listen_subjects
+from node.jetstream.sourcing_wire import SourcingWire
 from node.jetstream.store import CorruptRecordError
 from node.jetstream.store.lmdbstore import LmdbStore, NodeEnv, stored_names
 from node.jetstream.stream import Effect, Reply, Republish, Stored, rfc3339
@@ -194,6 +196,7 @@ class JetStreamService:
         # node, every group a single voter with id NODE_ID.
         self.jsc: ClusterJS | None = None
         self.node_id = NODE_ID
+        self.sourcing = SourcingWire(self)  # mirrors and sources (sourcing_wire.py)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -239,6 +242,7 @@ class JetStreamService:
             self._start_push(name)
         if self.jsc is not None:
             await self.jsc.start()
+        self.sourcing.start()
         self._ticker = asyncio.ensure_future(self._tick_loop())
         self.log.info(f"JetStream started: {len(self.streams)} streams, store {self.store_dir}")
 
@@ -249,6 +253,7 @@ class JetStreamService:
             await self.jsc.stop()
         for task in list(self._tasks):
             task.cancel()
+        self.sourcing.stop()
         if self.mr is not None:
             await self.mr.stop()
         if self.env is not None:
@@ -336,7 +341,7 @@ class JetStreamService:
                 for sub in self.subs.pop(name):
                     self.client.remove_sub(sub)
         for name, a in cat.streams.items():
-            subjects = list(a["config"].get("subjects") or [name])
+            subjects = listen_subjects(a["config"], name)  # a mirror captures nothing
             if self._subscribed.get(name) != subjects:
                 self._subscribe_stream(name, subjects)
 
@@ -388,6 +393,7 @@ class JetStreamService:
         if self.client is not None:
             self._subscribe_stream(name)
             self._start_push(name)
+            self.sourcing.sync(name)
 
     def _start_push(self, name: str) -> None:
         """Push consumers deliver on their own: start their pumps (at start, after a create)."""
@@ -401,6 +407,7 @@ class JetStreamService:
         sm = self.streams.pop(name, None)
         if sm is None:
             return
+        self.sourcing.closed(name)
         keep_subs = self.jsc is not None and self.meta is not None and name in self.meta.streams
         for sub in [] if keep_subs else self.subs.pop(name, []):
             self.client.remove_sub(sub)
@@ -416,8 +423,8 @@ class JetStreamService:
             return  # clustered: the catalogue decides (_meta_changed_cluster)
         for sub in self.subs.pop(name, []):
             self.client.remove_sub(sub)
-        if subjects is None:
-            subjects = self.streams[name].stream.cfg["subjects"] or [name]
+        if subjects is None:  # a mirror captures nothing
+            subjects = listen_subjects(self.streams[name].stream.cfg, name)
         self._subscribed[name] = list(subjects)
 
         def on_msg(_sub: Any, subject: str, reply: str | None, hdr: bytes | None,
@@ -510,6 +517,7 @@ class JetStreamService:
             elif isinstance(effect, Stored):
                 stored = True
         if stored:
+            self.sourcing.on_stored(sm.name)
             for cname in list(sm.stream.consumers):
                 pull = self.pulls.get((sm.name, cname))
                 if pull is not None and pull.wants():
@@ -660,8 +668,11 @@ class JetStreamService:
             await self._propose(sm, ops.UpdateConfig(
                 time.time_ns(), _dumps(stream_config.to_wire(stored))))
             self._subscribe_stream(call.stream)
+            self.sourcing.sync(call.stream)
             self._advise(advisories.stream_action("modify", call.stream, *self._stamp()))
-        return self._stream_reply("stream_update_response", sm)
+        # nats-server's update reply carries the sources' live blocks (`seq`, `active`)
+        return self.sourcing.info(self._stream_reply("stream_update_response", sm), sm,
+                                  mirror=False)
 
     async def _h_stream_info(self, call: api.Call, subject: str, reply: str, body: bytes
                              ) -> dict[str, Any]:
@@ -673,10 +684,12 @@ class JetStreamService:
             out = replies.stream_info(sm.stream, body, rfc3339(sm.created_ns), self._now(),
                                       consumers=len(sm.stream.consumers))
         if "error" not in out:
-            # A standalone nats-server names itself the stream's leader in INFO.
+            # A standalone nats-server names itself the stream's leader in INFO
+            # (nats-server's order: state, cluster, mirror / sources, ts)
             cluster = {"leader": self.server.server_name} if self.jsc is None else \
                 self.jsc.cluster_info(sm.group)
-            out = _insert_before(out, "ts", "cluster", cluster)
+            at = next((k for k in ("mirror", "sources") if k in out), "ts")
+            out = _insert_before(self.sourcing.info(out, sm), at, "cluster", cluster)
         return out
 
     async def _h_stream_delete(self, call: api.Call, subject: str, reply: str, body: bytes
@@ -720,9 +733,9 @@ class JetStreamService:
                              ) -> dict[str, Any]:
         infos = {}
         for name, sm in self.streams.items():
-            full = self._stream_reply("stream_info_response", sm)
-            infos[name] = {"created": full["created"], "state": full["state"],
-                           "ts": full["ts"]}
+            full = self.sourcing.info(self._stream_reply("stream_info_response", sm), sm)
+            infos[name] = {k: full[k] for k in ("created", "state", "mirror", "sources", "ts")
+                           if k in full}
         if self.jsc is not None:  # the streams this node does not host: from their leaders
             for name in self._configs():
                 if name not in infos:
@@ -730,8 +743,8 @@ class JetStreamService:
                         full = await self.jsc.stream_info_from_leader(name)
                     except ApiError:
                         continue
-                    infos[name] = {"created": full["created"], "state": full["state"],
-                                   "ts": full["ts"]}
+                    infos[name] = {k: full[k] for k in ("created", "state", "mirror", "sources",
+                                                        "ts") if k in full}
         return requests.list_reply(self._configs(), body, infos)
 
     async def _h_stream_msg_get(self, call: api.Call, subject: str, reply: str, body: bytes
@@ -742,11 +755,13 @@ class JetStreamService:
                             ) -> None:
         sm = self.streams.get(call.stream)
         if sm is None or not sm.stream.cfg.get("allow_direct"):
+            sm = self.sourcing.direct_mirror(call.stream)  # `mirror_direct` answers for it
+        if sm is None:
             # nats-server only listens for streams that allow direct gets: no responders.
             return [(b"NATS/1.0 503\r\n\r\n", b"")]
         with sm.lock:  # a follower's store is being applied to meanwhile
             return [(frame.hdr, frame.data)
-                    for frame in get.direct_get(sm.store, call.stream, body, call.rest)]
+                    for frame in get.direct_get(sm.store, sm.name, body, call.rest)]
 
     async def _h_stream_leader_stepdown(self, call: api.Call, *_: Any) -> dict[str, Any]:
         if self.jsc is None:
@@ -828,6 +843,8 @@ class JetStreamService:
 
     async def _h_consumer_create(self, call: api.Call, subject: str, reply: str, body: bytes
                                  ) -> dict[str, Any]:
+        if self.sourcing.is_direct(body):  # a mirror's / source's origin consumer
+            return await self.sourcing.create_direct(call.stream, body)
         req = consumer_config.parse_request(body)
         sm = self.streams.get(call.stream)
         with sm.lock if sm else _nolock():
@@ -940,6 +957,8 @@ class JetStreamService:
     async def _h_consumer_delete(self, call: api.Call, subject: str, reply: str, body: bytes
                                  ) -> dict[str, Any]:
         sm = self._stream(call.stream)
+        if self.sourcing.delete_direct(call.stream, call.consumer):
+            return {"type": replies.TYPE_PREFIX + "consumer_delete_response", "success": True}
         if call.consumer not in sm.stream.consumers:
             raise ApiError.of("JSConsumerNotFoundErr")
         await self._propose(sm, ops.ConsumerDelete(time.time_ns(), call.consumer))

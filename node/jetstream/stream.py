@@ -27,7 +27,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from node.jetstream import headers as h
-from node.jetstream import ops
+from node.jetstream import ops, sourcing
 from node.jetstream.config import Config
 from node.jetstream.config import from_wire as config_from_wire
 from node.jetstream.consumer import AckKind, Advisory, Consumer, ConsumerState
@@ -197,6 +197,8 @@ class Stream:
             return self._apply_restore(op)
         if isinstance(op, ops.ConsumerState):
             return self._apply_consumer_state(op)
+        if isinstance(op, ops.SourceMsgs):
+            return sourcing.apply_sourced(self, op)  # mirrors and sources (sourcing.py)
         return self._expire(op.now_ns)
 
     # -- STREAM.RESTORE --------------------------------------------------------------------

@@ -21,6 +21,9 @@ T = "tests/jetstream/"
 PUSH_FC = "tests/integration/test_jetstream_push.py::test_flow_control_matches_nats_server"
 PRIO = "tests/integration/test_jetstream_priority.py"
 PUSH_HB = "tests/integration/test_jetstream_push.py::test_idle_heartbeats_match_nats_server"
+MK9 = "tests/integration/test_jetstream_mirrors.py::test_kill_9_while_sourcing_then_exactly_once"
+MKV = "tests/integration/test_jetstream_mirrors.py::test_kv_mirror_direct_matches_nats_server"
+MDIFF = "tests/integration/test_jetstream_mirrors.py::test_mirrors_and_sources_match_nats_server"
 
 # (name, file, original text, mutated text, tests that must catch it[, original2, mutated2])
 MUTANTS: list[tuple[str, ...]] = [
@@ -203,6 +206,29 @@ MUTANTS: list[tuple[str, ...]] = [
      "        if not listening:\n            return None",
      "        if True:\n            return None",
      "tests/integration/test_jetstream_push.py::test_ordered_consumer_matches_nats_server"),
+    # Mirrors and sources (sourcing.py): resume after a restart without gaps or duplicates.
+    ("source resume off by one (skips)", J + "sourcing.py",
+     "opt_start_seq=done + 1)", "opt_start_seq=done + 2)",
+     MK9),
+    ("source resume off by one (repeats, guard off)", J + "sourcing.py",
+     "opt_start_seq=done + 1)", "opt_start_seq=max(done, 1))",
+     MK9,
+     "        if m.origin_seq <= done:\n", "        if m.origin_seq < done:\n"),
+    ("source progress not saved with the messages", J + "sourcing.py",
+     "    stream.store.put_meta(PROGRESS_PREFIX + op.key, _U64.pack(done) + op.ident.encode())",
+     "    pass", MK9),
+    ("source re-delivery guard off", J + "sourcing.py",
+     "        if m.origin_seq <= done:\n", "        if m.origin_seq < done:\n",
+     T + "test_sourcing.py"),
+    ("source keeps progress across a re-created origin", J + "sourcing.py",
+     "    if key != MIRROR_KEY and seen and ident and seen != ident:",
+     "    if False:", MDIFF),
+    ("mirror_direct mirror does not answer for its origin", J + "sourcing_wire.py",
+     'if cfg.get("mirror_direct") and (cfg.get("mirror") or {}).get("name") == origin:',
+     "if False:", MKV),
+    ("source ignores a full discard-new target", J + "sourcing.py",
+     "            stream._check_discard_new(ops.StreamMsg(ts, subject, \"\", hdr, m.data))",
+     "            pass", T + "test_sourcing.py"),
 ]
 
 

@@ -36,7 +36,19 @@ def test_op_codes_are_append_only() -> None:
     assert {op.name: op.value for op in ops.EntryOp} == {
         "STREAM_MSG": 1, "DELETE_MSG": 2, "PURGE": 3, "EXPIRE": 4,
         "UPDATE_CONFIG": 5, "CONSUMER_DELIVERED": 16, "CONSUMER_ACK": 17, "STREAM_BATCH": 18,
-        "CONSUMER_UPSERT": 19, "CONSUMER_DELETE": 20, "RESTORE_MSGS": 13, "CONSUMER_STATE": 21}
+        "CONSUMER_UPSERT": 19, "CONSUMER_DELETE": 20, "RESTORE_MSGS": 13, "CONSUMER_STATE": 21,
+        "SOURCE_MSGS": 12}
+
+
+def test_source_msgs_layout_and_refusals() -> None:
+    op = ops.SourceMsgs(7, "O > >", "ID", (ops.SourcedMsg(3, 9, "o.a", b"H", b"dd"),))
+    raw = ops.encode(op)
+    assert raw == bytes([12]) + struct.pack("<qHHI", 7, 5, 2, 1) + b"O > >ID" + \
+        struct.pack("<QqHII", 3, 9, 3, 1, 2) + b"o.aHdd"
+    assert ops.decode(raw) == op
+    for bad in (raw[:-1], raw + b"x", raw[:9] + struct.pack("<HHI", 5, 2, 0) + raw[17:]):
+        with pytest.raises(ops.EntryFormatError):
+            ops.decode(bad)
 
 
 @given(now=st.integers(-(1 << 63), (1 << 63) - 1), subject=SUBJECT, reply=st.text(max_size=20),

@@ -1,0 +1,517 @@
+"""Mirrors and sources in the node: the async edge around `sourcing.py`.
+
+Two halves, joined only by NATS subjects, so that origin and target may later live on
+different nodes (the cluster forwards the `$JS.API` request to the origin's leader):
+
+* **Target side** (`SourceLink`, one per mirror / source of a stream): sends
+  `$JS.API.CONSUMER.CREATE.<origin>.<name>` with a `direct` push consumer config starting at
+  the target's durable progress + 1, receives the deliveries on its deliver subject, and
+  proposes them to the TARGET's Raft group as SOURCE_MSGS entries (fsynced and replicated like
+  a publish; the progress moves in the same apply). It answers the origin's flow-control
+  requests only after the entry carrying what came before committed, so at most one window is
+  in flight. A gap in the delivery sequence, a heartbeat that says more was sent, silence for
+  three heartbeats or a failed proposal ends the session: the next one starts again at the
+  durable progress + 1. Errors (the origin missing, ...) show in STREAM.INFO's block.
+* **Origin side** (`DirectReader`, one per direct consumer): a leader-local reader of the
+  origin's store, as nats-server's direct consumers are (not replicated, not listed, not
+  counted): it pushes matching messages in order with v1 ack subjects (origin seq, delivery
+  seq, timestamp, pending), asks for flow control every FC_EVERY messages, sends idle
+  heartbeats, and ends when nobody listens on its deliver subject for its inactive
+  threshold, on CONSUMER.DELETE, or when the origin goes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import time
+from typing import Any
+
+from node.jetstream import ops, sourcing
+from node.jetstream.consumer import StreamView
+from node.jetstream.errors import ApiError
+from node.jetstream.replies import TYPE_PREFIX
+from node.subject import is_literal
+from raft.multigroup import ProposalDropped
+
+HEARTBEAT_NS = 1_000_000_000      # the origin's idle heartbeat (nats-server: 1s)
+STALL_BEATS = 3                   # silence for this many heartbeats restarts the session
+RETRY_S = 1.0                     # between failed consumer creates (the origin missing, ...)
+FC_EVERY = 512                    # deliveries between flow-control requests
+READ_BATCH = 256                  # messages read from the origin store under one lock
+ENTRY_MAX = 512                   # sourced messages per SOURCE_MSGS entry
+REQUEST_TIMEOUT_S = 5.0
+_CHARS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
+_FC_REQUEST = b"NATS/1.0 100 FlowControl Request\r\n\r\n"
+
+
+def _token(n: int = 8) -> str:
+    return "".join(secrets.choice(_CHARS) for _ in range(n))
+
+
+def _status(hdr: bytes | None) -> bytes:
+    """The status line of a control message (`100 Idle Heartbeat`, ...), else b""."""
+    if not hdr or not hdr.startswith(b"NATS/1.0 "):
+        return b""
+    return hdr.split(b"\r\n", 1)[0][9:]
+
+
+def _header(hdr: bytes, key: str) -> str | None:
+    needle = key.lower().encode() + b":"
+    for line in hdr.split(b"\r\n")[1:]:
+        if line.lower().startswith(needle):
+            return line[len(needle):].strip().decode()
+    return None
+
+
+class _Restart(Exception):
+    """End this session; the next one resumes at the durable progress."""
+
+
+class SourceLink:
+    """One mirror or source of a target stream, for as long as the config names it."""
+
+    def __init__(self, wire: SourcingWire, target: str, key: str, src: dict[str, Any]) -> None:
+        self.wire = wire
+        self.target = target
+        self.key = key
+        self.src = src
+        self.mirror = key == sourcing.MIRROR_KEY
+        self.lag = 0
+        self.last_heard = 0       # time.monotonic_ns() of the last delivery or heartbeat
+        self.error: dict[str, Any] | None = None
+        self.task: asyncio.Task[Any] | None = None
+        self.consumer = ""
+
+    def start(self) -> None:
+        self.task = asyncio.ensure_future(self._run())
+
+    def stop(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+
+    def active_ns(self) -> int:
+        return time.monotonic_ns() - self.last_heard if self.last_heard else -1
+
+    async def _run(self) -> None:
+        log = self.wire.svc.log
+        while True:
+            try:
+                await self._session()
+            except asyncio.CancelledError:
+                raise
+            except _Restart:
+                pass
+            except Exception as exc:  # never let a source die: log, retry
+                log.warn(f"JetStream sourcing {self.target} <- {self.src['name']}: {exc!r}")
+            await asyncio.sleep(RETRY_S)
+
+    async def _session(self) -> None:
+        svc = self.wire.svc
+        sm = svc.streams.get(self.target)
+        if sm is None:
+            raise _Restart
+        if svc.mr.leader(sm.group) != getattr(svc, "node_id", 1):  # 1: the single node's id
+            raise _Restart  # only the target's leader sources; a follower waits its turn
+        with sm.lock:
+            done = sourcing.resume_after(sm.store, self.key, self.wire.identity(self.src["name"]))
+        name = ("JS_MIRROR_" if self.mirror else "JS_SRC_") + _token()
+        deliver = ("$JS.M." if self.mirror else "$JS.S.") + _token()
+        inbox: asyncio.Queue[tuple[str, str | None, bytes | None, bytes]] = asyncio.Queue()
+        client = self.wire.client
+
+        def on_msg(_sub: Any, subject: str, reply: str | None, hdr: bytes | None,
+                   data: bytes) -> None:
+            inbox.put_nowait((subject, reply, hdr, data))
+
+        sub = client.subscribe_internal(deliver, on_msg)
+        try:
+            body = sourcing.consumer_request(self.src, name, deliver, done, self.mirror,
+                                             HEARTBEAT_NS)
+            reply = await self.wire.request(
+                f"$JS.API.CONSUMER.CREATE.{self.src['name']}.{name}", json.dumps(body).encode())
+            if "error" in reply:
+                self.error = reply["error"]
+                raise _Restart
+            self.error = None
+            self.consumer = name
+            self.last_heard = time.monotonic_ns()
+            await self._consume(inbox)
+        finally:
+            client.remove_sub(sub)
+            if self.consumer:
+                client.publish(f"$JS.API.CONSUMER.DELETE.{self.src['name']}.{self.consumer}",
+                               None, b"")
+                self.consumer = ""
+
+    async def _consume(self, inbox: asyncio.Queue[Any]) -> None:
+        svc = self.wire.svc
+        expected = 1  # the next delivery sequence
+        ident = self.wire.identity(self.src["name"])
+        stall_s = STALL_BEATS * HEARTBEAT_NS / 1e9
+        while True:
+            try:
+                first = await asyncio.wait_for(inbox.get(), stall_s)
+            except TimeoutError:
+                raise _Restart from None
+            items = [first]
+            while not inbox.empty() and len(items) < ENTRY_MAX:
+                items.append(inbox.get_nowait())
+            msgs: list[ops.SourcedMsg] = []
+            answers: list[str] = []
+            for subject, reply, hdr, data in items:
+                self.last_heard = time.monotonic_ns()
+                status = _status(hdr)
+                if status:
+                    if status.startswith(b"100 FlowControl") and reply:
+                        answers.append(reply)
+                    elif status.startswith(b"100"):
+                        sent = _header(hdr or b"", "Nats-Last-Consumer")
+                        if sent is not None and sent.isdigit() and int(sent) >= expected:
+                            raise _Restart  # a delivery never arrived
+                    elif status.startswith(b"409") or status.startswith(b"404"):
+                        raise _Restart  # the consumer went (origin deleted, ...)
+                    continue
+                got = sourcing.parse_delivery(reply or "")
+                if got is None:
+                    continue
+                sseq, dseq, ts, pending = got
+                if dseq != expected:
+                    raise _Restart
+                expected += 1
+                self.lag = pending
+                msgs.append(ops.SourcedMsg(sseq, ts, subject, hdr or b"", data))
+            if msgs:
+                sm = svc.streams.get(self.target)
+                if sm is None:
+                    raise _Restart
+                entry = ops.SourceMsgs(time.time_ns(), self.key, ident, tuple(msgs))
+                try:
+                    await svc.mr.propose(sm.group, ops.encode(entry))
+                except (ProposalDropped, KeyError) as exc:
+                    raise _Restart from exc
+                with sm.lock:
+                    stored_to = sourcing.progress(sm.store, self.key)
+                if stored_to < msgs[-1].origin_seq:
+                    raise _Restart  # refused (a full `discard: new` target): retry later
+            for answer in answers:  # what came before is committed: the origin may go on
+                self.wire.client.publish(answer, None, b"")
+
+
+class DirectReader:
+    """A direct consumer of an origin stream (leader-local, unreplicated)."""
+
+    def __init__(self, wire: SourcingWire, origin: str, name: str, cfg: dict[str, Any]) -> None:
+        self.wire = wire
+        self.origin = origin
+        self.name = name
+        self.deliver: str = cfg["deliver_subject"]
+        subjects = list(cfg.get("filter_subjects") or [])
+        if cfg.get("filter_subject"):
+            subjects.append(cfg["filter_subject"])
+        self.filters = subjects
+        self.cfg = cfg
+        self.heartbeat_ns = int(cfg.get("idle_heartbeat") or HEARTBEAT_NS)
+        self.inactive_ns = int(cfg.get("inactive_threshold") or 10 * HEARTBEAT_NS)
+        self.next_seq = 0
+        self.dseq = 0
+        self.last_sseq = 0
+        self.wake = asyncio.Event()
+        self.fc_reply = ""          # the flow-control answer subject awaited, if any
+        self.fc_answered = asyncio.Event()
+        self.since_fc = 0
+        self.task: asyncio.Task[Any] | None = None
+        self.fc_sub: Any = None
+
+    def start(self, sm: Any) -> None:
+        with sm.lock:
+            self.next_seq = sourcing.start_seq(self.cfg, StreamView(sm.store, self.filters))
+            if self.next_seq == 0:
+                self.next_seq = sm.stream.last_seq + 1
+        prefix = f"$JS.FC.{self.origin}.{self.name}."
+        self.fc_sub = self.wire.client.subscribe_internal(prefix + "*", self._on_fc)
+        self.task = asyncio.ensure_future(self._run())
+
+    def stop(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+        if self.fc_sub is not None:
+            self.wire.client.remove_sub(self.fc_sub)
+            self.fc_sub = None
+
+    def _on_fc(self, _sub: Any, subject: str, *_: Any) -> None:
+        if subject == self.fc_reply:
+            self.fc_reply = ""
+            self.fc_answered.set()
+
+    async def _run(self) -> None:
+        try:
+            await self._loop()
+        finally:
+            if self.wire.readers.get(self.name) is self:  # not a successor of the same name
+                self.wire.readers.pop(self.name)
+            if self.fc_sub is not None:
+                self.wire.client.remove_sub(self.fc_sub)
+                self.fc_sub = None
+
+    async def _loop(self) -> None:
+        svc = self.wire.svc
+        last_sent = quiet_since = time.monotonic_ns()
+        while True:
+            sm = svc.streams.get(self.origin)
+            if sm is None:
+                return  # the origin was deleted: so is its consumer
+            now = time.monotonic_ns()
+            if not self.wire.has_interest(self.deliver):
+                if now - quiet_since > self.inactive_ns:
+                    return
+                await asyncio.sleep(0.1)
+                continue
+            quiet_since = now
+            if self.fc_reply:
+                await self._wait(self.fc_answered, self.heartbeat_ns)
+                if self.fc_reply and time.monotonic_ns() - last_sent >= self.heartbeat_ns:
+                    self._heartbeat()
+                    last_sent = time.monotonic_ns()
+                continue
+            batch, last, more = self._read(sm)
+            if batch:
+                self._send(batch, last, more)
+                last_sent = time.monotonic_ns()
+                continue
+            self.wake.clear()
+            if not await self._wait(self.wake, self.heartbeat_ns - (now - last_sent)):
+                self._heartbeat()
+                last_sent = time.monotonic_ns()
+
+    @staticmethod
+    async def _wait(event: asyncio.Event, ns: int) -> bool:
+        try:
+            await asyncio.wait_for(event.wait(), max(ns, 1_000_000) / 1e9)
+            return True
+        except TimeoutError:
+            return False
+
+    def _read(self, sm: Any) -> tuple[list[Any], int, bool]:
+        """Up to READ_BATCH matching messages from `next_seq`, the stream's last seq, and
+        whether more match after them."""
+        out = []
+        with sm.lock:
+            view = StreamView(sm.store, self.filters)
+            if len(self.filters) == 1 and is_literal(self.filters[0]):
+                seq = self.next_seq
+                while len(out) < READ_BATCH:
+                    seq = sm.store.first_for_subject(self.filters[0], seq)
+                    if not seq:
+                        break
+                    msg = sm.store.load(seq)
+                    if msg is not None:
+                        out.append(msg)
+                    seq += 1
+            else:  # one walk over the stored seqs (next_matching per message walks anew)
+                for seq in sm.store.seqs(self.next_seq):
+                    msg = sm.store.load(seq)
+                    if msg is not None and view.matches(msg.subject):
+                        out.append(msg)
+                        if len(out) >= READ_BATCH:
+                            break
+            more = bool(out) and bool(view.next_matching(out[-1].seq + 1))
+            return out, sm.stream.last_seq, more
+
+    def _send(self, batch: list[Any], last: int, more: bool) -> None:
+        client = self.wire.client
+        for i, msg in enumerate(batch):
+            self.dseq += 1
+            self.last_sseq = msg.seq
+            self.next_seq = msg.seq + 1
+            # `pending` becomes the target's lag: 0 once caught up; counted without
+            # interior deletes (unfiltered) or by what this read saw (filtered).
+            pending = max(0, last - msg.seq) if not self.filters else \
+                len(batch) - i - 1 + (1 if more else 0)
+            ack = (f"$JS.ACK.{self.origin}.{self.name}.1.{msg.seq}.{self.dseq}."
+                   f"{msg.ts_ns}.{pending}")
+            client.account.deliver_as(client, self.deliver, msg.subject, ack, msg.hdr or None,
+                                      msg.data)
+            self.since_fc += 1
+            if self.since_fc >= FC_EVERY and self.cfg.get("flow_control"):
+                self.since_fc = 0
+                self.fc_reply = f"$JS.FC.{self.origin}.{self.name}.{_token(10)}"
+                self.fc_answered.clear()
+                client.publish(self.deliver, self.fc_reply, b"", _FC_REQUEST)
+                return  # the rest is read again once the target answered
+
+    def _heartbeat(self) -> None:
+        hdr = (f"NATS/1.0 100 Idle Heartbeat\r\nNats-Last-Consumer: {self.dseq}\r\n"
+               f"Nats-Last-Stream: {self.last_sseq}\r\n\r\n").encode()
+        self.wire.client.publish(self.deliver, None, b"", hdr)
+
+
+class SourcingWire:
+    """Owns every SourceLink (targets on this node) and DirectReader (origins here)."""
+
+    def __init__(self, svc: Any) -> None:
+        self.svc = svc
+        self.client: Any = None
+        self.links: dict[str, dict[str, SourceLink]] = {}
+        self.readers: dict[str, DirectReader] = {}
+        self._replies: dict[str, asyncio.Future[bytes]] = {}
+        self._reply_prefix = f"$JSC.R.{_token(12)}."
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    def start(self) -> None:
+        from node.jetstream.service import _jetstream_kind
+
+        self.client = self.svc.server.internal_client(_jetstream_kind(), "jetstream-sourcing")
+        self.client.subscribe_internal(self._reply_prefix + "*", self._on_reply)
+        for name in list(self.svc.streams):
+            self.sync(name)
+
+    def stop(self) -> None:
+        for links in self.links.values():
+            for link in links.values():
+                link.stop()
+        self.links.clear()
+        for reader in list(self.readers.values()):
+            reader.stop()
+        self.readers.clear()
+
+    def sync(self, target: str) -> None:
+        """Start and stop links to match the target's config (create, update, promotion)."""
+        if self.client is None:
+            return
+        sm = self.svc.streams.get(target)
+        wanted: dict[str, dict[str, Any]] = {}
+        if sm is not None:
+            cfg = sm.stream.cfg
+            if cfg.get("mirror"):
+                wanted[sourcing.MIRROR_KEY] = cfg["mirror"]
+            for src in cfg.get("sources") or []:
+                wanted[sourcing.source_key(src)] = src
+        links = self.links.setdefault(target, {})
+        for key in [k for k in links if k not in wanted or links[k].src != wanted[k]]:
+            links.pop(key).stop()
+        for key, src in wanted.items():
+            if key not in links and not (src.get("external") or {}).get("api"):
+                links[key] = SourceLink(self, target, key, src)
+                links[key].start()
+        if not links:
+            self.links.pop(target, None)
+
+    def closed(self, name: str) -> None:
+        """A stream went: its links stop, and so do direct consumers reading it."""
+        for link in self.links.pop(name, {}).values():
+            link.stop()
+        for reader in [r for r in self.readers.values() if r.origin == name]:
+            reader.stop()
+            self.readers.pop(reader.name, None)
+
+    def on_stored(self, origin: str) -> None:
+        for reader in self.readers.values():
+            if reader.origin == origin:
+                reader.wake.set()
+
+    # -- requests ---------------------------------------------------------------------------
+
+    def _on_reply(self, _sub: Any, subject: str, _reply: str | None, _hdr: bytes | None,
+                  data: bytes) -> None:
+        fut = self._replies.pop(subject, None)
+        if fut is not None and not fut.done():
+            fut.set_result(data)
+
+    async def request(self, subject: str, body: bytes) -> dict[str, Any]:
+        inbox = self._reply_prefix + _token(10)
+        fut: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+        self._replies[inbox] = fut
+        try:
+            self.client.publish(subject, inbox, body)
+            raw = await asyncio.wait_for(fut, REQUEST_TIMEOUT_S)
+        except TimeoutError:
+            raise _Restart from None
+        finally:
+            self._replies.pop(inbox, None)
+        return json.loads(raw)
+
+    def has_interest(self, subject: str) -> bool:
+        result = self.client.account.sublist.match(subject)
+        return bool(result.psubs or result.qsubs)
+
+    def identity(self, origin: str) -> str:
+        sm = self.svc.streams.get(origin)
+        return sourcing.identity(sm.group) if sm is not None else ""
+
+    # -- origin side: direct consumers ------------------------------------------------------
+
+    @staticmethod
+    def is_direct(body: bytes) -> bool:
+        """A CONSUMER.CREATE for a sourcing consumer (`direct` and `sourcing`, push)?"""
+        if b'"direct"' not in body:
+            return False
+        try:
+            req = json.loads(body)
+        except ValueError:
+            return False
+        cfg = req.get("config") if isinstance(req, dict) else None
+        # only a mirror's / source's own request: other direct configs get the usual checks
+        return isinstance(cfg, dict) and cfg.get("direct") is True and \
+            cfg.get("sourcing") is True and bool(cfg.get("deliver_subject"))
+
+    async def create_direct(self, origin: str, body: bytes) -> dict[str, Any]:
+        cfg = json.loads(body)["config"]  # is_direct parsed it: a dict
+        sm = self.svc.streams.get(origin)
+        if sm is None:
+            raise ApiError.of("JSStreamNotFoundErr")
+        sourcing.check_direct(cfg)
+        name = cfg["name"]
+        old = self.readers.pop(name, None)
+        if old is not None:
+            old.stop()
+        reader = DirectReader(self, origin, name, cfg)
+        reader.start(sm)
+        self.readers[name] = reader
+        return {"type": TYPE_PREFIX + "consumer_create_response", "stream_name": origin,
+                "name": name, "config": cfg,
+                "delivered": {"consumer_seq": 0, "stream_seq": reader.next_seq - 1}}
+
+    def delete_direct(self, origin: str, name: str) -> bool:
+        reader = self.readers.get(name)
+        if reader is None or reader.origin != origin:
+            return False
+        reader.stop()
+        self.readers.pop(name, None)
+        return True
+
+    def direct_mirror(self, origin: str) -> Any:
+        """A mirror of `origin` with `mirror_direct`: it answers
+        DIRECT.GET for its origin, as nats-server's mirrors join the origin's direct-get
+        queue group (so gets keep working while the origin is gone)."""
+        for sm in self.svc.streams.values():
+            cfg = sm.stream.cfg
+            if cfg.get("mirror_direct") and (cfg.get("mirror") or {}).get("name") == origin:
+                return sm
+        return None
+
+    # -- STREAM.INFO ------------------------------------------------------------------------
+
+    def info(self, out: dict[str, Any], sm: Any, mirror: bool = True) -> dict[str, Any]:
+        """Replace the config-only `mirror` / `sources` blocks with live ones."""
+        links = self.links.get(sm.name, {})
+        cfg = sm.stream.cfg
+        with sm.lock:
+            if mirror and cfg.get("mirror") and "mirror" in out:
+                out["mirror"] = self._block(sm, sourcing.MIRROR_KEY, cfg["mirror"], links)
+            if cfg.get("sources") and "sources" in out:
+                out["sources"] = [self._block(sm, sourcing.source_key(s), s, links)
+                                  for s in cfg["sources"]]
+        return out
+
+    @staticmethod
+    def _block(sm: Any, key: str, src: dict[str, Any], links: dict[str, SourceLink]
+               ) -> dict[str, Any]:
+        link = links.get(key)
+        done = sourcing.progress(sm.store, key)
+        if link is None:
+            return sourcing.info_block(src, 0, -1, None, done, key == sourcing.MIRROR_KEY)
+        return sourcing.info_block(src, link.lag, link.active_ns(), link.error, done,
+                                   link.mirror)
