@@ -28,6 +28,7 @@ import asyncio
 import json
 import os
 import secrets
+import threading
 import time
 from typing import Any
 
@@ -150,11 +151,13 @@ class JetStreamService:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._ticker: asyncio.Task[Any] | None = None
         self.api_total = self.api_errors = 0
+        self._loop_thread = 0
 
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
         self.loop = asyncio.get_running_loop()
+        self._loop_thread = threading.get_ident()
         os.makedirs(os.path.join(self.store_dir, "lmdb"), exist_ok=True)
         self.env = NodeEnv(os.path.join(self.store_dir, "lmdb"))
         raft_dir = os.path.join(self.store_dir, "raft")
@@ -366,11 +369,17 @@ class JetStreamService:
 
     def _effects_threadsafe(self, sm: StreamMachine, effects: list[Effect]) -> None:
         assert self.loop is not None
-        self.loop.call_soon_threadsafe(self._on_effects, sm, effects)
+        if threading.get_ident() == self._loop_thread:
+            # An inline apply (on the loop): same FIFO queue, without waking the selector
+            # through its self-pipe (a write syscall per applied run).
+            self.loop.call_soon(self._on_effects, sm, effects)
+        else:
+            self.loop.call_soon_threadsafe(self._on_effects, sm, effects)
 
     def _on_effects(self, sm: StreamMachine, effects: list[Effect]) -> None:
         """On the loop, in apply order: the entries are fsynced in the WAL and applied to
-        the (fdatasynced) store, so their PubAcks may go out."""
+        the store (committed; LMDB is synced at sync points, the WAL keeps the entries until
+        then), so their PubAcks may go out."""
         stored = False
         for effect in effects:
             if isinstance(effect, Reply):
