@@ -12,8 +12,8 @@ What lives where:
   node's one WAL under `<store_dir>/raft`, its state in the node's one LMDB environment under
   `<store_dir>/lmdb` (`machines.py`). The catalogue is the `$js` group.
 * A publish to a stream subject becomes a STREAM_MSG proposal. The driver fsyncs it, the apply
-  worker runs `Stream.apply_batch` (one LMDB transaction, fdatasynced), and the PubAck is one
-  of the effects, sent from the event loop after that (`_on_effects`).
+  worker runs `Stream.apply_batch` (one LMDB transaction, synced later at a sync point), and
+  the PubAck is one of the effects, sent from the event loop after that (`_on_effects`).
 * A pull request waits in the consumer's `PullQueue`; the consumer's pump asks `plan`, proposes
   CONSUMER_DELIVERED, and sends the message with its `$JS.ACK` reply once that entry applied.
   Acks arriving on `$JS.ACK.>` become CONSUMER_ACK proposals.
