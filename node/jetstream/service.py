@@ -380,6 +380,8 @@ class JetStreamService:
         """On the loop, in apply order: the entries are fsynced in the WAL and applied to
         the store (committed; LMDB is synced at sync points, the WAL keeps the entries until
         then), so their PubAcks may go out."""
+        if self.client is None:
+            return  # replayed at start-up before the client exists: nobody waits for these
         stored = False
         for effect in effects:
             if isinstance(effect, Reply):
