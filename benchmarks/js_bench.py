@@ -12,7 +12,8 @@ always`), in ONE run, every server pinned to core SERVER_CPU (1) and the clients
 
 Writes benchmarks/results/js-<TAG>.json (harness JSON + kv runs) and js-<TAG>.md (tables and
 ratios). Knobs: DURATION (5) REPEATS (3) PREFILL (50000) BENCH_DIR ANCHORBENCH_WORK
-SCENARIOS (js_sync_r1,js_async_r1,js_fetch_r1) KV=0 to skip the KV mix.
+SCENARIOS (js_sync_r1,js_async_r1,js_fetch_r1) KV=0 to skip the KV mix; JETRAFT_BASE=<dir of
+another checkout> adds it as the target `jetraft-base` (before/after in one run).
 """
 
 from __future__ import annotations
@@ -164,7 +165,10 @@ def main() -> None:
     os.makedirs(os.path.join(HERE, "results"), exist_ok=True)
     base = os.path.join(HERE, "results", f"js-{tag}")
     harness = kv = None
-    with Servers() as srv:
+    kinds = ("jetraft", "ref", "ref-always")
+    if os.environ.get("JETRAFT_BASE"):
+        kinds = ("jetraft", "jetraft-base", "ref", "ref-always")
+    with Servers(kinds) as srv:
         print({k: (v.url, v.pid) for k, v in srv.by_label.items()}, file=sys.stderr)
         if SCENARIOS:
             harness = run_harness(srv, base + ".harness.json")

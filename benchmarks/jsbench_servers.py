@@ -91,8 +91,11 @@ class Servers:
         os.makedirs(store)
         log = os.path.join(self.tmp, kind + ".log")
         env = dict(os.environ)
-        if kind == "jetraft":
-            env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+        src = None
+        if kind.startswith("jetraft"):
+            # "jetraft-base": the checkout in JETRAFT_BASE (an older commit, same run)
+            src = os.environ["JETRAFT_BASE"] if kind == "jetraft-base" else REPO
+            env["PYTHONPATH"] = src  # and cwd: `python -m` puts the cwd first on sys.path
             cmd = [sys.executable, "-m", "node.cli", "serve", "-js", "-sd", store,
                    "-a", "127.0.0.1", "-p", str(port), "-n", "jetraft-bench"]
         else:
@@ -106,7 +109,7 @@ class Servers:
             cmd = [shutil.which("nats-server") or "nats-server", "-c", conf]
         cmd = _pin(self.wrap + cmd, SERVER_CPU if self.pin else None)
         out = open(log, "wb")
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env,
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=src,
                                 start_new_session=True)
         _wait_port(port, proc, log)
         return Server(kind, port, proc, store, log)
