@@ -95,7 +95,10 @@ def measure(srv: Servers, label: str, tmp: str) -> dict[str, dict[str, object]]:
 def main() -> None:
     tag = sys.argv[1] if len(sys.argv) > 1 else time.strftime("%Y%m%d-%H%M%S")
     results = {}
-    with Servers(pin=False) as srv:
+    kinds: tuple[str, ...] = ("jetraft", "ref", "ref-always")
+    if os.environ.get("JETRAFT_BASE"):  # an older checkout as a 4th server
+        kinds = ("jetraft", "jetraft-base", "ref", "ref-always")
+    with Servers(kinds, pin=False) as srv:
         for label in srv.by_label:
             results[label] = measure(srv, label, srv.tmp)
             print(label, json.dumps(results[label]), file=sys.stderr)
