@@ -50,7 +50,14 @@ from typing import Any, Protocol
 from raft import snapfile
 from raft.core import Config, Raft, StateType, decode_conf_change, storage_append_resp
 from raft.disk import OS_DISK, Disk
-from raft.runtime import Clock, DefaultThreads, Executor, LoopClock, ThreadExecutor, iterate_in
+from raft.runtime import (
+    Clock,
+    DedicatedThread,
+    DefaultThreads,
+    Executor,
+    LoopClock,
+    iterate_in,
+)
 from raft.storage import NodeLog
 from raft.types import (
     NONE,
@@ -192,8 +199,10 @@ class MultiRaft:
         # The world, behind interfaces (raft/runtime.py): a simulation passes
         # its own deterministic clock, transport and executors.
         self.clock: Clock = clock or LoopClock()
-        self.apply_executor: Executor = apply_executor or ThreadExecutor(1, "raft-apply")
+        self.apply_executor: Executor = apply_executor or DedicatedThread("raft-apply")
         self.io_executor: Executor = io_executor or DefaultThreads()
+        # The drain loop's WAL write+fsync, on every commit: a thread of its own.
+        self.wal_executor: Executor = io_executor or DedicatedThread("raft-wal")
         self.node_log = node_log
         self.transport = transport
         self.tick_interval_s = tick_interval_s
@@ -272,7 +281,7 @@ class MultiRaft:
         for g in self._groups.values():
             self._fail_all(g, ProposalDropped("node stopping"))
         await self._stop_transport()
-        for ex in (self.apply_executor, self.io_executor):
+        for ex in dict.fromkeys((self.apply_executor, self.io_executor, self.wal_executor)):
             close = getattr(ex, "close", None)
             if close is not None:
                 close()
@@ -453,7 +462,7 @@ class MultiRaft:
             # A batch handed to the apply worker before the removal may still
             # be writing to the group's state machine.
             await self._apply_idle.wait()
-            await self.node_log.sync_async(self.io_executor.run)
+            await self.node_log.sync_async(self.wal_executor.run)
             async with self._files_lock(group):
                 g = self._groups.get(group)
                 if g is None or g.snap is None or g.snap.path is None:

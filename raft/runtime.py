@@ -16,7 +16,11 @@ below.
   and returns its result. The driver uses two: `apply_executor`, ONE worker
   thread that applies committed batches in log order, and `io_executor`
   for other blocking work (snapshot images, restores, file commits).
-  A simulation passes an inline executor (`InlineExecutor`) for both.
+  A simulation passes an inline executor (`InlineExecutor`) for both. In
+  production the apply worker and the drain loop's WAL write+fsync each run on
+  a `DedicatedThread` (a thread and a queue of its own: about a third of the
+  CPU and latency of a thread-pool round trip, which a one-in-flight publish
+  pays on every commit).
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import queue
+import threading
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol, TypeVar
 
@@ -85,6 +91,56 @@ class ThreadExecutor:
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
+
+
+class DedicatedThread:
+    """One thread of its own fed by a queue: calls run one at a time, in
+    submission order (what the apply worker needs); the result comes back to
+    the caller's loop with one `call_soon_threadsafe`. Cheaper per call than
+    `run_in_executor`/`asyncio.to_thread` (no pool bookkeeping, no context
+    copy, no chained futures)."""
+
+    def __init__(self, name: str) -> None:
+        self._q: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._work, name=name, daemon=True)
+        self._thread.start()
+
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[T] = loop.create_future()
+        self._q.put((loop, fut, fn, args))
+        return await fut
+
+    def _work(self) -> None:
+        while (item := self._q.get()) is not None:
+            loop, fut, fn, args = item
+            try:
+                result = fn(*args)
+            except BaseException as exc:  # noqa: BLE001 - handed to the awaiting caller
+                _resolve(loop, fut, None, exc)
+            else:
+                _resolve(loop, fut, result, None)
+
+    def close(self) -> None:
+        self._q.put(None)
+        if threading.current_thread() is not self._thread:
+            self._thread.join()
+
+
+def _resolve(loop: asyncio.AbstractEventLoop, fut: asyncio.Future[Any], result: Any,
+             exc: BaseException | None) -> None:
+    def settle() -> None:
+        if fut.done():
+            return  # the caller was cancelled meanwhile
+        if exc is not None:
+            fut.set_exception(exc)
+        else:
+            fut.set_result(result)
+
+    try:
+        loop.call_soon_threadsafe(settle)
+    except RuntimeError:
+        pass  # the loop is closed: nobody waits any more
 
 
 class DefaultThreads:

@@ -12,8 +12,8 @@ What lives where:
   node's one WAL under `<store_dir>/raft`, its state in the node's one LMDB environment under
   `<store_dir>/lmdb` (`machines.py`). The catalogue is the `$js` group.
 * A publish to a stream subject becomes a STREAM_MSG proposal. The driver fsyncs it, the apply
-  worker runs `Stream.apply_batch` (one LMDB transaction, fdatasynced), and the PubAck is one
-  of the effects, sent from the event loop after that (`_on_effects`).
+  worker runs `Stream.apply_batch` (one LMDB transaction, synced later at a sync point), and
+  the PubAck is one of the effects, sent from the event loop after that (`_on_effects`).
 * A pull request waits in the consumer's `PullQueue`; the consumer's pump asks `plan`, proposes
   CONSUMER_DELIVERED, and sends the message with its `$JS.ACK` reply once that entry applied.
   Acks arriving on `$JS.ACK.>` become CONSUMER_ACK proposals.
@@ -28,6 +28,7 @@ import asyncio
 import json
 import os
 import secrets
+import threading
 import time
 from typing import Any
 
@@ -197,11 +198,13 @@ class JetStreamService:
         self.jsc: ClusterJS | None = None
         self.node_id = NODE_ID
         self.sourcing = SourcingWire(self)  # mirrors and sources (sourcing_wire.py)
+        self._loop_thread = 0
 
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
         self.loop = asyncio.get_running_loop()
+        self._loop_thread = threading.get_ident()
         dirs.prepare_store_dir(self.store_dir)  # durable directories (tests/durability)
         backup.sweep_uploads(self.store_dir)
         self.env = NodeEnv(os.path.join(self.store_dir, "lmdb"))
@@ -500,12 +503,20 @@ class JetStreamService:
 
     def _effects_threadsafe(self, sm: StreamMachine, effects: list[Effect]) -> None:
         assert self.loop is not None
-        self.loop.call_soon_threadsafe(self._on_effects, sm, effects)
+        if threading.get_ident() == self._loop_thread:
+            # An inline apply (on the loop): same FIFO queue, without waking the selector
+            # through its self-pipe (a write syscall per applied run).
+            self.loop.call_soon(self._on_effects, sm, effects)
+        else:
+            self.loop.call_soon_threadsafe(self._on_effects, sm, effects)
 
     def _on_effects(self, sm: StreamMachine, effects: list[Effect]) -> None:
         """On the loop, in apply order: the entries are fsynced in the WAL and applied to
-        the (fdatasynced) store, so their PubAcks may go out. In a cluster every replica
-        applies; only the leader answers and republishes."""
+        the store (committed; LMDB is synced at sync points, the WAL keeps the entries until
+        then), so their PubAcks may go out. In a cluster every replica applies; only the
+        leader answers and republishes."""
+        if self.client is None:
+            return  # replayed at start-up before the client exists: nobody waits for these
         if self.jsc is not None and not self.jsc.leads(sm.name):
             return
         stored = False

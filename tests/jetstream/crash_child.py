@@ -1,6 +1,8 @@
 """Child process for test_store_crash: applies a deterministic log to an LmdbStore stream in
-batches and prints the last applied index after each batch has committed (the moment a node
-would consider those entries applied)."""
+batches; after every third batch it reads the applied index, syncs the environment
+(`NodeEnv.sync`, what a snapshot does before the WAL is compacted) and prints the index read.
+Commits in between are not fsynced: a reopened store rolls back to the last sync point, and
+the log (here: the test) re-applies the rest."""
 
 from __future__ import annotations
 
@@ -16,9 +18,12 @@ def main(path: str) -> None:
     stream = Stream(stream_config(), LmdbStore(env, "C"))
     log = entries()
     start = stream.applied
-    for at in range(start, len(log), BATCH):
+    for n, at in enumerate(range(start, len(log), BATCH)):
         stream.apply_batch(log[at:at + BATCH])
-        print(stream.applied, flush=True)
+        if n % 3 == 2:
+            index = stream.applied
+            env.sync()
+            print(index, flush=True)
     print("done", flush=True)
 
 

@@ -22,8 +22,10 @@ whatever the stream's size. The durability argument is in docs/jetstream.md.
 
 from __future__ import annotations
 
+import os
 import struct
 import threading
+import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -44,33 +46,148 @@ DB_NAMES = ("js_msgs", "js_subj", "js_subjcount", "js_meta", "js_consumers", "js
             "js_dedup", "js_dedup_ts")
 
 
+SYNCED_META = "synced-meta"  # the meta pages of the last synced transaction (see NodeEnv)
+_SIDE_MAGIC = b"JRLMDBMETA1\n"
+SYNC_INTERVAL_S = 0.25
+
+
 class NodeEnv:
-    """The node's LMDB environment and its named databases (opened once, shared)."""
+    """The node's LMDB environment and its named databases (opened once, shared).
+
+    Commits are NOT fsynced (MDB_NOSYNC): the Raft WAL is the durable record, and LMDB is made
+    durable only at sync points (`sync()`: every SYNC_INTERVAL_S by a background thread, and by
+    every snapshot before the WAL is compacted). What makes that safe on power loss, where
+    plain MDB_NOSYNC is not (docs/jetstream.md, durability argument):
+
+    * a read transaction stays open on the last synced transaction S (the pin), so LMDB never
+      reuses a page that S's tree references: S's pages are on disk and stay unchanged;
+    * S's two meta pages are saved in `synced-meta` (written, fsynced, renamed, dir fsynced)
+      before the pin moves on;
+    * opening the environment first writes those meta pages back: LMDB then opens at S,
+      whatever later meta page or data page did or did not reach the disk, and the driver
+      re-applies the entries after S's applied indexes from the WAL (which is never
+      compacted past an index read before a sync).
+
+    So after any crash the store is exactly the state of the last sync point, never a torn one.
+    sync=False (tests only) drops the sync points: a power loss could then corrupt the file.
+    """
 
     MAP_SIZE = 1 << 40  # address space only; the file grows as data is written
 
-    def __init__(self, path: str, *, sync: bool = True) -> None:
-        # sync=True, metasync=False (MDB_NOMETASYNC): each write txn fdatasyncs its data pages
-        # before the meta page that points at them is written (unsynced). A power loss may
-        # undo the last txn but never leaves a meta page pointing at pages that are not on
-        # disk; the lost txn's entries are re-applied from the Raft WAL. sync=False
-        # (MDB_NOSYNC) could corrupt the file on power loss (pages of an unsynced txn may
-        # overwrite pages the durable meta still uses), so it is for tests only.
-        # docs/jetstream.md has the whole argument.
-        self.env = lmdb.open(path, map_size=self.MAP_SIZE, max_dbs=16, sync=sync,
+    def __init__(self, path: str, *, sync: bool = True,
+                 sync_interval: float | None = SYNC_INTERVAL_S) -> None:
+        self.path = path
+        self.durable = sync
+        if sync:
+            _roll_back_to_synced(path)
+        self.env = lmdb.open(path, map_size=self.MAP_SIZE, max_dbs=16, sync=False,
                              metasync=False, readahead=False)
         self.dbs = {name: self.env.open_db(name.encode()) for name in DB_NAMES}
         # lmdb.open may have just created data.mdb: its directory entry must be durable
         # before anything relies on the file (a power loss could take it back otherwise).
         fsync_dir(path)
+        self._sync_lock = threading.Lock()
+        self._pin: Any = None
+        self._synced_txn = -1
+        self._stop = threading.Event()
+        self._syncer: threading.Thread | None = None
+        self.syncs = 0
+        if sync:
+            self.sync()
+            if sync_interval:
+                self._syncer = threading.Thread(target=self._sync_loop, args=(sync_interval,),
+                                                name="lmdb-sync", daemon=True)
+                self._syncer.start()
 
     def sync(self) -> None:
-        """fsync everything committed so far, meta page included. Read the applied indexes
-        BEFORE calling it: those are then durable, and the WAL may be compacted up to them."""
-        self.env.sync(True)
+        """Make everything committed so far durable and the new recovery point. Read the
+        applied indexes BEFORE calling it: those are then durable, and the WAL may be
+        compacted up to them. A failed fsync raises (the node stops: fail-stop)."""
+        if not self.durable:
+            self.env.sync(True)
+            return
+        with self._sync_lock:
+            # Under the write lock nothing commits: the pin and the meta pages read here are
+            # both exactly the last committed transaction S.
+            wtxn = self.env.begin(write=True)
+            try:
+                pin = self.env.begin()
+                txn_id = pin.id()
+                psize = self.env.stat()["psize"]
+                fd = os.open(os.path.join(self.path, "data.mdb"), os.O_RDONLY)
+                try:
+                    pages = os.pread(fd, 2 * psize, 0)
+                finally:
+                    os.close(fd)
+            finally:
+                wtxn.abort()
+            if txn_id == self._synced_txn:
+                pin.abort()
+                return
+            self.env.sync(True)  # S's pages and meta pages are on disk
+            _write_side(self.path, pages)  # then the record that points at them
+            old, self._pin, self._synced_txn = self._pin, pin, txn_id
+            self.syncs += 1
+            if old is not None:
+                old.abort()  # the previous sync point's pages may be reused from now on
+
+    def _sync_loop(self, interval: float) -> None:
+        while not self._stop.wait(interval):
+            try:
+                if self.env.info()["last_txnid"] != self._synced_txn:
+                    self.sync()
+            except lmdb.Error:
+                return  # closed under us
 
     def close(self) -> None:
+        self._stop.set()
+        if self._syncer is not None:
+            self._syncer.join()
+        if self.durable:
+            self.sync()  # a clean stop replays nothing
+        with self._sync_lock:
+            if self._pin is not None:
+                self._pin.abort()
+                self._pin = None
         self.env.close()
+
+
+def _write_side(path: str, pages: bytes) -> None:
+    body = _SIDE_MAGIC + struct.pack("<II", zlib.crc32(pages), len(pages)) + pages
+    tmp = os.path.join(path, SYNCED_META + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(body)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, os.path.join(path, SYNCED_META))
+    dfd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+def _roll_back_to_synced(path: str) -> None:
+    """Put the last sync point's meta pages back before LMDB opens the file."""
+    side = os.path.join(path, SYNCED_META)
+    data = os.path.join(path, "data.mdb")
+    if not os.path.exists(side) or not os.path.exists(data):
+        return
+    with open(side, "rb") as f:
+        raw = f.read()
+    head = len(_SIDE_MAGIC)
+    ok = raw.startswith(_SIDE_MAGIC) and len(raw) >= head + 8
+    crc, size = struct.unpack("<II", raw[head:head + 8]) if ok else (0, -1)
+    pages = raw[head + 8:]
+    if not ok or len(pages) != size or zlib.crc32(pages) != crc:
+        # renamed into place only once fsynced: a bad file is damage, not a torn write
+        raise RuntimeError(f"{side} is damaged: refusing to open the store")
+    fd = os.open(data, os.O_WRONLY)
+    try:
+        os.pwrite(fd, pages, 0)
+        os.fdatasync(fd)
+    finally:
+        os.close(fd)
 
 
 class LmdbStore:
@@ -183,8 +300,12 @@ class LmdbStore:
         return next(self.seqs(1), 0)
 
     def seqs(self, start: int = 1) -> Iterator[int]:
-        """Reads in short read transactions of 1,000 keys so a long walk never pins one."""
+        """Reads in short read transactions so a long walk never pins one. The chunks start
+        small and grow to 1,000 keys: most callers want only the first few sequences (a
+        consumer's next message), and reading 1,000 keys to use one was the main CPU cost of
+        a pull consumer's delivery."""
         key = self._msg_key(start)
+        size = 8
         while True:
             chunk: list[int] = []
             with self._read() as txn:
@@ -192,13 +313,14 @@ class LmdbStore:
                 if not cur.set_range(key):
                     return
                 for k in cur.iternext(keys=True, values=False):
-                    if not k.startswith(self._prefix) or len(chunk) >= 1000:
+                    if not k.startswith(self._prefix) or len(chunk) >= size:
                         break
                     chunk.append(int.from_bytes(k[len(self._prefix):], "big"))
             if not chunk:
                 return
             yield from chunk
             key = self._msg_key(chunk[-1] + 1)
+            size = min(size * 4, 1000)
 
     def seqs_desc(self) -> Iterator[int]:
         """Highest first, in short read transactions of 1,000 keys."""
