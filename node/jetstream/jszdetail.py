@@ -78,8 +78,10 @@ def _stream_detail(svc: Any, sm: Any, consumers: bool, config: bool) -> dict[str
 def jsz(server: Any, query: dict[str, str]) -> dict[str, Any]:
     svc = server.jetstream
     now = rfc3339(time.time_ns())
-    if svc is None:
-        return {"server_id": server.server_id, "now": now, "disabled": True}
+    if svc is None:  # nats-server's zeroed page, `disabled` set
+        from node.monitor import jsz as disabled_jsz
+
+        return disabled_jsz(server)
     o = server.options.jetstream
     memory, storage, streams, consumers, messages, size = _totals(svc)
     api_stats = {"level": api.API_LEVEL, "total": svc.api_total, "errors": svc.api_errors}

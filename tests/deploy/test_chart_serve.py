@@ -101,6 +101,9 @@ async def test_rendered_config_serves_a_nats_client(tmp_path: Path, tls: bool) -
             procs.append(_start(conf, tmp_path / f"{p}.log"))
         for p, proc in zip(run, procs, strict=True):
             _wait_ready(proc, tmp_path / f"{p}.log")
+        # The readiness probe: a clustered node says 503 until JetStream's meta group
+        # has a leader and it caught up; Kubernetes sends clients only after that.
+        await _ready(ports, run)
         first = ports[pods[0]]
         scheme = "tls" if tls else "nats"
         url = f"{scheme}://127.0.0.1:{first['client']}"
@@ -133,6 +136,18 @@ async def test_rendered_config_serves_a_nats_client(tmp_path: Path, tls: bool) -
         _stop(procs)
     for proc in procs:
         assert proc.returncode == 0, "a rendered node did not stop cleanly on SIGTERM"
+
+
+async def _ready(ports: dict[str, dict[str, int]], pods: list[str]) -> None:
+    deadline = time.monotonic() + 60
+    for p in pods:
+        while True:
+            try:
+                await asyncio.to_thread(_get, f"http://127.0.0.1:{ports[p]['monitor']}/healthz")
+                break
+            except OSError:  # urllib's HTTPError (503) is one
+                assert time.monotonic() < deadline, f"{p} never became ready"
+                await asyncio.sleep(0.3)
 
 
 async def _routes_up(ports: dict[str, dict[str, int]], pods: list[str]) -> None:
