@@ -47,7 +47,7 @@ async def _isolated(member: LocalNode, intruder: LocalNode) -> None:
 def _refused(c: LocalCluster, members: list[LocalNode], intruder: LocalNode,
              marker: str) -> None:
     c.wait_routes(members)
-    deadline = time.monotonic() + 3.0  # a few redial rounds of the intruder
+    deadline = time.monotonic() + 2.0  # a few redial rounds of the intruder
     while time.monotonic() < deadline:
         for m in members:
             assert intruder.name not in _routes(m)
