@@ -153,6 +153,8 @@ async def test_certificate_from_another_ca_cannot_join(tmp_path: Path) -> None:
     ("authorization { users: [{user: a, password: b}] }", "cluster.authorization.users"),
     ('tls { cert_file: "x.pem", key_file: "x.key" }', "ca_file"),
     ('authorization { user: r, password: "$2a$11$abcdefghijklmnopqrstuv" }', "bcrypt"),
+    ('routes: ["http://127.0.0.1:1"]', "unsupported scheme"),
+    ('routes: ["nats-route://127.0.0.1"]', "expected nats-route://host:port"),
 ])
 def test_unenforceable_cluster_settings_stop_the_node(tmp_path: Path, block: str,
                                                       why: str) -> None:
