@@ -261,16 +261,21 @@ def cluster_up(args: list[str], out: TextIO, err: TextIO) -> int:
     cluster = LocalCluster(a.dir, a.n, name=a.name, tags=_parse_tags(a.tags, a.n),
                            jetstream=not a.no_js)
 
+    stop: list[int] = []
+
     def interrupt(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
+        stop.append(signum)  # a flag, not an exception: no window where it escapes
 
     # Also when started in the background (SIGINT ignored there) or told to stop by SIGTERM.
     signal.signal(signal.SIGINT, interrupt)
     signal.signal(signal.SIGTERM, interrupt)
     try:
         cluster.start()
-    except (RuntimeError, TimeoutError, KeyboardInterrupt) as e:
-        print(f"jetraft cluster up: {e or 'interrupted'}", file=err)
+    except (RuntimeError, TimeoutError) as e:
+        print(f"jetraft cluster up: {e}", file=err)
+        cluster.stop()
+        return 1
+    if stop:
         cluster.stop()
         return 1
     state = cluster.write_state()
@@ -285,12 +290,12 @@ def cluster_up(args: list[str], out: TextIO, err: TextIO) -> int:
         return 0
     print("Ctrl-C stops the cluster.", file=out)
     out.flush()
-    try:
-        while all(n.alive() for n in cluster.nodes):
-            time.sleep(0.5)
-        print("a node exited; stopping the cluster", file=err)
-    except KeyboardInterrupt:
+    while not stop and all(n.alive() for n in cluster.nodes):
+        time.sleep(0.2)
+    if stop:
         print("stopping the cluster", file=out)
+    else:
+        print("a node exited; stopping the cluster", file=err)
     cluster.stop()
     return 0
 

@@ -503,22 +503,30 @@ class Cluster:
     # ------------------------------------------------------------------ client URLs
 
     def connect_urls(self) -> tuple[list[str], list[str]]:
-        """(client, websocket) URLs of this node and every member that is up and
-        not leaving: what clients see in INFO."""
-        if self.table is None:
+        """(client, websocket) URLs clients see in INFO, as nats-server builds
+        them: none on a node with no_advertise, none while no other member
+        advertises one, else this node's first, then every member that is up,
+        advertises and is neither in lame duck nor leaving."""
+        if self.table is None or self.opts.no_advertise:
             return [], []
         me = self.table.me
+        if me.lame_duck or me.shutdown:
+            return [], []
         others = sorted((m for m in self.table.members.values()
                          if not m.is_self and m.up and not m.lame_duck and not m.shutdown),
                         key=lambda m: m.name)
-        urls: list[str] = []
-        ws: list[str] = []
-        for m in [me, *others]:
-            if m.is_self and (m.lame_duck or m.shutdown):
-                continue
-            urls += [u for u in m.client_urls if u not in urls]
-            ws += [u for u in m.ws_urls if u not in ws]
-        return urls, ws
+
+        def collect(field: str) -> list[str]:
+            theirs = [u for m in others for u in getattr(m, field)]
+            if not theirs:
+                return []
+            out: list[str] = []
+            for u in [*getattr(me, field), *theirs]:
+                if u not in out:
+                    out.append(u)
+            return out
+
+        return collect("client_urls"), collect("ws_urls")
 
     def _urls_maybe_changed(self) -> None:
         urls = self.connect_urls()

@@ -15,7 +15,8 @@ node.cluster.local.free_port = free_port
 
 ACCOUNTS = """
 accounts {
-  A { users: [{user: a, password: a}], imports: [{service: {account: E, subject: "svc.>"}}] }
+  A { users: [{user: a, password: a}], imports: [{service: {account: E, subject: "svc.>"}}]
+      mappings: { "m.old": "m.new" } }
   B { users: [{user: b, password: b}], imports: [{stream: {account: E, subject: "ev.>"}}] }
   E { users: [{user: e, password: e}], exports: [{service: "svc.>"}, {stream: "ev.>"}] }
   L { users: [{user: l, password: l}], limits: {max_connections: 2} }

@@ -336,6 +336,13 @@ async def _core_script(urls: list[str]) -> dict:
     await c2.subscribe(subject + ".*", cb=both_cb)
     await c2.subscribe(subject + ".>", cb=both_cb)
     await c3.subscribe(subject + ".marker", cb=into(marker))
+    mapped: list[str] = []
+
+    async def mapped_cb(m):
+        mapped.append(m.subject)
+
+    await c3.subscribe("m.new", cb=mapped_cb)
+    await c3.subscribe("m.old", cb=mapped_cb)
     for c in (c2, c3):
         await c.flush()
     async with asyncio.timeout(10):
@@ -351,6 +358,7 @@ async def _core_script(urls: list[str]) -> dict:
     for i in range(50):
         await c3.publish(subject, b"local%d" % i)  # n3 has a member: still spread
     await c1.publish(subject + ".x", b"")
+    await c1.publish("m.old", b"")  # A's mapping: m.old -> m.new, applied once
     await c1.publish(subject + ".marker", b"end")
     async with asyncio.timeout(10):
         while marker != [b"end"] or len(q["n2"]) + len(q["n3"]) < 150:
@@ -367,6 +375,7 @@ async def _core_script(urls: list[str]) -> dict:
         and any(x.startswith(b"local") for x in q["n3"]),
         "overlapping_subs_on_one_node": sorted(both),
         "no_responders": None,
+        "mapped": mapped,
     }
     try:
         await c1.request("nobody." + subject, b"", timeout=2)
@@ -388,7 +397,7 @@ async def test_core_script_sees_the_same_as_on_a_nats_server_cluster(core3: Loca
     assert theirs == {"remote_once_each": True, "remote_spread": True,
                       "local_publish_once_each": True, "local_publish_spread": True,
                       "overlapping_subs_on_one_node": ["marker", "marker", "x", "x"],
-                      "no_responders": "503"}
+                      "no_responders": "503", "mapped": ["m.new"]}
 
 
 async def test_service_and_stream_imports_across_nodes(core3: LocalCluster) -> None:
@@ -455,3 +464,24 @@ async def test_account_connection_limit_counts_the_whole_cluster(core3: LocalClu
         while await third_refused():
             await asyncio.sleep(0.1)  # n1's count went down: room again
     await second.close()
+
+
+async def test_mapping_applies_once_at_the_publishers_node(core3: LocalCluster) -> None:
+    n1, n2, _ = core3.nodes
+    pub, sub = await _connect(n1), await _connect(n2)
+    got: list = []
+
+    async def cb(m):
+        got.append(m.subject)
+
+    await sub.subscribe("m.new", cb=cb)
+    await sub.subscribe("m.old", cb=cb)  # the original subject is never delivered
+    await _until_delivered(pub, "m.old", got)
+    got.clear()
+    for _ in range(5):
+        await pub.publish("m.old", b"")
+    await _drain(got, 5)
+    await asyncio.sleep(0.3)
+    assert got == ["m.new"] * 5
+    await pub.close()
+    await sub.close()

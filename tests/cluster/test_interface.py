@@ -102,3 +102,38 @@ def test_identity_persists_and_a_wiped_dir_gets_a_new_one(tmp_path: Path) -> Non
     (d / "identity").write_text("zz\n")
     with pytest.raises(ValueError):
         load_or_create(str(d))
+
+
+async def test_no_advertise_and_websocket_urls() -> None:
+    from node.auth import CONN_WEBSOCKET
+    from node.client import Client, Kind
+    from node.options import WebsocketOptions
+
+    p1, p2, p3 = free_port(), free_port(), free_port()
+    o1 = _opts("a", p1, [p2, p3])
+    o1.websocket = WebsocketOptions(host="127.0.0.1", port=free_port(), no_tls=True)
+    o2 = _opts("b", p2, [p1])
+    o2.cluster.no_advertise = True  # b is a member, but clients are not told about it
+    o3 = _opts("c", p3, [p1])
+    o3.websocket = WebsocketOptions(host="127.0.0.1", port=free_port(), no_tls=True)
+    servers = [Server(o) for o in (o1, o2, o3)]
+    for s in servers:
+        await s.start()
+    try:
+        s1, s2, s3 = servers
+        await _until(lambda: all(m.up for m in s1.cluster.members().values())
+                     and len(s1.cluster.members()) == 3)
+        await _until(lambda: len(s1.cluster.connect_urls()[0]) == 2)
+        urls, ws = s1.cluster.connect_urls()
+        assert urls == [f"127.0.0.1:{s1.port}", f"127.0.0.1:{s3.port}"]  # no b
+        assert ws == [f"127.0.0.1:{s1.ws_port}", f"127.0.0.1:{s3.ws_port}"]
+        ws_client = Client(s1, Kind.CLIENT, CONN_WEBSOCKET)
+        info = s1.info_for(ws_client)
+        assert info["ws_connect_urls"] == ws and "connect_urls" not in info
+        assert s1.info_for(Client(s1, Kind.CLIENT))["connect_urls"] == urls
+        # A no_advertise node tells its own clients nothing either (nats-server).
+        assert s2.cluster.connect_urls() == ([], [])
+        assert "connect_urls" not in s2.info_for(Client(s2, Kind.CLIENT))
+    finally:
+        for s in servers:
+            await s._close_everything()

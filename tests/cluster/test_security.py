@@ -44,10 +44,30 @@ async def _isolated(member: LocalNode, intruder: LocalNode) -> None:
     await pub.close()
 
 
+async def _routes_messages(a: LocalNode, b: LocalNode) -> None:
+    """The members themselves route: a message from a reaches b's subscriber."""
+    sub = await nats.connect(b.url, allow_reconnect=False)
+    pub = await nats.connect(a.url, allow_reconnect=False)
+    got: list = []
+
+    async def cb(m):
+        got.append(m.data)
+
+    await sub.subscribe("members.ok", cb=cb)
+    await sub.flush()
+    async with asyncio.timeout(10):
+        while not got:
+            await pub.publish("members.ok", b"yes")
+            await pub.flush()
+            await asyncio.sleep(0.05)
+    await sub.close()
+    await pub.close()
+
+
 def _refused(c: LocalCluster, members: list[LocalNode], intruder: LocalNode,
              marker: str) -> None:
     c.wait_routes(members)
-    deadline = time.monotonic() + 3.0  # a few redial rounds of the intruder
+    deadline = time.monotonic() + 2.0  # a few redial rounds of the intruder
     while time.monotonic() < deadline:
         for m in members:
             assert intruder.name not in _routes(m)
@@ -72,6 +92,7 @@ async def test_wrong_cluster_password_cannot_join(tmp_path: Path) -> None:
         # ...and never offered it a credential to check (nor to steal).
         assert "authorization failed" not in bad.log_text()
         await _isolated(n1, bad)
+        await _routes_messages(n1, n2)
         assert other.name not in _routes(n1) and _routes(other) == set()
         assert "does not match this node's 'sec': not joining" in n1.log_text()
     finally:
@@ -122,6 +143,7 @@ async def test_certificate_from_another_ca_cannot_join(tmp_path: Path) -> None:
         assert _routes(bad) == set()
         assert n1.get("/varz")["cluster"]["tls_required"] is True
         await _isolated(n1, bad)
+        await _routes_messages(n2, n1)
     finally:
         c.stop()
 
@@ -131,6 +153,8 @@ async def test_certificate_from_another_ca_cannot_join(tmp_path: Path) -> None:
     ("authorization { users: [{user: a, password: b}] }", "cluster.authorization.users"),
     ('tls { cert_file: "x.pem", key_file: "x.key" }', "ca_file"),
     ('authorization { user: r, password: "$2a$11$abcdefghijklmnopqrstuv" }', "bcrypt"),
+    ('routes: ["http://127.0.0.1:1"]', "unsupported scheme"),
+    ('routes: ["nats-route://127.0.0.1"]', "expected nats-route://host:port"),
 ])
 def test_unenforceable_cluster_settings_stop_the_node(tmp_path: Path, block: str,
                                                       why: str) -> None:
