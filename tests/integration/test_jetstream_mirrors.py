@@ -134,6 +134,7 @@ async def _script(url: str) -> list[Any]:
                 {"name": "O", "subject_transforms": [{"src": "o.*", "dest": "s.o.$1"}]},
                 {"name": "P", "filter_subject": "p.x"}]},
             "ST": {"name": "ST", "sources": [{"name": "O", "opt_start_time": start_time}]},
+            "SS": {"name": "SS", "sources": [{"name": "P", "opt_start_seq": 2}]},
         }
         for name, cfg in creates.items():
             reply = await _api(nc, f"STREAM.CREATE.{name}", cfg)
@@ -143,7 +144,7 @@ async def _script(url: str) -> list[Any]:
             await step(reply)
         targets = {"M": (6, 5), "MS": (6, 4), "MF": (5, 3), "MT": (6, 3), "MR": (6, 5),
                    "S": (7, 7),
-                   "ST": (3, 3)}
+                   "ST": (3, 3), "SS": (2, 2)}
         for name, (last, count) in targets.items():
             info = await _settle(nc, name, last, count)
             await step(info)
@@ -163,7 +164,7 @@ async def _script(url: str) -> list[Any]:
             await step([m[:4] for m in mirrored])
             await step(all((m[0], m[2], m[4]) in {(o[0], o[2], o[4]) for o in origin}
                            for m in mirrored))
-        for name in ("S", "ST"):
+        for name in ("S", "ST", "SS"):
             got = await _messages(nc, name, 7)
             await step(sorted((m[1], m[2], m[3]) for m in got))
             await step([m[0] for m in got])
