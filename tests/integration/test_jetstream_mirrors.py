@@ -468,6 +468,41 @@ async def _discard_new_script(url: str) -> list[Any]:
     return out
 
 
+async def _seal_script(url: str) -> list[Any]:
+    nc = await nats.connect(url)
+    js = nc.jetstream()
+    out: list[Any] = []
+    try:
+        await js.add_stream(name="O", subjects=["o.>"])
+        await js.publish("o.a", b"1")
+        await _api(nc, "STREAM.CREATE.M", {"name": "M", "mirror": {"name": "O",
+                                                                 "filter_subject": "o.*"}})
+        await _api(nc, "STREAM.CREATE.S", {"name": "S", "sources": [{"name": "O"}]})
+        await _settle(nc, "M", 1, 1)
+        await _settle(nc, "S", 1, 1)
+        out.append(await _api(nc, "STREAM.UPDATE.M", {
+            "name": "M", "mirror": {"name": "O", "filter_subject": "o.*"}, "sealed": True}))
+        out.append(await _api(nc, "STREAM.UPDATE.S", {"name": "S", "sources": [{"name": "O"}],
+                                                      "sealed": True}))
+        await js.publish("o.a", b"2")
+        await asyncio.sleep(1.5)
+        out.append(await _info(nc, "M"))  # sealed: nothing more comes in
+        out.append(await _info(nc, "S"))
+    finally:
+        await nc.close()
+    return out
+
+
+async def test_sealed_targets_take_nothing_in_as_nats_server(servers: Servers,
+                                                             tmp_path: Path) -> None:
+    ours = servers.jetraft(args=["-js", "-sd", str(tmp_path / "ours")])
+    theirs = servers.nats_server(args=["-js", "-sd", str(tmp_path / "theirs")])
+    mine, their = await _seal_script(ours.url), await _seal_script(theirs.url)
+    diffs = [f"step {i}:\n  ours:   {_strip(a)}\n  theirs: {_strip(b)}"
+             for i, (a, b) in enumerate(zip(mine, their, strict=True)) if _strip(a) != _strip(b)]
+    assert not diffs, "\n".join(diffs)
+
+
 async def test_full_discard_new_source_retries_as_nats_server(servers: Servers,
                                                               tmp_path: Path) -> None:
     ours = servers.jetraft(args=["-js", "-sd", str(tmp_path / "ours")])
