@@ -681,9 +681,8 @@ class JetStreamService:
             self._subscribe_stream(call.stream)
             self.sourcing.sync(call.stream)
             self._advise(advisories.stream_action("modify", call.stream, *self._stamp()))
-        # nats-server's update reply carries the sources' live blocks (`seq`, `active`)
-        return self.sourcing.info(self._stream_reply("stream_update_response", sm), sm,
-                                  mirror=False)
+        # nats-server's update reply carries the live mirror / sources blocks
+        return self.sourcing.info(self._stream_reply("stream_update_response", sm), sm)
 
     async def _h_stream_info(self, call: api.Call, subject: str, reply: str, body: bytes
                              ) -> dict[str, Any]:

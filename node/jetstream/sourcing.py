@@ -260,8 +260,8 @@ def apply_sourced(stream: Stream, op: ops.SourceMsgs) -> list[Effect]:
 
     effects: list[Effect] = list(stream._expire(op.now_ns))
     src = find_source(stream.cfg, op.key)
-    if src is None:
-        return effects
+    if src is None or stream.cfg["sealed"]:
+        return effects  # a sealed target takes nothing in (nats-server: the same)
     mirror = op.key == MIRROR_KEY
     done = resume_after(stream.store, op.key, op.ident)
     removed: list[int] = []

@@ -182,10 +182,12 @@ class SourceLink:
                 expected += 1
                 self.lag = pending
                 msgs.append(ops.SourcedMsg(sseq, ts, subject, hdr or b"", data))
+            sm = svc.streams.get(self.target)
+            if sm is None:
+                raise _Restart
+            if sm.stream.cfg["sealed"]:
+                msgs = []  # sealed: the origin is still heard, nothing is stored
             if msgs:
-                sm = svc.streams.get(self.target)
-                if sm is None:
-                    raise _Restart
                 entry = ops.SourceMsgs(time.time_ns(), self.key, ident, tuple(msgs))
                 try:
                     await svc.mr.propose(sm.group, ops.encode(entry))

@@ -134,6 +134,7 @@ async def _script(url: str) -> list[Any]:
                 {"name": "O", "subject_transforms": [{"src": "o.*", "dest": "s.o.$1"}]},
                 {"name": "P", "filter_subject": "p.x"}]},
             "ST": {"name": "ST", "sources": [{"name": "O", "opt_start_time": start_time}]},
+            "SS": {"name": "SS", "sources": [{"name": "P", "opt_start_seq": 2}]},
         }
         for name, cfg in creates.items():
             reply = await _api(nc, f"STREAM.CREATE.{name}", cfg)
@@ -143,7 +144,7 @@ async def _script(url: str) -> list[Any]:
             await step(reply)
         targets = {"M": (6, 5), "MS": (6, 4), "MF": (5, 3), "MT": (6, 3), "MR": (6, 5),
                    "S": (7, 7),
-                   "ST": (3, 3)}
+                   "ST": (3, 3), "SS": (2, 2)}
         for name, (last, count) in targets.items():
             info = await _settle(nc, name, last, count)
             await step(info)
@@ -163,7 +164,7 @@ async def _script(url: str) -> list[Any]:
             await step([m[:4] for m in mirrored])
             await step(all((m[0], m[2], m[4]) in {(o[0], o[2], o[4]) for o in origin}
                            for m in mirrored))
-        for name in ("S", "ST"):
+        for name in ("S", "ST", "SS"):
             got = await _messages(nc, name, 7)
             await step(sorted((m[1], m[2], m[3]) for m in got))
             await step([m[0] for m in got])
@@ -465,6 +466,41 @@ async def _discard_new_script(url: str) -> list[Any]:
     finally:
         await nc.close()
     return out
+
+
+async def _seal_script(url: str) -> list[Any]:
+    nc = await nats.connect(url)
+    js = nc.jetstream()
+    out: list[Any] = []
+    try:
+        await js.add_stream(name="O", subjects=["o.>"])
+        await js.publish("o.a", b"1")
+        await _api(nc, "STREAM.CREATE.M", {"name": "M", "mirror": {"name": "O",
+                                                                 "filter_subject": "o.*"}})
+        await _api(nc, "STREAM.CREATE.S", {"name": "S", "sources": [{"name": "O"}]})
+        await _settle(nc, "M", 1, 1)
+        await _settle(nc, "S", 1, 1)
+        out.append(await _api(nc, "STREAM.UPDATE.M", {
+            "name": "M", "mirror": {"name": "O", "filter_subject": "o.*"}, "sealed": True}))
+        out.append(await _api(nc, "STREAM.UPDATE.S", {"name": "S", "sources": [{"name": "O"}],
+                                                      "sealed": True}))
+        await js.publish("o.a", b"2")
+        await asyncio.sleep(1.5)
+        out.append(await _info(nc, "M"))  # sealed: nothing more comes in
+        out.append(await _info(nc, "S"))
+    finally:
+        await nc.close()
+    return out
+
+
+async def test_sealed_targets_take_nothing_in_as_nats_server(servers: Servers,
+                                                             tmp_path: Path) -> None:
+    ours = servers.jetraft(args=["-js", "-sd", str(tmp_path / "ours")])
+    theirs = servers.nats_server(args=["-js", "-sd", str(tmp_path / "theirs")])
+    mine, their = await _seal_script(ours.url), await _seal_script(theirs.url)
+    diffs = [f"step {i}:\n  ours:   {_strip(a)}\n  theirs: {_strip(b)}"
+             for i, (a, b) in enumerate(zip(mine, their, strict=True)) if _strip(a) != _strip(b)]
+    assert not diffs, "\n".join(diffs)
 
 
 async def test_full_discard_new_source_retries_as_nats_server(servers: Servers,

@@ -229,6 +229,8 @@ MUTANTS: list[tuple[str, ...]] = [
     ("source ignores a full discard-new target", J + "sourcing.py",
      "            stream._check_discard_new(ops.StreamMsg(ts, subject, \"\", hdr, m.data))",
      "            pass", T + "test_sourcing.py"),
+    ("sealed target still sourced", J + "sourcing.py",
+     '    if src is None or stream.cfg["sealed"]:', "    if src is None:", T + "test_sourcing.py"),
 ]
 
 

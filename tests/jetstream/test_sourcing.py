@@ -149,3 +149,15 @@ def test_a_full_discard_new_target_refuses_and_keeps_its_progress() -> None:
     apply(m, 1, sourcing.MIRROR_KEY, msgs(5, 6))
     assert [seq for seq, *_ in stored(m)] == [5]
     assert sourcing.progress(m.store, sourcing.MIRROR_KEY) == 5
+
+
+def test_a_sealed_target_takes_nothing_in() -> None:
+    s = make("S", subjects=["s"], sources=[{"name": "O"}])
+    key = sourcing.source_key(s.cfg["sources"][0])
+    apply(s, 1, key, msgs(1))
+    sealed = dict(s.cfg, sealed=True)
+    s.apply_batch([(2, ops.encode(ops.UpdateConfig(T0, json.dumps(
+        config.to_wire(sealed)).encode())))])
+    apply(s, 3, key, msgs(2, 3))
+    assert [d for _, _, _, d, _ in stored(s)] == [b"m1"]
+    assert sourcing.progress(s.store, key) == 1
