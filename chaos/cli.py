@@ -73,7 +73,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     cfg = RunConfig(workdir=workdir, nodes=args.nodes, fault=args.fault,
                     duration=args.duration, interval=args.interval, hold=args.hold,
                     net=args.net, seed=args.seed, spec=spec)
-    report = asyncio.run(_cancellable(execute(cfg)))
+    try:
+        report = asyncio.run(_cancellable(execute(cfg)))
+    except asyncio.CancelledError:
+        print(f"chaos: cancelled (nodes stopped); history so far in {workdir}", file=sys.stderr)
+        return 130
     print((workdir / "report.md").read_text())
     print(f"run directory: {workdir}")
     return 0 if report["ok"] else 1
