@@ -16,7 +16,8 @@ Every anomaly below is a failure:
 - phantom          a stored payload no publisher ever sent
 - divergent        two views hold different payloads at the same seq
 - views-differ     two client views (through different nodes) are not identical
-- stream-forgotten a stream with acked messages is missing from a view that must hold it
+- stream-forgotten a stream with acked messages, or whose create was acknowledged, is
+                   missing from a view that must hold it
 - publisher-order  a publisher's later message got a lower seq than its earlier one
 - delivery-mismatch a consumer got a payload that is not the one stored at that seq
 - acked-redelivered a delivery fetched after its ack was confirmed (the ack was lost)
@@ -110,6 +111,11 @@ def check(events: list[Event], views: list[View],
             _check_view(stream, w, msgs, acked, invoked, held, flag)
         _check_agreement(stream, [w for w in views if stream in w.streams], flag)
 
+    created = sorted({e["stream"] for e in events if e["f"] == "create" and e["type"] == "ok"})
+    for w in auth:
+        for stream in created:
+            if stream not in w.streams:
+                flag("stream-forgotten", stream=stream, source=w.source, created=True)
     _check_publisher_order(events, flag)
     ref = auth[0].streams if auth else (views[0].streams if views else {})
     late = [0]
@@ -127,6 +133,7 @@ def check(events: list[Event], views: list[View],
         # Pull answers that were not stream messages (e.g. a JSON error body): no data is
         # lost by them, but nats-server never sends them; reported, not failed.
         "bad_deliveries": sum(1 for e in events if e["f"] == "bad-delivery"),
+        "streams_created": len(created),
         "faults": sum(1 for e in events if e["proc"] == "nemesis"),
         "views": len(views),
         **{f"stored@{w.source}": sum(len(m) for m in w.streams.values()) for w in views},

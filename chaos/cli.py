@@ -31,6 +31,8 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--publishers", type=int, default=3)
     r.add_argument("--consumers", type=int, default=2)
     r.add_argument("--replicas", type=int, default=0, help="stream R (default min(3, nodes))")
+    r.add_argument("--creators", type=int, default=1,
+                   help="clients creating streams during the run (0: none)")
     r.add_argument("--rate", type=float, default=0.0, help="publishes/s per publisher (0: max)")
     r.add_argument("--seed", type=int, default=1)
     r.add_argument("--workdir", type=Path, default=None, help="default: a new temp dir")
@@ -69,11 +71,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="chaos-"))
     spec = Spec(replicas=args.replicas or min(3, args.nodes), publishers=args.publishers,
-                consumers=args.consumers, rate=args.rate)
+                consumers=args.consumers, rate=args.rate, creators=args.creators)
     cfg = RunConfig(workdir=workdir, nodes=args.nodes, fault=args.fault,
                     duration=args.duration, interval=args.interval, hold=args.hold,
                     net=args.net, seed=args.seed, spec=spec)
-    report = asyncio.run(_cancellable(execute(cfg)))
+    try:
+        report = asyncio.run(_cancellable(execute(cfg)))
+    except asyncio.CancelledError:
+        print(f"chaos: cancelled (nodes stopped); history so far in {workdir}", file=sys.stderr)
+        return 130
     print((workdir / "report.md").read_text())
     print(f"run directory: {workdir}")
     return 0 if report["ok"] else 1

@@ -8,8 +8,10 @@ cluster (STREAM.INFO `cluster.leader`); a single node is its own leader.
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import signal
+import urllib.request
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -30,6 +32,8 @@ FAULTS: dict[str, FaultInfo] = {f.name: f for f in [
     FaultInfo("kill-leader", "kill -9 the stream leader, restart it after the hold"),
     FaultInfo("restart-leader", "SIGTERM the stream leader (clean stop), restart it"),
     FaultInfo("pause-leader", "SIGSTOP the stream leader, SIGCONT after the hold"),
+    FaultInfo("kill-meta-leader", "kill -9 the JetStream meta leader (/jsz meta_cluster) while "
+              "streams are being created, restart it", min_nodes=3),
     FaultInfo("kill-all", "kill -9 every node, restart them all"),
     FaultInfo("kill-minority", "kill -9 a minority of the nodes, restart them", min_nodes=3),
     FaultInfo("partition-leader", "cut the stream leader off from everyone (network "
@@ -102,6 +106,21 @@ class Nemesis:
                 continue
             await self.once(name, hold)
 
+    async def _meta_leader(self) -> Node:
+        """The meta group's leader by /jsz `meta_cluster.leader` (any node that answers)."""
+        for node in self.cluster.nodes:
+            if not node.alive() or node.paused:
+                continue
+            try:
+                body = await asyncio.to_thread(_http_get, f"http://{node.host}:"
+                                               f"{node.ports.monitor}/jsz")
+                name = json.loads(body).get("meta_cluster", {}).get("leader")
+            except Exception:  # noqa: BLE001 - that node cannot say: ask the next
+                continue
+            if name:
+                return self.cluster.by_name(name)
+        return self.rng.choice(self.cluster.nodes)
+
     def _note(self, f: str, **kw: Any) -> None:
         self.h.add("nemesis", "info", f, **kw)
 
@@ -114,10 +133,12 @@ class Nemesis:
     async def once(self, name: str, hold: float) -> None:
         self.count += 1
         nodes = self.cluster.nodes
-        if name in ("kill-leader", "restart-leader", "pause-leader", "partition-leader"):
-            leader = await self._leader()
+        if name in ("kill-leader", "restart-leader", "pause-leader", "partition-leader",
+                    "kill-meta-leader"):
+            leader = await self._meta_leader() if name == "kill-meta-leader" \
+                else await self._leader()
             self._note(name, phase="inject", node=leader.name)
-            if name == "kill-leader":
+            if name in ("kill-leader", "kill-meta-leader"):
                 leader.kill()
             elif name == "restart-leader":
                 await asyncio.to_thread(leader.stop)
@@ -168,3 +189,8 @@ class Nemesis:
             if n.paused:
                 n.signal(signal.SIGCONT)
                 n.paused = False
+
+
+def _http_get(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=3) as r:
+        return r.read().decode()

@@ -98,6 +98,7 @@ async def execute(cfg: RunConfig) -> dict[str, Any]:
         quiet = math.ceil(spec.ack_wait) + 3
         pubs = [asyncio.create_task(w.publisher(i)) for i in range(spec.publishers)]
         cons = [asyncio.create_task(w.consumer(i, quiet)) for i in range(spec.consumers)]
+        pubs += [asyncio.create_task(w.creator(i)) for i in range(spec.creators)]
         stop_faults = asyncio.Event()
         nem = asyncio.create_task(nemesis.run(cfg.fault, stop_faults, cfg.interval, cfg.hold))
         await asyncio.sleep(cfg.duration)

@@ -24,11 +24,13 @@ async def client_view(url: str, streams: list[str], source: str) -> View:
     nc = await nats.connect(url, allow_reconnect=False, connect_timeout=5)
     out: Streams = {}
     try:
-        for stream in streams:
+        names = await _names(nc)
+        for stream in sorted(set(streams) | names):
             info = await _retry_info(nc, stream)
             if info is None:
                 continue
-            first, last = info["state"]["first_seq"], info["state"]["last_seq"]
+            # An empty stream says first 0 (or last+1 after a purge): nothing to read.
+            first, last = max(1, info["state"]["first_seq"]), info["state"]["last_seq"]
             msgs: dict[int, str] = {}
             for lo in range(first, last + 1, 200):
                 seqs = range(lo, min(last, lo + 199) + 1)
@@ -38,6 +40,21 @@ async def client_view(url: str, streams: list[str], source: str) -> View:
     finally:
         await nc.close()
     return View(source, out, authoritative=True)
+
+
+async def _names(nc: Any) -> set[str]:
+    """Every stream the cluster knows (STREAM.NAMES, paged)."""
+    names: set[str] = set()
+    offset = 0
+    while True:
+        r = await api(nc, "STREAM.NAMES", json.dumps({"offset": offset}).encode(), timeout=5)
+        if "error" in r:
+            raise RuntimeError(f"STREAM.NAMES: {r['error']}")
+        page = r.get("streams") or []
+        names.update(page)
+        offset += len(page)
+        if not page or offset >= r.get("total", 0):
+            return names
 
 
 async def _retry_info(nc: Any, stream: str) -> dict[str, Any] | None:

@@ -35,6 +35,8 @@ class Spec:
     retries: int = 20  # attempts per payload with an unknown outcome
     op_timeout: float = 2.0
     ack_wait: float = 5.0
+    creators: int = 1  # clients creating small streams CR<i>_<k> (no stream may be forgotten)
+    create_rate: float = 1.0  # per creator per second
 
 
 async def connect(urls: list[str], name: str) -> Any:
@@ -141,6 +143,35 @@ class Workload:
                     break
                 if s.rate:
                     await asyncio.sleep(self.rng.expovariate(s.rate))
+        finally:
+            with contextlib.suppress(Exception):
+                await nc.close()
+
+    async def creator(self, i: int) -> None:
+        """Creates streams one after another while the faults run. Every create whose reply
+        said so must exist at the end (the checker's `stream-forgotten`)."""
+        from nats.js.api import StreamConfig
+
+        s = self.spec
+        proc = f"cre{i}"
+        nc = await connect(self._urls_from(i + 2), proc)
+        self.conns.append(nc)
+        js = nc.jetstream(timeout=max(s.op_timeout, 5.0))
+        k = 0
+        try:
+            while not self.stop_publishing.is_set():
+                name = f"CR{i}_{k}"
+                k += 1
+                self.h.add(proc, "invoke", "create", stream=name)
+                try:
+                    await js.add_stream(StreamConfig(name=name, subjects=[f"{name}.>"],
+                                                     num_replicas=s.replicas))
+                except Exception as e:  # noqa: BLE001 - unknown: it may exist or not
+                    self.h.add(proc, "info", "create", stream=name,
+                               err=f"{type(e).__name__}: {e}"[:200])
+                else:
+                    self.h.add(proc, "ok", "create", stream=name)
+                await asyncio.sleep(1.0 / s.create_rate)
         finally:
             with contextlib.suppress(Exception):
                 await nc.close()

@@ -192,3 +192,15 @@ def test_one_replica_behind_is_replica_missing() -> None:
           View("lmdb@n0", {S: dict(msgs)}), View("lmdb@n1", {S: dict(msgs)}),
           View("lmdb@n2", {S: short})]
     assert kinds(ev, vs) == {"replica-missing": 1}
+
+
+def test_created_stream_forgotten() -> None:
+    ev, msgs = clean()
+    ev += [{"t": 1, "proc": "cre0", "type": "invoke", "f": "create", "stream": "CR0_0"},
+           {"t": 1.2, "proc": "cre0", "type": "ok", "f": "create", "stream": "CR0_0"},
+           {"t": 2, "proc": "cre0", "type": "invoke", "f": "create", "stream": "CR0_1"},
+           {"t": 4, "proc": "cre0", "type": "info", "f": "create", "stream": "CR0_1"}]
+    vs = views(msgs)
+    assert kinds(ev, vs) == {"stream-forgotten": 1}  # CR0_1's outcome was unknown
+    vs[0].streams["CR0_0"] = {}
+    assert check(ev, vs).ok

@@ -168,7 +168,15 @@ def test_pdb_keeps_a_majority(scenario: tuple[dict[str, str], Rendered]) -> None
         assert pdbs == []
         return
     (pdb,) = pdbs
-    assert pdb["spec"]["minAvailable"] == n // 2 + 1
+    # One node at a time: a majority of every stream's replicas stays up.
+    assert pdb["spec"] == {"maxUnavailable": 1, "selector": {
+        "matchLabels": r.one("StatefulSet")["spec"]["selector"]["matchLabels"]}}
+
+
+def test_pdb_min_available_override() -> None:
+    r = render({"replicas": "5", "podDisruptionBudget.minAvailable": "4"})
+    spec = r.one("PodDisruptionBudget")["spec"]
+    assert spec["minAvailable"] == 4 and "maxUnavailable" not in spec
 
 
 def test_secrets_wired(scenario: tuple[dict[str, str], Rendered]) -> None:
@@ -271,6 +279,9 @@ BAD: list[tuple[dict[str, str], list[str], str]] = [
      "jetstream.maxStreamReplicas is 5 but there are only 3 nodes"),
     ({"replicas": "1", "tls.cluster.enabled": "true", "tls.cluster.secretName": "s"}, [],
      "replicas is 1: a single node has no cluster port"),
+    ({"replicas": "5", "podDisruptionBudget.minAvailable": "2"}, [],
+     "podDisruptionBudget.minAvailable 2 would let a drain take the cluster below its Raft "
+     "majority (3 of 5)"),
 ]
 
 

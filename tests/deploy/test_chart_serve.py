@@ -64,10 +64,14 @@ def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
             p.wait()
 
 
-@pytest.mark.parametrize("tls", [False, True], ids=["plain", "mutual-tls"])
-async def test_rendered_config_serves_a_nats_client(tmp_path: Path, tls: bool) -> None:
-    if tls and not certs.available():
-        pytest.fail("openssl is needed for the TLS case (.ci/run installs it)")
+@pytest.mark.parametrize(("tls", "route_tls"), [(False, False), (True, False), (False, True)],
+                         ids=["plain", "client-mutual-tls", "cluster-tls"])
+async def test_rendered_config_serves_a_nats_client(tmp_path: Path, tls: bool,
+                                                     route_tls: bool) -> None:
+    if (tls or route_tls) and not certs.available():
+        pytest.fail("openssl is needed for the TLS cases (.ci/run installs it)")
+    if route_tls and not HAS_CLUSTER:
+        pytest.skip("no node/cluster in this checkout: cluster TLS is not implemented")
     values = {"replicas": "3", "auth.enabled": "true", "auth.secretName": "jr-auth",
               "jetstream.uniqueTag": "az", "serverTags.zones": "{a,b,c}"}
     if HAS_CLUSTER:
@@ -90,12 +94,25 @@ async def test_rendered_config_serves_a_nats_client(tmp_path: Path, tls: bool) -
             shutil.copy(src, tls_dir / dst)
         ssl_ctx = ssl.create_default_context(cafile=str(pki.ca))
         ssl_ctx.load_cert_chain(str(pki.client_cert), str(pki.client_key))
+    route_dir = tmp_path / "route-tls-secret"
+    if route_tls:
+        values |= {"tls.cluster.enabled": "true", "tls.cluster.secretName": "jr-route-tls"}
+        configs = render(values, release="jr", namespace="msg").configs()
+        # One certificate for every node, as a Secret shared by the pods would hold: valid
+        # for the address the nodes dial (here loopback; in Kubernetes the pods' names).
+        route_dir.mkdir()
+        certs.make_ca(route_dir, "ca")
+        certs.make_leaf(route_dir, "node", "subjectAltName=IP:127.0.0.1,DNS:localhost\n"
+                        "extendedKeyUsage=serverAuth,clientAuth\n")
+        for src, dst in (("node.pem", "tls.crt"), ("node.key", "tls.key"), ("ca.pem", "ca.crt")):
+            shutil.copy(route_dir / src, route_dir / dst)
     run = pods if HAS_CLUSTER else pods[:1]
     procs: list[subprocess.Popen[bytes]] = []
     try:
         for p in run:
             text = loopback_config(configs[p], tmp_path / p / "js", ports, p)
             text = text.replace("/etc/jetraft/tls/client", str(tls_dir))
+            text = text.replace("/etc/jetraft/tls/cluster", str(route_dir))
             conf = tmp_path / f"{p}.conf"
             conf.write_text(text)
             procs.append(_start(conf, tmp_path / f"{p}.log"))
@@ -122,6 +139,10 @@ async def test_rendered_config_serves_a_nats_client(tmp_path: Path, tls: bool) -
             await nc.close()
         if HAS_CLUSTER:
             await _routes_up(ports, pods)
+            for p in run:
+                log = (tmp_path / f"{p}.log").read_text()
+                want = "(tls, peer id" if route_tls else "(nats-route, peer id"
+                assert want in log, log
             await _core_across_nodes(pods, ports, scheme, ssl_ctx)
         # The Secret's credentials are required: no password, no connection.
         with pytest.raises(Exception):  # noqa: B017 - nats-py raises several kinds

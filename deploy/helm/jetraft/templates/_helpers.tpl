@@ -134,6 +134,12 @@ values.schema.json catches shapes and enums first; these catch combinations
 {{- if and $v.cluster.auth.enabled (not $v.cluster.auth.secretName) -}}
 {{- fail "cluster.auth.enabled needs cluster.auth.secretName (a Secret holding the route user and password)" -}}
 {{- end -}}
+{{- $pdbMin := $v.podDisruptionBudget.minAvailable -}}
+{{- if and $v.podDisruptionBudget.enabled (not (kindIs "invalid" $pdbMin)) (gt $n 1) -}}
+{{- if lt (int $pdbMin) (int (include "jetraft.quorum" .)) -}}
+{{- fail (printf "podDisruptionBudget.minAvailable %d would let a drain take the cluster below its Raft majority (%d of %d)" (int $pdbMin) (int (include "jetraft.quorum" .)) $n) -}}
+{{- end -}}
+{{- end -}}
 {{- if and (eq $n 1) (or $v.cluster.auth.enabled $v.tls.cluster.enabled) -}}
 {{- fail "cluster.auth / tls.cluster are set but replicas is 1: a single node has no cluster port" -}}
 {{- end -}}
