@@ -92,7 +92,9 @@ def test_healthy_jetstream_store_replays_to_the_same_state(spark, js_logs, tmp_p
 
 
 def test_damaged_stores_are_reported_per_node(spark, js_logs, tmp_path):
-    dirs = {n: tmp_path / n for n in ("ok", "lost", "altered", "floor", "meta", "config")}
+    # "aconfig" sorts first: a hook that took the stream's config from the first node's
+    # catalogue instead of the meta log would replay with the damaged config.
+    dirs = {n: tmp_path / n for n in ("ok", "lost", "altered", "floor", "meta", "aconfig")}
     for d in dirs.values():
         shutil.copytree(js_logs, d)
     groups = _groups(dirs["ok"])
@@ -129,7 +131,7 @@ def test_damaged_stores_are_reported_per_node(spark, js_logs, tmp_path):
         streams["ORDERS"]["config"]["max_msgs"] = 7
         return json.dumps(streams).encode()
 
-    _edit(dirs["config"], "js_meta", prefix(META_STORE) + b"streams", change_config)
+    _edit(dirs["aconfig"], "js_meta", prefix(META_STORE) + b"streams", change_config)
 
     report = _audit(spark, list(dirs.values()))
     at = {g: _applied(dirs["ok"], g) for g in (orders, events)}
@@ -145,7 +147,7 @@ def test_damaged_stores_are_reported_per_node(spark, js_logs, tmp_path):
          + _floor_text(dirs["ok"], orders, 3) + ")"),
         (model.META_MISMATCH, "meta", "$js", at["$js"],
          "stream 'EVENTS' missing from the node's catalogue"),
-        (model.META_MISMATCH, "config", "$js", at["$js"],
+        (model.META_MISMATCH, "aconfig", "$js", at["$js"],
          "stream 'ORDERS' differs from the replayed meta log in config"),
     ]), report["findings"]
     assert not report["verdict"]["ok"]

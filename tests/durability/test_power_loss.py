@@ -170,8 +170,9 @@ async def _drain(url: str) -> list[int]:
 @pytest.mark.timeout(1800 if LONG else 240)
 @pytest.mark.parametrize("model", ["strict", "torn", "kill9"])
 async def test_power_cuts_lose_nothing_acknowledged(
-        servers: Servers, power_disk: Callable[..., PowerDisk], model: str,
+        power_disk: Callable[..., PowerDisk], servers: Servers, model: str,
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # `power_disk` before `servers`: nodes are stopped before the disk is unmounted.
     if model == "kill9" and not KILL9:
         pytest.skip("the kill -9 comparison runs with JETRAFT_LONG=1 or JETRAFT_POWER_KILL9=1")
     # Compaction every 200 applied entries: cuts also land after WAL truncations, so the
