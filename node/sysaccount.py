@@ -102,6 +102,22 @@ def _subsz_query(opts: dict[str, Any], account: str | None) -> dict[str, str]:
     return q
 
 
+def _permissions_json(perms: Any) -> dict[str, Any]:
+    """A user's permissions the way nats-server's USER.INFO shows them."""
+    if perms is None:
+        return {}
+    out: dict[str, Any] = {}
+    for side, allow, deny in (("publish", perms.publish_allow, perms.publish_deny),
+                              ("subscribe", perms.subscribe_allow, perms.subscribe_deny)):
+        entry = {k: list(v) for k, v in (("allow", allow), ("deny", deny)) if v}
+        if entry:
+            out[side] = entry
+    if perms.allow_responses:
+        # Jetraft's allow_responses are nats-server's defaults: one reply within 2 min.
+        out["responses"] = {"max": 1, "ttl": 120_000_000_000}
+    return out
+
+
 class SystemService:
     """The system account's internal client, its responders and its events."""
 
@@ -338,8 +354,9 @@ class SystemService:
         data: dict[str, Any] = {"user": sender.user or "", "account": account,
                                 "account_name": account}
         perms = getattr(sender.identity, "permissions", None)
-        if perms is not None and getattr(perms, "source", None) is not None:
-            data["permissions"] = perms.source
+        shown = _permissions_json(getattr(perms, "source", None))
+        if shown:
+            data["permissions"] = shown
         self.data_reply(reply, data, client)
 
     def _reload(self, reply: str | None) -> None:

@@ -31,7 +31,10 @@ accounts {
     exports: [{service: "help.>"}]
   }
   B: {
-    users: [{user: b, password: b}]
+    users: [{user: b, password: b}
+            {user: p, password: p, permissions: {
+              publish: {allow: ["x.>", "$SYS.REQ.USER.INFO"], deny: ["x.y"]}
+              subscribe: "_INBOX.>", allow_responses: true}}]
     imports: [{service: {account: A, subject: "help.>"}}]
   }
 }
@@ -128,6 +131,9 @@ async def _requests(server: Any) -> dict[str, Any]:
     out["A CONNZ"] = await _request(a, "$SYS.REQ.SERVER.PING.CONNZ")
     out["A ACC.PING.STATZ"] = await _request(a, "$SYS.REQ.ACCOUNT.PING.STATZ")
     out["A USER.INFO"] = await _request(a, "$SYS.REQ.USER.INFO")
+    p = await _connect(server, "p")
+    out["P USER.INFO"] = await _request(p, "$SYS.REQ.USER.INFO")
+    await p.close()
     for nc in (a, sys_nc):
         await nc.close()
     return out
@@ -176,6 +182,8 @@ def test_requests_answer_like_nats_server(both: dict[str, Any]) -> None:
         assert g["A CONNZ"]["data"]["num_connections"] == 1, impl
         assert [s["acc"] for s in g["A ACC.PING.STATZ"]["data"]["account_statz"]] == ["A"]
         assert g["A USER.INFO"]["data"] == {"user": "a", "account": "A", "account_name": "A"}
+    assert ours["P USER.INFO"]["data"] == theirs["P USER.INFO"]["data"]
+    assert theirs["P USER.INFO"]["data"]["permissions"]["publish"]["deny"] == ["x.y"]
 
 
 async def _events(server: Any) -> dict[str, Any]:
