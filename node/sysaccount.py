@@ -143,6 +143,8 @@ class SystemService:
             sub(f"$SYS.REQ.SERVER.PING.{kind}", self._on_ping_kind)
             sub(f"$SYS.REQ.SERVER.{sid}.{kind}", self._on_server_kind)
         sub(f"$SYS.REQ.SERVER.{sid}.RELOAD", self._on_server_kind)
+        sub(f"$SYS.REQ.SERVER.{sid}.KICK", self._on_client_op)
+        sub(f"$SYS.REQ.SERVER.{sid}.LDM", self._on_client_op)
         for kind in _ACCOUNT_KINDS:
             sub(f"$SYS.REQ.ACCOUNT.*.{kind}", self._on_account_kind)
         sub("$SYS.REQ.USER.INFO", self._on_user_info)
@@ -224,6 +226,27 @@ class SystemService:
             self._reload(reply)
             return
         self._serve_server_kind(kind, reply, payload, ping=False)
+
+    def _on_client_op(self, sub: Any, subject: str, reply: str | None, headers: bytes | None,
+                      payload: bytes) -> None:
+        """KICK closes one client, LDM sends it a lame-duck INFO ({"cid": N})."""
+        kind = subject.rsplit(".", 1)[1]
+        opts, _err = _options(payload)
+        if opts is None:
+            return  # nats-server does not answer a request it cannot read
+        cid = opts.get("cid")
+        client = self.server.clients.get(cid) if isinstance(cid, int) else None
+        if client is None or client.closed:
+            text = "no such client or leafnode id" if kind == "KICK" else "no such client id"
+            self.error_reply(reply, 500, text)
+            return
+        if kind == "KICK":
+            self.server.log.info(f"{client.host}:{client.port} - cid:{client.cid} - "
+                                 "kicked by a system account request")
+            client.close("Kicked")
+        else:
+            client.send_lame_duck_info()
+        self.reply(reply, {"server": self.server_info()})
 
     def _serve_server_kind(self, kind: str, reply: str | None, payload: bytes,
                            ping: bool) -> None:

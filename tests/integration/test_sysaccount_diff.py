@@ -389,3 +389,42 @@ def test_shutdown_event_like_nats_server(servers: Any) -> None:
         assert subject == f"$SYS.SERVER.{body['id']}.SHUTDOWN", impl
         assert body["name"] == "sysdiff", impl
     _check_keys("shutdown", got["jetraft"][0][1], got["nats-server"][0][1], MAY_LACK["server"])
+
+
+async def _kick_and_ldm(server: Any, raw: Any) -> dict[str, Any]:
+    sys_nc = await _connect(server, "sys")
+    server_id = (await _request(sys_nc, "$SYS.REQ.SERVER.PING.IDZ"))["id"]
+    conns = []
+    for _ in range(2):
+        conn = raw(server.port)
+        out = conn.exchange(b'CONNECT {"user":"a","pass":"a","verbose":false,"protocol":1}\r\n')
+        assert out == b""
+        conns.append(conn)
+    listing = await _request(sys_nc, "$SYS.REQ.ACCOUNT.A.CONNZ")
+    kicked, ducked = sorted(c["cid"] for c in listing["data"]["connections"])
+    out: dict[str, Any] = {}
+    for name, kind, body in (("kick", "KICK", {"cid": kicked}), ("ldm", "LDM", {"cid": ducked}),
+                             ("kick unknown", "KICK", {"cid": 999999}),
+                             ("ldm unknown", "LDM", {"cid": 999999})):
+        reply = await _request(sys_nc, f"$SYS.REQ.SERVER.{server_id}.{kind}",
+                               json.dumps(body).encode())
+        reply.pop("server")
+        out[name] = reply
+    out["bad json"] = await _request(sys_nc, f"$SYS.REQ.SERVER.{server_id}.KICK", b"{", 0.5)
+    # nats-server 2.15 also sends protocol-1 clients an INFO after CONNECT
+    # ("connect_info"); that is not what this test is about.
+    rest = b"".join(ln for ln in conns[0].read_close_or_wait(2.0).splitlines(keepends=True)
+                    if not ln.startswith(b"INFO "))
+    out["kicked closed"] = (rest, conns[0].eof)
+    ducked_out = conns[1].read_close_or_wait(0.5)
+    out["ldm info"] = b'"ldm":true' in ducked_out and not conns[1].eof
+    await sys_nc.close()
+    return out
+
+
+def test_kick_and_lame_duck_one_client_like_nats_server(both: dict[str, Any], raw: Any) -> None:
+    got = {impl: asyncio.run(_kick_and_ldm(s, raw)) for impl, s in both.items()}
+    assert got["jetraft"] == got["nats-server"]
+    assert got["nats-server"]["kick"] == {} and got["nats-server"]["ldm info"] is True
+    assert got["nats-server"]["kicked closed"] == (b"", True)
+    assert got["nats-server"]["bad json"] == "timeout"
