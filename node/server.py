@@ -116,6 +116,7 @@ class Server:
         self.stale_connections = 0
         # Counters of connections already gone, so totals survive closes.
         self.closed_stats = [0, 0, 0, 0]  # in_msgs, in_bytes, out_msgs, out_bytes
+        self.account_closed: dict[str, list[int]] = {}  # the same, per account (/accstatz)
         self.internal_stats = [0, 0]  # in_msgs, in_bytes published by the server
         self.http_req_stats: dict[str, int] = {}
         self.port = 0
@@ -260,11 +261,12 @@ class Server:
             auth_failed = not client.connected and reason == AUTH_VIOLATION
             if client.announced or auth_failed:
                 self.system.client_closed(client, reason, auth_failed)
-        st = self.closed_stats
-        st[0] += client.in_msgs
-        st[1] += client.in_bytes
-        st[2] += client.out_msgs
-        st[3] += client.out_bytes
+        for st in (self.closed_stats,
+                   self.account_closed.setdefault(client.account.name, [0, 0, 0, 0])):
+            st[0] += client.in_msgs
+            st[1] += client.in_bytes
+            st[2] += client.out_msgs
+            st[3] += client.out_bytes
         self.log.debug(f"{client.host}:{client.port} - cid:{client.cid} - "
                        f'"{reason}" - connection closed')
 

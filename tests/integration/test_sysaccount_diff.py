@@ -428,3 +428,36 @@ def test_kick_and_lame_duck_one_client_like_nats_server(both: dict[str, Any], ra
     assert got["nats-server"]["kick"] == {} and got["nats-server"]["ldm info"] is True
     assert got["nats-server"]["kicked closed"] == (b"", True)
     assert got["nats-server"]["bad json"] == "timeout"
+
+
+async def _account_traffic(server: Any) -> Any:
+    sys_nc = await _connect(server, "sys")
+    a = await _connect(server, "a")
+    await a.subscribe("in")
+    for _ in range(3):
+        await a.publish("out", b"xx")
+    await a.publish("in", b"yyyy")
+    await a.flush()
+    await asyncio.sleep(0.2)
+    a2 = await _connect(server, "a2")  # gone before the request: still counted
+    await a2.publish("in", b"zzzzz")
+    await a2.flush()
+    await a2.close()
+    await asyncio.sleep(0.2)
+    reply = await _request(sys_nc, "$SYS.REQ.ACCOUNT.A.STATZ")
+    await a.close()
+    await sys_nc.close()
+    stat = reply["data"]["account_statz"][0]
+    return {k: stat[k] for k in ("conns", "total_conns", "sent", "received")}
+
+
+def test_account_traffic_counts_like_nats_server(module_servers: Any) -> None:
+    got = {}
+    for impl in IMPLS:
+        proc = module_servers.nats_server(CONFIG) if impl == "nats-server" \
+            else module_servers.jetraft(CONFIG)
+        got[impl] = asyncio.run(_account_traffic(proc))
+        proc.stop()
+    assert got["jetraft"] == got["nats-server"]
+    assert got["nats-server"]["received"]["msgs"] == 5  # 3 + 1 by a, 1 by a2 (closed)
+    assert got["nats-server"]["sent"]["msgs"] == 2
