@@ -130,6 +130,7 @@ class Server:
         self.services: list[Any] = []  # objects with async stop(), closed at shutdown
         self.jetstream: Any = None  # node.jetstream.service.JetStreamService with -js
         self.system: SystemService | None = None  # $SYS requests and events
+        self._ready = False  # start() finished: a reload may run
 
     # ------------------------------------------------------------------ registry
 
@@ -463,13 +464,15 @@ class Server:
         """Start, then block until shutdown. Returns the exit code."""
         loop = asyncio.get_running_loop()
         self._done = loop.create_future()
+        # Before start: a SIGTERM right after "Server is ready" must find its handler.
+        self._install_signals(loop)
         try:
             await self.start()
         except (OSError, ValueError) as err:
             self.log.fatal(str(err))
             await self._close_everything()
             return 1
-        self._install_signals(loop)
+        self._ready = True
         code = await self._done
         await self._close_everything()
         self.log.info("Server Exiting..")
@@ -485,6 +488,9 @@ class Server:
 
     def _on_reload_signal(self) -> None:
         self.log.info('Trapped "hangup" signal')
+        if not self._ready:
+            self.log.error("Failed to reload server configuration: server is still starting")
+            return
         self.reload_config()
 
     def _on_stop_signal(self, name: str) -> None:
