@@ -151,6 +151,7 @@ class CompiledPermissions:
     sub_allow: _SubList | None
     sub_deny: _SubList | None
     responses: bool
+    source: Permissions | None = None  # as configured ($SYS.REQ.USER.INFO shows it)
 
     @classmethod
     def build(cls, perms: Permissions) -> CompiledPermissions:
@@ -167,6 +168,7 @@ class CompiledPermissions:
             sub_allow=sub_allow,
             sub_deny=sub_deny,
             responses=perms.allow_responses,
+            source=perms,
         )
 
 
@@ -179,6 +181,10 @@ class PermissionSet:
         self._pub_cache: dict[str, bool] = {}
         # reply subject -> [time noted, responses sent]
         self._replies: dict[str, list[float]] = {}
+
+    @property
+    def source(self) -> Permissions | None:
+        return self._c.source
 
     @property
     def tracks_replies(self) -> bool:

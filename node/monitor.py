@@ -323,15 +323,21 @@ def _traffic(msgs: int, data: int) -> dict[str, Any]:
 
 
 def account_statz(server: Server, account: Any) -> dict[str, Any]:
-    """One account's connection and traffic counts (nats-server's AccountStat);
-    traffic is summed over its connected clients."""
-    clients = [c for c in server.clients.values() if c.account is account]
+    """One account's connection and traffic counts (nats-server's AccountStat):
+    `received` is what its clients published, `sent` what they were given,
+    since the start (clients gone included)."""
+    in_msgs, in_bytes, out_msgs, out_bytes = getattr(server, "account_closed", {}).get(
+        account.name, (0, 0, 0, 0))
+    for c in server.clients.values():
+        if c.account is account:
+            in_msgs += c.in_msgs
+            in_bytes += c.in_bytes
+            out_msgs += c.out_msgs
+            out_bytes += c.out_bytes
     return {"acc": account.name, "name": account.name, "conns": account.connections,
             "leafnodes": 0, "total_conns": account.connections,
             "num_subscriptions": account.subscription_count(),
-            "sent": _traffic(sum(c.out_msgs for c in clients), sum(c.out_bytes for c in clients)),
-            "received": _traffic(sum(c.in_msgs for c in clients),
-                                 sum(c.in_bytes for c in clients)),
+            "sent": _traffic(out_msgs, out_bytes), "received": _traffic(in_msgs, in_bytes),
             "slow_consumers": 0}
 
 

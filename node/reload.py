@@ -57,7 +57,9 @@ _IGNORED = {"config_file", "unsupported", "unenforced", "extra", "flags"}
 
 NO_FILE = "can only reload config when a file is provided using -c or --config"
 # No one may publish, subscribe or receive while a re-check runs.
-_DENY_ALL = CompiledPermissions.build(Permissions(publish_allow=[], subscribe_allow=[]))
+# (An empty subscribe allow list means "no restriction", so deny everything explicitly.)
+_DENY_ALL = CompiledPermissions.build(Permissions(publish_allow=[], publish_deny=[">"],
+                                                  subscribe_deny=[">"]))
 
 
 class ReloadError(Exception):

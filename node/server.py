@@ -117,6 +117,7 @@ class Server:
         self.stale_connections = 0
         # Counters of connections already gone, so totals survive closes.
         self.closed_stats = [0, 0, 0, 0]  # in_msgs, in_bytes, out_msgs, out_bytes
+        self.account_closed: dict[str, list[int]] = {}  # the same, per account (/accstatz)
         self.internal_stats = [0, 0]  # in_msgs, in_bytes published by the server
         self.http_req_stats: dict[str, int] = {}
         self.port = 0
@@ -130,6 +131,7 @@ class Server:
         self.services: list[Any] = []  # objects with async stop(), closed at shutdown
         self.jetstream: Any = None  # node.jetstream.service.JetStreamService with -js
         self.system: SystemService | None = None  # $SYS requests and events
+        self._ready = False  # start() finished: a reload may run
 
     # ------------------------------------------------------------------ registry
 
@@ -267,11 +269,12 @@ class Server:
             auth_failed = not client.connected and reason == AUTH_VIOLATION
             if client.announced or auth_failed:
                 self.system.client_closed(client, reason, auth_failed)
-        st = self.closed_stats
-        st[0] += client.in_msgs
-        st[1] += client.in_bytes
-        st[2] += client.out_msgs
-        st[3] += client.out_bytes
+        for st in (self.closed_stats,
+                   self.account_closed.setdefault(client.account.name, [0, 0, 0, 0])):
+            st[0] += client.in_msgs
+            st[1] += client.in_bytes
+            st[2] += client.out_msgs
+            st[3] += client.out_bytes
         self.log.debug(f"{client.host}:{client.port} - cid:{client.cid} - "
                        f'"{reason}" - connection closed')
 
@@ -510,13 +513,15 @@ class Server:
         """Start, then block until shutdown. Returns the exit code."""
         loop = asyncio.get_running_loop()
         self._done = loop.create_future()
+        # Before start: a SIGTERM right after "Server is ready" must find its handler.
+        self._install_signals(loop)
         try:
             await self.start()
         except (OSError, ValueError) as err:
             self.log.fatal(str(err))
             await self._close_everything()
             return 1
-        self._install_signals(loop)
+        self._ready = True
         code = await self._done
         await self._close_everything()
         self.log.info("Server Exiting..")
@@ -532,6 +537,9 @@ class Server:
 
     def _on_reload_signal(self) -> None:
         self.log.info('Trapped "hangup" signal')
+        if not self._ready:
+            self.log.error("Failed to reload server configuration: server is still starting")
+            return
         self.reload_config()
 
     def _on_stop_signal(self, name: str) -> None:

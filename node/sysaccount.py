@@ -102,6 +102,22 @@ def _subsz_query(opts: dict[str, Any], account: str | None) -> dict[str, str]:
     return q
 
 
+def _permissions_json(perms: Any) -> dict[str, Any]:
+    """A user's permissions the way nats-server's USER.INFO shows them."""
+    if perms is None:
+        return {}
+    out: dict[str, Any] = {}
+    for side, allow, deny in (("publish", perms.publish_allow, perms.publish_deny),
+                              ("subscribe", perms.subscribe_allow, perms.subscribe_deny)):
+        entry = {k: list(v) for k, v in (("allow", allow), ("deny", deny)) if v}
+        if entry:
+            out[side] = entry
+    if perms.allow_responses:
+        # Jetraft's allow_responses are nats-server's defaults: one reply within 2 min.
+        out["responses"] = {"max": 1, "ttl": 120_000_000_000}
+    return out
+
+
 class SystemService:
     """The system account's internal client, its responders and its events."""
 
@@ -127,6 +143,8 @@ class SystemService:
             sub(f"$SYS.REQ.SERVER.PING.{kind}", self._on_ping_kind)
             sub(f"$SYS.REQ.SERVER.{sid}.{kind}", self._on_server_kind)
         sub(f"$SYS.REQ.SERVER.{sid}.RELOAD", self._on_server_kind)
+        sub(f"$SYS.REQ.SERVER.{sid}.KICK", self._on_client_op)
+        sub(f"$SYS.REQ.SERVER.{sid}.LDM", self._on_client_op)
         for kind in _ACCOUNT_KINDS:
             sub(f"$SYS.REQ.ACCOUNT.*.{kind}", self._on_account_kind)
         sub("$SYS.REQ.USER.INFO", self._on_user_info)
@@ -208,6 +226,27 @@ class SystemService:
             self._reload(reply)
             return
         self._serve_server_kind(kind, reply, payload, ping=False)
+
+    def _on_client_op(self, sub: Any, subject: str, reply: str | None, headers: bytes | None,
+                      payload: bytes) -> None:
+        """KICK closes one client, LDM sends it a lame-duck INFO ({"cid": N})."""
+        kind = subject.rsplit(".", 1)[1]
+        opts, _err = _options(payload)
+        if opts is None:
+            return  # nats-server does not answer a request it cannot read
+        cid = opts.get("cid")
+        client = self.server.clients.get(cid) if isinstance(cid, int) else None
+        if client is None or client.closed:
+            text = "no such client or leafnode id" if kind == "KICK" else "no such client id"
+            self.error_reply(reply, 500, text)
+            return
+        if kind == "KICK":
+            self.server.log.info(f"{client.host}:{client.port} - cid:{client.cid} - "
+                                 "kicked by a system account request")
+            client.close("Kicked")
+        else:
+            client.send_lame_duck_info()
+        self.reply(reply, {"server": self.server_info()})
 
     def _serve_server_kind(self, kind: str, reply: str | None, payload: bytes,
                            ping: bool) -> None:
@@ -338,8 +377,9 @@ class SystemService:
         data: dict[str, Any] = {"user": sender.user or "", "account": account,
                                 "account_name": account}
         perms = getattr(sender.identity, "permissions", None)
-        if perms is not None and getattr(perms, "source", None) is not None:
-            data["permissions"] = perms.source
+        shown = _permissions_json(getattr(perms, "source", None))
+        if shown:
+            data["permissions"] = shown
         self.data_reply(reply, data, client)
 
     def _reload(self, reply: str | None) -> None:

@@ -31,7 +31,10 @@ accounts {
     exports: [{service: "help.>"}]
   }
   B: {
-    users: [{user: b, password: b}]
+    users: [{user: b, password: b}
+            {user: p, password: p, permissions: {
+              publish: {allow: ["x.>", "$SYS.REQ.USER.INFO"], deny: ["x.y"]}
+              subscribe: "_INBOX.>", allow_responses: true}}]
     imports: [{service: {account: A, subject: "help.>"}}]
   }
 }
@@ -128,6 +131,9 @@ async def _requests(server: Any) -> dict[str, Any]:
     out["A CONNZ"] = await _request(a, "$SYS.REQ.SERVER.PING.CONNZ")
     out["A ACC.PING.STATZ"] = await _request(a, "$SYS.REQ.ACCOUNT.PING.STATZ")
     out["A USER.INFO"] = await _request(a, "$SYS.REQ.USER.INFO")
+    p = await _connect(server, "p")
+    out["P USER.INFO"] = await _request(p, "$SYS.REQ.USER.INFO")
+    await p.close()
     for nc in (a, sys_nc):
         await nc.close()
     return out
@@ -176,6 +182,14 @@ def test_requests_answer_like_nats_server(both: dict[str, Any]) -> None:
         assert g["A CONNZ"]["data"]["num_connections"] == 1, impl
         assert [s["acc"] for s in g["A ACC.PING.STATZ"]["data"]["account_statz"]] == ["A"]
         assert g["A USER.INFO"]["data"] == {"user": "a", "account": "A", "account_name": "A"}
+    def perms_sorted(data: dict[str, Any]) -> dict[str, Any]:
+        # nats-server lists each allow/deny set in no fixed order.
+        perms = {side: {k: sorted(v) for k, v in rules.items()} if side != "responses" else rules
+                 for side, rules in data["permissions"].items()}
+        return {**data, "permissions": perms}
+
+    assert perms_sorted(ours["P USER.INFO"]["data"]) == perms_sorted(theirs["P USER.INFO"]["data"])
+    assert theirs["P USER.INFO"]["data"]["permissions"]["publish"]["deny"] == ["x.y"]
 
 
 async def _events(server: Any) -> dict[str, Any]:
@@ -381,3 +395,75 @@ def test_shutdown_event_like_nats_server(servers: Any) -> None:
         assert subject == f"$SYS.SERVER.{body['id']}.SHUTDOWN", impl
         assert body["name"] == "sysdiff", impl
     _check_keys("shutdown", got["jetraft"][0][1], got["nats-server"][0][1], MAY_LACK["server"])
+
+
+async def _kick_and_ldm(server: Any, raw: Any) -> dict[str, Any]:
+    sys_nc = await _connect(server, "sys")
+    server_id = (await _request(sys_nc, "$SYS.REQ.SERVER.PING.IDZ"))["id"]
+    conns = []
+    for _ in range(2):
+        conn = raw(server.port)
+        out = conn.exchange(b'CONNECT {"user":"a","pass":"a","verbose":false,"protocol":1}\r\n')
+        assert out == b""
+        conns.append(conn)
+    listing = await _request(sys_nc, "$SYS.REQ.ACCOUNT.A.CONNZ")
+    kicked, ducked = sorted(c["cid"] for c in listing["data"]["connections"])
+    out: dict[str, Any] = {}
+    for name, kind, body in (("kick", "KICK", {"cid": kicked}), ("ldm", "LDM", {"cid": ducked}),
+                             ("kick unknown", "KICK", {"cid": 999999}),
+                             ("ldm unknown", "LDM", {"cid": 999999})):
+        reply = await _request(sys_nc, f"$SYS.REQ.SERVER.{server_id}.{kind}",
+                               json.dumps(body).encode())
+        reply.pop("server")
+        out[name] = reply
+    out["bad json"] = await _request(sys_nc, f"$SYS.REQ.SERVER.{server_id}.KICK", b"{", 0.5)
+    # nats-server 2.15 also sends protocol-1 clients an INFO after CONNECT
+    # ("connect_info"); that is not what this test is about.
+    rest = b"".join(ln for ln in conns[0].read_close_or_wait(2.0).splitlines(keepends=True)
+                    if not ln.startswith(b"INFO "))
+    out["kicked closed"] = (rest, conns[0].eof)
+    ducked_out = conns[1].read_close_or_wait(0.5)
+    out["ldm info"] = b'"ldm":true' in ducked_out and not conns[1].eof
+    await sys_nc.close()
+    return out
+
+
+def test_kick_and_lame_duck_one_client_like_nats_server(both: dict[str, Any], raw: Any) -> None:
+    got = {impl: asyncio.run(_kick_and_ldm(s, raw)) for impl, s in both.items()}
+    assert got["jetraft"] == got["nats-server"]
+    assert got["nats-server"]["kick"] == {} and got["nats-server"]["ldm info"] is True
+    assert got["nats-server"]["kicked closed"] == (b"", True)
+    assert got["nats-server"]["bad json"] == "timeout"
+
+
+async def _account_traffic(server: Any) -> Any:
+    sys_nc = await _connect(server, "sys")
+    a = await _connect(server, "a")
+    await a.subscribe("in")
+    for _ in range(3):
+        await a.publish("out", b"xx")
+    await a.publish("in", b"yyyy")
+    await a.flush()
+    await asyncio.sleep(0.2)
+    a2 = await _connect(server, "a2")  # gone before the request: still counted
+    await a2.publish("in", b"zzzzz")
+    await a2.flush()
+    await a2.close()
+    await asyncio.sleep(0.2)
+    reply = await _request(sys_nc, "$SYS.REQ.ACCOUNT.A.STATZ")
+    await a.close()
+    await sys_nc.close()
+    stat = reply["data"]["account_statz"][0]
+    return {k: stat[k] for k in ("conns", "total_conns", "sent", "received")}
+
+
+def test_account_traffic_counts_like_nats_server(module_servers: Any) -> None:
+    got = {}
+    for impl in IMPLS:
+        proc = module_servers.nats_server(CONFIG) if impl == "nats-server" \
+            else module_servers.jetraft(CONFIG)
+        got[impl] = asyncio.run(_account_traffic(proc))
+        proc.stop()
+    assert got["jetraft"] == got["nats-server"]
+    assert got["nats-server"]["received"]["msgs"] == 5  # 3 + 1 by a, 1 by a2 (closed)
+    assert got["nats-server"]["sent"]["msgs"] == 2

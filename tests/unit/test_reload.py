@@ -67,3 +67,15 @@ def test_the_system_account_cannot_move() -> None:
         plan_reload(_opts({}), _opts({"system_account": "SYS2",
                                       "accounts": {"SYS2": {"users": [{"user": "s"}]}}}))
     assert str(err.value) == "config reload not supported for SystemAccount: old=$SYS, new=SYS2"
+
+
+def test_a_client_on_hold_may_do_nothing() -> None:
+    """While its bcrypt re-check runs, a client holds these permissions."""
+    from node.auth import PermissionSet
+    from node.reload import _DENY_ALL
+
+    held = PermissionSet(_DENY_ALL)
+    for subject in ("foo", "a.b.c", "_INBOX.x", "$SYS.REQ.SERVER.PING"):
+        assert not held.can_publish(subject, 0.0)
+        assert not held.can_subscribe(subject)
+        assert not held.can_deliver(subject)
