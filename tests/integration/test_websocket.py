@@ -95,7 +95,8 @@ async def test_websocket_and_tcp_clients_see_each_other(impl, tmp_path):
             assert b"MSG bar 7 8\r\nfrom-tcp\r\n" in got
             sub = await nc.subscribe("baz")
             await nc.flush(timeout=10)
-            await ws.send(b"PUB baz 6\r\nfrom-w\r\n")
+            await ws.send(b"PUB baz 6\r\nfrom-w\r\nPING\r\n")
+            await recv_until(ws, b"PONG\r\n")  # the server has routed the PUB
             msg = await sub.next_msg(timeout=10)
             assert msg.data == b"from-w"
         await nc.close()
