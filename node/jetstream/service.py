@@ -50,7 +50,7 @@ from node.jetstream.machines import META_STORE, MetaMachine, StreamMachine
 from node.jetstream.pull import PullQueue, Status
 from node.jetstream.store.lmdbstore import LmdbStore, NodeEnv, stored_names
 from node.jetstream.stream import Effect, Reply, Republish, Stored, rfc3339
-from raft.multigroup import MultiRaft, ProposalDropped
+from raft.multigroup import MultiRaft, NotLeader, ProposalDropped
 from raft.storage import NodeLog
 
 META_GROUP = "$js"
@@ -338,7 +338,24 @@ class JetStreamService:
         if BatchCollector.is_batch(op):
             self._batch_message(sm, op)
             return
-        self._spawn(self._publish(sm, op))
+        # No task per publish (the PubAck is an apply effect): the proposal's future only
+        # reports a failure.
+        assert self.mr is not None
+        try:
+            fut = self.mr.propose_nowait(sm.group, ops.encode(op))
+        except (ProposalDropped, KeyError, NotLeader) as exc:
+            self._not_acked(sm, exc)
+            return
+        fut.add_done_callback(lambda f: self._published(sm, f))
+
+    def _published(self, sm: StreamMachine, fut: asyncio.Future[int]) -> None:
+        if not fut.cancelled() and fut.exception() is not None:
+            self._not_acked(sm, fut.exception())
+
+    def _not_acked(self, sm: StreamMachine, exc: BaseException | None) -> None:
+        # Not stored (or outcome unknown): no PubAck; the client's request times out and
+        # it may retry (with Nats-Msg-Id, exactly once).
+        self.log.warn(f"JetStream publish to {sm.name} not acknowledged: {exc!r}")
 
     def _batch_message(self, sm: StreamMachine, op: ops.StreamMsg) -> None:
         """Atomic batch publish: collected here (in arrival order, on the loop) until its
