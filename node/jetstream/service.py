@@ -159,7 +159,7 @@ class JetStreamService:
         self.loop = asyncio.get_running_loop()
         self._loop_thread = threading.get_ident()
         os.makedirs(os.path.join(self.store_dir, "lmdb"), exist_ok=True)
-        self.env = NodeEnv(os.path.join(self.store_dir, "lmdb"))
+        self.env = NodeEnv(os.path.join(self.store_dir, "lmdb"), on_fatal=self._on_fatal_threadsafe)
         raft_dir = os.path.join(self.store_dir, "raft")
         node_log = NodeLog(os.path.join(raft_dir, "wal"))
         self.mr = MultiRaft(NODE_ID, node_log, _NoPeers(), tick_interval_s=TICK_S,
@@ -192,6 +192,10 @@ class JetStreamService:
         if self.env is not None:
             self.env.close()
             self.env = None
+
+    def _on_fatal_threadsafe(self, exc: BaseException) -> None:
+        assert self.loop is not None
+        self.loop.call_soon_threadsafe(self._on_fatal, exc)
 
     def _on_fatal(self, exc: BaseException) -> None:
         self.log.fatal(f"JetStream storage failed, stopping: {exc!r}")
