@@ -462,7 +462,7 @@ class MultiRaft:
             # A batch handed to the apply worker before the removal may still
             # be writing to the group's state machine.
             await self._apply_idle.wait()
-            await self.node_log.sync_async(self.wal_executor.run)
+            await self.node_log.sync_async(self.io_executor.run)
             async with self._files_lock(group):
                 g = self._groups.get(group)
                 if g is None or g.snap is None or g.snap.path is None:
@@ -713,7 +713,7 @@ class MultiRaft:
             top = self._newest_segment()
             self._sync_roll = top != self._synced_top
             try:
-                await self.node_log.sync_async(self.io_executor.run)
+                await self.node_log.sync_async(self.wal_executor.run)
             finally:
                 self._sync_roll = False
             self.stats.sync_rolls += top != self._synced_top
