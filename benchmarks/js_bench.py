@@ -120,8 +120,9 @@ def med(runs: list[dict[str, Any]], key: str) -> float:
 def markdown(harness: dict[str, Any] | None, kv: dict[str, list[dict[str, Any]]] | None,
              tag: str) -> str:
     lines = [f"# JetStream side by side, {tag}", "",
-             f"Servers pinned to CPU {os.environ.get('SERVER_CPU', '1')}, clients to CPU "
-             f"{CLIENT_CPU}; {REPEATS} x {DURATION:g} s; 128 B; load "
+             (f"Servers pinned to CPU {os.environ.get('SERVER_CPU', '1')}"
+              if os.environ.get("SERVER_CPU", "1") else "Servers not pinned")
+             + f", clients on CPU {CLIENT_CPU}; {REPEATS} x {DURATION:g} s; 128 B; load "
              f"{os.getloadavg()[0]:.1f} at the end.", ""]
     if harness:
         rows: dict[tuple[str, str], dict[str, dict[str, Any]]] = {}

@@ -12,6 +12,7 @@ Environment:
   MSG_SIZE      payload bytes (128)
   FETCH_BATCH   messages per pull request (50)
   OP_TIMEOUT    seconds to wait for a PubAck or a fetch (5)
+  FETCH_EXPIRES seconds a pull request waits for a full batch before its 408 (0.5)
 
 Locust runs users as gevent greenlets, so this file speaks the NATS protocol itself over a
 (gevent-patched) socket instead of driving nats-py's asyncio client: one reader greenlet per
@@ -44,6 +45,7 @@ CONSUMER = os.environ.get("JS_CONSUMER", "WORKERS")
 SIZE = int(os.environ.get("MSG_SIZE", "128"))
 BATCH = int(os.environ.get("FETCH_BATCH", "50"))
 TIMEOUT = float(os.environ.get("OP_TIMEOUT", "5"))
+EXPIRES = float(os.environ.get("FETCH_EXPIRES", "0.5"))
 _user_ids = itertools.count()
 
 
@@ -62,6 +64,7 @@ class Conn:
         self.inbox = f"_INBOX.{uuid.uuid4().hex}"
         self.waiters: dict[str, Any] = {}  # reply subject -> AsyncResult or Queue
         self.seq = itertools.count()
+        self.sids = itertools.count(2)  # sid 1: the wildcard inbox of requests
         if not self._line().startswith(b"INFO "):
             raise NatsError("no INFO from server")
         opts = {"verbose": False, "pedantic": False, "headers": True, "no_responders": True,
@@ -100,7 +103,8 @@ class Conn:
                     hdr_len = int(parts[-2]) if parts[0] == b"HMSG" else 0
                     body = self._exact(int(parts[-1]))
                     reply = parts[3].decode() if len(parts) == (6 if hdr_len else 5) else ""
-                    self._dispatch(parts[1].decode(), reply, body[:hdr_len], body[hdr_len:])
+                    self._dispatch(parts[1].decode(), parts[2].decode(), reply,
+                                   body[:hdr_len], body[hdr_len:])
                 elif line.startswith(b"PING"):
                     self.sock.sendall(b"PONG\r\n")
                 elif line.startswith(b"-ERR"):
@@ -110,8 +114,10 @@ class Conn:
             for w in list(self.waiters.values()):
                 _fail(w, exc)
 
-    def _dispatch(self, subject: str, reply: str, hdr: bytes, data: bytes) -> None:
-        w = self.waiters.get(subject)
+    def _dispatch(self, subject: str, sid: str, reply: str, hdr: bytes, data: bytes) -> None:
+        # A pull consumer's messages keep their own subject: they are found by the
+        # subscription (sid) of the pull request's reply subject instead.
+        w = self.waiters.get(subject) if sid == "1" else self.waiters.get("sid:" + sid)
         if isinstance(w, AsyncResult):
             w.set((hdr, data))
         elif isinstance(w, Queue):
@@ -141,10 +147,13 @@ class Conn:
         """One pull request; the (ack subject, data) of what arrived before the batch was
         full or a status (404 no messages / 408 expired) ended it."""
         reply = self._reply_subject()
-        self.waiters[reply] = q = Queue()
-        body = json.dumps({"batch": batch, "expires": int(timeout * 0.8 * 1e9)}).encode()
+        sid = str(next(self.sids))
+        key = "sid:" + sid
+        self.waiters[key] = q = Queue()
+        body = json.dumps({"batch": batch, "expires": int(min(EXPIRES, timeout) * 1e9)}).encode()
         out: list[tuple[str, bytes]] = []
         try:
+            self.sock.sendall(f"SUB {reply} {sid}\r\n".encode())
             self.pub(f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{consumer}", body, reply)
             deadline = time.monotonic() + timeout
             while len(out) < batch:
@@ -158,7 +167,8 @@ class Conn:
                     break  # 404 / 408 / 409: the request is over
                 out.append((ack, data))
         finally:
-            self.waiters.pop(reply, None)
+            self.waiters.pop(key, None)
+            self.sock.sendall(f"UNSUB {sid}\r\n".encode())
         return out
 
     def close(self) -> None:

@@ -462,7 +462,7 @@ class MultiRaft:
             # A batch handed to the apply worker before the removal may still
             # be writing to the group's state machine.
             await self._apply_idle.wait()
-            await self.node_log.sync_async(self.wal_executor.run)
+            await self.node_log.sync_async(self.io_executor.run)
             async with self._files_lock(group):
                 g = self._groups.get(group)
                 if g is None or g.snap is None or g.snap.path is None:
@@ -496,6 +496,11 @@ class MultiRaft:
 
     async def propose(self, group: str, data: bytes) -> int:
         """Index of `data` once committed (fsynced by a quorum) and applied here."""
+        return await self.propose_nowait(group, data)
+
+    def propose_nowait(self, group: str, data: bytes) -> asyncio.Future[int]:
+        """`propose` without a coroutine: the future resolves as `propose` returns (a
+        caller that needs no task per proposal, e.g. a publish, saves its cost)."""
         if not data:
             raise ValueError("empty proposals are reserved for leader no-ops")
         g = self._group(group)
@@ -504,7 +509,7 @@ class MultiRaft:
         fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         g.props.append((bytes(data), fut))
         self._mark(group)
-        return await fut
+        return fut
 
     async def read_index(self, group: str, timeout: float | None = None) -> None:
         """Linearizable read barrier: returns once the local state machine has
@@ -708,7 +713,7 @@ class MultiRaft:
             top = self._newest_segment()
             self._sync_roll = top != self._synced_top
             try:
-                await self.node_log.sync_async(self.io_executor.run)
+                await self.node_log.sync_async(self.wal_executor.run)
             finally:
                 self._sync_roll = False
             self.stats.sync_rolls += top != self._synced_top

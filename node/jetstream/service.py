@@ -207,7 +207,7 @@ class JetStreamService:
         self._loop_thread = threading.get_ident()
         dirs.prepare_store_dir(self.store_dir)  # durable directories (tests/durability)
         backup.sweep_uploads(self.store_dir)
-        self.env = NodeEnv(os.path.join(self.store_dir, "lmdb"))
+        self.env = NodeEnv(os.path.join(self.store_dir, "lmdb"), on_fatal=self._on_fatal_threadsafe)
         raft_dir = os.path.join(self.store_dir, "raft")
         node_log = NodeLog(os.path.join(raft_dir, "wal"))
         cluster = getattr(self.server, "cluster", None)
@@ -262,6 +262,10 @@ class JetStreamService:
         if self.env is not None:
             self.env.close()
             self.env = None
+
+    def _on_fatal_threadsafe(self, exc: BaseException) -> None:
+        assert self.loop is not None
+        self.loop.call_soon_threadsafe(self._on_fatal, exc)
 
     def _on_fatal(self, exc: BaseException) -> None:
         self.log.fatal(f"JetStream storage failed, stopping: {exc!r}")
@@ -455,8 +459,8 @@ class JetStreamService:
         self._accept_publish(name, subject, reply or "", hdr or b"", payload)
 
     def _accept_publish(self, name: str, subject: str, reply: str, hdr: bytes, payload: bytes
-                        ) -> asyncio.Task[Any] | None:
-        """A publish this node (the stream's leader) proposes; the task ends once it is
+                        ) -> asyncio.Future[Any] | None:
+        """A publish this node (the stream's leader) proposes; the future ends once it is
         applied (or refused). None: nothing proposed for it yet (an open atomic batch)."""
         sm = self.streams.get(name)
         if sm is None:
@@ -465,7 +469,16 @@ class JetStreamService:
         if BatchCollector.is_batch(op):
             self._batch_message(sm, op)
             return None
-        return self._spawn(self._publish(sm, op))
+        # No task per publish (the PubAck is an apply effect): the proposal's future
+        # reports a failure, and a forwarded publish waits on it (cluster.py).
+        assert self.mr is not None
+        try:
+            fut = self.mr.propose_nowait(sm.group, ops.encode(op))
+        except (ProposalDropped, KeyError, NotLeader) as exc:
+            self._not_acked(sm, exc)
+            return None
+        fut.add_done_callback(lambda f: self._published(sm, f))
+        return fut
 
     def _reply(self, subject: str, payload: bytes, hdr: bytes | None = None) -> None:
         """A reply to a publisher: a forwarded publish's goes back to the node it came
@@ -473,6 +486,15 @@ class JetStreamService:
         if self.jsc is not None and self.jsc.answer_token(subject, payload):
             return
         self.client.publish(subject, None, payload, hdr)
+
+    def _published(self, sm: StreamMachine, fut: asyncio.Future[int]) -> None:
+        if not fut.cancelled() and fut.exception() is not None:
+            self._not_acked(sm, fut.exception())
+
+    def _not_acked(self, sm: StreamMachine, exc: BaseException | None) -> None:
+        # Not stored (or outcome unknown): no PubAck; the client's request times out and
+        # it may retry (with Nats-Msg-Id, exactly once).
+        self.log.warn(f"JetStream publish to {sm.name} not acknowledged: {exc!r}")
 
     def _batch_message(self, sm: StreamMachine, op: ops.StreamMsg) -> None:
         """Atomic batch publish: collected here (in arrival order, on the loop) until its

@@ -173,3 +173,24 @@ def test_a_store_behind_the_snapshot_is_refused(tmp_path: Path) -> None:
             StreamMachine("S", "js.S.1", cfg, env, lambda _sm, _e: None, 1).restore_from(image)
     finally:
         env.close()
+
+
+def test_a_failed_sync_point_is_fatal_and_every_later_sync_refuses(tmp_path: Path) -> None:
+    """Fail-stop: after a failed sync point the page cache cannot be trusted, so the node
+    stops (`on_fatal`) and no later sync may claim durability. The failure here is real: the
+    side file's temporary name is taken by a directory, so its open fails."""
+    path = tmp_path / "env"
+    fatal: list[BaseException] = []
+    env = NodeEnv(str(path), sync_interval=0.02, on_fatal=fatal.append)
+    try:
+        (path / (SYNCED_META + ".tmp")).mkdir()
+        LmdbStore(env, "S").store(_msg(1, "a", b"x"))
+        for _ in range(300):
+            if fatal:
+                break
+            time.sleep(0.01)
+        assert fatal and isinstance(fatal[0], OSError)
+        with pytest.raises(RuntimeError, match="failed earlier"):
+            env.sync()
+    finally:
+        env.close()  # no sync attempted after the failure

@@ -26,7 +26,7 @@ import os
 import struct
 import threading
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -75,9 +75,15 @@ class NodeEnv:
     MAP_SIZE = 1 << 40  # address space only; the file grows as data is written
 
     def __init__(self, path: str, *, sync: bool = True,
-                 sync_interval: float | None = SYNC_INTERVAL_S) -> None:
+                 sync_interval: float | None = SYNC_INTERVAL_S,
+                 on_fatal: Callable[[BaseException], None] | None = None) -> None:
         self.path = path
         self.durable = sync
+        # A failed sync point is fatal: the page cache may have dropped what it held, and a
+        # later fsync can report success over the loss. Every later sync raises, and
+        # `on_fatal` (called from the syncer thread) stops the node.
+        self.failed: BaseException | None = None
+        self.on_fatal = on_fatal
         if sync:
             _roll_back_to_synced(path)
         self.env = lmdb.open(path, map_size=self.MAP_SIZE, max_dbs=16, sync=False,
@@ -106,6 +112,15 @@ class NodeEnv:
         if not self.durable:
             self.env.sync(True)
             return
+        if self.failed is not None:
+            raise RuntimeError("an LMDB sync point failed earlier; refusing") from self.failed
+        try:
+            self._sync_point()
+        except BaseException as exc:
+            self.failed = exc
+            raise
+
+    def _sync_point(self) -> None:
         with self._sync_lock:
             # Under the write lock nothing commits: the pin and the meta pages read here are
             # both exactly the last committed transaction S.
@@ -136,14 +151,16 @@ class NodeEnv:
             try:
                 if self.env.info()["last_txnid"] != self._synced_txn:
                     self.sync()
-            except lmdb.Error:
-                return  # closed under us
+            except Exception as exc:  # noqa: BLE001 - fail-stop, whatever it was
+                if not self._stop.is_set() and self.on_fatal is not None:
+                    self.on_fatal(exc)
+                return
 
     def close(self) -> None:
         self._stop.set()
         if self._syncer is not None:
             self._syncer.join()
-        if self.durable:
+        if self.durable and self.failed is None:
             self.sync()  # a clean stop replays nothing
         with self._sync_lock:
             if self._pin is not None:
