@@ -15,6 +15,7 @@ A status is a `Status(reply, header block)` the node publishes to the request's 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -152,6 +153,15 @@ class PullQueue:
                 self.waiting.remove(req)  # fully served: nats-server sends no status
             return req, refused
         return None, refused
+
+    def drop_unheard(self, has_interest: Callable[[str], bool]) -> int:
+        """Forget requests whose reply subject nobody listens on any more (a client that
+        stopped its consume() or gave up on a fetch), as nats-server does before it
+        delivers: a message sent there would sit unacked until ack_wait. No status is sent."""
+        keep = deque(r for r in self.waiting if has_interest(r.reply))
+        dropped = len(self.waiting) - len(keep)
+        self.waiting = keep
+        return dropped
 
     def nothing_pending(self) -> list[Status]:
         """The consumer has nothing to deliver now: every no_wait request ends with 404."""

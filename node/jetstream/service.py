@@ -1006,6 +1006,7 @@ class JetStreamService:
         for name in page:
             info = self._consumer_info("consumer_info_response", sm, name)
             info.pop("type")
+            info["config"] = requests.stored_config(info["config"])
             infos.append(info)
         return {"type": replies.TYPE_PREFIX + "consumer_list_response", "total": len(names),
                 "offset": offset, "limit": 256, "consumers": infos}
@@ -1075,6 +1076,8 @@ class JetStreamService:
             return False  # nats-server delivers only while someone listens
         if pull.flow is not None and pull.flow.stalled():
             return False  # flow control: wait for the client's answer
+        if not pull.push:
+            pull.queue.drop_unheard(self._has_interest)
         with sm.lock:
             consumer = sm.stream.consumers.get(name)
             if consumer is None:
