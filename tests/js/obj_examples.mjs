@@ -60,7 +60,7 @@ await t.step("put_stream_1_byte_chunks", async () => infoView(await os.put({
 await t.step("get_chunks", async () => {
   const r = await os.get("hello");
   const chunks = await chunksOf(r.data);
-  return { info: infoView(r.info), chunks, error: await r.error };
+  return { info: infoView(r.info), chunks, read_error: await r.error };
 });
 await t.step("info", async () => infoView(await os.info("hello")));
 await t.step("put_blob_replace", async () => {
