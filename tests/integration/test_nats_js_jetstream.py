@@ -47,27 +47,36 @@ def _run(script: str, url: str) -> dict[str, Any]:
     return json.loads(done.stdout)
 
 
+class Transcripts(dict[str, dict[str, dict[str, Any]]]):
+    """script -> {"jetraft": transcript, "nats-server": transcript}, run on first use; each
+    script runs once per server, on servers of its own (fresh stores, totals from zero)."""
+
+    def __init__(self, servers: Servers, store: Path) -> None:
+        super().__init__()
+        self.servers, self.store = servers, store
+
+    def __missing__(self, script: str) -> dict[str, dict[str, Any]]:
+        stem = Path(script).stem
+        procs: dict[str, ServerProc] = {
+            "jetraft": self.servers.jetraft(args=["-js", "-sd", str(self.store / f"ours-{stem}")]),
+            "nats-server": self.servers.nats_server(
+                args=["-js", "-sd", str(self.store / f"theirs-{stem}")])}
+        try:
+            self[script] = {name: _run(script, proc.url) for name, proc in procs.items()}
+        finally:
+            for proc in procs.values():
+                proc.stop()
+        return self[script]
+
+
 @pytest.fixture(scope="module")
 def transcripts(module_servers: Servers, tmp_path_factory: pytest.TempPathFactory
-                ) -> dict[str, dict[str, dict[str, Any]]]:
-    """script -> {"jetraft": transcript, "nats-server": transcript}; each script runs once
-    per server, on servers of its own (fresh stores, account totals start at zero)."""
-    store = tmp_path_factory.mktemp("natsjs")
-    out: dict[str, dict[str, dict[str, Any]]] = {}
-    for script in SCRIPTS:
-        stem = Path(script).stem
-        servers: dict[str, ServerProc] = {
-            "jetraft": module_servers.jetraft(args=["-js", "-sd", str(store / f"ours-{stem}")]),
-            "nats-server": module_servers.nats_server(
-                args=["-js", "-sd", str(store / f"theirs-{stem}")])}
-        out[script] = {name: _run(script, proc.url) for name, proc in servers.items()}
-        for proc in servers.values():
-            proc.stop()
-    return out
+                ) -> Transcripts:
+    return Transcripts(module_servers, tmp_path_factory.mktemp("natsjs"))
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
-def test_nats_js_examples_match_nats_server(transcripts: dict[str, Any], script: str) -> None:
+def test_nats_js_examples_match_nats_server(transcripts: Transcripts, script: str) -> None:
     ours, theirs = transcripts[script]["jetraft"], transcripts[script]["nats-server"]
     assert list(ours) == list(theirs), "the scripts ran different steps"
     failed_theirs = {k for k, v in theirs.items() if isinstance(v, dict) and "error" in v}
@@ -80,7 +89,7 @@ def test_nats_js_examples_match_nats_server(transcripts: dict[str, Any], script:
             assert ours[step] != theirs[step], f"{step} now matches: remove it ({why})"
 
 
-def test_nats_js_examples_did_the_work(transcripts: dict[str, Any]) -> None:
+def test_nats_js_examples_did_the_work(transcripts: Transcripts) -> None:
     """Pins on what the scripts saw, so an empty or short session cannot pass."""
     js = transcripts["js_examples.mjs"]["jetraft"]
     assert js["core_publish_100"]["messages"] == 100
