@@ -97,6 +97,8 @@ def test_nats_js_examples_did_the_work(transcripts: Transcripts) -> None:
     assert [b["processed"] for b in js["fetch_3_batches"]] == [4, 4, 4]
     assert js["nak_then_redeliver"][1]["info"]["deliveryCount"] == 2
     assert [m[0] for m in js["ordered_consume_filtered"]] == ["work.y"] * 7
+    assert [m[3] for m in js["push_consumer_consume"]] == [5, 4, 3, 2, 1, 0]
+    assert js["direct_get_last_for"] == [[20, "work.y"], [21, "work.x"]]
     kv = transcripts["kv_examples.mjs"]["jetraft"]
     assert [e["operation"] for e in kv["watch_all_from_start"]] == ["PUT"] * 4 + ["DEL"]
     assert kv["per_key_ttl"]["after"] is None and kv["per_key_ttl"]["before"]["value"] == "v"

@@ -198,6 +198,47 @@ await t.step("ordered_consumer_names_gone", async () => {
   for await (const n of jsm.consumers.list("work")) if (n.config.durable_name) names.push(n.name);
   return names;
 });
+// Push consumers (js.consumers.getPushConsumer), pause / resume, direct gets.
+await t.step("push_consumer_consume", async () => {
+  await jsm.consumers.add("work", { durable_name: "p", deliver_subject: "push.work",
+                                    ack_policy: AckPolicy.Explicit, filter_subject: "work.z" });
+  const pc = await js.consumers.getPushConsumer("work", "p");
+  const messages = await pc.consume();
+  const got = [];
+  for await (const m of messages) {
+    got.push([m.subject, m.seq, m.string(), m.info.pending]);
+    m.ack();
+    if (m.info.pending === 0) break;
+  }
+  return got;
+});
+await t.step("consumer_pause_resume", async () => {
+  const until = new Date(Date.now() + 3600_000);
+  const paused = await jsm.consumers.pause("work", "w", until);
+  const info = await jsm.consumers.info("work", "w");
+  const resumed = await jsm.consumers.resume("work", "w");
+  return { paused: paused.paused, info_paused: info.paused, resumed: resumed.paused };
+});
+await t.step("direct_get", async () => {
+  await jsm.streams.update("work", { allow_direct: true });
+  const sm = await jsm.direct.getMessage("work", { seq: 2 });
+  const last = await jsm.direct.getMessage("work", { last_by_subj: "work.x" });
+  const next = await jsm.direct.getMessage("work", { next_by_subj: "work.z", seq: 4 });
+  return [sm, last, next].map((m) => ({ seq: m.seq, subject: m.subject, data: m.string() }));
+});
+await t.step("direct_get_batch", async () => {
+  const got = [];
+  for await (const m of await jsm.direct.getBatch("work", { seq: 5, batch: 3 })) {
+    got.push([m.seq, m.subject]);
+  }
+  return got;
+});
+await t.step("direct_get_last_for", async () => {
+  const got = [];
+  for await (const m of await jsm.direct.getLastMessagesFor("work",
+    { multi_last: ["work.x", "work.y"] })) got.push([m.seq, m.subject]);
+  return got;
+});
 await t.step("consumer_get_missing", () => js.consumers.get("work", "nobody"));
 await t.step("streams_delete_all", async () =>
   [await jsm.streams.delete("a"), await jsm.streams.delete("work")]);
