@@ -78,6 +78,9 @@ ELECTION_TICK = 3
 CLUSTER_TICK_S = 0.05  # clustered: a leader lost is replaced within about 0.5-1 s
 CLUSTER_ELECTION_TICK = 10
 MAX_ROUND = 256        # deliveries proposed together for one consumer
+# clustered: a pull request forwarded from another node is kept this long before a missing
+# interest in its inbox drops it (the interest travels on the routes, the request does not)
+UNHEARD_GRACE_NS = 2_000_000_000
 PULL_TICK_S = 0.1      # pull-request expiries (408) and redeliveries are looked at this often
 _NAME_CHARS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
 _JSON = {"separators": (",", ":")}
@@ -1091,7 +1094,8 @@ class JetStreamService:
         if pull.flow is not None and pull.flow.stalled():
             return False  # flow control: wait for the client's answer
         if not pull.push:
-            pull.queue.drop_unheard(self._has_interest)
+            pull.queue.drop_unheard(self._has_interest, now,
+                                    0 if self.jsc is None else UNHEARD_GRACE_NS)
         with sm.lock:
             consumer = sm.stream.consumers.get(name)
             if consumer is None:
