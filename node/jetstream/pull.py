@@ -15,6 +15,7 @@ A status is a `Status(reply, header block)` the node publishes to the request's 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,6 +63,7 @@ class PullRequest:
     pin_id: str = ""         # the pinned client's id it carries (or was given)
     min_pending: int = 0     # overflow: served only while this many are pending
     min_ack_pending: int = 0
+    added_ns: int = 0        # when it arrived (drop_unheard's grace)
 
 
 def parse_next(body: bytes) -> dict[str, Any]:
@@ -113,7 +115,7 @@ class PullQueue:
             reply, batch, max_bytes, now_ns + expires if expires else 0,
             bool(req.get("no_wait")), heartbeat, now_ns + heartbeat if heartbeat else 0,
             max_bytes, req.get("group") or "", req.get("id") or "",
-            int(req.get("min_pending") or 0), int(req.get("min_ack_pending") or 0)))
+            int(req.get("min_pending") or 0), int(req.get("min_ack_pending") or 0), now_ns))
         return []
 
     def wanted(self, num_pending: int = 0, num_ack_pending: int = 0) -> int:
@@ -152,6 +154,19 @@ class PullQueue:
                 self.waiting.remove(req)  # fully served: nats-server sends no status
             return req, refused
         return None, refused
+
+    def drop_unheard(self, has_interest: Callable[[str], bool], now_ns: int = 0,
+                     grace_ns: int = 0) -> int:
+        """Forget requests whose reply subject nobody listens on any more (a client that
+        stopped its consume() or gave up on a fetch), as nats-server does before it
+        delivers: a message sent there would sit unacked until ack_wait. No status is sent.
+        A request younger than `grace_ns` is kept: in a cluster it may come from another node
+        before that node's interest in its inbox has reached this one."""
+        keep = deque(r for r in self.waiting
+                     if now_ns - r.added_ns < grace_ns or has_interest(r.reply))
+        dropped = len(self.waiting) - len(keep)
+        self.waiting = keep
+        return dropped
 
     def nothing_pending(self) -> list[Status]:
         """The consumer has nothing to deliver now: every no_wait request ends with 404."""

@@ -95,10 +95,21 @@ def list_reply(streams: dict[str, Config], body: bytes, infos: dict[str, dict[st
                 "streams": None}
     names = sorted(n for n, cfg in streams.items() if _has_subject(cfg, subject))
     offset = min(offset, len(names))
-    page = [{"config": to_wire(streams[n]), **infos.get(n, {})}
+    page = [{"config": stored_config(to_wire(streams[n])), **infos.get(n, {})}
             for n in names[offset:offset + LIST_LIMIT]]
     return {"type": kind, "total": len(names),
             "offset": offset, "limit": LIST_LIMIT, "streams": page}
+
+
+def stored_config(cfg: dict[str, Any]) -> dict[str, Any]:
+    """A config as STREAM.LIST / CONSUMER.LIST show it: nats-server lists the stored config,
+    whose metadata lacks the `_nats.level` / `_nats.ver` that INFO and CREATE add when they
+    answer (only `_nats.req.level` is stored)."""
+    meta = cfg.get("metadata")
+    if not meta:
+        return cfg
+    kept = {k: v for k, v in meta.items() if k not in ("_nats.level", "_nats.ver")}
+    return {**cfg, "metadata": kept}
 
 
 def _names_args(body: bytes) -> tuple[int, str]:

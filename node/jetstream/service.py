@@ -67,6 +67,7 @@ from node.jetstream.sourcing_wire import SourcingWire
 from node.jetstream.store import CorruptRecordError
 from node.jetstream.store.lmdbstore import LmdbStore, NodeEnv, stored_names
 from node.jetstream.stream import Effect, Reply, Republish, Stored, rfc3339
+from node.subject import subject_matches
 from raft.multigroup import MultiRaft, NotLeader, ProposalDropped
 from raft.storage import NodeLog
 
@@ -77,6 +78,9 @@ ELECTION_TICK = 3
 CLUSTER_TICK_S = 0.05  # clustered: a leader lost is replaced within about 0.5-1 s
 CLUSTER_ELECTION_TICK = 10
 MAX_ROUND = 256        # deliveries proposed together for one consumer
+# clustered: a pull request forwarded from another node is kept this long before a missing
+# interest in its inbox drops it (the interest travels on the routes, the request does not)
+UNHEARD_GRACE_NS = 2_000_000_000
 PULL_TICK_S = 0.1      # pull-request expiries (408) and redeliveries are looked at this often
 _NAME_CHARS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
 _JSON = {"separators": (",", ":")}
@@ -240,6 +244,7 @@ class JetStreamService:
         self.client.subscribe_internal(api.API_PREFIX + ">", self._on_api)
         self.client.subscribe_internal(api.ACK_PREFIX + ">", self._on_ack)
         self.client.subscribe_internal("$JS.FC.>", self._on_flow_control)
+        self.client.account.interest_listeners.append(self._on_interest)
         for name in self.streams:
             self._subscribe_stream(name)
             self._start_push(name)
@@ -252,6 +257,8 @@ class JetStreamService:
     async def stop(self) -> None:
         if self._ticker is not None:
             self._ticker.cancel()
+        if self.client is not None and self._on_interest in self.client.account.interest_listeners:
+            self.client.account.interest_listeners.remove(self._on_interest)
         if self.jsc is not None:
             await self.jsc.stop()
         for task in list(self._tasks):
@@ -266,6 +273,16 @@ class JetStreamService:
     def _on_fatal_threadsafe(self, exc: BaseException) -> None:
         assert self.loop is not None
         self.loop.call_soon_threadsafe(self._on_fatal, exc)
+
+    def _on_interest(self, sub: Any, delta: int) -> None:
+        """A push consumer starts delivering when its deliver subject gets a subscriber, as
+        nats-server's does, not at the next tick: a client (nats.js's KV watch) subscribes
+        after CONSUMER.CREATE, and a put meanwhile would change the first message's pending."""
+        if delta <= 0 or not self.pulls:
+            return
+        for (stream, name), pull in list(self.pulls.items()):
+            if pull.push and subject_matches(sub.subject, pull.push):
+                self._pump(stream, name)
 
     def _on_fatal(self, exc: BaseException) -> None:
         self.log.fatal(f"JetStream storage failed, stopping: {exc!r}")
@@ -1027,6 +1044,7 @@ class JetStreamService:
         for name in page:
             info = self._consumer_info("consumer_info_response", sm, name)
             info.pop("type")
+            info["config"] = requests.stored_config(info["config"])
             infos.append(info)
         return {"type": replies.TYPE_PREFIX + "consumer_list_response", "total": len(names),
                 "offset": offset, "limit": 256, "consumers": infos}
@@ -1096,6 +1114,9 @@ class JetStreamService:
             return False  # nats-server delivers only while someone listens
         if pull.flow is not None and pull.flow.stalled():
             return False  # flow control: wait for the client's answer
+        if not pull.push:
+            pull.queue.drop_unheard(self._has_interest, now,
+                                    0 if self.jsc is None else UNHEARD_GRACE_NS)
         with sm.lock:
             consumer = sm.stream.consumers.get(name)
             if consumer is None:
@@ -1114,6 +1135,10 @@ class JetStreamService:
                 return False  # requests wait, none of them may be served now
             plans = consumer.plan_batch(now, view, wanted)
             msgs = {p.sseq: sm.store.load(p.sseq) for p in plans if isinstance(p, Delivery)}
+            # what is pending when the round is planned: the ack subjects' last token counts
+            # from here, as nats-server's (which sends at once) does, not from after the
+            # proposals, when the stream may already hold later messages
+            pending_at_plan = consumer.num_pending(view)
         if not plans:
             for status in () if pull.push else pull.queue.nothing_pending():
                 self._send(status)
@@ -1153,7 +1178,7 @@ class JetStreamService:
                                        return_exceptions=True)
         indexes = [r for e, r in zip(entries, results, strict=True)
                    if isinstance(e, ops.ConsumerDelivered)]
-        self._send_deliveries(sm, name, sends, indexes, pull)
+        self._send_deliveries(sm, name, sends, indexes, pull, pending_at_plan)
         return True
 
     def _pin(self, stream: str, name: str, pull: _Pull, req: Any, now: int) -> None:
@@ -1167,7 +1192,8 @@ class JetStreamService:
                                                  req.group, pin, *self._stamp()))
 
     def _send_deliveries(self, sm: StreamMachine, name: str, sends: list[tuple[Any, str]],
-                         indexes: list[Any], pull: _Pull) -> None:
+                         indexes: list[Any], pull: _Pull, pending_at_plan: int | None = None
+                         ) -> None:
         """Each applied delivery to its request, with the ack subject nats-server sends
         (its last token: what is still pending after that message)."""
         with sm.lock:
@@ -1178,6 +1204,8 @@ class JetStreamService:
         done = [(msg, target, sm.delivered.pop(i, None)) for (msg, target), i
                 in zip(sends, indexes, strict=True) if isinstance(i, int)]
         new_after = sum(1 for _, _, d in done if d is not None and d.deliveries == 1)
+        if pending_at_plan is not None:
+            left = min(left, max(pending_at_plan - new_after, 0))
         for msg, target, d in done:
             if d is None:
                 continue

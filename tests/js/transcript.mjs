@@ -1,0 +1,73 @@
+// Shared by the JetStream / KV / Object Store example scripts: each step's result goes
+// into one JSON transcript, normalised so that two servers can be compared byte for byte.
+// Made-up values (times, server ids, nonces, client-generated names) are replaced by a tag
+// saying they were there, so a missing field still shows up as a difference.
+
+const VOLATILE = new Set([
+  "created", "ts", "first_ts", "last_ts", "last_active", "time", "mtime", "nuid",
+  "server_id", "leader", "leader_since", "timestampNanos", "timestamp", "nonce",
+  "name_generated", "cluster", "api", "domain", "Nats-Time-Stamp",
+]);
+
+export function norm(v) {
+  if (v === null || v === undefined) return v ?? null;
+  if (v instanceof Uint8Array) return new TextDecoder().decode(v);
+  if (v instanceof Date) return "<date>";
+  if (typeof v === "bigint") return Number(v);
+  if (Array.isArray(v)) return v.map(norm);
+  if (typeof v === "object") {
+    const out = {};
+    for (const k of Object.keys(v).sort()) {
+      if (typeof v[k] === "function") continue;
+      out[k] = VOLATILE.has(k) ? "<volatile>" : norm(v[k]);
+    }
+    return out;
+  }
+  return v;
+}
+
+export function describeError(e) {
+  const out = { error: e?.name ?? "Error", message: String(e?.message ?? e) };
+  if (typeof e?.apiError === "function") out.api_error = e.apiError();
+  if (typeof e?.code === "number" || typeof e?.code === "string") out.code = e.code;
+  return out;
+}
+
+export class Transcript {
+  constructor() { this.steps = {}; }
+
+  async step(name, fn) {
+    try {
+      this.steps[name] = norm(await fn());
+    } catch (e) {
+      this.steps[name] = describeError(e);
+    }
+  }
+
+  print() { process.stdout.write(JSON.stringify(this.steps) + "\n"); }
+}
+
+export async function take(iter, n, timeoutMs = 5000) {
+  // Reads up to n items from an async iterator, giving up after timeoutMs.
+  const got = [];
+  const timer = new Promise((r) => setTimeout(() => r("timeout"), timeoutMs));
+  const it = iter[Symbol.asyncIterator]();
+  while (got.length < n) {
+    const r = await Promise.race([it.next(), timer]);
+    if (r === "timeout" || r.done) break;
+    got.push(r.value);
+  }
+  return got;
+}
+
+export async function settle(get, done, timeoutMs = 3000) {
+  // Polls get() until done(value) or the time is up; returns the last value either way,
+  // so a server that never gets there shows its state in the transcript.
+  const end = Date.now() + timeoutMs;
+  let v = await get();
+  while (!done(v) && Date.now() < end) {
+    await new Promise((r) => setTimeout(r, 50));
+    v = await get();
+  }
+  return v;
+}
