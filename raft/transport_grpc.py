@@ -169,7 +169,7 @@ class GrpcTransport:
         self._server: grpc.aio.Server | None = None
         self._shared_server = server
         self._channel_factory = channel_factory
-        self._flush_scheduled = False
+        self._flush_handle: asyncio.Handle | None = None
         self._closing = False
         self.dropped = 0  # messages reported UNREACHABLE
         self.dropped_in = 0  # received messages refused (forged sender, local or unknown type)
@@ -292,6 +292,16 @@ class GrpcTransport:
             link.lanes[self._lane_of(m)].pending.append(m)
         self._schedule_flush()
 
+    def send_now(self, msgs: list[Message]) -> None:
+        """`send`, then flush at once instead of at the end of this loop turn:
+        for a caller that hands over everything of its turn in one call (the
+        driver's drain pass) and would otherwise go on to await an fsync
+        first, keeping an append or a response off the wire meanwhile."""
+        self.send(msgs)
+        if self._flush_handle is not None:
+            self._flush_handle.cancel()
+            self._flush()
+
     def _lane_of(self, m: Message) -> int:
         """Appends that carry entries are bulk, unless their group is a
         priority one (the meta group); everything else is small and urgent."""
@@ -306,12 +316,11 @@ class GrpcTransport:
         self._schedule_flush()
 
     def _schedule_flush(self) -> None:
-        if not self._flush_scheduled:
-            self._flush_scheduled = True
-            asyncio.get_running_loop().call_soon(self._flush)
+        if self._flush_handle is None:
+            self._flush_handle = asyncio.get_running_loop().call_soon(self._flush)
 
     def _flush(self) -> None:
-        self._flush_scheduled = False
+        self._flush_handle = None
         for link in self._links.values():
             liveness, link.liveness = link.liveness, False
             for lane in link.lanes:
