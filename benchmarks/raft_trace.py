@@ -248,8 +248,8 @@ def report(windows, streams: dict[str, list[tuple[float, str]]]) -> None:
           f"p50 {1e6 * med(totals):.0f} us, mean {1e6 * statistics.fmean(totals):.0f} us")
     print(f"{'step (F = the follower that made the quorum)':52} {'p50 at us':>10} "
           f"{'p50 gap us':>10}")
-    prev = 0.0
-    gaps = [[b - a for a, b in zip([0.0, *v[:-1]], v)] for v in zip(*steps)] if steps[0] else []
+    rows = list(zip(*steps, strict=True))
+    gaps = [[b - a for a, b in zip([0.0, *v[:-1]], v, strict=True)] for v in rows]
     for i, (proc, name) in enumerate(CHAIN):
         if not steps[i]:
             continue
@@ -260,7 +260,6 @@ def report(windows, streams: dict[str, list[tuple[float, str]]]) -> None:
     for i, (proc, name) in enumerate(LOCAL):
         if local[i]:
             print(f"  {proc + ': ' + name:50} {1e6 * med(local[i]):10.0f}")
-    del prev
 
 
 def main() -> None:

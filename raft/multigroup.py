@@ -749,7 +749,7 @@ class MultiRaft:
         if (pending is None or self.inline_sync_bytes <= 0
                 or pending() > self.inline_sync_bytes):
             return self.wal_executor.run
-        if sent_early:
+        if sent_early and getattr(self.transport, "send_now", None) is not None:
             await asyncio.sleep(0)
         self.stats.inline_syncs += 1
         return _run_here
