@@ -712,7 +712,7 @@ class MultiRaft:
             if work:
                 self.stats.drains += 1
                 self.stats.readies += len(work)
-            await self._finish(work, installs, early)
+            await self._finish(work, installs, early, synced=False)
             return
         if early:
             self._send(early)
@@ -754,11 +754,24 @@ class MultiRaft:
         self.stats.inline_syncs += 1
         return _run_here
 
-    def _send(self, msgs: list[Message]) -> None:
+    def _send(self, msgs: list[Message], lazy_commit: bool = False) -> None:
         """Hand a drain pass's messages to the transport, on the wire now: the
         pass goes on to await an fsync or an apply, and a flush left to the end
         of the loop turn would hold a leader's appends (and a follower's
-        responses) back until then (measured: 0.2-0.4 ms of a window-1 commit)."""
+        responses) back until then (measured: 0.2-0.4 ms of a window-1 commit).
+
+        `lazy_commit` (a pass that fsynced nothing): a leader's appends without
+        entries only tell followers the new commit index; nothing waits on
+        them, so they ride with the next flush to the peer (the next
+        proposal's append) or leave within the transport's LAZY_FLUSH_S."""
+        send_lazy = getattr(self.transport, "send_lazy", None)
+        if lazy_commit and send_lazy is not None:
+            lazy = [m for m in msgs if m.type is MsgType.APP and not m.entries]
+            if lazy:
+                send_lazy(lazy)
+                msgs = [m for m in msgs if not (m.type is MsgType.APP and not m.entries)]
+                if not msgs:
+                    return
         send_now = getattr(self.transport, "send_now", None)
         (send_now or self.transport.send)(msgs)
 
@@ -813,7 +826,7 @@ class MultiRaft:
         installs[:] = [(g, st) for g, st in installs if self._groups.get(g.name) is g]
 
     async def _finish(self, work: list[tuple[_Group, Ready]], installs: list,
-                      early: list[Message]) -> None:
+                      early: list[Message], synced: bool = True) -> None:
         # A group removed during the fsync: its state machine is no longer ours.
         work = [(g, rd) for g, rd in work if self._groups.get(g.name) is g]
         out: list[Message] = list(early)
@@ -851,7 +864,7 @@ class MultiRaft:
             # now resume before the writer tasks spend their loop turns on
             # these messages (a leader's commit-index appends to its
             # followers: about 0.3 ms of a window-1 commit when sent first).
-            self._send(out)
+            self._send(out, lazy_commit=not synced)
 
     def _small(self, batches: list[tuple[Any, list[Entry]]]) -> bool:
         """Few entries and bytes: applied on the loop, not in the worker."""
