@@ -79,8 +79,8 @@ def install(out: str) -> None:
     wrap(multigroup.MultiRaft, "propose", before=lambda *a, **k: ev("propose"))
     wrap(multigroup.MultiRaft, "_drain_once", before=lambda *a, **k: ev("drain start"))
     wrap(storage.NodeLog, "append", before=lambda *a, **k: ev("WAL append (buffered)"))
-    wrap(storage.NodeLog, "_write", before=lambda *a, **k: ev("fsync start (thread)"),
-         after=lambda *a, **k: ev("fsync end (thread)"))
+    wrap(storage.NodeLog, "_write", before=lambda *a, **k: ev("fsync start"),
+         after=lambda *a, **k: ev("fsync end"))
     wrap(storage.NodeLog, "_after_sync", before=lambda *a, **k: ev("sync back on loop"))
     wrap(multigroup.MultiRaft, "_finish", before=lambda *a, **k: ev("finish (post-sync)"))
     wrap(multigroup.MultiRaft, "_settle", before=lambda s, g, rd: rd.committed_entries and ev(
@@ -199,12 +199,12 @@ CHAIN = [
     ("leader", "propose"), ("leader", "drain start"), ("leader", "WAL append (buffered)"),
     ("leader", "send APP"), ("leader", "flush APP -> queue"), ("leader", "grpc write start"),
     ("F", "recv APP"), ("F", "drain start"), ("F", "WAL append (buffered)"),
-    ("F", "fsync start (thread)"), ("F", "fsync end (thread)"), ("F", "sync back on loop"),
+    ("F", "fsync start"), ("F", "fsync end"), ("F", "sync back on loop"),
     ("F", "finish (post-sync)"), ("F", "send APP_RESP"), ("F", "flush APP_RESP -> queue"),
     ("F", "grpc write start"), ("leader", "recv APP_RESP"), ("leader", "drain start"),
     ("leader", "commit: apply+settle"),
 ]
-LOCAL = [("leader", "fsync start (thread)"), ("leader", "fsync end (thread)"),
+LOCAL = [("leader", "fsync start"), ("leader", "fsync end"),
          ("leader", "sync back on loop"), ("leader", "finish (post-sync)"),
          ("leader", "grpc write done")]
 

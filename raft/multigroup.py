@@ -7,8 +7,9 @@
   tick) marks its group dirty. One drain pass collects the `Ready` of every
   dirty group, buffers all hard states, snapshots and entries into the
   node's single WAL, and makes them durable with ONE `sync_async()` (write +
-  fsync in a thread, so the loop keeps serving; inputs arriving meanwhile
-  accumulate in the cores and form the next batch). Then, per group: step
+  fsync in the WAL thread, so the loop keeps serving; inputs arriving meanwhile
+  accumulate in the cores and form the next batch; a pass with at most
+  INLINE_SYNC_BYTES to write fsyncs on the loop, cheaper than the thread hop). Then, per group: step
   STORAGE_APPEND_RESP, send messages, apply committed entries, `advance()`.
 * **Leader appends leave before the local fsync.** A leader's APP and
   HEARTBEAT depend only on its term, which is already durable (it was
