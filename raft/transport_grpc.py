@@ -517,10 +517,6 @@ class GrpcTransport:
             if batch is grpc.aio.EOF:
                 return
             self._on_batch(link, batch)
-            # Let the driver's drain pass, woken by this batch, run before the
-            # next read is posted (that call into gRPC costs a loop turn's CPU
-            # and would otherwise delay a response's fsync or a commit).
-            await asyncio.sleep(0)
 
     async def _accept(self, context: grpc.aio.ServicerContext) -> None:
         hello = await context.read()
