@@ -20,7 +20,9 @@ below.
   production the apply worker and the drain loop's WAL write+fsync each run on
   a `DedicatedThread` (a thread and a queue of its own: about a third of the
   CPU and latency of a thread-pool round trip, which a one-in-flight publish
-  pays on every commit).
+  pays on every commit). A small drain pass fsyncs on the loop instead
+  (`MultiRaft(inline_sync_bytes=...)`); the simulation turns that off so
+  every fsync takes simulated time a crash can land in.
 """
 
 from __future__ import annotations

@@ -554,6 +554,10 @@ class NodeLog:
         self._after_sync()
         return n
 
+    def pending_bytes(self) -> int:
+        """Bytes buffered for the next sync (what it would write)."""
+        return sum(len(ch.buf) for ch in self._pending)
+
     async def sync_async(self, run: Callable[..., Awaitable[Any]] | None = None) -> int:
         """Like sync(), but the write+fsync runs in `run` (default: a thread);
         the loop keeps serving. Records buffered meanwhile go to the next sync."""

@@ -63,6 +63,7 @@ LANE_PRIORITY, LANE_BULK = 0, 1  # traffic classes, each on its own stream and c
 PRIORITY_GROUPS = frozenset({"$meta"})  # groups whose appends never wait behind bulk data
 CHUNK_BYTES = 256 << 10
 HANDSHAKE_TIMEOUT = 3.0
+LAZY_FLUSH_S = 0.002  # the longest a `send_lazy` message waits for a flush to ride with
 BACKOFF_MIN, BACKOFF_MAX = 0.05, 2.0
 
 _CHANNEL_OPTIONS = [
@@ -169,7 +170,8 @@ class GrpcTransport:
         self._server: grpc.aio.Server | None = None
         self._shared_server = server
         self._channel_factory = channel_factory
-        self._flush_scheduled = False
+        self._flush_handle: asyncio.Handle | None = None
+        self._lazy_handle: asyncio.TimerHandle | None = None
         self._closing = False
         self.dropped = 0  # messages reported UNREACHABLE
         self.dropped_in = 0  # received messages refused (forged sender, local or unknown type)
@@ -292,6 +294,30 @@ class GrpcTransport:
             link.lanes[self._lane_of(m)].pending.append(m)
         self._schedule_flush()
 
+    def send_now(self, msgs: list[Message]) -> None:
+        """`send`, then flush at once instead of at the end of this loop turn:
+        for a caller that hands over everything of its turn in one call (the
+        driver's drain pass) and would otherwise go on to await an fsync
+        first, keeping an append or a response off the wire meanwhile."""
+        self.send(msgs)
+        if self._flush_handle is not None:
+            self._flush_handle.cancel()
+            self._flush()
+
+    def send_lazy(self, msgs: list[Message]) -> None:
+        """Queue messages that may wait: they leave with the next flush to
+        their peer (another send, a beat) or after at most LAZY_FLUSH_S.
+        For a leader's commit-index appends at low load: they ride in the
+        next proposal's batch instead of costing a gRPC write each."""
+        for m in msgs:
+            link = self._links.get(m.to)
+            if link is None or (m.type == MsgType.SNAP and self._snapshot_source is not None):
+                self.send([m])
+                continue
+            link.lanes[self._lane_of(m)].pending.append(m)
+        if self._lazy_handle is None and self._flush_handle is None:
+            self._lazy_handle = asyncio.get_running_loop().call_later(LAZY_FLUSH_S, self._flush)
+
     def _lane_of(self, m: Message) -> int:
         """Appends that carry entries are bulk, unless their group is a
         priority one (the meta group); everything else is small and urgent."""
@@ -306,12 +332,14 @@ class GrpcTransport:
         self._schedule_flush()
 
     def _schedule_flush(self) -> None:
-        if not self._flush_scheduled:
-            self._flush_scheduled = True
-            asyncio.get_running_loop().call_soon(self._flush)
+        if self._flush_handle is None:
+            self._flush_handle = asyncio.get_running_loop().call_soon(self._flush)
 
     def _flush(self) -> None:
-        self._flush_scheduled = False
+        self._flush_handle = None
+        if self._lazy_handle is not None:
+            self._lazy_handle.cancel()
+            self._lazy_handle = None
         for link in self._links.values():
             liveness, link.liveness = link.liveness, False
             for lane in link.lanes:

@@ -201,3 +201,48 @@ async def test_a_few_small_entries_are_applied_on_the_loop_bigger_passes_in_the_
     finally:
         await mr.stop()
         store.close()
+
+
+class _ThreadLog(NodeLog):
+    """NodeLog that records which thread writes+fsyncs each sync, and how much."""
+
+    def __init__(self, *a, **kw) -> None:
+        super().__init__(*a, **kw)
+        self.writes: list[tuple[int, int]] = []  # (thread, bytes)
+
+    def _write(self, batch):
+        n = super()._write(batch)
+        self.writes.append((threading.get_ident(), n))
+        return n
+
+
+async def test_a_small_sync_is_fsynced_on_the_loop_a_big_one_in_the_wal_thread(tmp_path):
+    """At low load the hop to the WAL thread and back costs more than the
+    fsync: a drain pass with at most INLINE_SYNC_BYTES to write syncs on the
+    loop; a bigger one, or any with inline_sync_bytes=0, in the WAL thread.
+    Either way the proposal resolves only after its entry's fsync."""
+    from raft.multigroup import INLINE_SYNC_BYTES
+
+    loop_thread = threading.get_ident()
+    for inline, sizes in ((INLINE_SYNC_BYTES, (16, 2 * INLINE_SYNC_BYTES)), (0, (16,))):
+        d = tmp_path / f"i{inline}"
+        nl = _ThreadLog(str(d / "wal"))
+        mr = MultiRaft(1, nl, _NoPeers(), snap_dir=str(d / "snap"), tick_interval_s=0.01,
+                       snapshot_every=10**9, inline_sync_bytes=inline)
+        store = LmdbStore(str(d / "sm"))
+        try:
+            mr.add_group("g", [1], state_machine=Recording(store, "g"))
+            await mr.start()
+            await mr.wait_leader("g")
+            for size in sizes:
+                nl.writes.clear()
+                f0 = nl.stats.fsyncs
+                await mr.propose("g", b"x" * size)
+                assert nl.stats.fsyncs > f0  # resolved after its fsync
+                big = [t for t, n in nl.writes if n >= size]
+                assert big, nl.writes
+                on_loop = size <= INLINE_SYNC_BYTES and inline > 0
+                assert (big[0] == loop_thread) is on_loop, (inline, size, nl.writes)
+        finally:
+            await mr.stop()
+            store.close()

@@ -300,7 +300,12 @@ class Cluster:
             tick_interval_s=TICK_S, election_tick=ELECTION_TICK, seed=nid,
             snapshot_every=self.snapshot_every, snap_dir=f"/n{nid}/snap",
             clock=SimClock(self.loop), apply_executor=self.executor,
-            io_executor=self.executor)
+            io_executor=self.executor,
+            # Every WAL sync through the simulated executor, whose delay is the
+            # fsync's duration: a crash can land inside it, as a kill -9 can
+            # during a real fsync made on the loop (INLINE_SYNC_BYTES), which
+            # an inline call in the simulation would hide.
+            inline_sync_bytes=0)
         accepted = inspect.signature(MultiRaft.__init__).parameters
         return {k: v for k, v in opts.items() if k in accepted}
 
