@@ -554,9 +554,11 @@ class JetStreamService:
                 memory += size
             else:
                 storage += size
+        streams = len(self.streams) if self.jsc is None or self.meta is None else \
+            len(self.meta.streams)  # clustered: the account's streams, hosted here or not
         return {"type": replies.TYPE_PREFIX + "account_info_response", "memory": memory,
                 "storage": storage, "reserved_memory": 0, "reserved_storage": 0,
-                "streams": len(self.streams), "consumers": consumers,
+                "streams": streams, "consumers": consumers,
                 "limits": {"max_memory": -1, "max_storage": -1, "max_streams": -1,
                            "max_consumers": -1, "max_ack_pending": -1,
                            "memory_max_stream_bytes": -1, "storage_max_stream_bytes": -1,
