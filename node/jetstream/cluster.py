@@ -93,6 +93,7 @@ class ClusterJS:
         self.leader_since: dict[str, int] = {}
         self.meta_started = False
         self._unassigned: dict[str, float] = {}
+        self._swept = False  # orphan logs/data dropped once the catalogue was current
         self.synced_rev: dict[str, int] = {}  # group -> newest config revision written
         self._duty_task: asyncio.Task[Any] | None = None
 
@@ -624,6 +625,11 @@ class ClusterJS:
         if not self.meta_started:
             return
         mr = self.svc.mr
+        if not self._swept and self._meta_current():
+            # Streams deleted while this node was down left their logs and data here:
+            # once the catalogue is current, what it does not name goes.
+            self.svc._drop_orphans()
+            self._swept = True
         if self.is_meta_leader():
             await self._forget_replaced()
             voters = set(mr.status(META_GROUP)["voters"])
@@ -756,6 +762,13 @@ class ClusterJS:
         return {"name": self.cluster_name, "leader": info.get("leader", ""),
                 "peer": short_peer(self.self_id), "replicas": info.get("replicas", []),
                 "cluster_size": len(st["voters"]), "pending": 0}
+
+    def _meta_current(self) -> bool:
+        try:
+            st = self.svc.mr.status(META_GROUP)
+        except KeyError:
+            return False
+        return bool(st["leader"]) and st["applied"] >= st["commit"] > 0
 
     def healthy(self) -> bool:
         """Caught up with the meta group and a leader known for every assigned group."""
