@@ -450,7 +450,11 @@ class ClusterJS:
             a = self.catalogue().streams[name]
             wire = stream_config.to_wire(stored)
             peers = list(a["peers"])
-            if int(wire.get("num_replicas") or 1) != len(peers):
+            if wire.get("placement") != a["config"].get("placement"):
+                # New placement: the replicas that still qualify stay, the others move
+                # (the stream leader adds the new peers, then removes the old ones).
+                peers = self.place(wire, keep=peers)
+            elif int(wire.get("num_replicas") or 1) != len(peers):
                 live = [p for p in peers if self.is_up(p)]
                 want = int(wire.get("num_replicas") or 1)
                 peers = self.place(wire, keep=live)[:want] if want > len(peers) else \

@@ -160,3 +160,40 @@ async def test_leader_stepdowns_and_info(js5: JsCluster) -> None:
     finally:
         for nc in ncs:
             await nc.close()
+
+
+async def test_placement_change_moves_the_stream_without_losing_a_message(js5: JsCluster
+                                                                           ) -> None:
+    nc = await connect(js5.nodes[0])
+    try:
+        js = nc.jetstream(timeout=10)
+        from nats.js.api import Placement, StreamConfig
+
+        cfg = StreamConfig(name="MOVE", subjects=["move"], num_replicas=2, allow_direct=True,
+                           placement=Placement(tags=["az:a"]))
+        info = await js.add_stream(cfg)
+        assert {info.cluster.leader, *(r.name for r in info.cluster.replicas)} == {"n1", "n4"}
+        for i in range(50):
+            await js.publish("move", f"m{i}".encode())
+        cfg.placement = Placement(tags=["az:b"])
+        await js.update_stream(cfg)
+
+        async def moved() -> bool:
+            i = await js.stream_info("MOVE")
+            names = {i.cluster.leader, *(r.name for r in i.cluster.replicas or [])}
+            return names == {"n2", "n5"} and all(r.current for r in i.cluster.replicas)
+        await until(moved, timeout=40)
+        for i in range(50, 60):
+            await js.publish("move", f"m{i}".encode())
+        for node in (js5.nodes[1], js5.nodes[4]):
+            got = []
+            c = await connect(node)
+            for seq in range(1, 61):
+                m = await c.request("$JS.API.DIRECT.GET.MOVE",
+                                    f'{{"seq":{seq}}}'.encode(), timeout=5)
+                got.append(m.data.decode())
+            await c.close()
+            assert got == [f"m{i}" for i in range(60)], node.name
+        await js.delete_stream("MOVE")
+    finally:
+        await nc.close()
