@@ -121,6 +121,8 @@ def varz(server: Server) -> dict[str, Any]:
         v["auth_required"] = True
     if o.jetstream.enabled:
         v["jetstream"] = {"config": {"store_dir": o.jetstream.store_dir}}
+        if o.jetstream.unique_tag:
+            v["jetstream"]["config"]["unique_tag"] = o.jetstream.unique_tag
     return v
 
 
