@@ -197,3 +197,26 @@ async def test_placement_change_moves_the_stream_without_losing_a_message(js5: J
         await js.delete_stream("MOVE")
     finally:
         await nc.close()
+
+
+async def test_object_store_on_r3_from_every_node(js5: JsCluster) -> None:
+    ncs = [await connect(n) for n in js5.nodes]
+    try:
+        js = [nc.jetstream(timeout=10) for nc in ncs]
+        bucket = f"ob{uuid.uuid4().hex[:6]}"
+        await js[0].create_object_store(bucket, replicas=3)
+        blob = bytes(range(256)) * 2000  # 512 KB: several chunks
+        ob1 = await js[1].object_store(bucket)
+        await ob1.put("blob", blob)
+        for j in js:
+            ob = await j.object_store(bucket)
+            got = await ob.get("blob")
+            assert got.data == blob
+        ob4 = await js[4].object_store(bucket)
+        await ob4.delete("blob")
+        ob2 = await js[2].object_store(bucket)
+        with pytest.raises(Exception):  # noqa: B017 (ObjectNotFoundError / ObjectDeletedError)
+            await ob2.get("blob")
+    finally:
+        for nc in ncs:
+            await nc.close()
