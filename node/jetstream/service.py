@@ -301,7 +301,10 @@ class JetStreamService:
                 for sub in self.subs.pop(name):
                     self.client.remove_sub(sub)
         for name, a in cat.streams.items():
-            subjects = list(a["config"].get("subjects") or [name])
+            cfg = a["config"]
+            # A mirror or a sources-only stream takes no publishes on its name.
+            subjects = list(cfg.get("subjects") or
+                            ([] if cfg.get("mirror") or cfg.get("sources") else [name]))
             if self._subscribed.get(name) != subjects:
                 self._subscribe_stream(name, subjects)
 
