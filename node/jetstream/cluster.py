@@ -535,7 +535,7 @@ class ClusterJS:
         return {"type": replies.TYPE_PREFIX + "stream_delete_response", "success": True}
 
     async def meta_stepdown(self, body: bytes) -> dict[str, Any]:
-        req = json.loads(body) if body.strip() else {}
+        req = _request_json(body)
         want = Placement.from_config(req.get("placement"))
         voters = self.svc.mr.status(META_GROUP)["voters"]
         to = placement.pick_leader(self.candidates(), voters, self.self_id, want)
@@ -571,7 +571,7 @@ class ClusterJS:
         return 0
 
     async def server_remove(self, body: bytes) -> dict[str, Any]:
-        req = json.loads(body) if body.strip() else {}
+        req = _request_json(body)
         peer = self._peer_by_name(str(req.get("peer") or req.get("peer_id") or ""))
         voters = self.svc.mr.status(META_GROUP)["voters"]
         if not peer or peer not in voters:
@@ -599,7 +599,7 @@ class ClusterJS:
         return True
 
     async def peer_remove(self, name: str, body: bytes) -> dict[str, Any]:
-        req = json.loads(body) if body.strip() else {}
+        req = _request_json(body)
         peer = self._peer_by_name(str(req.get("peer") or ""))
         async with self.svc._meta_lock:
             a = self.catalogue().streams.get(name)
@@ -793,6 +793,19 @@ class ClusterJS:
             if not g["leader"] or g["applied"] < g["commit"]:
                 return False
         return True
+
+
+def _request_json(body: bytes) -> dict[str, Any]:
+    """A META/SERVER/PEER request body: empty, or a JSON object (else nats-server's error)."""
+    if not body.strip():
+        return {}
+    try:
+        req = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ApiError.of("JSInvalidJSONErr", err=str(exc)) from None
+    if not isinstance(req, dict):
+        raise ApiError.of("JSInvalidJSONErr", err="expected a JSON object")
+    return req
 
 
 def _as_reply(info: dict[str, Any]) -> dict[str, Any]:

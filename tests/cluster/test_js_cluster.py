@@ -5,6 +5,7 @@ stepdowns, STREAM.INFO's `cluster`, /jsz and /healthz."""
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 from collections.abc import Iterator
 
@@ -220,3 +221,28 @@ async def test_object_store_on_r3_from_every_node(js5: JsCluster) -> None:
     finally:
         for nc in ncs:
             await nc.close()
+
+
+async def test_bad_cluster_requests_are_answered_and_nodes_stay_up(js5: JsCluster) -> None:
+    nc = await connect(js5.nodes[3])
+    try:
+        await nc.jetstream(timeout=10).add_stream(name="BAD", subjects=["bad"], num_replicas=3)
+        bodies = [b"not json", b"[1,2]", b'{"peer": 12}', b'{"placement": {"tags": "x"}}',
+                  b'{"placement": {"preferred": "nobody"}}', b'{"peer": "nobody"}', b"\xff\xfe"]
+        subjects = ["META.LEADER.STEPDOWN", "SERVER.REMOVE", "STREAM.PEER.REMOVE.BAD",
+                    "STREAM.PEER.REMOVE.NOPE", "STREAM.LEADER.STEPDOWN.NOPE",
+                    "CONSUMER.LEADER.STEPDOWN.BAD.nope", "STREAM.CREATE.BAD2",
+                    "STREAM.UPDATE.BAD"]
+        for subject in subjects:
+            for body in bodies:
+                msg = await nc.request("$JS.API." + subject, body, timeout=10)
+                r = json.loads(msg.data)
+                assert "type" in r, (subject, body, r)
+                if subject != "STREAM.CREATE.BAD2" and subject != "META.LEADER.STEPDOWN":
+                    assert "error" in r, (subject, body, r)
+        assert all(n.alive() for n in js5.nodes)
+        info = await nc.jetstream(timeout=10).stream_info("BAD")
+        assert info.config.num_replicas == 3
+        await nc.jetstream(timeout=10).delete_stream("BAD")
+    finally:
+        await nc.close()
