@@ -699,6 +699,14 @@ class ClusterJS:
         mr = self.svc.mr
         st = mr.status(group)
         voters = set(st["voters"])
+        # A leaving member that is down goes FIRST: it adds nothing to the quorum, and adding
+        # a member before would raise the quorum with one more node that may never answer
+        # (a replaced node wiped twice would leave the group without a quorum).
+        for p in sorted(voters - set(peers)):
+            if p != self.self_id and not self.is_up(p):
+                self.log.info(f"JetStream: removing down peer {short_peer(p)} from {group}")
+                await mr.remove_member(group, p)
+                return
         for p in peers:
             if p not in voters:
                 self.log.info(f"JetStream: adding peer {short_peer(p)} to {group}")

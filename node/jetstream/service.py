@@ -504,12 +504,15 @@ class JetStreamService:
         if self.jsc is not None:
             try:
                 forwarded = await self.jsc.route_api(call, subject, reply, body, hops)
-            except ApiError as err:
+            except Exception as exc:  # noqa: BLE001 (no leader, or it did not answer)
                 self.api_errors += 1
-                return [(None, _dumps(replies.error_reply(_kind(call.op), err)))]
-            except Exception as exc:  # noqa: BLE001 (the serving node did not answer)
-                self.log.warn(f"JetStream API {subject}: forwarding failed: {exc!r}")
-                err = ApiError.of("JSClusterNotAvailErr")
+                if not isinstance(exc, ApiError):
+                    self.log.warn(f"JetStream API {subject}: forwarding failed: {exc!r}")
+                if call.op == "CONSUMER.MSG.NEXT":
+                    return []  # a pull request is not answered with JSON: the client retries
+                if call.op == "DIRECT.GET":
+                    return [(b"NATS/1.0 503\r\n\r\n", b"")]  # as when nobody listens
+                err = exc if isinstance(exc, ApiError) else ApiError.of("JSClusterNotAvailErr")
                 return [(None, _dumps(replies.error_reply(_kind(call.op), err)))]
             if forwarded is not None:
                 return forwarded
