@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-import os
 import secrets
 import time
 from typing import Any
@@ -152,28 +151,29 @@ class ClusterJS:
         while True:
             js = [m for m in self.cluster.members().values()
                   if m.jetstream and (m.up or m.peer_id == self.self_id)]
+            hellos = []
             for m in js:
                 if m.peer_id == self.self_id:
                     continue
                 try:
                     raw = await self.cluster.request(m.peer_id, "js.meta.hello", b"", 2.0)
-                    hello = json.loads(raw)
+                    hellos.append(json.loads(raw))
                 except Exception:  # noqa: BLE001 (a peer that cannot answer: ask again)
                     continue
-                if not hello.get("meta"):
-                    continue
-                if self.self_id in hello.get("voters", []) and self._identity_predates_start():
-                    # Our id is a voter of the meta group, but our Raft state is gone (a
-                    # wiped store whose identity file was put back): joining would answer
-                    # votes with a forgotten term and vote. Refuse; a node without the
-                    # identity file gets a new id and joins as a new peer.
-                    self.log.fatal(
-                        f"JetStream: this node's peer id {self.self_id:016x} is a member of "
-                        "the meta group but its Raft state is missing; refusing to rejoin "
-                        "under the old identity (remove the cluster identity file to join "
-                        "as a new peer)")
-                    self.svc.server.shutdown(78)
-                    return
+            if any(self.self_id in h.get("seen", []) for h in hellos):
+                # The catalogue says our id acknowledged meta entries (`seen`), but our Raft
+                # state is gone (a wiped store whose identity file was put back): rejoining
+                # could answer votes with a forgotten term and vote. Refuse; a node without
+                # the identity file gets a new id and joins as a new peer. (A node listed at
+                # formation that never acknowledged anything is let in.)
+                self.log.fatal(
+                    f"JetStream: this node's peer id {self.self_id:016x} is a member of "
+                    "the meta group but its Raft state is missing; refusing to rejoin "
+                    "under the old identity (remove the cluster identity file to join "
+                    "as a new peer)")
+                self.svc.server.shutdown(78)
+                return
+            if any(h.get("meta") for h in hellos):
                 self.log.info("JetStream: joining the existing meta group")
                 mr.add_group(META_GROUP, [], state_machine=meta)
                 return
@@ -184,20 +184,12 @@ class ClusterJS:
                 return
             await asyncio.sleep(0.2)
 
-    def _identity_predates_start(self) -> bool:
-        """Was this node's identity file there before this process started? (A fresh
-        node, listed by the nodes that formed the meta group, creates it at start.)"""
-        path = os.path.join(self.svc.store_dir, "cluster", "identity")
-        try:
-            return os.path.getmtime(path) < self.svc.server.start_time
-        except OSError:
-            return False
-
     async def _h_hello(self, _peer: int, _payload: bytes) -> bytes:
         if not self.meta_started:
             return b'{"meta":false}'
-        voters = self.svc.mr.status(META_GROUP)["voters"]
-        return json.dumps({"meta": True, "voters": voters}).encode()
+        st = self.svc.mr.status(META_GROUP)
+        return json.dumps({"meta": True, "voters": st["voters"],
+                           "seen": self.catalogue().seen}).encode()
 
     # ------------------------------------------------------------------ who leads
 
@@ -636,6 +628,11 @@ class ClusterJS:
             self._swept = True
         if self.is_meta_leader():
             await self._forget_replaced()
+            st = mr.status(META_GROUP)
+            for p, match in st["match"].items():
+                # match > 1: past the bootstrap snapshot, so p holds Raft state (see `seen`).
+                if match > 1 and p not in self.catalogue().seen:
+                    await self.propose_meta(cluster_meta.seen(p))
             voters = set(mr.status(META_GROUP)["voters"])
             removed = set(self.catalogue().removed)
             for m in self.cluster.members().values():
