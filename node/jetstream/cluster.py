@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-import os
 import secrets
 import time
 from typing import Any
@@ -93,6 +92,7 @@ class ClusterJS:
         self.leader_since: dict[str, int] = {}
         self.meta_started = False
         self._unassigned: dict[str, float] = {}
+        self._swept = False  # orphan logs/data dropped once the catalogue was current
         self.synced_rev: dict[str, int] = {}  # group -> newest config revision written
         self._duty_task: asyncio.Task[Any] | None = None
 
@@ -151,28 +151,29 @@ class ClusterJS:
         while True:
             js = [m for m in self.cluster.members().values()
                   if m.jetstream and (m.up or m.peer_id == self.self_id)]
+            hellos = []
             for m in js:
                 if m.peer_id == self.self_id:
                     continue
                 try:
                     raw = await self.cluster.request(m.peer_id, "js.meta.hello", b"", 2.0)
-                    hello = json.loads(raw)
+                    hellos.append(json.loads(raw))
                 except Exception:  # noqa: BLE001 (a peer that cannot answer: ask again)
                     continue
-                if not hello.get("meta"):
-                    continue
-                if self.self_id in hello.get("voters", []) and self._identity_predates_start():
-                    # Our id is a voter of the meta group, but our Raft state is gone (a
-                    # wiped store whose identity file was put back): joining would answer
-                    # votes with a forgotten term and vote. Refuse; a node without the
-                    # identity file gets a new id and joins as a new peer.
-                    self.log.fatal(
-                        f"JetStream: this node's peer id {self.self_id:016x} is a member of "
-                        "the meta group but its Raft state is missing; refusing to rejoin "
-                        "under the old identity (remove the cluster identity file to join "
-                        "as a new peer)")
-                    self.svc.server.shutdown(78)
-                    return
+            if any(self.self_id in h.get("seen", []) for h in hellos):
+                # The catalogue says our id acknowledged meta entries (`seen`), but our Raft
+                # state is gone (a wiped store whose identity file was put back): rejoining
+                # could answer votes with a forgotten term and vote. Refuse; a node without
+                # the identity file gets a new id and joins as a new peer. (A node listed at
+                # formation that never acknowledged anything is let in.)
+                self.log.fatal(
+                    f"JetStream: this node's peer id {self.self_id:016x} is a member of "
+                    "the meta group but its Raft state is missing; refusing to rejoin "
+                    "under the old identity (remove the cluster identity file to join "
+                    "as a new peer)")
+                self.svc.server.shutdown(78)
+                return
+            if any(h.get("meta") for h in hellos):
                 self.log.info("JetStream: joining the existing meta group")
                 mr.add_group(META_GROUP, [], state_machine=meta)
                 return
@@ -183,20 +184,12 @@ class ClusterJS:
                 return
             await asyncio.sleep(0.2)
 
-    def _identity_predates_start(self) -> bool:
-        """Was this node's identity file there before this process started? (A fresh
-        node, listed by the nodes that formed the meta group, creates it at start.)"""
-        path = os.path.join(self.svc.store_dir, "cluster", "identity")
-        try:
-            return os.path.getmtime(path) < self.svc.server.start_time
-        except OSError:
-            return False
-
     async def _h_hello(self, _peer: int, _payload: bytes) -> bytes:
         if not self.meta_started:
             return b'{"meta":false}'
-        voters = self.svc.mr.status(META_GROUP)["voters"]
-        return json.dumps({"meta": True, "voters": voters}).encode()
+        st = self.svc.mr.status(META_GROUP)
+        return json.dumps({"meta": True, "voters": st["voters"],
+                           "seen": self.catalogue().seen}).encode()
 
     # ------------------------------------------------------------------ who leads
 
@@ -449,7 +442,11 @@ class ClusterJS:
             a = self.catalogue().streams[name]
             wire = stream_config.to_wire(stored)
             peers = list(a["peers"])
-            if int(wire.get("num_replicas") or 1) != len(peers):
+            if wire.get("placement") != a["config"].get("placement"):
+                # New placement: the replicas that still qualify stay, the others move
+                # (the stream leader adds the new peers, then removes the old ones).
+                peers = self.place(wire, keep=peers)
+            elif int(wire.get("num_replicas") or 1) != len(peers):
                 live = [p for p in peers if self.is_up(p)]
                 want = int(wire.get("num_replicas") or 1)
                 peers = self.place(wire, keep=live)[:want] if want > len(peers) else \
@@ -530,7 +527,7 @@ class ClusterJS:
         return {"type": replies.TYPE_PREFIX + "stream_delete_response", "success": True}
 
     async def meta_stepdown(self, body: bytes) -> dict[str, Any]:
-        req = json.loads(body) if body.strip() else {}
+        req = _request_json(body)
         want = Placement.from_config(req.get("placement"))
         voters = self.svc.mr.status(META_GROUP)["voters"]
         to = placement.pick_leader(self.candidates(), voters, self.self_id, want)
@@ -566,7 +563,7 @@ class ClusterJS:
         return 0
 
     async def server_remove(self, body: bytes) -> dict[str, Any]:
-        req = json.loads(body) if body.strip() else {}
+        req = _request_json(body)
         peer = self._peer_by_name(str(req.get("peer") or req.get("peer_id") or ""))
         voters = self.svc.mr.status(META_GROUP)["voters"]
         if not peer or peer not in voters:
@@ -594,7 +591,7 @@ class ClusterJS:
         return True
 
     async def peer_remove(self, name: str, body: bytes) -> dict[str, Any]:
-        req = json.loads(body) if body.strip() else {}
+        req = _request_json(body)
         peer = self._peer_by_name(str(req.get("peer") or ""))
         async with self.svc._meta_lock:
             a = self.catalogue().streams.get(name)
@@ -624,8 +621,18 @@ class ClusterJS:
         if not self.meta_started:
             return
         mr = self.svc.mr
+        if not self._swept and self._meta_current():
+            # Streams deleted while this node was down left their logs and data here:
+            # once the catalogue is current, what it does not name goes.
+            self.svc._drop_orphans()
+            self._swept = True
         if self.is_meta_leader():
             await self._forget_replaced()
+            st = mr.status(META_GROUP)
+            for p, match in st["match"].items():
+                # match > 1: past the bootstrap snapshot, so p holds Raft state (see `seen`).
+                if match > 1 and p not in self.catalogue().seen:
+                    await self.propose_meta(cluster_meta.seen(p))
             voters = set(mr.status(META_GROUP)["voters"])
             removed = set(self.catalogue().removed)
             for m in self.cluster.members().values():
@@ -689,6 +696,14 @@ class ClusterJS:
         mr = self.svc.mr
         st = mr.status(group)
         voters = set(st["voters"])
+        # A leaving member that is down goes FIRST: it adds nothing to the quorum, and adding
+        # a member before would raise the quorum with one more node that may never answer
+        # (a replaced node wiped twice would leave the group without a quorum).
+        for p in sorted(voters - set(peers)):
+            if p != self.self_id and not self.is_up(p):
+                self.log.info(f"JetStream: removing down peer {short_peer(p)} from {group}")
+                await mr.remove_member(group, p)
+                return
         for p in peers:
             if p not in voters:
                 self.log.info(f"JetStream: adding peer {short_peer(p)} to {group}")
@@ -757,6 +772,13 @@ class ClusterJS:
                 "peer": short_peer(self.self_id), "replicas": info.get("replicas", []),
                 "cluster_size": len(st["voters"]), "pending": 0}
 
+    def _meta_current(self) -> bool:
+        try:
+            st = self.svc.mr.status(META_GROUP)
+        except KeyError:
+            return False
+        return bool(st["leader"]) and st["applied"] >= st["commit"] > 0
+
     def healthy(self) -> bool:
         """Caught up with the meta group and a leader known for every assigned group."""
         if not self.meta_started:
@@ -776,6 +798,19 @@ class ClusterJS:
             if not g["leader"] or g["applied"] < g["commit"]:
                 return False
         return True
+
+
+def _request_json(body: bytes) -> dict[str, Any]:
+    """A META/SERVER/PEER request body: empty, or a JSON object (else nats-server's error)."""
+    if not body.strip():
+        return {}
+    try:
+        req = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ApiError.of("JSInvalidJSONErr", err=str(exc)) from None
+    if not isinstance(req, dict):
+        raise ApiError.of("JSInvalidJSONErr", err="expected a JSON object")
+    return req
 
 
 def _as_reply(info: dict[str, Any]) -> dict[str, Any]:

@@ -6,6 +6,7 @@ Every entry of the `$js` Raft group is one compact JSON object with an `op`:
     {"op":"update","name":S,"config":{...},"peers":[P,...]}
     {"op":"delete","name":S}
     {"op":"remove_server","peer":P}
+    {"op":"seen","peer":P}
 
 `config` is the stream config in its wire form as the meta leader checked it, `group` the name
 of the stream's Raft group (`js.<name>.<created_ns>`: a re-created stream never reuses a log),
@@ -19,6 +20,9 @@ the node itself. The catalogue is the fold of the entries in log order:
   group from then on joins it empty (the leader adds it) instead of bootstrapping it;
 * every assignment carries `rev`, the index of the entry that last set it: a stream leader
   never replaces its group's config by an older revision than one it already wrote;
+* `seen` records that peer P acknowledged meta entries, i.e. had Raft state (proposed once
+  per peer by the meta leader): a node whose id is `seen` but whose store is empty lost its
+  state (a wiped store with its identity file put back) and is refused;
 * `delete` forgets it; `remove_server` records a peer that left the cluster for good (placement
   never picks it again, and the meta leader removes it from the groups that name it).
 
@@ -56,12 +60,17 @@ def remove_server(peer: int) -> dict[str, Any]:
     return {"op": "remove_server", "peer": peer}
 
 
+def seen(peer: int) -> dict[str, Any]:
+    return {"op": "seen", "peer": peer}
+
+
 @dataclass
 class Catalogue:
     """Stream name -> its assignment (the `create` entry, kept current by `update`s)."""
 
     streams: dict[str, dict[str, Any]] = field(default_factory=dict)
     removed: list[int] = field(default_factory=list)
+    seen: list[int] = field(default_factory=list)
 
     def apply(self, entry: dict[str, Any], self_peer: int, index: int = 0) -> str | None:
         """Fold one entry in (`index`: its Raft index, kept as the assignment's `rev`);
@@ -91,6 +100,10 @@ class Catalogue:
             peer = int(entry["peer"])
             if peer not in self.removed:
                 self.removed.append(peer)
+        if op == "seen":
+            peer = int(entry["peer"])
+            if peer not in self.seen:
+                self.seen.append(peer)
         return None
 
     def peers(self, name: str, self_peer: int) -> list[int]:
@@ -111,10 +124,10 @@ class Catalogue:
         return out
 
     def to_json(self) -> dict[str, Any]:
-        return {"streams": self.streams, "removed": self.removed}
+        return {"streams": self.streams, "removed": self.removed, "seen": self.seen}
 
     @classmethod
     def from_json(cls, raw: dict[str, Any]) -> Catalogue:
         if "streams" in raw and isinstance(raw.get("removed"), list):
-            return cls(dict(raw["streams"]), list(raw["removed"]))
+            return cls(dict(raw["streams"]), list(raw["removed"]), list(raw.get("seen", [])))
         return cls(dict(raw))  # the single-node layout: name -> create entry

@@ -26,6 +26,9 @@ def _with_cluster(server: Any, base: dict[str, Any], query: dict[str, str]) -> d
     svc = server.jetstream
     if svc is None:
         return base
+    unique = server.options.jetstream.unique_tag
+    if unique and isinstance(base.get("config"), dict):
+        base["config"]["unique_tag"] = unique  # nats-server shows it in /jsz and /varz
     out: dict[str, Any] = {}
     for k, v in base.items():
         out[k] = v

@@ -604,11 +604,14 @@ class JetStreamService:
         if self.jsc is not None:
             try:
                 forwarded = await self.jsc.route_api(call, subject, reply, body, hops)
-            except ApiError as err:
-                return [(None, _dumps(replies.error_reply(_kind(call.op), err)))]
-            except Exception as exc:  # noqa: BLE001 (the serving node did not answer)
-                self.log.warn(f"JetStream API {subject}: forwarding failed: {exc!r}")
-                err = ApiError.of("JSClusterNotAvailErr")
+            except Exception as exc:  # noqa: BLE001 (no leader, or it did not answer)
+                if not isinstance(exc, ApiError):
+                    self.log.warn(f"JetStream API {subject}: forwarding failed: {exc!r}")
+                if call.op == "CONSUMER.MSG.NEXT":
+                    return []  # a pull request is not answered with JSON: the client retries
+                if call.op == "DIRECT.GET":
+                    return [(b"NATS/1.0 503\r\n\r\n", b"")]  # as when nobody listens
+                err = exc if isinstance(exc, ApiError) else ApiError.of("JSClusterNotAvailErr")
                 return [(None, _dumps(replies.error_reply(_kind(call.op), err)))]
             if forwarded is not None:
                 return forwarded
@@ -666,9 +669,11 @@ class JetStreamService:
                 memory += size
             else:
                 storage += size
+        streams = len(self.streams) if self.jsc is None or self.meta is None else \
+            len(self.meta.streams)  # clustered: the account's streams, hosted here or not
         return {"type": replies.TYPE_PREFIX + "account_info_response", "memory": memory,
                 "storage": storage, "reserved_memory": 0, "reserved_storage": 0,
-                "streams": len(self.streams), "consumers": consumers,
+                "streams": streams, "consumers": consumers,
                 "limits": {"max_memory": -1, "max_storage": -1, "max_streams": -1,
                            "max_consumers": -1, "max_ack_pending": -1,
                            "memory_max_stream_bytes": -1, "storage_max_stream_bytes": -1,

@@ -20,8 +20,7 @@ class JsCluster(LocalCluster):
     """A LocalCluster whose `jetstream {}` block can carry `unique_tag`."""
 
     def __init__(self, directory: str | Path, n: int = 3, *, unique_tag: str = "",
-                 tags: Sequence[Sequence[str]] = (), name: str = "C1",
-                 env_extra: str = "") -> None:
+                 tags: Sequence[Sequence[str]] = (), name: str = "C1") -> None:
         super().__init__(directory, n, name=name, tags=tags)
         self.unique_tag = unique_tag
 

@@ -5,6 +5,7 @@ stepdowns, STREAM.INFO's `cluster`, /jsz and /healthz."""
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 from collections.abc import Iterator
 
@@ -160,3 +161,88 @@ async def test_leader_stepdowns_and_info(js5: JsCluster) -> None:
     finally:
         for nc in ncs:
             await nc.close()
+
+
+async def test_placement_change_moves_the_stream_without_losing_a_message(js5: JsCluster
+                                                                           ) -> None:
+    nc = await connect(js5.nodes[0])
+    try:
+        js = nc.jetstream(timeout=10)
+        from nats.js.api import Placement, StreamConfig
+
+        cfg = StreamConfig(name="MOVE", subjects=["move"], num_replicas=2, allow_direct=True,
+                           placement=Placement(tags=["az:a"]))
+        info = await js.add_stream(cfg)
+        assert {info.cluster.leader, *(r.name for r in info.cluster.replicas)} == {"n1", "n4"}
+        for i in range(50):
+            await js.publish("move", f"m{i}".encode())
+        cfg.placement = Placement(tags=["az:b"])
+        await js.update_stream(cfg)
+
+        async def moved() -> bool:
+            i = await js.stream_info("MOVE")
+            names = {i.cluster.leader, *(r.name for r in i.cluster.replicas or [])}
+            return names == {"n2", "n5"} and all(r.current for r in i.cluster.replicas)
+        await until(moved, timeout=40)
+        for i in range(50, 60):
+            await js.publish("move", f"m{i}".encode())
+        for node in (js5.nodes[1], js5.nodes[4]):
+            got = []
+            c = await connect(node)
+            for seq in range(1, 61):
+                m = await c.request("$JS.API.DIRECT.GET.MOVE",
+                                    f'{{"seq":{seq}}}'.encode(), timeout=5)
+                got.append(m.data.decode())
+            await c.close()
+            assert got == [f"m{i}" for i in range(60)], node.name
+        await js.delete_stream("MOVE")
+    finally:
+        await nc.close()
+
+
+async def test_object_store_on_r3_from_every_node(js5: JsCluster) -> None:
+    ncs = [await connect(n) for n in js5.nodes]
+    try:
+        js = [nc.jetstream(timeout=10) for nc in ncs]
+        bucket = f"ob{uuid.uuid4().hex[:6]}"
+        await js[0].create_object_store(bucket, replicas=3)
+        blob = bytes(range(256)) * 2000  # 512 KB: several chunks
+        ob1 = await js[1].object_store(bucket)
+        await ob1.put("blob", blob)
+        for j in js:
+            ob = await j.object_store(bucket)
+            got = await ob.get("blob")
+            assert got.data == blob
+        ob4 = await js[4].object_store(bucket)
+        await ob4.delete("blob")
+        ob2 = await js[2].object_store(bucket)
+        with pytest.raises(Exception):  # noqa: B017 (ObjectNotFoundError / ObjectDeletedError)
+            await ob2.get("blob")
+    finally:
+        for nc in ncs:
+            await nc.close()
+
+
+async def test_bad_cluster_requests_are_answered_and_nodes_stay_up(js5: JsCluster) -> None:
+    nc = await connect(js5.nodes[3])
+    try:
+        await nc.jetstream(timeout=10).add_stream(name="BAD", subjects=["bad"], num_replicas=3)
+        bodies = [b"not json", b"[1,2]", b'{"peer": 12}', b'{"placement": {"tags": "x"}}',
+                  b'{"placement": {"preferred": "nobody"}}', b'{"peer": "nobody"}', b"\xff\xfe"]
+        subjects = ["META.LEADER.STEPDOWN", "SERVER.REMOVE", "STREAM.PEER.REMOVE.BAD",
+                    "STREAM.PEER.REMOVE.NOPE", "STREAM.LEADER.STEPDOWN.NOPE",
+                    "CONSUMER.LEADER.STEPDOWN.BAD.nope", "STREAM.CREATE.BAD2",
+                    "STREAM.UPDATE.BAD"]
+        for subject in subjects:
+            for body in bodies:
+                msg = await nc.request("$JS.API." + subject, body, timeout=10)
+                r = json.loads(msg.data)
+                assert "type" in r, (subject, body, r)
+                if subject != "STREAM.CREATE.BAD2" and subject != "META.LEADER.STEPDOWN":
+                    assert "error" in r, (subject, body, r)
+        assert all(n.alive() for n in js5.nodes)
+        info = await nc.jetstream(timeout=10).stream_info("BAD")
+        assert info.config.num_replicas == 3
+        await nc.jetstream(timeout=10).delete_stream("BAD")
+    finally:
+        await nc.close()

@@ -178,3 +178,94 @@ async def test_meta_leader_killed_during_stream_creation(js3: JsCluster) -> None
 async def _found(nc: nats.NATS, name: str) -> dict[str, Any] | None:
     r = await api(nc, f"STREAM.INFO.{name}")
     return None if "error" in r else r
+
+
+async def _check_replicas(js3: JsCluster, acked: list[tuple[str, int]]) -> None:
+    """Every replica holds the same messages; each acked one once at its acked seq; each
+    publisher's messages in the order it sent them."""
+    top = max(seq for _, seq in acked)
+    for node in js3.nodes:
+        await until(lambda node=node: _at_least(node, top), timeout=30)
+    contents = [await replica_contents(n, top) for n in js3.nodes]
+    assert contents[0] == contents[1] == contents[2], "replicas differ"
+    stored = contents[0]
+    assert len(stored) == len(set(stored)), "a message stored twice"
+    position = {data: i + 1 for i, data in enumerate(stored)}
+    for data, seq in acked:
+        assert position.get(data) == seq, f"acked {data} at {seq}, stored at {position.get(data)}"
+    for pid in {d.split("-")[0] for d, _ in acked}:
+        mine = [d for d in stored if d.startswith(pid + "-")]
+        assert mine == sorted(mine)
+
+
+@pytest.mark.skipif(not os.environ.get("JETRAFT_LONG"), reason="long tier: JETRAFT_LONG=1")
+@pytest.mark.parametrize("fault", ["kill_follower", "sigstop_leader"])
+async def test_fault_while_publishing(js3: JsCluster, fault: str) -> None:
+    admin = await connect(js3.nodes[0])
+    js = admin.jetstream(timeout=10)
+    await js.add_stream(name="K", subjects=["k"], num_replicas=3, allow_direct=True)
+    await js.add_consumer("K", durable_name="d", ack_policy="explicit")
+    await admin.close()
+    info_nc = await connect(js3.nodes[1])
+    info = await info_nc.jetstream(timeout=10).stream_info("K")
+    await info_nc.close()
+    leader = next(n for n in js3.nodes if n.name == info.cluster.leader)
+    followers = [n for n in js3.nodes if n is not leader]
+    victim = followers[0] if fault == "kill_follower" else leader
+    clients = [n for n in js3.nodes if n is not victim]
+    pubs = [await connect(n) for n in clients]
+    acked: list[tuple[str, int]] = []
+    progress = asyncio.Event()
+    tasks = [asyncio.ensure_future(publisher(nc, i, PER_PUBLISHER, acked, progress))
+             for i, nc in enumerate(pubs)]
+    await asyncio.wait_for(progress.wait(), 60)
+    if fault == "kill_follower":
+        js3.stop_node(victim, sig=signal.SIGKILL)
+        await asyncio.wait_for(asyncio.gather(*tasks), 120)
+        js3.start_node(victim)
+    else:
+        assert victim.proc is not None
+        victim.proc.send_signal(signal.SIGSTOP)
+        await asyncio.sleep(3.0)  # the others elect a new leader meanwhile
+        victim.proc.send_signal(signal.SIGCONT)
+        await asyncio.wait_for(asyncio.gather(*tasks), 120)
+    js3.wait_js()
+    for nc in pubs:
+        await nc.close()
+    assert len(acked) == 2 * PER_PUBLISHER
+    await _check_replicas(js3, acked)
+    assert errors_in_logs(js3) == []
+
+
+async def test_kill_9_of_every_node_then_restart(js3: JsCluster) -> None:
+    """All three nodes killed at once: after the restart every stream, message and consumer
+    acknowledged before is back on every replica (no stream forgotten)."""
+    nc = await connect(js3.nodes[1])
+    js = nc.jetstream(timeout=10)
+    await js.add_stream(name="K", subjects=["k"], num_replicas=3, allow_direct=True)
+    await js.add_stream(name="R1", subjects=["r1"], num_replicas=1)
+    await js.add_consumer("K", durable_name="d", ack_policy="explicit")
+    acked = []
+    for i in range(100):
+        ack = await js.publish("k", f"p0-{i:05d}".encode())
+        acked.append((f"p0-{i:05d}", ack.seq))
+    sub = await js.pull_subscribe_bind("d", stream="K")
+    for m in await sub.fetch(40, timeout=5):
+        await m.ack_sync()
+    await nc.close()
+    for node in js3.nodes:
+        js3.stop_node(node, sig=signal.SIGKILL)
+    for node in js3.nodes:
+        js3.start_node(node, wait=False)
+    for node in js3.nodes:
+        js3.wait_ready(node)
+    js3.wait_js()
+    await _check_replicas(js3, acked)
+    nc = await connect(js3.nodes[2])
+    js = nc.jetstream(timeout=10)
+    assert sorted((await api(nc, "STREAM.NAMES"))["streams"]) == ["K", "R1"]
+    ci = await until(lambda: js.consumer_info("K", "d"), timeout=20)
+    assert ci.ack_floor.stream_seq == 40 and ci.num_pending == 60
+    assert (await js.publish("k", b"after")).seq == 101
+    await nc.close()
+    assert errors_in_logs(js3) == []

@@ -5,7 +5,9 @@ which catches up (every message of the R3 stream on its own store)."""
 
 from __future__ import annotations
 
+import asyncio
 import shutil
+import signal
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -64,6 +66,18 @@ async def test_wiped_node_rejoins_only_as_a_new_peer(js3: JsCluster) -> None:
     await until(lambda: _holds(n3, 100), timeout=30)
     assert await replica_contents(n3, 100, "W") == [f"m{i:03d}" for i in range(100)]
     assert (await js.publish("w", b"after")).seq == 101
+    # 3. Wiped twice in a row (the second time before it could catch up): the stream keeps
+    # a leader and ends with three current replicas holding everything.
+    for _ in range(2):
+        js3.stop_node(n3, sig=signal.SIGKILL)
+        shutil.rmtree(n3.dir / "data")
+        js3.start_node(n3)
+        await asyncio.sleep(0.5)
+    js3.wait_js()
+    await until(moved, timeout=60)
+    assert (await js.publish("w", b"again")).seq == 102
+    await until(lambda: _holds(n3, 102), timeout=30)
+    assert (await replica_contents(n3, 102, "W"))[100:] == ["after", "again"]
     await nc.close()
 
 

@@ -40,5 +40,6 @@ async def test_unique_tag_spreads_and_refuses(zoned: JsCluster) -> None:
         assert hosts == {"n1": 6, "n2": 3, "n3": 3}  # az:b's two nodes share the load
         jsz = zoned.nodes[0].get("/jsz")
         assert jsz["config"]["unique_tag"] == "az"
+        assert zoned.nodes[1].get("/varz")["jetstream"]["config"]["unique_tag"] == "az"
     finally:
         await nc.close()

@@ -5,6 +5,7 @@ every acknowledged message is on every final replica, once, at its acknowledged 
 from __future__ import annotations
 
 import asyncio
+import signal
 from collections.abc import Iterator
 from typing import Any
 
@@ -79,8 +80,9 @@ async def test_scale_r1_r3_r1_under_load_and_peer_remove(js3: JsCluster) -> None
 
 async def test_catch_up_by_snapshot_after_compaction(tmp_path: Any,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    """With compaction every 50 entries, members added by scaling R1 -> R3 and a member that
-    was down while the leader compacted can only catch up from the leader's snapshot image."""
+    """With compaction every 50 entries, members added by scaling R1 -> R3 and a member killed
+    (kill -9) while the leader compacted can only catch up from the leader's snapshot image;
+    afterwards every replica holds every acknowledged message."""
     monkeypatch.setenv("JETRAFT_JS_SNAPSHOT_EVERY", "50")
     c = JsCluster(tmp_path / "c", 3)
     try:
@@ -98,7 +100,7 @@ async def test_catch_up_by_snapshot_after_compaction(tmp_path: Any,
         full = await until(lambda: _replicas(js, 3), timeout=30)
         follower = next(n for n in c.nodes[1:]  # not the node the client is connected to
                         if n.name in {r.name for r in full.cluster.replicas})
-        c.stop_node(follower)
+        c.stop_node(follower, sig=signal.SIGKILL)
         for i in range(200):
             await js.publish("k", f"b{i:04d}".encode())
         c.start_node(follower)

@@ -1,0 +1,43 @@
+"""The meta group's entries and their fold (node/jetstream/cluster_meta.py), pure."""
+
+from __future__ import annotations
+
+import json
+
+from node.jetstream import cluster_meta as cm
+
+
+def fold(entries: list[dict], self_peer: int = 7) -> cm.Catalogue:
+    cat = cm.Catalogue()
+    for i, e in enumerate(entries, start=2):
+        cat.apply(json.loads(cm.encode(e)), self_peer, i)
+    return cat
+
+
+def test_create_update_delete_and_revisions() -> None:
+    cat = fold([cm.create("S", {"name": "S"}, 5, [1, 2, 3]),
+                cm.create("S", {"name": "other"}, 6, [4]),  # a retried create keeps the first
+                cm.update("S", {"name": "S", "max_msgs": 9}, [1, 2, 3])])
+    a = cat.streams["S"]
+    assert a["group"] == "js.S.5" and a["peers"] == [1, 2, 3] and a["rev"] == 4
+    assert a["config"]["max_msgs"] == 9 and "scaled" not in a  # same peers: not scaled
+    cat.apply(cm.update("S", a["config"], [1, 2, 4]), 7, 5)
+    assert cat.streams["S"]["scaled"] is True and cat.streams["S"]["rev"] == 5
+    assert cat.load() == {1: 1, 2: 1, 4: 1} and cat.assigned_to(4) == ["S"]
+    assert cat.apply(cm.delete("S"), 7, 6) == "S" and cat.streams == {}
+    assert cat.apply(cm.delete("S"), 7, 7) is None
+
+
+def test_single_node_create_means_the_node_itself_and_unknown_ops_are_ignored() -> None:
+    cat = fold([{"op": "create", "name": "S", "config": {}, "created_ns": 1, "group": "js.S.1"},
+                {"op": "future-op", "x": 1}])
+    assert cat.peers("S", 7) == [7]
+
+
+def test_removed_and_seen_peers_survive_the_json_image() -> None:
+    cat = fold([cm.remove_server(9), cm.remove_server(9), cm.seen(3), cm.seen(3),
+                cm.create("T", {}, 2, [3])])
+    again = cm.Catalogue.from_json(json.loads(json.dumps(cat.to_json())))
+    assert again.removed == [9] and again.seen == [3] and list(again.streams) == ["T"]
+    old = cm.Catalogue.from_json({"T": {"op": "create", "name": "T"}})  # single-node layout
+    assert list(old.streams) == ["T"] and old.removed == []
