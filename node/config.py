@@ -797,10 +797,15 @@ _JS_HANDLERS: dict[str, Handler] = {
     "unique_tag": _setter("unique_tag", _str),
 }
 _JS_UNSUPPORTED = frozenset({
-    "domain", "key", "ek", "encryption_key", "prev_key", "prev_ek", "prev_encryption_key",
-    "cipher", "max_outstanding_catchup", "max_buffered_size", "max_buffered_msgs",
+    "domain", "max_outstanding_catchup", "max_buffered_size", "max_buffered_msgs",
     "request_queue_limit", "limits", "strict", "tpm", "extension_hint", "max_ack_pending",
     "max_ha_assets", "max_request_batch", "duplicate_window", "max_catchup",
+})
+
+# Encryption at rest is not built: storing in the clear what the config asked to encrypt
+# would fail open, so these stop the node ([FTL]).
+_JS_UNENFORCED = frozenset({
+    "key", "ek", "encryption_key", "prev_key", "prev_ek", "prev_encryption_key", "cipher",
 })
 
 
@@ -808,7 +813,8 @@ def _jetstream(opts: Options, f: _Field) -> None:
     js = opts.jetstream
     if isinstance(f.value, dict):
         js.enabled = True  # a block turns JetStream on unless it says otherwise
-        _apply_block(js, f.value, "jetstream.", _JS_HANDLERS, _JS_UNSUPPORTED, opts)
+        _apply_block(js, f.value, "jetstream.", _JS_HANDLERS, _JS_UNSUPPORTED, opts,
+                     unenforced=_JS_UNENFORCED)
     else:
         _jetstream_flag(js, f)
 

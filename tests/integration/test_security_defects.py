@@ -189,6 +189,9 @@ UNENFORCED = {
     "ws-authorization": 'websocket { listen: "127.0.0.1:-1", no_tls: true, '
                         "authorization { user: a, password: b } }\n",
     "ws-jwt-cookie": 'websocket { listen: "127.0.0.1:-1", no_tls: true, jwt_cookie: c }\n',
+    # encryption at rest is not built: storing in the clear would fail open
+    "js-key": 'jetstream { store_dir: {store}, key: "s3cr3t" }\n',
+    "js-cipher": "jetstream { store_dir: {store}, cipher: chachapoly }\n",
 }
 
 
@@ -196,6 +199,7 @@ UNENFORCED = {
 def test_unenforced_security_settings_stop_the_node(tmp_path, name, pki):
     config = UNENFORCED[name].replace("{cert}", json.dumps(str(pki.server_cert)))
     config = config.replace("{key}", json.dumps(str(pki.server_key)))
+    config = config.replace("{store}", json.dumps(str(tmp_path / "js")))
     path = tmp_path / "fail.conf"
     path.write_text(f"listen: 127.0.0.1:{free_port()}\n" + config)
     proc = subprocess.run([sys.executable, "-m", "node.cli", "serve", "-c", str(path)],
