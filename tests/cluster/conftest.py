@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 import node.cluster.local
 from node.cluster.local import LocalCluster
+from tests.cluster.jshelp import JsCluster
 from tests.ports import free_port
 
 # One registry of ports handed out in this test run (nats-server oracles use tests.ports too).
@@ -32,6 +34,18 @@ def core3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
                      extra_config=ACCOUNTS)
     try:
         c.start()
+        yield c
+    finally:
+        c.stop()
+
+
+@pytest.fixture
+def js3(tmp_path: Path) -> Iterator[JsCluster]:
+    """Three JetStream nodes, a fresh cluster per test (the fault tests break it)."""
+    c = JsCluster(tmp_path / "c", 3)
+    try:
+        c.start()
+        c.wait_js()
         yield c
     finally:
         c.stop()

@@ -11,7 +11,6 @@ import asyncio
 import json
 import os
 import signal
-from collections.abc import Iterator
 from typing import Any
 
 import nats
@@ -21,17 +20,6 @@ from tests.cluster.jshelp import JsCluster, api, connect, errors_in_logs, until
 
 ROUNDS = 3 if os.environ.get("JETRAFT_LONG") else 1
 PER_PUBLISHER = 150
-
-
-@pytest.fixture
-def js3(tmp_path: Any) -> Iterator[JsCluster]:
-    c = JsCluster(tmp_path / "c", 3)
-    try:
-        c.start()
-        c.wait_js()
-        yield c
-    finally:
-        c.stop()
 
 
 async def publisher(nc: nats.NATS, pid: int, count: int, acked: list[tuple[str, int]],

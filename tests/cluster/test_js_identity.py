@@ -9,24 +9,10 @@ import asyncio
 import shutil
 import signal
 import time
-from collections.abc import Iterator
 from typing import Any
-
-import pytest
 
 from tests.cluster.jshelp import JsCluster, connect, until
 from tests.cluster.test_js_faults import last_seq_here, replica_contents
-
-
-@pytest.fixture
-def js3(tmp_path: Any) -> Iterator[JsCluster]:
-    c = JsCluster(tmp_path / "c", 3)
-    try:
-        c.start()
-        c.wait_js()
-        yield c
-    finally:
-        c.stop()
 
 
 async def test_wiped_node_rejoins_only_as_a_new_peer(js3: JsCluster) -> None:

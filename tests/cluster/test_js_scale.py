@@ -6,24 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import signal
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from tests.cluster.jshelp import JsCluster, api, connect, errors_in_logs, until
 from tests.cluster.test_js_faults import last_seq_here, publisher, replica_contents
-
-
-@pytest.fixture
-def js3(tmp_path: Any) -> Iterator[JsCluster]:
-    c = JsCluster(tmp_path / "c", 3)
-    try:
-        c.start()
-        c.wait_js()
-        yield c
-    finally:
-        c.stop()
 
 
 async def _replicas(js: Any, want: int) -> Any:

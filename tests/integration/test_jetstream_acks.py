@@ -13,16 +13,9 @@ from typing import Any
 import nats
 
 from tests.integration.conftest import Servers
+from tests.integration.jsdiff import assert_same_steps
 
 ALLOWED_TO_DIFFER = {"created", "ts", "last_active", "time", "leader"}
-
-
-def _strip(obj: Any) -> Any:
-    if isinstance(obj, dict):
-        return {k: "*" if k in ALLOWED_TO_DIFFER else _strip(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_strip(v) for v in obj]
-    return obj
 
 
 async def _api(nc: Any, subject: str, body: Any = b"") -> dict[str, Any]:
@@ -109,6 +102,4 @@ async def test_ack_bodies_match_nats_server(servers: Servers, tmp_path: Path) ->
     theirs = servers.nats_server(args=["-js", "-sd", str(tmp_path / "theirs")])
     ours = servers.jetraft(args=["-js", "-sd", str(tmp_path / "ours")])
     their, mine = await _script(theirs.url), await _script(ours.url)
-    diffs = [f"step {i}:\n  ours:   {_strip(a)}\n  theirs: {_strip(b)}"
-             for i, (a, b) in enumerate(zip(mine, their, strict=True)) if _strip(a) != _strip(b)]
-    assert not diffs, "\n".join(diffs)
+    assert_same_steps(mine, their, ALLOWED_TO_DIFFER)

@@ -14,17 +14,10 @@ import nats
 
 from node.jetstream.stream import rfc3339
 from tests.integration.conftest import Servers
+from tests.integration.jsdiff import assert_same_steps
 
 ALLOWED_TO_DIFFER = {"created", "ts", "last_active", "pause_remaining", "id", "timestamp"}
 FAR = "2099-01-01T00:00:00Z"
-
-
-def _strip(obj: Any) -> Any:
-    if isinstance(obj, dict):
-        return {k: "*" if k in ALLOWED_TO_DIFFER else _strip(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_strip(v) for v in obj]
-    return obj
 
 
 async def _api(nc: Any, subject: str, body: Any = b"") -> dict[str, Any]:
@@ -98,9 +91,7 @@ async def test_pause_and_unpin_match_nats_server(servers: Servers, tmp_path: Pat
     theirs = servers.nats_server(args=["-js", "-sd", str(tmp_path / "theirs")])
     ours = servers.jetraft(args=["-js", "-sd", str(tmp_path / "ours")])
     their, mine = await _script(theirs.url), await _script(ours.url)
-    diffs = [f"step {i}:\n  ours:   {_strip(a)}\n  theirs: {_strip(b)}"
-             for i, (a, b) in enumerate(zip(mine, their, strict=True)) if _strip(a) != _strip(b)]
-    assert not diffs, "\n".join(diffs)
+    assert_same_steps(mine, their, ALLOWED_TO_DIFFER)
     assert their[3] == "timeout" and their[6] == [("p.0", b"m0", 1)]
     # a pause is replicated config: it is still there after a restart
     ours.stop()

@@ -18,18 +18,11 @@ import nats
 from nats.js.api import ConsumerConfig
 
 from tests.integration.conftest import Servers
+from tests.integration.jsdiff import assert_same_steps
 
 # times are each server's own (their relation is checked: a restore keeps first_ts, and the
 # state after equals the state before or not, as nats-server's does)
 ALLOWED_TO_DIFFER = {"created", "ts", "leader", "last_active", "first_ts", "last_ts"}
-
-
-def _strip(obj: Any) -> Any:
-    if isinstance(obj, dict):
-        return {k: "*" if k in ALLOWED_TO_DIFFER else _strip(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_strip(v) for v in obj]
-    return obj
 
 
 async def _api(nc: Any, subject: str, body: Any = b"") -> dict[str, Any]:
@@ -153,9 +146,7 @@ async def test_snapshot_and_restore_match_nats_server(servers: Servers, tmp_path
     theirs = servers.nats_server(args=["-js", "-sd", str(tmp_path / "theirs")])
     ours = servers.jetraft(args=["-js", "-sd", str(tmp_path / "ours")])
     their, mine = await _script(theirs.url), await _script(ours.url)
-    diffs = [f"step {i}:\n  ours:   {_strip(a)}\n  theirs: {_strip(b)}"
-             for i, (a, b) in enumerate(zip(mine, their, strict=True)) if _strip(a) != _strip(b)]
-    assert not diffs, "\n".join(diffs)
+    assert_same_steps(mine, their, ALLOWED_TO_DIFFER)
     assert their[5] == (True, True, True, True) and their[13] is True
     assert their[10]["state"]["first_ts"] == their[4]["state"]["first_ts"]
     assert mine[10]["state"]["first_ts"] == mine[4]["state"]["first_ts"]
