@@ -70,6 +70,29 @@ def _edit(node_dir: Path, db: str, key: bytes, change) -> None:
         env.close()
 
 
+def _edit_streams(node_dir: Path, change) -> None:
+    """Change the streams of a node's catalogue (`change(streams)` edits the dict), in the
+    node's layout: `catalogue` = {"streams": {...}, ...}, or the single-node `streams` key."""
+
+    def edit(old: bytes) -> bytes:
+        doc = json.loads(old)
+        change(doc["streams"] if "streams" in doc else doc)
+        return json.dumps(doc).encode()
+
+    import lmdb
+
+    env = lmdb.open(str(node_dir / "lmdb"), max_dbs=16, readonly=True)
+    try:
+        with env.begin() as txn:
+            handle = env.open_db(b"js_meta", txn=txn, create=False)
+            key = prefix(META_STORE) + b"catalogue"
+            if txn.get(key, db=handle) is None:
+                key = prefix(META_STORE) + b"streams"
+    finally:
+        env.close()
+    _edit(node_dir, "js_meta", key, edit)
+
+
 def _audit(spark, dirs: list[Path]) -> dict:
     return build(run(spark, [str(d) for d in dirs]))
 
@@ -117,21 +140,12 @@ def test_damaged_stores_are_reported_per_node(spark, js_logs, tmp_path):
     _edit(dirs["floor"], "js_consumers", prefix(orders) + b"worker", move_floor)
     # A stream missing from one node's catalogue.
 
-    def forget_events(old: bytes) -> bytes:
-        streams = json.loads(old)
-        del streams["EVENTS"]
-        return json.dumps(streams).encode()
-
-    _edit(dirs["meta"], "js_meta", prefix(META_STORE) + b"streams", forget_events)
+    _edit_streams(dirs["meta"], lambda streams: streams.pop("EVENTS"))
     # A stream's config changed in one node's catalogue: a meta finding only (the stream
     # replay takes the config from the meta log's create entry, not from the catalogue).
 
-    def change_config(old: bytes) -> bytes:
-        streams = json.loads(old)
-        streams["ORDERS"]["config"]["max_msgs"] = 7
-        return json.dumps(streams).encode()
-
-    _edit(dirs["aconfig"], "js_meta", prefix(META_STORE) + b"streams", change_config)
+    _edit_streams(dirs["aconfig"],
+                  lambda streams: streams["ORDERS"]["config"].update(max_msgs=7))
 
     report = _audit(spark, list(dirs.values()))
     at = {g: _applied(dirs["ok"], g) for g in (orders, events)}
