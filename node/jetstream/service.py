@@ -59,7 +59,7 @@ from node.jetstream.consumer import (
     parse_ack_subject,
 )
 from node.jetstream.errors import ApiError
-from node.jetstream.machines import META_STORE, MetaMachine, StreamMachine
+from node.jetstream.machines import META_STORE, MetaMachine, StoreLostError, StreamMachine
 from node.jetstream.pull import PullQueue, Status
 from node.jetstream.push import FC_REQUEST, PushFlow, fc_subject, parse_fc_subject
 from node.jetstream.sourcing import listen_subjects
@@ -69,6 +69,7 @@ from node.jetstream.store.lmdbstore import LmdbStore, NodeEnv, stored_names
 from node.jetstream.stream import Effect, Reply, Republish, Stored, rfc3339
 from node.subject import subject_matches
 from raft.multigroup import MultiRaft, NotLeader, ProposalDropped
+from raft.snapfile import SnapshotFileError
 from raft.storage import NodeLog
 
 META_GROUP = "$js"
@@ -324,8 +325,15 @@ class JetStreamService:
 
     def _task_done(self, task: asyncio.Task[Any]) -> None:
         self._tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            self.log.error(f"JetStream task failed: {task.exception()!r}")
+        if task.cancelled() or task.exception() is None:
+            return
+        exc = task.exception()
+        if isinstance(exc, (StoreLostError, SnapshotFileError)):
+            # A stream group whose store lost acknowledged data (or whose snapshot file is
+            # gone) must not be served without that stream: stop, as after a failed fsync.
+            self._on_fatal(exc)
+            return
+        self.log.error(f"JetStream task failed: {exc!r}")
 
     # ------------------------------------------------------------------ streams
 
