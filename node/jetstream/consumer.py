@@ -452,7 +452,7 @@ def _nak_delay(arg: bytes) -> int:
     if arg.startswith(b"{"):
         try:
             delay = json.loads(arg).get("delay", 0)
-        except (ValueError, AttributeError):
+        except (ValueError, AttributeError, RecursionError):
             return 0
         return delay if isinstance(delay, int) and delay > 0 else 0
     parsed = parse_go_duration(arg.decode(errors="replace"))

@@ -1035,7 +1035,7 @@ class JetStreamService:
         if not requests.is_empty_request(body):
             try:
                 offset = max(int(json.loads(body).get("offset", 0)), 0)
-            except (ValueError, AttributeError, TypeError):
+            except (ValueError, AttributeError, TypeError, RecursionError):
                 offset = 0
         offset = min(offset, len(names))
         return offset, names[offset:offset + limit]
