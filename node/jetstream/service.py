@@ -36,6 +36,7 @@ from node.jetstream import (
     advisories,
     api,
     backup,
+    cluster_meta,
     consumer_config,
     dirs,
     get,
@@ -709,7 +710,7 @@ class JetStreamService:
                 now = time.time_ns()
                 entry = {"op": "create", "name": stored["name"],
                          "config": stream_config.to_wire(stored), "created_ns": now,
-                         "group": f"js.{stored['name']}.{now}"}
+                         "group": cluster_meta.group_for(stored["name"], now)}
                 assert self.mr is not None
                 await self.mr.propose(META_GROUP, _dumps(entry))
                 await self._open_stream(stored["name"])
