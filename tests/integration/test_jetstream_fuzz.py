@@ -31,6 +31,7 @@ REQ_TIMEOUT = 1.0
 CONCURRENCY = 25
 COUNT = 20_000 if os.environ.get("JETRAFT_LONG") else 500
 CONTROL_MSGS = 25
+TRACE = bool(os.environ.get("JETRAFT_FUZZ_TRACE"))  # print every request (to narrow a failure)
 
 # Log lines that mean an exception escaped a handler (not a refused request).
 BAD_LOG = ("Traceback", "task failed", "Unhandled", "unhandled", "Exception in callback")
@@ -212,6 +213,8 @@ async def _fuzz(node: ServerProc, seed: int, count: int) -> dict[str, int]:
             subject, body = rng.choice(CORPUS)
             subj, raw = _mutate(rng, subject, body) if rng.random() < 0.85 else (
                 subject, body if isinstance(body, bytes) else json.dumps(body).encode())
+            if TRACE:
+                print("REQ", subj[:200], raw[:300])
             try:
                 await nc.request("$JS.API." + subj, raw, timeout=REQ_TIMEOUT)
                 tally["answered"] += 1
