@@ -271,3 +271,49 @@ def test_random_and_mutated_api_requests_never_hurt_the_node(
     bad = [ln for ln in log.splitlines() if any(b in ln for b in BAD_LOG)]
     assert not bad, f"seed {seed}: {bad[:10]}"
     assert tally["answered"] > COUNT // 4, (seed, tally)
+
+
+async def _regressions(node: ServerProc) -> None:
+    nc = await nats.connect(f"nats://127.0.0.1:{node.port}")
+
+    async def api(subject: str, body: Any) -> dict[str, Any]:
+        raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+        try:
+            return json.loads((await nc.request("$JS.API." + subject, raw, 5)).data)
+        except NatsTimeout:
+            return {"timeout": subject}
+
+    try:
+        # Deep nesting: an invalid-JSON error, not a task failure (RecursionError).
+        for body in (b"[" * 50_000 + b"]" * 50_000, b'{"a":' * 5000 + b"1" + b"}" * 5000):
+            reply = await api("STREAM.CREATE.N", body)
+            assert reply["error"]["err_code"] == 10025, reply
+        # Names: 255-byte stream names work (its group needed a shorter file name); a
+        # durable over 255 bytes is nats-server's 10102 (it stopped the node: LMDB key size).
+        long = "S" * 255
+        assert (await api(f"STREAM.CREATE.{long}", {"name": long, "subjects": ["l.>"]})
+                )["config"]["name"] == long
+        assert (await api(f"STREAM.INFO.{long}", b""))["config"]["name"] == long
+        c = "c" * 256
+        reply = await api(f"CONSUMER.DURABLE.CREATE.{long}.{c}",
+                          {"stream_name": long, "config": {"durable_name": c}})
+        assert reply["error"]["err_code"] == 10102, reply
+        # Create, purge, delete of one stream at once: a group removed while its purge was
+        # being applied stopped the node (raft InvariantError).
+        ops = [("STREAM.CREATE.G", {"name": "G", "subjects": ["g.>"]}),
+               ("STREAM.DELETE.G", b""), ("STREAM.PURGE.G", {"seq": 4}), ("STREAM.INFO.G", b"")]
+        rng = random.Random(5)
+        for _ in range(15):
+            await asyncio.gather(*(api(*rng.choice(ops)) for _ in range(10)))
+            assert node.alive(), node.log_text()[-3000:]
+        await nc.flush(5)
+    finally:
+        await nc.close()
+
+
+def test_fuzz_findings_stay_fixed(servers: Servers, tmp_path: Path) -> None:
+    node = servers.jetraft(args=["-js", "-sd", str(tmp_path / "store")])
+    asyncio.run(_regressions(node))
+    assert node.alive()
+    bad = [ln for ln in node.log_text().splitlines() if any(b in ln for b in BAD_LOG)]
+    assert not bad, bad[:10]
