@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import nats
+import nats.js.errors
+import pytest
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 
@@ -298,6 +300,14 @@ async def _regressions(node: ServerProc) -> None:
         reply = await api(f"CONSUMER.DURABLE.CREATE.{long}.{c}",
                           {"stream_name": long, "config": {"durable_name": c}})
         assert reply["error"]["err_code"] == 10102, reply
+        # A subject or Nats-Msg-Id longer than an LMDB key holds: an error PubAck (the put
+        # failed in the apply and stopped the node, and again at every restart).
+        js = nc.jetstream()
+        for subject, hdrs in ((f"l.{'x' * 600}", None), ("l.y", {"Nats-Msg-Id": "m" * 700})):
+            with pytest.raises(nats.js.errors.APIError) as err:
+                await js.publish(subject, b"hi", stream=long, headers=hdrs, timeout=5)
+            assert err.value.err_code == 10077, err.value
+        assert (await js.publish("l.ok", b"hi", timeout=5)).seq == 1
         # Create, purge, delete of one stream at once: a group removed while its purge was
         # being applied stopped the node (raft InvariantError).
         ops = [("STREAM.CREATE.G", {"name": "G", "subjects": ["g.>"]}),
