@@ -26,7 +26,7 @@ from enum import IntEnum
 from typing import Any
 
 from node.jetstream.headers import parse_go_duration
-from node.jetstream.store import StreamStore
+from node.jetstream.store import CorruptRecordError, StreamStore
 from node.subject import compile_matcher, is_literal
 
 DEFAULT_ACK_WAIT_NS = 30_000_000_000
@@ -115,7 +115,12 @@ class StreamView:
         return not self._matchers or any(m(subject) for m in self._matchers)
 
     def subject_of(self, sseq: int) -> str | None:
-        msg = self.store.load(sseq)
+        """None for a message that is gone, and for one whose record failed its CRC: a
+        consumer passes over it as over a deleted one (its subject cannot be trusted)."""
+        try:
+            msg = self.store.load(sseq)
+        except CorruptRecordError:
+            return None
         return None if msg is None else msg.subject
 
     def next_matching(self, start: int, lps_until: int = 0) -> int:

@@ -1148,7 +1148,8 @@ class JetStreamService:
             if not wanted and pull.queue.waiting:
                 return False  # requests wait, none of them may be served now
             plans = consumer.plan_batch(now, view, wanted)
-            msgs = {p.sseq: sm.store.load(p.sseq) for p in plans if isinstance(p, Delivery)}
+            msgs, corrupt = _load_planned(sm.store, plans)
+            acks = consumer.cfg.get("ack_policy", "none") != "none"
             # what is pending when the round is planned: the ack subjects' last token counts
             # from here, as nats-server's (which sends at once) does, not from after the
             # proposals, when the stream may already hold later messages
@@ -1161,6 +1162,7 @@ class JetStreamService:
             plans = _within_window(plans, msgs, pull.flow, stream, name)
         sends: list[tuple[Any, Any]] = []  # (message, request) in plan order
         entries: list[ops.Op] = []
+        skips: set[int] = set()  # entries of damaged records: nothing is sent for them
         drops = [p for p in plans if isinstance(p, Drop)]
         if drops:
             await self._drop(sm, name, drops)
@@ -1168,6 +1170,11 @@ class JetStreamService:
             if isinstance(plan, Drop):
                 continue
             msg = msgs.get(plan.sseq)
+            if msg is None and plan.sseq in corrupt:
+                # In plan order: the delivered floor moves past it with its neighbours.
+                skips.update(range(len(entries), len(entries) + 1 + acks))
+                entries.extend(self._skip_corrupt(sm, name, plan.sseq, corrupt, acks, now))
+                continue
             if msg is None:
                 continue  # removed meanwhile: the next round drops it
             if pull.push:
@@ -1190,8 +1197,8 @@ class JetStreamService:
             return bool(drops) or (bool(pull.queue.waiting) and not pull.push)
         results = await asyncio.gather(*(self._propose(sm, e) for e in entries),
                                        return_exceptions=True)
-        indexes = [r for e, r in zip(entries, results, strict=True)
-                   if isinstance(e, ops.ConsumerDelivered)]
+        indexes = [r for i, (e, r) in enumerate(zip(entries, results, strict=True))
+                   if isinstance(e, ops.ConsumerDelivered) and i not in skips]
         self._send_deliveries(sm, name, sends, indexes, pull, pending_at_plan)
         return True
 
@@ -1325,6 +1332,19 @@ class JetStreamService:
         self._advise(advisories.consumer_ack_metric(
             sm.name, info.consumer, info.cseq, info.sseq, time.time_ns() - pending.delivered_ns,
             deliveries, *self._stamp()))
+
+    def _skip_corrupt(self, sm: StreamMachine, name: str, sseq: int, corrupt: dict[int, str],
+                      acks: bool, now: int) -> list[ops.Op]:
+        """A record that failed its CRC is passed over, as nats-server's consumers pass over
+        messages its store lost: recorded as delivered (and terminated, so it is not
+        redelivered) without sending it, and logged. Without this the pump met the same
+        error every round and the consumer stalled."""
+        self.log.error(f"JetStream consumer {sm.name}/{name}: skipping message {sseq}: "
+                       f"{corrupt[sseq]}")
+        entries: list[ops.Op] = [ops.ConsumerDelivered(now, name, sseq)]
+        if acks:  # proposed right after its delivery, so it is not redelivered
+            entries.append(ops.ConsumerAck(now, name, AckKind.TERM, sseq))
+        return entries
 
     async def _drop(self, sm: StreamMachine, name: str, drops: list[Drop]) -> None:
         """Stop tracking messages out of deliveries (or gone): CONSUMER_ACK entries of kind
@@ -1567,3 +1587,17 @@ def _filters(cfg: dict[str, Any]) -> list[str]:
 def _jetstream_kind() -> Any:
     from node.client import Kind  # the client module imports no server or service
     return Kind.JETSTREAM
+
+
+def _load_planned(store: Any, plans: list[Any]) -> tuple[dict[int, Any], dict[int, str]]:
+    """The planned deliveries' messages, and the sequences whose record failed its CRC."""
+    msgs: dict[int, Any] = {}
+    corrupt: dict[int, str] = {}
+    for p in plans:
+        if isinstance(p, Delivery):
+            try:
+                msgs[p.sseq] = store.load(p.sseq)
+            except CorruptRecordError as exc:
+                corrupt[p.sseq] = str(exc)
+    return msgs, corrupt
+
