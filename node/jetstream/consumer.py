@@ -417,13 +417,22 @@ def parse_ack_subject(subject: str) -> AckInfo | None:
         return None
     try:
         if len(tokens) == 9:
-            return AckInfo(tokens[2], tokens[3], *(int(t) for t in tokens[4:9]))
+            return AckInfo(tokens[2], tokens[3], *(_ack_num(t) for t in tokens[4:9]))
         if len(tokens) in (11, 12):
             domain = "" if tokens[2] == "_" else tokens[2]
-            return AckInfo(tokens[4], tokens[5], *(int(t) for t in tokens[6:11]), domain=domain)
+            return AckInfo(tokens[4], tokens[5], *(_ack_num(t) for t in tokens[6:11]),
+                           domain=domain)
     except ValueError:
         return None
     return None
+
+
+def _ack_num(token: str) -> int:
+    """A number token of an ack subject: digits only, as nats-server's parser takes them,
+    and within int64 (a bigger one failed when its ack entry was encoded)."""
+    if not token.isascii() or not token.isdigit() or int(token) >= 1 << 63:
+        raise ValueError(token)
+    return int(token)
 
 
 def parse_ack_body(body: bytes) -> tuple[AckKind | None, int, bool]:
@@ -459,6 +468,6 @@ def _nak_delay(arg: bytes) -> int:
             delay = json.loads(arg).get("delay", 0)
         except (ValueError, AttributeError, RecursionError):
             return 0
-        return delay if isinstance(delay, int) and delay > 0 else 0
+        return delay if isinstance(delay, int) and 0 < delay < 1 << 63 else 0
     parsed = parse_go_duration(arg.decode(errors="replace"))
-    return parsed if parsed and parsed > 0 else 0
+    return parsed if parsed and 0 < parsed < 1 << 63 else 0

@@ -308,6 +308,16 @@ async def _regressions(node: ServerProc) -> None:
                 await js.publish(subject, b"hi", stream=long, headers=hdrs, timeout=5)
             assert err.value.err_code == 10077, err.value
         assert (await js.publish("l.ok", b"hi", timeout=5)).seq == 1
+        # Ack subjects with numbers outside int64 and a NAK delay past int64: ignored / no
+        # delay (they failed when the ack entry was encoded: "task failed").
+        await api(f"CONSUMER.CREATE.{long}.k", {"stream_name": long, "config": {
+            "name": "k", "ack_policy": "explicit"}})
+        ts = time.time_ns()
+        for nums, body in ((f"1.18446744073709551616.1.{ts}.0", b"+ACK"),
+                           (f"1.-1.1.{ts}.0", b"+ACK"), (f"1.1.1.{ts}.0", b'-NAK {"delay": 1e40}'),
+                           (f"1.1.1.{ts}.0", b'-NAK {"delay": ' + b"9" * 40 + b"}")):
+            await nc.publish(f"$JS.ACK.{long}.k.{nums}", body)
+        await nc.flush(5)
         # Create, purge, delete of one stream at once: a group removed while its purge was
         # being applied stopped the node (raft InvariantError).
         ops = [("STREAM.CREATE.G", {"name": "G", "subjects": ["g.>"]}),
