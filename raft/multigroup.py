@@ -861,6 +861,9 @@ class MultiRaft:
                 await self.apply_executor.run(_apply_batches, batches)
             finally:
                 self._apply_idle.set()
+            # A group removed while the worker applied (a stream deleted during its own
+            # purge): its log is dropped, advancing its core would trip the invariants.
+            work = [(g, rd) for g, rd in work if self._groups.get(g.name) is g]
         for g, rd in work:
             self._settle(g, rd)
             g.core.advance(rd)

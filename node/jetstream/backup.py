@@ -23,6 +23,7 @@ from typing import Any
 from node.jetstream import (
     advisories,
     api,
+    cluster_meta,
     consumer_config,
     gojson,
     ops,
@@ -218,7 +219,7 @@ async def _restore_from(svc: Any, name: str, path: str) -> dict[str, Any]:
         assert svc.mr is not None
         await svc.mr.propose(svc.meta_group, _dumps({
             "op": "create", "name": name, "config": stream_config.to_wire(stored),
-            "created_ns": now, "group": f"js.{name}.{now}"}))
+            "created_ns": now, "group": cluster_meta.group_for(name, now)}))
         await svc._open_stream(name)
     sm = svc._stream(name)
     reader = snapshot.SnapshotReader()

@@ -31,6 +31,7 @@ Consumers are not here: they are entries of their stream's own group (docs/jetst
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,10 +43,25 @@ def encode(entry: dict[str, Any]) -> bytes:
     return json.dumps(entry, **_JSON).encode()
 
 
+def group_for(name: str, created_ns: int) -> str:
+    """The stream's Raft group name. Snapshot files are named by the group's ASCII in hex,
+    so a long (nats-server allows 255 bytes) or non-ASCII stream name would make a file name
+    the filesystem refuses: such names are replaced by a digest. The group is stored in the
+    catalogue entry and never parsed back into the stream name."""
+    group = f"js.{name}.{created_ns}"
+    if group.isascii() and len(group) <= _MAX_PLAIN_GROUP:
+        return group
+    return f"js.~{hashlib.sha256(name.encode()).hexdigest()[:32]}.{created_ns}"
+
+
+# hex doubles it; ".<12 hex>.part" (18) must still fit a 255-byte file name, with room.
+_MAX_PLAIN_GROUP = 100
+
+
 def create(name: str, config: dict[str, Any], created_ns: int, peers: list[int]
            ) -> dict[str, Any]:
     return {"op": "create", "name": name, "config": config, "created_ns": created_ns,
-            "group": f"js.{name}.{created_ns}", "peers": list(peers)}
+            "group": group_for(name, created_ns), "peers": list(peers)}
 
 
 def update(name: str, config: dict[str, Any], peers: list[int]) -> dict[str, Any]:

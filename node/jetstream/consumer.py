@@ -26,7 +26,7 @@ from enum import IntEnum
 from typing import Any
 
 from node.jetstream.headers import parse_go_duration
-from node.jetstream.store import StreamStore
+from node.jetstream.store import CorruptRecordError, StreamStore
 from node.subject import compile_matcher, is_literal
 
 DEFAULT_ACK_WAIT_NS = 30_000_000_000
@@ -115,7 +115,12 @@ class StreamView:
         return not self._matchers or any(m(subject) for m in self._matchers)
 
     def subject_of(self, sseq: int) -> str | None:
-        msg = self.store.load(sseq)
+        """None for a message that is gone, and for one whose record failed its CRC: a
+        consumer passes over it as over a deleted one (its subject cannot be trusted)."""
+        try:
+            msg = self.store.load(sseq)
+        except CorruptRecordError:
+            return None
         return None if msg is None else msg.subject
 
     def next_matching(self, start: int, lps_until: int = 0) -> int:
@@ -412,13 +417,22 @@ def parse_ack_subject(subject: str) -> AckInfo | None:
         return None
     try:
         if len(tokens) == 9:
-            return AckInfo(tokens[2], tokens[3], *(int(t) for t in tokens[4:9]))
+            return AckInfo(tokens[2], tokens[3], *(_ack_num(t) for t in tokens[4:9]))
         if len(tokens) in (11, 12):
             domain = "" if tokens[2] == "_" else tokens[2]
-            return AckInfo(tokens[4], tokens[5], *(int(t) for t in tokens[6:11]), domain=domain)
+            return AckInfo(tokens[4], tokens[5], *(_ack_num(t) for t in tokens[6:11]),
+                           domain=domain)
     except ValueError:
         return None
     return None
+
+
+def _ack_num(token: str) -> int:
+    """A number token of an ack subject: digits only, as nats-server's parser takes them,
+    and within int64 (a bigger one failed when its ack entry was encoded)."""
+    if not token.isascii() or not token.isdigit() or int(token) >= 1 << 63:
+        raise ValueError(token)
+    return int(token)
 
 
 def parse_ack_body(body: bytes) -> tuple[AckKind | None, int, bool]:
@@ -452,8 +466,8 @@ def _nak_delay(arg: bytes) -> int:
     if arg.startswith(b"{"):
         try:
             delay = json.loads(arg).get("delay", 0)
-        except (ValueError, AttributeError):
+        except (ValueError, AttributeError, RecursionError):
             return 0
-        return delay if isinstance(delay, int) and delay > 0 else 0
+        return delay if isinstance(delay, int) and 0 < delay < 1 << 63 else 0
     parsed = parse_go_duration(arg.decode(errors="replace"))
-    return parsed if parsed and parsed > 0 else 0
+    return parsed if parsed and 0 < parsed < 1 << 63 else 0

@@ -23,6 +23,7 @@ from node.jetstream.config import (
     API_LEVEL,
     MAX_DESCRIPTION_LEN,
     MAX_METADATA_LEN,
+    MAX_NAME_LEN,
     SERVER_VERSION,
     Config,
 )
@@ -338,7 +339,25 @@ def _check_config(cfg: Config, stream: Config) -> None:
     _check_rest(cfg)
 
 
+# LMDB keys hold at most 511 bytes; the longest consumer key is a 2-byte length, the stream
+# name, "consumer-created:" (17) and the consumer name.
+_KEY_BUDGET = 511 - 2 - 17
+
+
+def _check_name_lengths(cfg: Config, stream: Config) -> None:
+    """nats-server 2.15.1: a durable over 255 bytes is 10102; a longer `name` fails to make
+    its store directory (500, 10012). Names that fit there but not in one LMDB key (stream
+    and consumer names near 255 each) get that same store error instead of stopping the
+    node at apply time."""
+    if len(cfg["durable_name"].encode()) > MAX_NAME_LEN:
+        raise ApiError.of("JSConsumerNameTooLongErrF", max=MAX_NAME_LEN)
+    name = cfg["name"].encode()
+    if len(name) > MAX_NAME_LEN or len(name) + len(stream["name"].encode()) > _KEY_BUDGET:
+        raise ApiError.of("JSConsumerCreateErrF", err="error creating store for consumer")
+
+
 def _check_names_and_replicas(cfg: Config, stream: Config) -> None:
+    _check_name_lengths(cfg, stream)
     if cfg["name"] and not _valid_asset_name(cfg["name"]):
         raise invalid_config("consumer name can not contain '.', '*', '>', '\\', '/'")
     if cfg["durable_name"] and not _valid_asset_name(cfg["durable_name"]):

@@ -114,6 +114,8 @@ def _syntax(body: bytes) -> Any:
         return json.loads(text, parse_int=_parse_int, parse_float=_parse_float)
     except json.JSONDecodeError as exc:
         raise GoJsonError(_syntax_text(text, exc)) from exc
+    except RecursionError as exc:  # deep nesting: Go's decoder stops at a depth too
+        raise GoJsonError("exceeded max depth") from exc
 
 
 def _syntax_text(text: str, exc: json.JSONDecodeError) -> str:

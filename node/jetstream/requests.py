@@ -37,6 +37,8 @@ def is_empty_request(body: bytes) -> bool:
         value = json.loads(text)
     except ValueError:
         return True
+    except RecursionError:
+        return False  # deeply nested JSON is not empty: decoding it refuses it
     return value == {}
 
 

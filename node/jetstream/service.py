@@ -36,6 +36,7 @@ from node.jetstream import (
     advisories,
     api,
     backup,
+    cluster_meta,
     consumer_config,
     dirs,
     get,
@@ -59,7 +60,7 @@ from node.jetstream.consumer import (
     parse_ack_subject,
 )
 from node.jetstream.errors import ApiError
-from node.jetstream.machines import META_STORE, MetaMachine, StreamMachine
+from node.jetstream.machines import META_STORE, MetaMachine, StoreLostError, StreamMachine
 from node.jetstream.pull import PullQueue, Status
 from node.jetstream.push import FC_REQUEST, PushFlow, fc_subject, parse_fc_subject
 from node.jetstream.sourcing import listen_subjects
@@ -69,6 +70,7 @@ from node.jetstream.store.lmdbstore import LmdbStore, NodeEnv, stored_names
 from node.jetstream.stream import Effect, Reply, Republish, Stored, rfc3339
 from node.subject import subject_matches
 from raft.multigroup import MultiRaft, NotLeader, ProposalDropped
+from raft.snapfile import SnapshotFileError
 from raft.storage import NodeLog
 
 META_GROUP = "$js"
@@ -324,8 +326,15 @@ class JetStreamService:
 
     def _task_done(self, task: asyncio.Task[Any]) -> None:
         self._tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            self.log.error(f"JetStream task failed: {task.exception()!r}")
+        if task.cancelled() or task.exception() is None:
+            return
+        exc = task.exception()
+        if isinstance(exc, (StoreLostError, SnapshotFileError)):
+            # A stream group whose store lost acknowledged data (or whose snapshot file is
+            # gone) must not be served without that stream: stop, as after a failed fsync.
+            self._on_fatal(exc)
+            return
+        self.log.error(f"JetStream task failed: {exc!r}")
 
     # ------------------------------------------------------------------ streams
 
@@ -701,7 +710,7 @@ class JetStreamService:
                 now = time.time_ns()
                 entry = {"op": "create", "name": stored["name"],
                          "config": stream_config.to_wire(stored), "created_ns": now,
-                         "group": f"js.{stored['name']}.{now}"}
+                         "group": cluster_meta.group_for(stored["name"], now)}
                 assert self.mr is not None
                 await self.mr.propose(META_GROUP, _dumps(entry))
                 await self._open_stream(stored["name"])
@@ -1027,7 +1036,7 @@ class JetStreamService:
         if not requests.is_empty_request(body):
             try:
                 offset = max(int(json.loads(body).get("offset", 0)), 0)
-            except (ValueError, AttributeError, TypeError):
+            except (ValueError, AttributeError, TypeError, RecursionError):
                 offset = 0
         offset = min(offset, len(names))
         return offset, names[offset:offset + limit]
@@ -1139,7 +1148,8 @@ class JetStreamService:
             if not wanted and pull.queue.waiting:
                 return False  # requests wait, none of them may be served now
             plans = consumer.plan_batch(now, view, wanted)
-            msgs = {p.sseq: sm.store.load(p.sseq) for p in plans if isinstance(p, Delivery)}
+            msgs, corrupt = _load_planned(sm.store, plans)
+            acks = consumer.cfg.get("ack_policy", "none") != "none"
             # what is pending when the round is planned: the ack subjects' last token counts
             # from here, as nats-server's (which sends at once) does, not from after the
             # proposals, when the stream may already hold later messages
@@ -1152,6 +1162,7 @@ class JetStreamService:
             plans = _within_window(plans, msgs, pull.flow, stream, name)
         sends: list[tuple[Any, Any]] = []  # (message, request) in plan order
         entries: list[ops.Op] = []
+        skips: set[int] = set()  # entries of damaged records: nothing is sent for them
         drops = [p for p in plans if isinstance(p, Drop)]
         if drops:
             await self._drop(sm, name, drops)
@@ -1159,6 +1170,11 @@ class JetStreamService:
             if isinstance(plan, Drop):
                 continue
             msg = msgs.get(plan.sseq)
+            if msg is None and plan.sseq in corrupt:
+                # In plan order: the delivered floor moves past it with its neighbours.
+                skips.update(range(len(entries), len(entries) + 1 + acks))
+                entries.extend(self._skip_corrupt(sm, name, plan.sseq, corrupt, acks, now))
+                continue
             if msg is None:
                 continue  # removed meanwhile: the next round drops it
             if pull.push:
@@ -1181,8 +1197,8 @@ class JetStreamService:
             return bool(drops) or (bool(pull.queue.waiting) and not pull.push)
         results = await asyncio.gather(*(self._propose(sm, e) for e in entries),
                                        return_exceptions=True)
-        indexes = [r for e, r in zip(entries, results, strict=True)
-                   if isinstance(e, ops.ConsumerDelivered)]
+        indexes = [r for i, (e, r) in enumerate(zip(entries, results, strict=True))
+                   if isinstance(e, ops.ConsumerDelivered) and i not in skips]
         self._send_deliveries(sm, name, sends, indexes, pull, pending_at_plan)
         return True
 
@@ -1316,6 +1332,19 @@ class JetStreamService:
         self._advise(advisories.consumer_ack_metric(
             sm.name, info.consumer, info.cseq, info.sseq, time.time_ns() - pending.delivered_ns,
             deliveries, *self._stamp()))
+
+    def _skip_corrupt(self, sm: StreamMachine, name: str, sseq: int, corrupt: dict[int, str],
+                      acks: bool, now: int) -> list[ops.Op]:
+        """A record that failed its CRC is passed over, as nats-server's consumers pass over
+        messages its store lost: recorded as delivered (and terminated, so it is not
+        redelivered) without sending it, and logged. Without this the pump met the same
+        error every round and the consumer stalled."""
+        self.log.error(f"JetStream consumer {sm.name}/{name}: skipping message {sseq}: "
+                       f"{corrupt[sseq]}")
+        entries: list[ops.Op] = [ops.ConsumerDelivered(now, name, sseq)]
+        if acks:  # proposed right after its delivery, so it is not redelivered
+            entries.append(ops.ConsumerAck(now, name, AckKind.TERM, sseq))
+        return entries
 
     async def _drop(self, sm: StreamMachine, name: str, drops: list[Drop]) -> None:
         """Stop tracking messages out of deliveries (or gone): CONSUMER_ACK entries of kind
@@ -1558,3 +1587,17 @@ def _filters(cfg: dict[str, Any]) -> list[str]:
 def _jetstream_kind() -> Any:
     from node.client import Kind  # the client module imports no server or service
     return Kind.JETSTREAM
+
+
+def _load_planned(store: Any, plans: list[Any]) -> tuple[dict[int, Any], dict[int, str]]:
+    """The planned deliveries' messages, and the sequences whose record failed its CRC."""
+    msgs: dict[int, Any] = {}
+    corrupt: dict[int, str] = {}
+    for p in plans:
+        if isinstance(p, Delivery):
+            try:
+                msgs[p.sseq] = store.load(p.sseq)
+            except CorruptRecordError as exc:
+                corrupt[p.sseq] = str(exc)
+    return msgs, corrupt
+

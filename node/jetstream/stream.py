@@ -42,6 +42,7 @@ MIN_TTL_NS = 1_000_000_000
 EXPIRE_BATCH = 10_000  # TTL expiries handled per entry: bounds one apply's work
 _U64 = struct.Struct("<Q")
 _CONSUMER_CFG = "consumer:"  # store meta key prefix of a consumer's config JSON
+_MAX_KEY = 511  # LMDB's key size limit (the default build)
 _CONSUMER_CREATED = "consumer-created:"  # ... of its creation time (the creating entry's clock)
 
 
@@ -284,6 +285,7 @@ class Stream:
                 raise ApiError.of("JSStreamSealedErr")
             if 0 <= cfg["max_msg_size"] < len(msg.hdr) + len(msg.data):
                 raise ApiError.of("JSStreamMessageExceedsMaximumErr")
+            self._check_key_sizes(msg.subject, msg.hdr)
             expected_stream = h.get(msg.hdr, h.EXPECTED_STREAM)
             if expected_stream is not None and expected_stream != cfg["name"]:
                 raise ApiError.of("JSStreamNotMatchErr")
@@ -404,6 +406,21 @@ class Stream:
             return effects + self._pub_ack(op.reply, checked, duplicate=True)
         return effects + self._store_msg(op, *checked)
 
+    def _check_key_sizes(self, subject: str, hdr: bytes) -> None:
+        """The subject and the Nats-Msg-Id become parts of LMDB keys (511 bytes at most,
+        after the stream's 2+name prefix and up to 9 more bytes). nats-server stores any
+        subject its control line lets through; here a longer one is refused instead of
+        stopping the node when the put fails. Checked in the apply, so a WAL entry written
+        before this check is refused again on replay rather than failing every restart."""
+        room = _MAX_KEY - 2 - len(self.cfg["name"].encode()) - 9
+        if len(subject.encode()) > room:
+            raise ApiError.of("JSStreamStoreFailedF",
+                              err=f"subject longer than {room} bytes for this stream")
+        msg_id = h.get(hdr, h.MSG_ID) or ""
+        if len(msg_id.encode()) > room:
+            raise ApiError.of("JSStreamStoreFailedF",
+                              err=f"Nats-Msg-Id longer than {room} bytes for this stream")
+
     def _check_msg(self, op: ops.StreamMsg) -> int | tuple[str, int]:
         """Every refusal, in nats-server's order. -> the original seq of a duplicate, or
         (rollup, ttl_ns) for a message to store."""
@@ -414,6 +431,7 @@ class Stream:
             raise ApiError.of("JSStreamMessageExceedsMaximumErr")
         if len(op.hdr) > MAX_HEADER_BYTES:
             raise ApiError.of("JSStreamHeaderExceedsMaximumErr")
+        self._check_key_sizes(op.subject, op.hdr)
         self._check_counter(op)
         expected_stream = h.get(op.hdr, h.EXPECTED_STREAM)
         if expected_stream is not None and expected_stream != cfg["name"]:
