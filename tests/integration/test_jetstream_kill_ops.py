@@ -116,6 +116,10 @@ async def _side(nc: Any, js: Any, cycle: int, rng: random.Random, h: History) ->
                 h.delete_sent.add(name)
                 await js.delete_consumer("K", name)
                 h.deleted.add(name)
+                if rng.random() < 0.4:  # the same name again: it must exist once acked
+                    h.deleted.discard(name)
+                    await js.add_consumer("K", durable_name=name, ack_policy="explicit")
+                    h.delete_sent.discard(name)
             ci = await js.consumer_info("K", "worker")
             assert ci.ack_floor.stream_seq >= h.floor, "ack floor went backwards (live)"
             h.floor = ci.ack_floor.stream_seq
