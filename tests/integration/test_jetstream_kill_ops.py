@@ -65,6 +65,8 @@ class History:
     delete_sent: set[str] = field(default_factory=set)
     deleted: set[str] = field(default_factory=set)  # delete acknowledged
     floor: int = 0  # highest ack floor of `worker` seen so far
+    gate: asyncio.Event = field(default_factory=asyncio.Event)  # clear: publishers wait
+    inflight: int = 0
 
 
 async def _publisher(js: Any, tag: str, h: History) -> None:
@@ -72,13 +74,17 @@ async def _publisher(js: Any, tag: str, h: History) -> None:
     while True:
         subject = "k.a" if i % 2 == 0 else "k.b"
         ttl = i % 3 == 0
+        await h.gate.wait()
         s = Sent(f"{tag}:{i:06d}", subject, ttl, time.monotonic())
         h.sent[s.payload] = s
+        h.inflight += 1
         try:
             ack = await js.publish(subject, s.payload.encode(), timeout=2,
                                    headers={"Nats-TTL": f"{int(TTL_S)}s"} if ttl else None)
         except Exception:  # noqa: BLE001 - the node was killed under us
             return
+        finally:
+            h.inflight -= 1
         s.seq, s.acked = ack.seq, time.monotonic()
         i += 1
 
@@ -96,16 +102,34 @@ async def _acker(js: Any) -> None:
 PURGES = [{"filter": "k.b"}, {"filter": "k.a", "keep": 5}, {"keep": 20}, {}]
 
 
+async def _quiet(js: Any, subject: str, payload: str, h: History) -> None:
+    """Stop the publishers, then store a marker that the purge must take: with nothing
+    after it, it is the stream's last message (a purge that spares the last one shows)."""
+    h.gate.clear()
+    while h.inflight:
+        await asyncio.sleep(0.01)
+    s = Sent(payload, subject, False, time.monotonic())
+    h.sent[payload] = s
+    ack = await js.publish(subject, payload.encode(), timeout=2)
+    s.seq, s.acked = ack.seq, time.monotonic()
+
+
 async def _side(nc: Any, js: Any, cycle: int, rng: random.Random, h: History) -> None:
     """Purges and consumer create/delete, one after another, until the node dies."""
     j = 0
     try:
         while True:
             await asyncio.sleep(rng.uniform(0.05, 0.25))
-            p = Purge(dict(rng.choice(PURGES)), time.monotonic())
+            req = dict(rng.choice(PURGES))
+            if "keep" not in req and rng.random() < 0.5:
+                await _quiet(js, req.get("filter", "k.a"), f"m:{cycle:03d}:{j:06d}", h)
+            p = Purge(req, time.monotonic())
             h.purges.append(p)
-            reply = json.loads((await nc.request("$JS.API.STREAM.PURGE.K",
-                                                 json.dumps(p.req).encode(), timeout=2)).data)
+            try:
+                reply = json.loads((await nc.request("$JS.API.STREAM.PURGE.K",
+                                                     json.dumps(req).encode(), timeout=2)).data)
+            finally:
+                h.gate.set()
             assert reply.get("success"), reply
             p.end, p.replied = time.monotonic(), True
             name = f"tmp{cycle}x{j}"
@@ -125,6 +149,8 @@ async def _side(nc: Any, js: Any, cycle: int, rng: random.Random, h: History) ->
             h.floor = ci.ack_floor.stream_seq
     except (TimeoutError, nats.errors.Error, OSError):
         return  # killed
+    finally:
+        h.gate.set()  # the publishers must see the kill too
 
 
 async def _cycle(cycle: int, proc: ServerProc, rng: random.Random, h: History) -> None:
@@ -133,6 +159,7 @@ async def _cycle(cycle: int, proc: ServerProc, rng: random.Random, h: History) -
     await js.add_stream(name="K", subjects=["k.*"], allow_msg_ttl=True)  # same config: no-op
     await js.add_consumer("K", config=WORKER, durable_name="worker", filter_subject="k.>",
                           ack_policy="explicit")
+    h.gate.set()
     tasks = [asyncio.ensure_future(_publisher(js, f"{w}:{cycle:03d}", h))
              for w in range(PUBLISHERS)]
     tasks.append(asyncio.ensure_future(_acker(js)))
