@@ -180,8 +180,9 @@ async def _stored(nc: Any, js: Any) -> tuple[dict[int, str], dict[int, float]]:
     """seq -> payload of every stored message, and seq -> when it was found missing."""
     info = await js.stream_info("K")
     stored: dict[int, str] = {}
-    missing_at: dict[int, float] = {}
-    for seq in range(1, info.state.last_seq + 1):
+    now = time.monotonic()  # all below first_seq are gone (a full purge moves it up)
+    missing_at: dict[int, float] = {seq: now for seq in range(1, info.state.first_seq)}
+    for seq in range(max(info.state.first_seq, 1), info.state.last_seq + 1):
         try:
             stored[seq] = (await js.get_msg("K", seq)).data.decode()
         except nats.js.errors.NotFoundError:
