@@ -301,7 +301,14 @@ def cluster_up(args: list[str], out: TextIO, err: TextIO) -> int:
 
 
 def status_rows(monitors: list[tuple[str, str]]) -> list[dict[str, str]]:
+    return status_report(monitors)[0]
+
+
+def status_report(monitors: list[tuple[str, str]]
+                  ) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
+    """One row per node, and one per stream Raft group (from each node's `/jsz?raft=1`)."""
     rows = []
+    pages: list[tuple[str, dict[str, Any] | None]] = []
     for name, http in monitors:
         varz = _get(http + "/varz")
         if varz is None:
@@ -309,7 +316,7 @@ def status_rows(monitors: list[tuple[str, str]]) -> list[dict[str, str]]:
                          "meta_leader": "-"})
             continue
         routez = _get(http + "/routez") or {}
-        jsz = _get(http + "/jsz")
+        jsz = _get(http + "/jsz?raft=1")
         row = {"node": varz.get("server_name", name), "up": "yes",
                "routes": str(routez.get("num_routes", "-")),
                "url": f"{varz.get('host')}:{varz.get('port')}",
@@ -319,12 +326,60 @@ def status_rows(monitors: list[tuple[str, str]]) -> list[dict[str, str]]:
             meta = jsz.get("meta_cluster") or {}
             row["meta_leader"] = str(meta.get("leader", "-"))
         rows.append(row)
-    return rows
+        pages.append((row["node"], jsz))
+    return rows, stream_rows(pages)
 
 
-def format_table(rows: list[dict[str, str]]) -> str:
-    cols = [("node", "NODE"), ("up", "UP"), ("url", "CLIENT URL"), ("routes", "ROUTES"),
-            ("js", "JETSTREAM"), ("meta_leader", "META LEADER")]
+def stream_rows(pages: list[tuple[str, dict[str, Any] | None]]) -> list[dict[str, str]]:
+    """Each stream group's leader and, per replica, how many committed entries it has not
+    applied yet (the leader's commit minus the replica's applied). Pure: takes the nodes'
+    `/jsz?raft=1` pages. Peers are named through `meta_cluster` (its own `peer`, and the
+    names of the others in `replicas`); an unknown peer shows as its id."""
+    names: dict[str, str] = {}
+    for node, page in pages:
+        meta = (page or {}).get("meta_cluster") or {}
+        if meta.get("peer"):
+            names[str(meta["peer"])] = node
+        for rep in meta.get("replicas") or []:
+            names.setdefault(str(rep.get("peer", "")), str(rep.get("name", "")))
+
+    def name_of(peer: str) -> str:
+        for short, node in names.items():
+            if short and peer.startswith(short):
+                return node
+        return peer or "-"
+
+    groups: dict[str, dict[str, dict[str, Any]]] = {}
+    for node, page in pages:
+        for group, st in ((page or {}).get("raft") or {}).items():
+            if group != "$js" and isinstance(st, dict):
+                groups.setdefault(group, {})[node] = st
+    out = []
+    for group in sorted(groups):
+        members = groups[group]
+        leaders = [n for n, st in members.items() if st.get("state") == "leader"]
+        leader = max(leaders, key=lambda n: members[n].get("term", 0)) if leaders else ""
+        if not leader:  # no page from the leader: name it from what the others believe
+            believed = {str(st.get("leader", "")) for st in members.values()} - {""}
+            leader = name_of(believed.pop()) if len(believed) == 1 else "-"
+        commit = members[leader].get("commit", 0) if leader in members else \
+            max(st.get("commit", 0) for st in members.values())
+        lag = ",".join(f"{n}={max(commit - st.get('applied', 0), 0)}"
+                       for n, st in sorted(members.items()) if n != leader)
+        parts = group.split(".")  # js.<stream>.<created>
+        stream = ".".join(parts[1:-1]) if len(parts) >= 3 and parts[0] == "js" else group
+        out.append({"stream": stream, "leader": leader, "lag": lag or "-", "group": group})
+    return out
+
+
+NODE_COLS = [("node", "NODE"), ("up", "UP"), ("url", "CLIENT URL"), ("routes", "ROUTES"),
+             ("js", "JETSTREAM"), ("meta_leader", "META LEADER")]
+STREAM_COLS = [("stream", "STREAM"), ("leader", "LEADER"), ("lag", "REPLICA LAG"),
+               ("group", "RAFT GROUP")]
+
+
+def format_table(rows: list[dict[str, str]],
+                 cols: list[tuple[str, str]] = NODE_COLS) -> str:
     widths = {k: max(len(h), *(len(r[k]) for r in rows)) if rows else len(h) for k, h in cols}
     lines = ["  ".join(h.ljust(widths[k]) for k, h in cols)]
     for r in rows:
@@ -352,11 +407,13 @@ def cluster_status(args: list[str], out: TextIO, err: TextIO) -> int:
                   "(start one with `jetraft cluster up`, or pass --monitor)", file=err)
             return 1
         monitors = [(n["name"], n["monitor"]) for n in state["nodes"]]
-    rows = status_rows(monitors)
+    rows, streams = status_report(monitors)
     if a.json:
-        print(json.dumps(rows, indent=2), file=out)
+        print(json.dumps({"nodes": rows, "streams": streams}, indent=2), file=out)
     else:
         print(format_table(rows), file=out)
+        if streams:
+            print("\n" + format_table(streams, STREAM_COLS), file=out)
     return 0 if all(r["up"] == "yes" for r in rows) else 3
 
 
