@@ -32,7 +32,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from audit.hooks import CommittedEntry
-from audit.jsstore import BOOTSTRAP, META_STORE, NodeStore, open_nodes
+from audit.jsstore import BOOTSTRAP, META_STORE, NodeStore, beyond_replay, open_nodes
 from audit.model import (
     META_ENTRY_BAD,
     META_MISMATCH,
@@ -181,11 +181,7 @@ def _walk(group: str, entries: Iterable[CommittedEntry],
     if usable:
         while checkpoints and checkpoints[0] <= last:
             yield from _compare(group, nodes, applied, checkpoints.pop(0), term, cat)
-    for index in checkpoints:
-        for node in sorted(n for n, a in applied.items() if a == index):
-            yield Finding(STORE_UNCHECKED, NOTE, f"the catalogue applied up to {index}, "
-                          f"beyond the committed entries the audit could replay (to {last})",
-                          node=node, group=group, index=last + 1, index_hi=index)
+    yield from beyond_replay("catalogue", group, applied, checkpoints, last)
 
 
 def _compare(group: str, nodes: dict[str, NodeStore], applied: dict[str, int], index: int,

@@ -28,7 +28,14 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from audit.hooks import CommittedEntry
-from audit.jsstore import BOOTSTRAP, DB_NAMES, NodeStore, diff_items, open_nodes
+from audit.jsstore import (
+    BOOTSTRAP,
+    DB_NAMES,
+    NodeStore,
+    beyond_replay,
+    diff_items,
+    open_nodes,
+)
 from audit.model import NOTE, STORE_MISMATCH, STORE_UNCHECKED, VIOLATION, Finding
 
 GROUP_PREFIX = "js."
@@ -159,11 +166,7 @@ def _walk(group: str, entries: Iterable[CommittedEntry], nodes: dict[str, NodeSt
         scratch.flush()
         while checkpoints and checkpoints[0] <= last:
             yield from _compare(group, nodes, applied, checkpoints.pop(0), term, scratch)
-    for index in checkpoints:
-        for node in sorted(n for n, a in applied.items() if a == index):
-            yield Finding(STORE_UNCHECKED, NOTE, f"the store applied up to {index}, beyond "
-                          f"the committed entries the audit could replay (to {last})",
-                          node=node, group=group, index=last + 1, index_hi=index)
+    yield from beyond_replay("store", group, applied, checkpoints, last)
 
 
 def _compare(group: str, nodes: dict[str, NodeStore], applied: dict[str, int], index: int,

@@ -12,8 +12,10 @@ from __future__ import annotations
 import json
 import os
 import struct
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
+
+from audit.model import NOTE, STORE_UNCHECKED, Finding
 
 DB_NAMES = ("js_msgs", "js_subj", "js_subjcount", "js_meta", "js_consumers", "js_ttl",
             "js_dedup", "js_dedup_ts")
@@ -120,3 +122,14 @@ def diff_items(mine: Iterator[tuple[bytes, bytes]], theirs: Iterator[tuple[bytes
             if a[1] != b[1]:
                 yield a[0], a[1], b[1]
             a, b = next(mine, None), next(theirs, None)
+
+
+def beyond_replay(what: str, group: str, applied: dict[str, int], checkpoints: Iterable[int],
+                  last: int) -> Iterator[Finding]:
+    """A note for each node whose `what` applied past the last committed entry the audit
+    could replay (its store cannot be checked there)."""
+    for index in checkpoints:
+        for node in sorted(n for n, a in applied.items() if a == index):
+            yield Finding(STORE_UNCHECKED, NOTE, f"the {what} applied up to {index}, beyond "
+                          f"the committed entries the audit could replay (to {last})",
+                          node=node, group=group, index=last + 1, index_hi=index)
