@@ -187,6 +187,7 @@ class Server:
             self.register_account(account)
             self.auth.accounts.add(key)
         account.set_limits(acc_conf.limits, acc_conf.mappings or None)
+        self._jetstream_account(key)
         now = time.time()
         apply_activations(conf, lambda k: self.auth.resolver.lookup(k, now), now)
         self.router = self._wire_router(conf)
@@ -228,6 +229,7 @@ class Server:
                 self.register_account(Account(name, acc.limits, acc.mappings or None))
             else:
                 account.set_limits(acc.limits, acc.mappings or None)
+                self._jetstream_account(name)
         if not conf.no_system_account and conf.system_account not in self.accounts:
             self.register_account(Account(conf.system_account))
         self.global_account.mappings = conf.global_mappings or None
@@ -245,6 +247,15 @@ class Server:
         self.accounts[account.name] = account
         if self.cluster is not None:
             self.cluster.attach_account(account)
+        self._jetstream_account(account.name)
+
+    def _jetstream_account(self, name: str) -> None:
+        """JetStream is per account: a new or changed account gets (or loses) its own
+        `$JS.API` and limits (node/jetstream/jsaccount.py); the system account has none."""
+        conf = self.options.accounts
+        js = getattr(self, "jetstream", None)  # None until JetStream started
+        if js is not None and name != getattr(conf, "system_account", "$SYS"):
+            js.account_added(name)
 
     @property
     def sublist(self) -> SubList:

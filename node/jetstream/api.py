@@ -23,6 +23,7 @@ class Call:
     stream: str = ""
     consumer: str = ""
     rest: str = ""       # DIRECT.GET's last-by-subject suffix
+    account: str = "$G"  # the account whose `$JS.API` it came in on (node/jetstream/jsaccount.py)
 
 
 # (op, number of name tokens after the op: streams, then consumer). A trailing "+" means

@@ -25,12 +25,13 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import json
 import secrets
 import time
 from typing import Any
 
-from node.jetstream import api, cluster_meta, placement, replies
+from node.jetstream import api, cluster_meta, jsaccount, placement, replies
 from node.jetstream import config as stream_config
 from node.jetstream.errors import ApiError
 from node.jetstream.placement import Candidate, Placement
@@ -258,16 +259,17 @@ class ClusterJS:
             raise ApiError.of("JSClusterNotAvailErr")
         if call.op in META_OPS:
             target = await self._wait(self.meta_leader)
-        elif call.stream and call.stream in self.catalogue().streams:
-            if call.op == "DIRECT.GET" and call.stream in self.svc.streams:
+        elif call.stream and self.svc._key(call) in self.catalogue().streams:
+            if call.op == "DIRECT.GET" and self.svc._key(call) in self.svc.streams:
                 return None  # every replica answers direct gets from its own store
-            target = await self.stream_target(call.stream)
+            target = await self.stream_target(self.svc._key(call))
         else:
             return None
         if target == self.self_id:
             return None
         raw = await self._request(target, "js.api", {
-            "subject": subject, "reply": reply, "body": _b64(body), "hops": hops + 1})
+            "subject": subject, "reply": reply, "body": _b64(body), "hops": hops + 1,
+            "account": call.account})
         return frames_from_wire(raw)
 
     async def _h_api(self, _peer: int, payload: bytes) -> bytes:
@@ -275,6 +277,9 @@ class ClusterJS:
         call = api.route(req["subject"])
         if call is None:
             return frames_to_wire([])
+        # the account whose `$JS.API` the request came in on (absent: a peer that predates
+        # accounts, the global account)
+        call = dataclasses.replace(call, account=req.get("account", jsaccount.GLOBAL))
         frames = await self.svc._answer(call, req["subject"], req["reply"],
                                         _unb64(req["body"]), hops=int(req["hops"]))
         return frames_to_wire(frames)
@@ -312,7 +317,7 @@ class ClusterJS:
                     continue
                 for (_, reply, _, _), ack in zip(batch, acks, strict=False):
                     if reply and ack is not None:
-                        self.svc.client.publish(reply, None, _unb64(ack))
+                        self.svc._client(name).publish(reply, None, _unb64(ack))
         finally:
             fwd.running = False
             if fwd.queue:
@@ -375,7 +380,7 @@ class ClusterJS:
             self.log.warn(f"JetStream: forwarding an ack on {stream} failed: {exc!r}")
             return
         if reply and raw == b"1":
-            self.svc.client.publish(reply, None, b"")
+            self.svc._client(stream).publish(reply, None, b"")
 
     async def _h_ack(self, _peer: int, payload: bytes) -> bytes:
         req = json.loads(payload)
@@ -384,7 +389,7 @@ class ClusterJS:
                 return b"0"
             req["hops"] += 1
             return await self._request(await self.stream_target(req["stream"]), "js.ack", req)
-        done = await self.svc._ack_here(req["subject"], _unb64(req["body"]))
+        done = await self.svc._ack_here(req["subject"], _unb64(req["body"]), req["stream"])
         return b"1" if done else b"0"
 
     # ------------------------------------------------------------------ the meta leader
@@ -418,27 +423,35 @@ class ClusterJS:
         return {n: stream_config.from_wire(a["config"])
                 for n, a in self.catalogue().streams.items()}
 
-    async def create_stream(self, name: str, body: bytes) -> dict[str, Any]:
+    async def create_stream(self, name: str, body: bytes, account: str = jsaccount.GLOBAL
+                            ) -> dict[str, Any]:
         cfg, pedantic = stream_config.parse_request(body)
         async with self.svc._meta_lock:
-            stored, created = stream_config.check_create(name, cfg, pedantic, self.configs(),
-                                                             clustered=True)
+            configs = self.svc._configs(account)  # names, overlaps, limits: per account
+            stored, created = stream_config.check_create(name, cfg, pedantic, configs,
+                                                         clustered=True)
+            key = jsaccount.key(account, stored["name"])
             if created:
+                self.svc.check_limits(account, stored, configs, creating=True)
                 wire = stream_config.to_wire(stored)
                 peers = self.place(wire)
-                entry = cluster_meta.create(stored["name"], wire, time.time_ns(), peers)
+                entry = cluster_meta.create(key, wire, time.time_ns(), peers)
                 await self.propose_meta(entry)
-                self.svc._stream_created(stored["name"])
-        out = _as_reply(await self.stream_info_from_leader(stored["name"]))
+                self.svc._stream_created(key)
+        out = _as_reply(await self.stream_info_from_leader(key))
         out["type"] = replies.TYPE_PREFIX + "stream_create_response"
         out["did_create"] = True  # also for an identical re-create, as nats-server says
         return out
 
-    async def update_stream(self, name: str, body: bytes) -> dict[str, Any]:
+    async def update_stream(self, stream: str, body: bytes, account: str = jsaccount.GLOBAL
+                            ) -> dict[str, Any]:
         cfg, pedantic = stream_config.parse_request(body)
         async with self.svc._meta_lock:
-            stored = stream_config.check_update(name, cfg, pedantic, self.configs(),
-                                                 clustered=True)
+            configs = self.svc._configs(account)
+            stored = stream_config.check_update(stream, cfg, pedantic, configs,
+                                                clustered=True)
+            self.svc.check_limits(account, stored, configs, creating=False)
+            name = jsaccount.key(account, stream)
             a = self.catalogue().streams[name]
             wire = stream_config.to_wire(stored)
             peers = list(a["peers"])
@@ -500,14 +513,15 @@ class ClusterJS:
         while True:
             try:
                 target = await self.stream_target(name)
-                subject = f"{api.API_PREFIX}STREAM.INFO.{name}"
-                call = api.Call("STREAM.INFO", name)
+                account, stream = jsaccount.split(name)
+                subject = f"{api.API_PREFIX}STREAM.INFO.{stream}"
+                call = api.Call("STREAM.INFO", stream, account=account)
                 if target == self.self_id:
                     frames = await self.svc._answer(call, subject, "", b"", hops=MAX_HOPS)
                 else:
                     frames = frames_from_wire(await self._request(
                         target, "js.api", {"subject": subject, "reply": "", "body": "",
-                                           "hops": 1}))
+                                           "hops": 1, "account": account}))
                 out = json.loads(frames[0][1])
                 if "error" not in out:
                     return out

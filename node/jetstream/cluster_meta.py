@@ -2,11 +2,16 @@
 
 Every entry of the `$js` Raft group is one compact JSON object with an `op`:
 
-    {"op":"create","name":S,"config":{...},"created_ns":N,"group":G,"peers":[P,...]}
-    {"op":"update","name":S,"config":{...},"peers":[P,...]}
-    {"op":"delete","name":S}
+    {"op":"create","name":S,"config":{...},"created_ns":N,"group":G,"peers":[P,...][,"account":A]}
+    {"op":"update","name":S,"config":{...},"peers":[P,...][,"account":A]}
+    {"op":"delete","name":S[,"account":A]}
     {"op":"remove_server","peer":P}
     {"op":"seen","peer":P}
+
+`name` is the stream's registry key (node/jetstream/jsaccount.py): the stream name in the
+global account `$G`, `<account>/<stream name>` in any other; `account` names that account and
+is left out for `$G`, so entries written before accounts existed read as `$G`'s. Two accounts'
+streams of the same name are two keys, two assignments, two groups.
 
 `config` is the stream config in its wire form as the meta leader checked it, `group` the name
 of the stream's Raft group (`js.<name>.<created_ns>`: a re-created stream never reuses a log),
@@ -36,6 +41,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from node.jetstream import jsaccount
+
 _JSON: dict[str, Any] = {"separators": (",", ":"), "sort_keys": False}
 
 
@@ -58,18 +65,26 @@ def group_for(name: str, created_ns: int) -> str:
 _MAX_PLAIN_GROUP = 100
 
 
+def _account(entry: dict[str, Any]) -> dict[str, Any]:
+    account, _name = jsaccount.split(entry["name"])
+    if account != jsaccount.GLOBAL:
+        entry["account"] = account
+    return entry
+
+
 def create(name: str, config: dict[str, Any], created_ns: int, peers: list[int]
            ) -> dict[str, Any]:
-    return {"op": "create", "name": name, "config": config, "created_ns": created_ns,
-            "group": group_for(name, created_ns), "peers": list(peers)}
+    return _account({"op": "create", "name": name, "config": config,
+                     "created_ns": created_ns, "group": group_for(name, created_ns),
+                     "peers": list(peers)})
 
 
 def update(name: str, config: dict[str, Any], peers: list[int]) -> dict[str, Any]:
-    return {"op": "update", "name": name, "config": config, "peers": list(peers)}
+    return _account({"op": "update", "name": name, "config": config, "peers": list(peers)})
 
 
 def delete(name: str) -> dict[str, Any]:
-    return {"op": "delete", "name": name}
+    return _account({"op": "delete", "name": name})
 
 
 def remove_server(peer: int) -> dict[str, Any]:

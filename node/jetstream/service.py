@@ -25,6 +25,8 @@ checked against 2.15.1); so do we, and both layouts are accepted back.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import functools
 import json
 import os
 import secrets
@@ -40,6 +42,7 @@ from node.jetstream import (
     consumer_config,
     dirs,
     get,
+    jsaccount,
     ops,
     pause,
     replies,
@@ -66,6 +69,7 @@ from node.jetstream.push import FC_REQUEST, PushFlow, fc_subject, parse_fc_subje
 from node.jetstream.sourcing import listen_subjects
 from node.jetstream.sourcing_wire import SourcingWire
 from node.jetstream.store import CorruptRecordError
+from node.jetstream.store.base import file_size, memory_size
 from node.jetstream.store.lmdbstore import LmdbStore, NodeEnv, stored_names
 from node.jetstream.stream import Effect, Reply, Republish, Stored, rfc3339
 from node.subject import subject_matches
@@ -85,6 +89,16 @@ MAX_ROUND = 256        # deliveries proposed together for one consumer
 UNHEARD_GRACE_NS = 2_000_000_000
 PULL_TICK_S = 0.1      # pull-request expiries (408) and redeliveries are looked at this often
 _NAME_CHARS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
+# Served in the global account only for now (see _answer)
+_GLOBAL_ONLY = frozenset({"STREAM.SNAPSHOT", "STREAM.RESTORE"})
+_PAGED = {"total": 0, "offset": 0, "limit": 0}
+# the fields nats-server's 10039 replies carry besides the error (checked, 2.15.1)
+_NOT_ENABLED_EXTRA: dict[str, dict[str, Any]] = {
+    "STREAM.INFO": _PAGED, "STREAM.PURGE": {"purged": 0},
+    "STREAM.NAMES": {**_PAGED, "streams": None}, "STREAM.LIST": {**_PAGED, "streams": []},
+    "STREAM.RESTORE": {"deliver_subject": ""},
+    "CONSUMER.NAMES": {**_PAGED, "consumers": []}, "CONSUMER.LIST": {**_PAGED, "consumers": []},
+}
 _JSON = {"separators": (",", ":")}
 
 
@@ -192,13 +206,18 @@ class JetStreamService:
         self.batches: dict[str, BatchCollector] = {}  # open atomic batches, per stream
         self._expiring: set[str] = set()  # streams with an EXPIRE entry in flight
         self.consumer_created: dict[tuple[str, str], int] = {}
-        self.client: Any = None
+        self.client: Any = None  # the global account's internal client
+        # Every account's own internal client (its `$JS.API`, acks, stream subjects) and its
+        # JetStream limits (None: JetStream not enabled for it), jsaccount.py
+        self.clients: dict[str, Any] = {}
+        self.limits: dict[str, jsaccount.Limits | None] = {}
         self.loop: asyncio.AbstractEventLoop | None = None
         self._meta_lock = asyncio.Lock()
         self._opening: dict[str, asyncio.Future[None]] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._ticker: asyncio.Task[Any] | None = None
         self.api_total = self.api_errors = 0
+        self.api_counts: dict[str, list[int]] = {}  # account -> [total, errors] (its INFO)
         # Clustered (node/jetstream/cluster.py) when the node has a cluster port; None: one
         # node, every group a single voter with id NODE_ID.
         self.jsc: ClusterJS | None = None
@@ -239,15 +258,17 @@ class JetStreamService:
             self._drop_orphans()
             for name in sorted(self.meta.streams):
                 await self._open_stream(name)
-        self.client = self.server.internal_client(_jetstream_kind(), "jetstream")
-        # Each node's JetStream serves its own clients; routes must not spread this
-        # client's interest (node/cluster).
-        self.client.local_only = True
-        self.client.subscribe_internal(api.API_PREFIX + ">", self._on_api)
-        self.client.subscribe_internal(api.ACK_PREFIX + ">", self._on_ack)
-        self.client.subscribe_internal("$JS.FC.>", self._on_flow_control)
-        self.client.account.interest_listeners.append(self._on_interest)
-        for name in self.streams:
+        self.client = self.account_added(jsaccount.GLOBAL)
+        system = getattr(self.server.options.accounts, "system_account", "$SYS")
+        for account in list(self.server.accounts):
+            if account != system:
+                self.account_added(account)
+        for name in list(self.streams):
+            if _acc(name) not in self.server.accounts:
+                # its account left the config: kept on disk, served again once it is back
+                self.log.warn(f"JetStream: stream {_name(name)!r} of unknown account "
+                              f"{_acc(name)!r} is not served")
+                continue
             self._subscribe_stream(name)
             self._start_push(name)
         if self.jsc is not None:
@@ -259,8 +280,9 @@ class JetStreamService:
     async def stop(self) -> None:
         if self._ticker is not None:
             self._ticker.cancel()
-        if self.client is not None and self._on_interest in self.client.account.interest_listeners:
-            self.client.account.interest_listeners.remove(self._on_interest)
+        for client in self.clients.values():
+            if self._on_interest in client.account.interest_listeners:
+                client.account.interest_listeners.remove(self._on_interest)
         if self.jsc is not None:
             await self.jsc.stop()
         for task in list(self._tasks):
@@ -271,6 +293,36 @@ class JetStreamService:
         if self.env is not None:
             self.env.close()
             self.env = None
+
+    def account_added(self, account: str) -> Any:
+        """An account the node knows (at start, registered later, or its JWT updated): its
+        limits are (re)read, and its own internal client listens on its `$JS.API.>` (an
+        account without JetStream gets nats-server's 10039 there), `$JS.ACK.>`, `$JS.FC.>`."""
+        opts = self.server.options
+        self.limits[account] = jsaccount.limits_for(opts.accounts, account,
+                                                    opts.operator is not None)
+        client = self.clients.get(account)
+        if client is not None:
+            return client
+        client = self.server.internal_client(_jetstream_kind(), "jetstream", account)
+        # Each node's JetStream serves its own clients; routes must not spread this
+        # client's interest (node/cluster).
+        client.local_only = True
+        client.subscribe_internal(api.API_PREFIX + ">", functools.partial(self._on_api, account))
+        client.subscribe_internal(api.ACK_PREFIX + ">", functools.partial(self._on_ack, account))
+        client.subscribe_internal("$JS.FC.>", functools.partial(self._on_flow_control, account))
+        client.account.interest_listeners.append(self._on_interest)
+        self.clients[account] = client
+        return client
+
+    def _client(self, stream_key: str) -> Any:
+        """The internal client of the stream's account (never another account's)."""
+        account = jsaccount.account_of(stream_key)
+        client = self.clients.get(account)
+        return client if client is not None else self.account_added(account)
+
+    def _key(self, call: api.Call) -> str:
+        return jsaccount.key(call.account, call.stream)
 
     def _on_fatal_threadsafe(self, exc: BaseException) -> None:
         assert self.loop is not None
@@ -297,7 +349,7 @@ class JetStreamService:
         assert self.meta is not None and self.mr is not None
         for name, entry in sorted(self.meta.streams.items()):
             if entry["config"].get("storage") == "memory":
-                await self.mr.propose(META_GROUP, _dumps({"op": "delete", "name": name}))
+                await self.mr.propose(META_GROUP, _dumps(cluster_meta.delete(name)))
 
     def _drop_orphans(self) -> None:
         """A crash between a stream's delete entry and the removal of its data leaves its
@@ -372,7 +424,7 @@ class JetStreamService:
         for name in list(self.subs):
             if name not in cat.streams:
                 for sub in self.subs.pop(name):
-                    self.client.remove_sub(sub)
+                    sub.client.remove_sub(sub)
         for name, a in cat.streams.items():
             subjects = listen_subjects(a["config"], name)  # a mirror captures nothing
             if self._subscribed.get(name) != subjects:
@@ -380,7 +432,7 @@ class JetStreamService:
 
     def _stream_created(self, name: str) -> None:
         """The meta leader committed a create: advise it (once, from the meta leader)."""
-        self._advise(advisories.stream_action("create", name, *self._stamp()))
+        self._advise(advisories.stream_action("create", _name(name), *self._stamp()), _acc(name))
 
     async def _open_stream(self, name: str) -> None:
         """Host the stream's group; returns once it is ready and subscribed, also when
@@ -443,7 +495,7 @@ class JetStreamService:
         self.sourcing.closed(name)
         keep_subs = self.jsc is not None and self.meta is not None and name in self.meta.streams
         for sub in [] if keep_subs else self.subs.pop(name, []):
-            self.client.remove_sub(sub)
+            sub.client.remove_sub(sub)
         for key in [k for k in self.pulls if k[0] == name]:
             del self.pulls[key]
         self.batches.pop(name, None)
@@ -455,7 +507,7 @@ class JetStreamService:
         if self.jsc is not None and subjects is None:
             return  # clustered: the catalogue decides (_meta_changed_cluster)
         for sub in self.subs.pop(name, []):
-            self.client.remove_sub(sub)
+            sub.client.remove_sub(sub)
         if subjects is None:  # a mirror captures nothing
             subjects = listen_subjects(self.streams[name].stream.cfg, name)
         self._subscribed[name] = list(subjects)
@@ -464,12 +516,16 @@ class JetStreamService:
                    payload: bytes) -> None:
             self._on_publish(name, subject, reply, hdr, payload)
 
-        self.subs[name] = [self.client.subscribe_internal(s, on_msg) for s in subjects]
+        client = self._client(name)  # the stream's account's subjects, nobody else's
+        self.subs[name] = [client.subscribe_internal(s, on_msg) for s in subjects]
 
-    def _configs(self) -> dict[str, stream_config.Config]:
-        if self.jsc is not None:
-            return self.jsc.configs()
-        return {n: sm.stream.cfg for n, sm in self.streams.items()}
+    def _configs(self, account: str = jsaccount.GLOBAL) -> dict[str, stream_config.Config]:
+        """The account's streams' configs by stream name (subject overlaps, names, lists
+        and limits are per account)."""
+        every = self.jsc.configs() if self.jsc is not None else \
+            {n: sm.stream.cfg for n, sm in self.streams.items()}
+        return {jsaccount.name_of(k): cfg for k, cfg in every.items()
+                if jsaccount.account_of(k) == account}
 
     async def _propose(self, sm: StreamMachine, op: ops.Op) -> int:
         assert self.mr is not None
@@ -492,6 +548,8 @@ class JetStreamService:
         if sm is None:
             return None
         op = ops.StreamMsg(time.time_ns(), subject, reply, hdr, payload)
+        if self._over_account_limit(sm, op):
+            return None
         if BatchCollector.is_batch(op):
             self._batch_message(sm, op)
             return None
@@ -506,12 +564,38 @@ class JetStreamService:
         fut.add_done_callback(lambda f: self._published(sm, f))
         return fut
 
-    def _reply(self, subject: str, payload: bytes, hdr: bytes | None = None) -> None:
-        """A reply to a publisher: a forwarded publish's goes back to the node it came
-        through (cluster.py), any other to the subject."""
+    def _over_account_limit(self, sm: StreamMachine, op: ops.StreamMsg) -> bool:
+        """nats-server refuses a publish that takes the account's stored bytes of that
+        storage type past its `max_mem` / `max_file` (10002, jsaccount.py); True: refused
+        (and answered). A check before the proposal, as nats-server's: entries in flight
+        are not counted."""
+        account = jsaccount.account_of(sm.name)
+        limits = self.limits.get(account)
+        if limits is None or (limits.max_memory < 0 and limits.max_storage < 0):
+            return False
+        size = (memory_size if sm.memory else file_size)(op.subject, op.hdr, op.data)
+        used = 0
+        for k, other in self.streams.items():
+            if other.memory == sm.memory and jsaccount.account_of(k) == account:
+                with other.lock:
+                    used += other.store.bytes()
+        if not jsaccount.publish_exceeds(limits, sm.memory, used, size):
+            return False
+        self.log.warn(f"JetStream {'memory' if sm.memory else 'storage'} resource limits "
+                      f"exceeded for account: {account!r}")
+        if op.reply:
+            err = ApiError.of("JSAccountResourcesExceededErr").to_dict()
+            self._reply(sm.name, op.reply, _dumps({**err, "stream": sm.stream.cfg["name"],
+                                                   "seq": 0}))
+        return True
+
+    def _reply(self, stream_key: str, subject: str, payload: bytes, hdr: bytes | None = None
+               ) -> None:
+        """A reply to a publisher of the stream: a forwarded publish's goes back to the node
+        it came through (cluster.py), any other to the subject, in the stream's account."""
         if self.jsc is not None and self.jsc.answer_token(subject, payload):
             return
-        self.client.publish(subject, None, payload, hdr)
+        self._client(stream_key).publish(subject, None, payload, hdr)
 
     def _published(self, sm: StreamMachine, fut: asyncio.Future[int]) -> None:
         if not fut.cancelled() and fut.exception() is not None:
@@ -532,11 +616,11 @@ class JetStreamService:
         got = collector.add(op)
         if got.error is not None:
             if op.reply:
-                body = {**got.error.to_dict(), "stream": sm.name, "seq": 0}
-                self._reply(op.reply, _dumps(body))
+                body = {**got.error.to_dict(), "stream": sm.stream.cfg["name"], "seq": 0}
+                self._reply(sm.name, op.reply, _dumps(body))
         elif got.ack_empty:
             if op.reply:
-                self._reply(op.reply, b"")  # flow control: send the next one
+                self._reply(sm.name, op.reply, b"")  # flow control: send the next one
         elif got.committed:
             batch = ops.StreamBatch(op.now_ns, got.batch_id, tuple(got.committed))
             self._spawn(self._publish(sm, batch))
@@ -570,9 +654,10 @@ class JetStreamService:
         stored = False
         for effect in effects:
             if isinstance(effect, Reply):
-                self._reply(effect.subject, effect.payload)
+                self._reply(sm.name, effect.subject, effect.payload)
             elif isinstance(effect, Republish):
-                self.client.publish(effect.subject, None, effect.data, effect.hdr or None)
+                self._client(sm.name).publish(effect.subject, None, effect.data,
+                                              effect.hdr or None)
             elif isinstance(effect, Stored):
                 stored = True
         if stored:
@@ -584,26 +669,61 @@ class JetStreamService:
 
     # ------------------------------------------------------------------ $JS.API
 
-    def _on_api(self, _sub: Any, subject: str, reply: str | None, hdr: bytes | None,
-                body: bytes) -> None:
+    def _on_api(self, account: str, _sub: Any, subject: str, reply: str | None,
+                hdr: bytes | None, body: bytes) -> None:
         call = api.route(subject)
         if call is None or not reply:
             return
+        call = dataclasses.replace(call, account=account)
+        if self.limits.get(account) is None:
+            self._not_enabled(call, reply, body)
+            return
         self._spawn(self._serve(call, subject, reply, body))
+
+    def _not_enabled(self, call: api.Call, reply: str, body: bytes) -> None:
+        """An account without JetStream: nats-server answers an API request with 10039 and
+        the reply's empty fields (checked against 2.15.1); a pull request or a direct get
+        finds nobody listening; the system's meta operations are not answered."""
+        client = self.clients[call.account]
+        if call.op in ("CONSUMER.MSG.NEXT", "DIRECT.GET"):
+            client.publish(reply, None, b"", b"NATS/1.0 503\r\n\r\n")
+            return
+        if call.op in ("META.LEADER.STEPDOWN", "SERVER.REMOVE"):
+            return
+        name = "JSNotEnabledForAccountErr"
+        if call.op in ("STREAM.LEADER.STEPDOWN", "CONSUMER.LEADER.STEPDOWN",
+                       "STREAM.PEER.REMOVE") and self.jsc is None:
+            name = "JSClusterRequiredErr"
+        try:
+            if call.op in ("CONSUMER.CREATE", "CONSUMER.DURABLE.CREATE"):
+                consumer_config.parse_request(body)  # a bad request is told so first
+            elif call.op == "CONSUMER.PAUSE":
+                pause.parse_pause(body)
+            err = ApiError.of(name)
+        except ApiError as bad:
+            err = bad
+        out = {**replies.error_reply(_kind(call.op), err), **_NOT_ENABLED_EXTRA.get(call.op, {})}
+        if call.op == "CONSUMER.PAUSE":
+            out = pause.pause_error(err)
+        client.publish(reply, None, _dumps(out))
 
     async def _serve(self, call: api.Call, subject: str, reply: str, body: bytes) -> None:
         frames = await self._answer(call, subject, reply, body)
+        client = self.clients[call.account]
         for hdr, data in frames:
-            self.client.publish(reply, None, data, hdr)
+            client.publish(reply, None, data, hdr)
         if frames and call.op not in advisories.NOT_AUDITED:
             # nats-server counts (and audits) a request once it has answered it, and
             # leaves message reads and pull requests out of both.
             data = frames[-1][1]
             self.api_total += 1
             self.api_errors += _is_error(data)
+            self.api_counts.setdefault(call.account, [0, 0])
+            self.api_counts[call.account][0] += 1
+            self.api_counts[call.account][1] += _is_error(data)
             self._advise(advisories.api_audit(
-                self.server.server_name, self._requester(reply), subject, body, data,
-                *self._stamp()))
+                self.server.server_name, self._requester(reply, call.account), subject, body,
+                data, *self._stamp()), call.account)
 
     async def _answer(self, call: api.Call, subject: str, reply: str, body: bytes,
                       hops: int = 0) -> Frames:
@@ -626,6 +746,12 @@ class JetStreamService:
                 return forwarded
         handler = getattr(self, "_h_" + call.op.replace(".", "_").lower())
         try:
+            if call.account != jsaccount.GLOBAL and call.op in _GLOBAL_ONLY:
+                # they read or write streams through the global account's client and
+                # API (backup.py, sourcing_wire.py): refused elsewhere rather than let
+                # them reach another account's streams
+                raise ApiError.of("JSStreamGeneralErrorF",
+                                  err=f"{call.op} is served in the global account only")
             out = await handler(call, subject, reply, body)
         except ApiError as err:
             out = replies.error_reply(_kind(call.op), err)
@@ -648,15 +774,16 @@ class JetStreamService:
             return out  # frames (DIRECT.GET)
         return [(None, _dumps(out))]
 
-    def _requester(self, reply: str) -> dict[str, Any]:
+    def _requester(self, reply: str, account: str = jsaccount.GLOBAL) -> dict[str, Any]:
         """The audit's client details: the connection subscribed to the request's reply
         subject (the publisher is not handed to internal subscribers; a requester listens
         on its own inbox)."""
-        result = self.client.account.sublist.match(reply)
+        own = self.clients.get(account, self.client)
+        result = own.account.sublist.match(reply)
         subs = list(result.psubs) or [m for group in result.qsubs.values() for m in group]
         client = subs[0].client if subs else None
-        if client is None or client is self.client:
-            return {"acc": self.client.account.name, "server": self.server.server_name}
+        if client is None or client is own:
+            return {"acc": own.account.name, "server": self.server.server_name}
         return _client_info(client, self.server.server_name)
 
     def _stream(self, name: str) -> StreamMachine:
@@ -670,7 +797,9 @@ class JetStreamService:
 
     async def _h_info(self, call: api.Call, *_: Any) -> dict[str, Any]:
         storage = memory = consumers = 0
-        for sm in self.streams.values():
+        for k, sm in self.streams.items():
+            if _acc(k) != call.account:
+                continue
             with sm.lock:
                 size = sm.store.bytes()
                 consumers += len(sm.stream.consumers)
@@ -678,17 +807,42 @@ class JetStreamService:
                 memory += size
             else:
                 storage += size
-        streams = len(self.streams) if self.jsc is None or self.meta is None else \
-            len(self.meta.streams)  # clustered: the account's streams, hosted here or not
+        # clustered: the account's streams, hosted here or not
+        cfgs = list(self._configs(call.account).values())
+        limits = self.limits.get(call.account) or jsaccount.Limits()
+        total, errors = self.api_counts.get(call.account, (0, 0))
         return {"type": replies.TYPE_PREFIX + "account_info_response", "memory": memory,
-                "storage": storage, "reserved_memory": 0, "reserved_storage": 0,
-                "streams": streams, "consumers": consumers,
-                "limits": {"max_memory": -1, "max_storage": -1, "max_streams": -1,
-                           "max_consumers": -1, "max_ack_pending": -1,
-                           "memory_max_stream_bytes": -1, "storage_max_stream_bytes": -1,
-                           "max_bytes_required": False},
-                "api": {"level": api.API_LEVEL, "total": self.api_total,
-                        "errors": self.api_errors}}
+                "storage": storage,
+                "reserved_memory": jsaccount.reserved(cfgs, memory=True),
+                "reserved_storage": jsaccount.reserved(cfgs, memory=False),
+                "streams": len(cfgs), "consumers": consumers,
+                "limits": limits.to_info(),
+                "api": {"level": api.API_LEVEL, "total": total, "errors": errors}}
+
+    def check_limits(self, account: str, cfg: dict[str, Any],
+                     configs: dict[str, stream_config.Config], creating: bool) -> None:
+        """The account's JetStream limits allow the stream `cfg` (jsaccount.py), or raise
+        nats-server's error; `configs`: the account's streams by name."""
+        limits = self.limits.get(account)
+        if limits is None:
+            raise ApiError.of("JSNotEnabledForAccountErr")
+        others = {n: c for n, c in configs.items() if n != cfg["name"]}
+        jsaccount.check_stream(limits, cfg, others, creating)
+
+    @staticmethod
+    def _check_sourcing(call: api.Call, body: bytes) -> None:
+        """Mirrors and sources read their origins through the global account's client and
+        API (sourcing_wire.py): another account's stream may not have them yet, rather than
+        read the global account's streams."""
+        if call.account == jsaccount.GLOBAL:
+            return
+        try:
+            req = json.loads(body or b"{}")
+        except ValueError:
+            return  # the config parser answers that
+        if isinstance(req, dict) and (req.get("mirror") or req.get("sources")):
+            raise ApiError.of("JSStreamGeneralErrorF",
+                              err="mirrors and sources are served in the global account only")
 
     def _stream_reply(self, kind: str, sm: StreamMachine, did_create: bool = False
                       ) -> dict[str, Any]:
@@ -700,46 +854,54 @@ class JetStreamService:
 
     async def _h_stream_create(self, call: api.Call, subject: str, reply: str, body: bytes
                                ) -> dict[str, Any]:
+        self._check_sourcing(call, body)
         if self.jsc is not None:
-            return await self.jsc.create_stream(call.stream, body)
+            return await self.jsc.create_stream(call.stream, body, call.account)
         cfg, pedantic = stream_config.parse_request(body)
         async with self._meta_lock:
-            stored, created = stream_config.check_create(call.stream, cfg, pedantic,
-                                                         self._configs())
+            configs = self._configs(call.account)
+            stored, created = stream_config.check_create(call.stream, cfg, pedantic, configs)
             if created:
+                self.check_limits(call.account, stored, configs, creating=True)
                 now = time.time_ns()
-                entry = {"op": "create", "name": stored["name"],
-                         "config": stream_config.to_wire(stored), "created_ns": now,
-                         "group": cluster_meta.group_for(stored["name"], now)}
+                k = self._key(call)
+                entry = cluster_meta.create(k, stream_config.to_wire(stored), now, [])
+                del entry["peers"]  # one node: the node itself (the single-node layout)
                 assert self.mr is not None
                 await self.mr.propose(META_GROUP, _dumps(entry))
-                await self._open_stream(stored["name"])
-                self._advise(advisories.stream_action("create", stored["name"], *self._stamp()))
-        sm = self._stream(stored["name"])
+                await self._open_stream(k)
+                self._advise(advisories.stream_action("create", stored["name"], *self._stamp()),
+                             call.account)
+        sm = self._stream(self._key(call))
         # nats-server says did_create also for an identical re-create (checked, 2.15.1).
         return self._stream_reply("stream_create_response", sm, did_create=True)
 
     async def _h_stream_update(self, call: api.Call, subject: str, reply: str, body: bytes
                                ) -> dict[str, Any]:
+        self._check_sourcing(call, body)
         if self.jsc is not None:
-            out = await self.jsc.update_stream(call.stream, body)
-            self._advise(advisories.stream_action("modify", call.stream, *self._stamp()))
+            out = await self.jsc.update_stream(call.stream, body, call.account)
+            self._advise(advisories.stream_action("modify", call.stream, *self._stamp()),
+                         call.account)
             return out
         cfg, pedantic = stream_config.parse_request(body)
         async with self._meta_lock:
-            stored = stream_config.check_update(call.stream, cfg, pedantic, self._configs())
-            sm = self._stream(call.stream)
+            configs = self._configs(call.account)
+            stored = stream_config.check_update(call.stream, cfg, pedantic, configs)
+            self.check_limits(call.account, stored, configs, creating=False)
+            sm = self._stream(self._key(call))
             await self._propose(sm, ops.UpdateConfig(
                 time.time_ns(), _dumps(stream_config.to_wire(stored))))
-            self._subscribe_stream(call.stream)
-            self.sourcing.sync(call.stream)
-            self._advise(advisories.stream_action("modify", call.stream, *self._stamp()))
+            self._subscribe_stream(sm.name)
+            self.sourcing.sync(sm.name)
+            self._advise(advisories.stream_action("modify", call.stream, *self._stamp()),
+                         call.account)
         # nats-server's update reply carries the live mirror / sources blocks
         return self.sourcing.info(self._stream_reply("stream_update_response", sm), sm)
 
     async def _h_stream_info(self, call: api.Call, subject: str, reply: str, body: bytes
                              ) -> dict[str, Any]:
-        sm = self.streams.get(call.stream)
+        sm = self.streams.get(self._key(call))
         if sm is None:  # nats-server's not-found INFO reply carries the paging fields too
             err = replies.error_reply(_kind(call.op), ApiError.of("JSStreamNotFoundErr"))
             return {**err, "total": 0, "offset": 0, "limit": 0}
@@ -759,21 +921,23 @@ class JetStreamService:
                                ) -> dict[str, Any]:
         requests.check_stream_delete(body)
         if self.jsc is not None:
-            out = await self.jsc.delete_stream(call.stream)
-            self._advise(advisories.stream_action("delete", call.stream, *self._stamp()))
+            out = await self.jsc.delete_stream(self._key(call))
+            self._advise(advisories.stream_action("delete", call.stream, *self._stamp()),
+                         call.account)
             return out
         async with self._meta_lock:
-            self._stream(call.stream)
+            k = self._stream(self._key(call)).name
             assert self.mr is not None
-            await self.mr.propose(META_GROUP, _dumps({"op": "delete", "name": call.stream}))
-            await self._close_stream(call.stream)
-            self._advise(advisories.stream_action("delete", call.stream, *self._stamp()))
+            await self.mr.propose(META_GROUP, _dumps(cluster_meta.delete(k)))
+            await self._close_stream(k)
+            self._advise(advisories.stream_action("delete", call.stream, *self._stamp()),
+                         call.account)
         return {"type": replies.TYPE_PREFIX + "stream_delete_response", "success": True}
 
     async def _h_stream_purge(self, call: api.Call, subject: str, reply: str, body: bytes
                               ) -> dict[str, Any]:
         try:
-            sm = self._stream(call.stream)
+            sm = self._stream(self._key(call))
             op = requests.parse_purge(body, time.time_ns())
         except ApiError as err:  # nats-server's purge errors carry "purged": 0
             return {**replies.error_reply(_kind(call.op), err), "purged": 0}
@@ -783,54 +947,60 @@ class JetStreamService:
 
     async def _h_stream_msg_delete(self, call: api.Call, subject: str, reply: str,
                                    body: bytes) -> dict[str, Any]:
-        sm = self._stream(call.stream)
+        sm = self._stream(self._key(call))
         index = await self._propose(sm, requests.parse_msg_delete(body, time.time_ns()))
         result = sm.results.pop(index, {"success": True})
         return {"type": replies.TYPE_PREFIX + "stream_msg_delete_response", **result}
 
     async def _h_stream_names(self, call: api.Call, subject: str, reply: str, body: bytes
                               ) -> dict[str, Any]:
-        return requests.names_reply(self._configs(), body)
+        return requests.names_reply(self._configs(call.account), body)
 
     async def _h_stream_list(self, call: api.Call, subject: str, reply: str, body: bytes
                              ) -> dict[str, Any]:
         infos = {}
-        for name, sm in self.streams.items():
+        for k, sm in self.streams.items():
+            if _acc(k) != call.account:
+                continue
             full = self.sourcing.info(self._stream_reply("stream_info_response", sm), sm)
-            infos[name] = {k: full[k] for k in ("created", "state", "mirror", "sources", "ts")
-                           if k in full}
+            infos[_name(k)] = {f: full[f] for f in ("created", "state", "mirror", "sources", "ts")
+                               if f in full}
+        configs = self._configs(call.account)
         if self.jsc is not None:  # the streams this node does not host: from their leaders
-            for name in self._configs():
+            for name in configs:
                 if name not in infos:
                     try:
-                        full = await self.jsc.stream_info_from_leader(name)
+                        full = await self.jsc.stream_info_from_leader(
+                            jsaccount.key(call.account, name))
                     except ApiError:
                         continue
                     infos[name] = {k: full[k] for k in ("created", "state", "mirror", "sources",
                                                         "ts") if k in full}
-        return requests.list_reply(self._configs(), body, infos)
+        return requests.list_reply(configs, body, infos)
 
     async def _h_stream_msg_get(self, call: api.Call, subject: str, reply: str, body: bytes
                                 ) -> dict[str, Any]:
-        return get.msg_get(self._stream(call.stream).store, body)
+        return get.msg_get(self._stream(self._key(call)).store, body)
 
     async def _h_direct_get(self, call: api.Call, subject: str, reply: str, body: bytes
                             ) -> None:
-        sm = self.streams.get(call.stream)
+        sm = self.streams.get(self._key(call))
         if sm is None or not sm.stream.cfg.get("allow_direct"):
-            sm = self.sourcing.direct_mirror(call.stream)  # `mirror_direct` answers for it
+            # `mirror_direct` answers for it (mirrors live in the global account only)
+            sm = self.sourcing.direct_mirror(call.stream) \
+                if call.account == jsaccount.GLOBAL else None
         if sm is None:
             # nats-server only listens for streams that allow direct gets: no responders.
             return [(b"NATS/1.0 503\r\n\r\n", b"")]
         with sm.lock:  # a follower's store is being applied to meanwhile
             return [(frame.hdr, frame.data)
-                    for frame in get.direct_get(sm.store, sm.name, body, call.rest)]
+                    for frame in get.direct_get(sm.store, _name(sm.name), body, call.rest)]
 
     async def _h_stream_leader_stepdown(self, call: api.Call, *_: Any) -> dict[str, Any]:
         if self.jsc is None:
             # A standalone nats-server has no leaders to change (checked, 2.15.1).
             raise ApiError.of("JSClusterRequiredErr")
-        sm = self._stream(call.stream)
+        sm = self._stream(self._key(call))
         if call.consumer and call.consumer not in sm.stream.consumers:
             raise ApiError.of("JSConsumerNotFoundErr")
         # Consumers are entries of their stream's group: they move with its leader.
@@ -860,7 +1030,7 @@ class JetStreamService:
                                     body: bytes) -> dict[str, Any]:
         if self.jsc is None:
             raise ApiError.of("JSClusterRequiredErr")
-        return await self.jsc.peer_remove(call.stream, body)
+        return await self.jsc.peer_remove(self._key(call), body)
 
     async def _sync_config(self, name: str, config: dict[str, Any] | None = None,
                            rev: int = 0) -> None:
@@ -907,9 +1077,12 @@ class JetStreamService:
     async def _h_consumer_create(self, call: api.Call, subject: str, reply: str, body: bytes
                                  ) -> dict[str, Any]:
         if self.sourcing.is_direct(body):  # a mirror's / source's origin consumer
+            if call.account != jsaccount.GLOBAL:
+                raise ApiError.of("JSStreamNotFoundErr")  # mirrors: global account only
             return await self.sourcing.create_direct(call.stream, body)
         req = consumer_config.parse_request(body)
-        sm = self.streams.get(call.stream)
+        k = self._key(call)
+        sm = self.streams.get(k)
         with sm.lock if sm else _nolock():
             stream_cfg = sm.stream.cfg if sm else None
             existing = {n: c.cfg for n, c in sm.stream.consumers.items()} if sm else {}
@@ -918,6 +1091,12 @@ class JetStreamService:
             name_source=lambda: "".join(secrets.choice(_NAME_CHARS) for _ in range(8)),
             clustered=self.jsc is not None)
         assert sm is not None
+        if created:
+            # the stream's max_consumers, or the account's when stricter (nats-server)
+            limits = self.limits.get(call.account) or jsaccount.Limits()
+            cap = jsaccount.consumer_cap(limits, int(sm.stream.cfg.get("max_consumers") or -1))
+            if 0 < cap <= len(existing):
+                raise ApiError.of("JSMaximumConsumersLimitErr")
         wire = consumer_config.to_wire(cfg)
         if created or existing.get(name) is not cfg:
             with sm.lock:
@@ -927,15 +1106,15 @@ class JetStreamService:
                                                        start, lps))
             if created:
                 self._advise(advisories.consumer_action("create", call.stream, name,
-                                                        *self._stamp()))
-            self.consumer_created.setdefault((call.stream, name), time.time_ns())
-            old = self.pulls.pop((call.stream, name), None)
-            fresh = self._pull(call.stream, name)  # new limits (max_waiting, ...)
+                                                        *self._stamp()), call.account)
+            self.consumer_created.setdefault((k, name), time.time_ns())
+            old = self.pulls.pop((k, name), None)
+            fresh = self._pull(k, name)  # new limits (max_waiting, ...)
             if old is not None:
                 fresh.queue.waiting = old.queue.waiting
                 fresh.delivered_ns, fresh.acked_ns = old.delivered_ns, old.acked_ns
             if fresh.push:
-                self._pump(call.stream, name)
+                self._pump(k, name)
         return self._consumer_info("consumer_create_response", sm, name)
 
     _h_consumer_durable_create = _h_consumer_create
@@ -954,7 +1133,7 @@ class JetStreamService:
                                 ) -> dict[str, Any]:
         """Pause until a time (or resume): a consumer config change, through the log."""
         try:
-            sm = self._stream(call.stream)
+            sm = self._stream(self._key(call))
             consumer = sm.stream.consumers.get(call.consumer)
             if consumer is None:
                 raise ApiError.of("JSConsumerNotFoundErr")
@@ -969,23 +1148,24 @@ class JetStreamService:
             pull.pause_seen = ""  # this request's own advisory says how the pause stands
         self._pump(sm.name, call.consumer)
         out = pause.pause_reply(until, time.time_ns())
-        self._advise(advisories.consumer_pause(sm.name, call.consumer, out["paused"],
-                                               out["pause_until"], *self._stamp()))
+        self._advise(advisories.consumer_pause(call.stream, call.consumer, out["paused"],
+                                               out["pause_until"], *self._stamp()),
+                     call.account)
         return out
 
     async def _h_consumer_unpin(self, call: api.Call, subject: str, reply: str, body: bytes
                                 ) -> dict[str, Any]:
-        sm = self._stream(call.stream)
+        sm = self._stream(self._key(call))
         consumer = sm.stream.consumers.get(call.consumer)
         if consumer is None:
             raise ApiError.of("JSConsumerNotFoundErr")
         group = pause.parse_unpin(body, consumer.cfg)
-        pull = self.pulls.get((call.stream, call.consumer))
+        pull = self.pulls.get((sm.name, call.consumer))
         if pull is not None and pull.queue.priority.unpin(group):
-            self._advise(advisories.group_unpinned(self.client.account.name, call.stream,
+            self._advise(advisories.group_unpinned(call.account, call.stream,
                                                    call.consumer, group, "admin",
-                                                   *self._stamp()))
-            self._pump(call.stream, call.consumer)
+                                                   *self._stamp()), call.account)
+            self._pump(sm.name, call.consumer)
         return {"type": pause.UNPIN_TYPE}
 
     def _consumer_info(self, kind: str, sm: StreamMachine, name: str) -> dict[str, Any]:
@@ -999,11 +1179,11 @@ class JetStreamService:
                 self.consumer_created.get((sm.name, name), sm.created_ns)
             wire = consumer_config.to_wire(consumer.cfg)
             out = replies.consumer_info(
-                kind, sm.name, name, wire, consumer, view, rfc3339(created), self._now(),
+                kind, _name(sm.name), name, wire, consumer, view, rfc3339(created), self._now(),
                 num_waiting=len(pull.queue.waiting) if pull else 0,
                 delivered_at=rfc3339(pull.delivered_ns) if pull and pull.delivered_ns else "",
                 acked_at=rfc3339(pull.acked_ns) if pull and pull.acked_ns else "",
-                push_bound=bool(pull and pull.push and self._has_interest(pull.push)),
+                push_bound=bool(pull and pull.push and self._has_interest(pull.push, sm.name)),
                 paused_ns=pause.paused_for(consumer.cfg.get("pause_until") or "",
                                            time.time_ns()),
                 pinned={g: (pin, rfc3339(ts)) for g, (pin, ts)
@@ -1014,21 +1194,22 @@ class JetStreamService:
 
     async def _h_consumer_info(self, call: api.Call, subject: str, reply: str, body: bytes
                                ) -> dict[str, Any]:
-        return self._consumer_info("consumer_info_response", self._stream(call.stream),
+        return self._consumer_info("consumer_info_response", self._stream(self._key(call)),
                                    call.consumer)
 
     async def _h_consumer_delete(self, call: api.Call, subject: str, reply: str, body: bytes
                                  ) -> dict[str, Any]:
-        sm = self._stream(call.stream)
-        if self.sourcing.delete_direct(call.stream, call.consumer):
+        sm = self._stream(self._key(call))
+        if call.account == jsaccount.GLOBAL and \
+                self.sourcing.delete_direct(call.stream, call.consumer):
             return {"type": replies.TYPE_PREFIX + "consumer_delete_response", "success": True}
         if call.consumer not in sm.stream.consumers:
             raise ApiError.of("JSConsumerNotFoundErr")
         await self._propose(sm, ops.ConsumerDelete(time.time_ns(), call.consumer))
-        self.pulls.pop((call.stream, call.consumer), None)
-        self.consumer_created.pop((call.stream, call.consumer), None)
+        self.pulls.pop((sm.name, call.consumer), None)
+        self.consumer_created.pop((sm.name, call.consumer), None)
         self._advise(advisories.consumer_action("delete", call.stream, call.consumer,
-                                                *self._stamp()))
+                                                *self._stamp()), call.account)
         return {"type": replies.TYPE_PREFIX + "consumer_delete_response", "success": True}
 
     def _page(self, body: bytes, names: list[str], limit: int) -> tuple[int, list[str]]:
@@ -1043,7 +1224,7 @@ class JetStreamService:
 
     async def _h_consumer_names(self, call: api.Call, subject: str, reply: str, body: bytes
                                 ) -> dict[str, Any]:
-        sm = self._stream(call.stream)
+        sm = self._stream(self._key(call))
         names = sorted(sm.stream.consumers)
         offset, page = self._page(body, names, 1024)
         return {"type": replies.TYPE_PREFIX + "consumer_names_response", "total": len(names),
@@ -1051,7 +1232,7 @@ class JetStreamService:
 
     async def _h_consumer_list(self, call: api.Call, subject: str, reply: str, body: bytes
                                ) -> dict[str, Any]:
-        sm = self._stream(call.stream)
+        sm = self._stream(self._key(call))
         names = sorted(sm.stream.consumers)
         offset, page = self._page(body, names, 256)
         infos = []
@@ -1074,26 +1255,26 @@ class JetStreamService:
 
     async def _h_consumer_msg_next(self, call: api.Call, subject: str, reply: str,
                                    body: bytes) -> None:
-        sm = self.streams.get(call.stream)
+        sm = self.streams.get(self._key(call))
         if sm is None or call.consumer not in sm.stream.consumers:
             # nats-server answers a request for a missing consumer with a 404 status.
-            self._send(Status(reply, b"NATS/1.0 404 No Messages\r\n\r\n"))
+            self._send(Status(reply, b"NATS/1.0 404 No Messages\r\n\r\n"), self._key(call))
             return None
-        self._next_request(call.stream, call.consumer, reply, body)
+        self._next_request(sm.name, call.consumer, reply, body)
         return None
 
     def _next_request(self, stream: str, name: str, reply: str, body: bytes) -> None:
         """A pull request (MSG.NEXT, or the rest of a `+NXT` ack) joins the waiting queue."""
         pull = self._pull(stream, name)
         if pull.push:
-            self._send(Status(reply, b"NATS/1.0 409 Consumer is push based\r\n\r\n"))
+            self._send(Status(reply, b"NATS/1.0 409 Consumer is push based\r\n\r\n"), stream)
             return
         for status in pull.queue.add(time.time_ns(), reply, body):
-            self._send(status)
+            self._send(status, stream)
         self._pump(stream, name)
 
-    def _send(self, status: Status) -> None:
-        self.client.publish(status.reply, None, b"", status.hdr)
+    def _send(self, status: Status, stream_key: str) -> None:
+        self._client(stream_key).publish(status.reply, None, b"", status.hdr)
 
     def _pump(self, stream: str, name: str) -> None:
         pull = self.pulls.get((stream, name))
@@ -1124,12 +1305,13 @@ class JetStreamService:
         if sm is None:
             return False
         now = time.time_ns()
-        if pull.push and not self._has_interest(pull.push):
+        interest = functools.partial(self._has_interest, stream_key=stream)
+        if pull.push and not interest(pull.push):
             return False  # nats-server delivers only while someone listens
         if pull.flow is not None and pull.flow.stalled():
             return False  # flow control: wait for the client's answer
         if not pull.push:
-            pull.queue.drop_unheard(self._has_interest, now,
+            pull.queue.drop_unheard(interest, now,
                                     0 if self.jsc is None else UNHEARD_GRACE_NS)
         with sm.lock:
             consumer = sm.stream.consumers.get(name)
@@ -1156,7 +1338,7 @@ class JetStreamService:
             pending_at_plan = consumer.num_pending(view)
         if not plans:
             for status in () if pull.push else pull.queue.nothing_pending():
-                self._send(status)
+                self._send(status, stream)
             return False
         if pull.flow is not None and pull.flow.window:
             plans = _within_window(plans, msgs, pull.flow, stream, name)
@@ -1183,7 +1365,7 @@ class JetStreamService:
                 req, refused = pull.queue.take(len(msg.subject) + len(msg.hdr) + len(msg.data),
                                                *counts)
                 for status in refused:
-                    self._send(status)
+                    self._send(status, stream)
                 if req is None:
                     break
                 target = req.reply
@@ -1209,8 +1391,8 @@ class JetStreamService:
             return
         pull.pin_headers[req.reply] = pin
         if new:
-            self._advise(advisories.group_pinned(self.client.account.name, stream, name,
-                                                 req.group, pin, *self._stamp()))
+            self._advise(advisories.group_pinned(_acc(stream), _name(stream), name,
+                                                 req.group, pin, *self._stamp()), _acc(stream))
 
     def _send_deliveries(self, sm: StreamMachine, name: str, sends: list[tuple[Any, str]],
                          indexes: list[Any], pull: _Pull, pending_at_plan: int | None = None
@@ -1231,7 +1413,7 @@ class JetStreamService:
             if d is None:
                 continue
             new_after -= d.deliveries == 1
-            ack = (f"{api.ACK_PREFIX}{sm.name}.{name}.{d.deliveries}.{d.sseq}.{d.cseq}."
+            ack = (f"{api.ACK_PREFIX}{_name(sm.name)}.{name}.{d.deliveries}.{d.sseq}.{d.cseq}."
                    f"{msg.ts_ns}.{left + new_after}")
             hdr, data = msg.hdr, msg.data
             if pull.headers_only:  # the size instead of the body, as nats-server sends it
@@ -1239,51 +1421,54 @@ class JetStreamService:
             pin = pull.pin_headers.get(target)
             if pin:
                 hdr = _with_header(hdr, "Nats-Pin-Id", pin)
-            self.client.account.deliver_as(self.client, target, msg.subject, ack,
-                                           hdr or None, data)
+            client = self._client(sm.name)  # delivered in the stream's account only
+            client.account.deliver_as(client, target, msg.subject, ack, hdr or None, data)
             pull.delivered_ns = time.time_ns()
             if pull.flow is not None:
                 size = len(msg.subject) + len(ack) + len(hdr) + len(data)
                 fc = pull.flow.on_sent(size, time.time_ns(), lambda: fc_subject(
-                    sm.name, name, secrets.randbits(62)))
+                    _name(sm.name), name, secrets.randbits(62)))
                 if fc:
-                    self.client.publish(target, fc, b"", FC_REQUEST)
+                    client.publish(target, fc, b"", FC_REQUEST)
         if pull.pin_headers:  # forget the pins of requests that are done
             live = {r.reply for r in pull.queue.waiting}
             pull.pin_headers = {k: v for k, v in pull.pin_headers.items() if k in live}
 
-    def _on_ack(self, _sub: Any, subject: str, reply: str | None, hdr: bytes | None,
-                body: bytes) -> None:
+    def _on_ack(self, account: str, _sub: Any, subject: str, reply: str | None,
+                hdr: bytes | None, body: bytes) -> None:
         info = parse_ack_subject(subject)
         if info is None:
             return
-        if self.jsc is not None and not self.jsc.leads(info.stream):
-            if self.meta is not None and info.stream in self.meta.streams:
-                self.jsc.forward_ack(info.stream, subject, reply, body)
+        k = jsaccount.key(account, info.stream)  # an ack reaches its own account's stream
+        if self.jsc is not None and not self.jsc.leads(k):
+            if self.meta is not None and k in self.meta.streams:
+                self.jsc.forward_ack(k, subject, reply, body)
             return
-        sm = self.streams.get(info.stream)
+        sm = self.streams.get(k)
         if sm is None or info.consumer not in sm.stream.consumers:
             return
         kind, delay, wants_next = parse_ack_body(body)
-        pull = self.pulls.get((info.stream, info.consumer))
+        pull = self.pulls.get((k, info.consumer))
         if pull is not None:
             pull.acked_ns = time.time_ns()
         if kind is None:  # a body nats-server does not know: nothing changes
             if reply:
-                self.client.publish(reply, None, b"")
+                self._client(k).publish(reply, None, b"")
             return
         if kind == AckKind.ACK:
             self._ack_sample(sm, info)
         op = ops.ConsumerAck(time.time_ns(), info.consumer, kind, info.sseq, delay)
         self._spawn(self._ack(sm, info, op, reply, body, wants_next))
 
-    async def _ack_here(self, subject: str, body: bytes) -> bool:
-        """An ack forwarded by another node (this node leads the stream): True once it is
-        recorded, so that node confirms a double ack to its client."""
+    async def _ack_here(self, subject: str, body: bytes, stream_key: str = "") -> bool:
+        """An ack forwarded by another node (this node leads the stream `stream_key`): True
+        once it is recorded, so that node confirms a double ack to its client."""
         info = parse_ack_subject(subject)
         if info is None:
             return False
-        sm = self.streams.get(info.stream)
+        if not stream_key or _name(stream_key) != info.stream:
+            stream_key = info.stream  # a peer that predates accounts: the global account
+        sm = self.streams.get(stream_key)
         if sm is None or info.consumer not in sm.stream.consumers:
             return False
         kind, delay, _next = parse_ack_body(body)
@@ -1304,16 +1489,16 @@ class JetStreamService:
             if name in sm.stream.consumers:
                 self._next_request(sm.name, name, reply, next_request(body))
         elif reply:
-            self.client.publish(reply, None, b"")  # double ack: confirmed once applied
+            self._client(sm.name).publish(reply, None, b"")  # double ack: once applied
         for event in sm.events.pop(index, []):
             a = event.advisory
             if op.kind == AckKind.TERM:
-                self._advise(advisories.terminated(sm.name, name, info.cseq, a.sseq,
+                self._advise(advisories.terminated(_name(sm.name), name, info.cseq, a.sseq,
                                                    a.deliveries, advisories.term_reason(body),
-                                                   *self._stamp()))
+                                                   *self._stamp()), _acc(sm.name))
             elif op.kind == AckKind.NAK:
-                self._advise(advisories.naked(sm.name, name, info.cseq, a.sseq, a.deliveries,
-                                              *self._stamp()))
+                self._advise(advisories.naked(_name(sm.name), name, info.cseq, a.sseq,
+                                              a.deliveries, *self._stamp()), _acc(sm.name))
         self._pump(sm.name, name)
         return True
 
@@ -1330,8 +1515,8 @@ class JetStreamService:
         if pending is None or pct <= 0 or secrets.randbelow(100) >= pct:
             return
         self._advise(advisories.consumer_ack_metric(
-            sm.name, info.consumer, info.cseq, info.sseq, time.time_ns() - pending.delivered_ns,
-            deliveries, *self._stamp()))
+            _name(sm.name), info.consumer, info.cseq, info.sseq,
+            time.time_ns() - pending.delivered_ns, deliveries, *self._stamp()), _acc(sm.name))
 
     def _skip_corrupt(self, sm: StreamMachine, name: str, sseq: int, corrupt: dict[int, str],
                       acks: bool, now: int) -> list[ops.Op]:
@@ -1356,28 +1541,34 @@ class JetStreamService:
             for event in sm.events.pop(index, []) if isinstance(index, int) else ():
                 a = event.advisory
                 if a.kind == "MAX_DELIVERIES":
-                    self._advise(advisories.max_deliveries(sm.name, name, a.sseq,
-                                                           a.deliveries, *self._stamp()))
+                    self._advise(advisories.max_deliveries(_name(sm.name), name, a.sseq,
+                                                           a.deliveries, *self._stamp()),
+                                 _acc(sm.name))
 
-    def _on_flow_control(self, _sub: Any, subject: str, reply: str | None,
+    def _on_flow_control(self, account: str, _sub: Any, subject: str, reply: str | None,
                          hdr: bytes | None, body: bytes) -> None:
         """A push consumer's client answered a flow control request: deliver again."""
         names = parse_fc_subject(subject)
+        if names:
+            names = (jsaccount.key(account, names[0]), names[1])
         pull = self.pulls.get(names) if names else None
         if names and pull is not None and pull.flow is not None \
                 and pull.flow.on_reply(subject):
             self._pump(*names)
 
-    def _advise(self, advisory: tuple[str, bytes]) -> None:
+    def _advise(self, advisory: tuple[str, bytes], account: str = jsaccount.GLOBAL) -> None:
+        """Advisories go out in the account whose stream or request they are about."""
         subject, body = advisory
-        self.client.publish(subject, None, body)
+        client = self.clients.get(account)
+        if client is not None:
+            client.publish(subject, None, body)
 
     def _stamp(self) -> tuple[str, str]:
         """An advisory's id (nats-server: a 22-character nuid) and timestamp."""
         return "".join(secrets.choice(_NAME_CHARS) for _ in range(22)), self._now()
 
-    def _has_interest(self, subject: str) -> bool:
-        account = self.client.account
+    def _has_interest(self, subject: str, stream_key: str) -> bool:
+        account = self._client(stream_key).account
         if self.jsc is not None:  # a push consumer's subscriber may be on another node
             return bool(account.has_interest(subject))
         result = account.sublist.match(subject)
@@ -1426,10 +1617,12 @@ class JetStreamService:
         self._timer_drops(sm, name, pull, now)
         self._pause_end(sm, name, pull, now)
         for group in pull.queue.priority.expired(now, list(pull.queue.waiting)):
-            self._advise(advisories.group_unpinned(self.client.account.name, stream, name,
-                                                   group, "timeout", *self._stamp()))
+            self._advise(advisories.group_unpinned(_acc(stream), _name(stream), name,
+                                                   group, "timeout", *self._stamp()),
+                         _acc(stream))
             self._pump(stream, name)
-        active = bool(pull.queue.waiting) or (bool(pull.push) and self._has_interest(pull.push))
+        active = bool(pull.queue.waiting) or \
+            (bool(pull.push) and self._has_interest(pull.push, stream))
         if active or pull.pumping:
             pull.last_active = now
         elif pull.inactive_ns and now - pull.last_active > pull.inactive_ns and not pull.deleting:
@@ -1448,11 +1641,11 @@ class JetStreamService:
             due = consumer.next_deadline()
             statuses = pull.queue.tick(now, st.delivered_cseq, st.delivered_sseq)
         for status in statuses:
-            self._send(status)
+            self._send(status, stream)
         if pull.flow is not None:
             beat = pull.flow.heartbeat(now, st.delivered_cseq, st.delivered_sseq, True)
             if beat is not None:
-                self.client.publish(pull.push, None, b"", beat)
+                self._client(stream).publish(pull.push, None, b"", beat)
         if pull.push or pull.paused or (due is not None and due <= now):
             self._pump(stream, name)
 
@@ -1466,8 +1659,8 @@ class JetStreamService:
             pull.pause_seen = until
         elif pull.pause_seen == until:
             pull.pause_seen = ""
-            self._advise(advisories.consumer_pause(sm.name, name, False, until,
-                                                   *self._stamp()))
+            self._advise(advisories.consumer_pause(_name(sm.name), name, False, until,
+                                                   *self._stamp()), _acc(sm.name))
             self._pump(sm.name, name)
 
     def _timer_drops(self, sm: StreamMachine, name: str, pull: _Pull, now: int) -> None:
@@ -1494,7 +1687,12 @@ class JetStreamService:
         await self._propose(sm, ops.ConsumerDelete(time.time_ns(), name))
         self.pulls.pop((sm.name, name), None)
         self.consumer_created.pop((sm.name, name), None)
-        self._advise(advisories.consumer_action("delete", sm.name, name, *self._stamp()))
+        self._advise(advisories.consumer_action("delete", _name(sm.name), name,
+                                                *self._stamp()), _acc(sm.name))
+
+
+_name = jsaccount.name_of  # a stream key's stream name (what goes on the wire)
+_acc = jsaccount.account_of  # a stream key's account
 
 
 def _within_window(plans: list[Any], msgs: dict[int, Any], flow: PushFlow, stream: str,

@@ -1,0 +1,143 @@
+"""JetStream per account (pure): registry keys, which accounts have JetStream, their limits.
+
+Every account has its own streams: the service keys them by `key(account, name)`. The global
+account's key is the bare stream name, so catalogues, Raft groups and LMDB stores written
+before accounts existed open unchanged; any other account's key is `<account>/<name>`. A
+stream name never holds '/' (nats-server refuses path separators, config.py too), so `split`
+is exact even when the account name holds one.
+
+Limits are nats-server 2.15's (checked against the binary, tests/integration/
+test_jetstream_accounts_diff.py):
+* stream create/update: `max_streams` counts the account's streams; `max_mem`/`max_file` are
+  checked against the account's reservations (the sum of its other streams' `max_bytes`, per
+  storage type) plus this stream's `max_bytes` (1 when unset);
+* consumer create: the account's `max_consumers` caps each stream's consumers (nats-server
+  takes the stricter of it and the stream's own `max_consumers`);
+* publish: the account's stored bytes of that storage type plus the new record's size must
+  stay within `max_mem`/`max_file`, else 10002 "resource limits exceeded for account".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from node.jetstream.errors import ApiError
+
+GLOBAL = "$G"
+SEP = "/"
+UNLIMITED = -1
+
+
+def key(account: str, name: str) -> str:
+    """The registry key of stream `name` in `account`."""
+    return name if account == GLOBAL else f"{account}{SEP}{name}"
+
+
+def split(stream_key: str) -> tuple[str, str]:
+    """(account, stream name) of a registry key."""
+    account, sep, name = stream_key.rpartition(SEP)
+    return (account, name) if sep else (GLOBAL, stream_key)
+
+
+def account_of(stream_key: str) -> str:
+    return split(stream_key)[0]
+
+
+def name_of(stream_key: str) -> str:
+    return split(stream_key)[1]
+
+
+@dataclass(frozen=True)
+class Limits:
+    """An account's JetStream limits (-1: none), as `$JS.API.INFO` shows them."""
+
+    max_memory: int = UNLIMITED
+    max_storage: int = UNLIMITED
+    max_streams: int = UNLIMITED
+    max_consumers: int = UNLIMITED
+    max_ack_pending: int = UNLIMITED
+    memory_max_stream_bytes: int = UNLIMITED
+    storage_max_stream_bytes: int = UNLIMITED
+    max_bytes_required: bool = False
+
+    def to_info(self) -> dict[str, Any]:
+        return {"max_memory": self.max_memory, "max_storage": self.max_storage,
+                "max_streams": self.max_streams, "max_consumers": self.max_consumers,
+                "max_ack_pending": self.max_ack_pending,
+                "memory_max_stream_bytes": self.memory_max_stream_bytes,
+                "storage_max_stream_bytes": self.storage_max_stream_bytes,
+                "max_bytes_required": self.max_bytes_required}
+
+
+def from_config(js: Any) -> Limits:
+    """An `accountconf.JetStreamLimits` (config block or account JWT) as Limits."""
+    return Limits(js.max_mem, js.max_file, js.max_streams, js.max_consumers,
+                  js.max_ack_pending, js.memory_max_stream_bytes, js.store_max_stream_bytes,
+                  bool(js.max_bytes_required))
+
+
+def limits_for(accounts_conf: Any, account: str, operator_mode: bool) -> Limits | None:
+    """The account's limits, None when JetStream is not enabled for it.
+
+    nats-server's rule: with no accounts configured (and no operator), the global account
+    has JetStream without limits; once accounts are configured only those whose
+    `jetstream` is enabled (or whose JWT grants storage) have it, the global account not."""
+    configured = {} if accounts_conf is None else dict(accounts_conf.accounts)
+    system = getattr(accounts_conf, "system_account", "$SYS")
+    configured.pop(system, None)
+    if account == GLOBAL:
+        return Limits() if not configured and not operator_mode else None
+    acc = configured.get(account)
+    if acc is None or not acc.jetstream.enabled:
+        return None
+    return from_config(acc.jetstream)
+
+
+# ---------------------------------------------------------------------------- checks
+
+
+def check_stream(limits: Limits, cfg: dict[str, Any], others: dict[str, dict[str, Any]],
+                 creating: bool) -> None:
+    """Raise nats-server's error when the account cannot take the stream `cfg`. `others`:
+    the account's other streams' configs (by name, this one left out)."""
+    memory = cfg.get("storage") == "memory"
+    max_bytes = int(cfg.get("max_bytes") or -1)
+    if max_bytes <= 0 and limits.max_bytes_required:
+        raise ApiError.of("JSStreamMaxBytesRequired")
+    per_stream = limits.memory_max_stream_bytes if memory else limits.storage_max_stream_bytes
+    if max_bytes > 0 and 0 < per_stream < max_bytes:
+        raise ApiError.of("JSStreamMaxStreamBytesExceeded")
+    if creating and limits.max_streams > 0 and len(others) >= limits.max_streams:
+        raise ApiError.of("JSMaximumStreamsLimitErr")
+    stream_consumers = int(cfg.get("max_consumers") or -1)
+    if stream_consumers > 0 and 0 < limits.max_consumers < stream_consumers:
+        raise ApiError.of("JSMaximumConsumersLimitErr")
+    limit = limits.max_memory if memory else limits.max_storage
+    if limit < 0:
+        return
+    reserved = sum(int(c.get("max_bytes") or 0) for c in others.values()
+                   if (c.get("storage") == "memory") == memory and int(c.get("max_bytes") or 0) > 0)
+    if reserved + (max_bytes if max_bytes > 0 else 1) > limit:
+        raise ApiError.of("JSMemoryResourcesExceededErr" if memory
+                          else "JSStorageResourcesExceededErr")
+
+
+def consumer_cap(limits: Limits, stream_max: int) -> int:
+    """The consumers one stream may hold: its own `max_consumers`, or the account's when
+    that is stricter (-1: none)."""
+    if stream_max <= 0 or 0 < limits.max_consumers < stream_max:
+        return limits.max_consumers
+    return stream_max
+
+
+def reserved(cfgs: list[dict[str, Any]], memory: bool) -> int:
+    """The bytes the streams reserve (their `max_bytes`) in one storage type."""
+    return sum(int(c.get("max_bytes") or 0) for c in cfgs
+               if (c.get("storage") == "memory") == memory and int(c.get("max_bytes") or 0) > 0)
+
+
+def publish_exceeds(limits: Limits, memory: bool, used: int, size: int) -> bool:
+    """Whether storing a record of `size` bytes takes the account past its limit."""
+    limit = limits.max_memory if memory else limits.max_storage
+    return limit >= 0 and used + size > limit

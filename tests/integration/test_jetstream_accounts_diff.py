@@ -1,0 +1,216 @@
+"""JetStream per account, against nats-server 2.15 (issue 8 "Account scoped", issue 7).
+
+The same nats-py script runs against `nats-server -c conf` and `jetraft serve -c conf` and
+every reply's whole JSON is compared (times and ids masked). It covers: two accounts with
+a stream of the same name (independent data, consumers, acks, deletes); an account's
+`max_streams`, `max_consumers`, `max_mem` / `max_file` with nats-server's error JSON; an
+account without JetStream and the global account once accounts exist (10039); INFO's
+per-account stats, reservations and limits. Then jetraft alone: restart keeps each account's
+streams apart.
+
+Mutation (docs/notes/jsacct.md): `jsaccount.key` returning the bare name (the registry ignoring
+the account) fails test_two_accounts_same_stream_name and test_restart_keeps_accounts_apart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import nats
+
+from tests.integration.conftest import ServerProc, Servers
+from tests.integration.jsdiff import assert_same_steps
+
+ALLOWED = {"created", "ts", "first_ts", "last_ts", "time", "last_active", "leader"}
+
+CONF = """
+jetstream { store_dir: "%s" }
+accounts {
+  A { users: [{user: a, password: p}], jetstream: enabled }
+  B { users: [{user: b, password: p}],
+      jetstream: { max_mem: 1000, max_file: 1M, max_streams: 2, max_consumers: 1 } }
+  C { users: [{user: c, password: p}] }
+}
+authorization { users: [{user: g, password: p}] }
+"""
+
+
+async def _req(nc: Any, subject: str, body: Any = b"") -> Any:
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    try:
+        msg = await nc.request(subject, data, timeout=3)
+    except Exception as exc:  # noqa: BLE001 (the step records what happened)
+        return type(exc).__name__
+    return json.loads(msg.data) if msg.data else {"headers": dict(msg.headers or {})}
+
+
+async def _connect(srv: ServerProc, user: str) -> Any:
+    return await nats.connect(f"nats://{user}:p@127.0.0.1:{srv.port}")
+
+
+def _stream(name: str, subjects: list[str], **extra: Any) -> dict[str, Any]:
+    return {"name": name, "subjects": subjects, **extra}
+
+
+async def _isolation_script(srv: ServerProc) -> list[Any]:
+    a, b = await _connect(srv, "a"), await _connect(srv, "b")
+    steps: list[Any] = []
+    try:
+        # the same name and the same subjects in two accounts: two streams, no overlap
+        steps.append(await _req(a, "$JS.API.STREAM.CREATE.S", _stream("S", ["orders.>"])))
+        steps.append(await _req(b, "$JS.API.STREAM.CREATE.S",
+                                _stream("S", ["orders.>"], storage="memory")))
+        for i in range(3):
+            steps.append(await _req(a, "orders.a", f"from-a-{i}".encode()))
+        steps.append(await _req(b, "orders.b", b"from-b"))
+        for nc in (a, b):
+            steps.append(await _req(nc, "$JS.API.STREAM.INFO.S"))
+            steps.append(await _req(nc, "$JS.API.STREAM.NAMES"))
+            steps.append(await _req(nc, "$JS.API.STREAM.MSG.GET.S", {"seq": 1}))
+        # consumers and acks stay in their account
+        cfg = {"stream_name": "S", "config": {"durable_name": "d", "ack_policy": "explicit"}}
+        steps.append(await _req(a, "$JS.API.CONSUMER.CREATE.S.d", cfg))
+        steps.append(await _req(b, "$JS.API.CONSUMER.INFO.S.d"))
+        js = a.jetstream()
+        sub = await js.pull_subscribe("orders.>", durable="d", stream="S")
+        msgs = await sub.fetch(3, timeout=3)
+        steps.append([m.data.decode() for m in msgs])
+        for m in msgs:
+            await m.ack_sync()
+        steps.append(await _req(a, "$JS.API.CONSUMER.INFO.S.d"))
+        # deleting B's stream leaves A's alone
+        steps.append(await _req(b, "$JS.API.STREAM.DELETE.S"))
+        steps.append(await _req(a, "$JS.API.STREAM.INFO.S"))
+        steps.append(await _req(b, "$JS.API.STREAM.INFO.S"))
+        steps.append(await _req(a, "$JS.API.INFO"))
+        steps.append(await _req(b, "$JS.API.INFO"))
+    finally:
+        await a.close()
+        await b.close()
+    return steps
+
+
+async def _limits_script(srv: ServerProc) -> list[Any]:
+    b = await _connect(srv, "b")
+    steps: list[Any] = []
+    try:
+        steps.append(await _req(b, "$JS.API.INFO"))
+        steps.append(await _req(b, "$JS.API.STREAM.CREATE.M",
+                                _stream("M", ["m.>"], storage="memory")))
+        steps.append(await _req(b, "$JS.API.STREAM.CREATE.F", _stream("F", ["f.>"])))
+        steps.append(await _req(b, "$JS.API.STREAM.CREATE.X", _stream("X", ["x.>"])))
+        # max_consumers: one per stream
+        for name in ("c1", "c2"):
+            steps.append(await _req(b, f"$JS.API.CONSUMER.CREATE.M.{name}",
+                                    {"stream_name": "M", "config": {"durable_name": name}}))
+        steps.append(await _req(b, "$JS.API.CONSUMER.CREATE.F.c1",
+                                {"stream_name": "F", "config": {"durable_name": "c1"}}))
+        # max_mem 1000: a 619-byte record fits, a second one does not
+        steps.append(await _req(b, "m.x", b"x" * 600))
+        steps.append(await _req(b, "m.x", b"x" * 600))
+        steps.append(await _req(b, "$JS.API.STREAM.DELETE.F"))
+        # reservations: max_bytes against max_mem / max_file
+        steps.append(await _req(b, "$JS.API.STREAM.CREATE.R",
+                                _stream("R", ["r.>"], storage="memory", max_bytes=2000)))
+        steps.append(await _req(b, "$JS.API.STREAM.CREATE.R",
+                                _stream("R", ["r.>"], max_bytes=2_000_000)))
+        steps.append(await _req(b, "$JS.API.STREAM.CREATE.R",
+                                _stream("R", ["r.>"], max_bytes=600_000)))
+        steps.append(await _req(b, "$JS.API.STREAM.UPDATE.R",
+                                _stream("R", ["r.>"], max_bytes=1_500_000)))
+        steps.append(await _req(b, "$JS.API.STREAM.DELETE.M"))
+        steps.append(await _req(b, "$JS.API.STREAM.CREATE.U",
+                                _stream("U", ["u.>"], max_bytes=500_000)))
+        steps.append(await _req(b, "$JS.API.STREAM.CREATE.V", _stream("V", ["v.>"])))
+        # max_file 1M: file records count their 30-byte overhead
+        for _ in range(4):
+            steps.append(await _req(b, "r.x", b"y" * 300_000))
+        steps.append(await _req(b, "$JS.API.STREAM.INFO.R"))
+        steps.append(await _req(b, "$JS.API.INFO"))
+    finally:
+        await b.close()
+    return steps
+
+
+async def _disabled_script(srv: ServerProc) -> list[Any]:
+    steps: list[Any] = []
+    for user in ("c", "g"):  # an account without jetstream; $G once accounts exist
+        nc = await _connect(srv, user)
+        try:
+            steps.append(await _req(nc, "$JS.API.INFO"))
+            steps.append(await _req(nc, "$JS.API.STREAM.CREATE.S", _stream("S", ["s.>"])))
+            steps.append(await _req(nc, "$JS.API.STREAM.NAMES"))
+            steps.append(await _req(nc, "$JS.API.CONSUMER.INFO.S.d"))
+            for op in ("STREAM.INFO.S", "STREAM.LIST", "STREAM.PURGE.S", "CONSUMER.NAMES.S",
+                       "CONSUMER.LIST.S", "STREAM.DELETE.S", "STREAM.LEADER.STEPDOWN.S"):
+                steps.append(await _req(nc, "$JS.API." + op))
+            steps.append(await _req(nc, "$JS.API.CONSUMER.CREATE.S.d",
+                                    {"stream_name": "S", "config": {"durable_name": "d"}}))
+            steps.append(await _req(nc, "$JS.API.CONSUMER.CREATE.S.d", {"bogus": 1}))
+            steps.append(await _req(nc, "$JS.API.DIRECT.GET.S", {"seq": 1}))
+            steps.append(await _req(nc, "$JS.API.CONSUMER.MSG.NEXT.S.d", {"batch": 1}))
+            steps.append(await _req(nc, "orders.a", b"x"))  # A's stream subject: not here
+        finally:
+            await nc.close()
+    return steps
+
+
+def _pair(servers: Servers, tmp_path: Path) -> dict[str, ServerProc]:
+    return {"nats-server": servers.nats_server(CONF % (tmp_path / "theirs")),
+            "jetraft": servers.jetraft(CONF % (tmp_path / "ours"))}
+
+
+async def _both(servers: Servers, tmp_path: Path, script: Any) -> None:
+    pair = _pair(servers, tmp_path)
+    theirs = await script(pair["nats-server"])
+    ours = await script(pair["jetraft"])
+    assert_same_steps(ours, theirs, ALLOWED)
+
+
+async def test_two_accounts_same_stream_name(servers: Servers, tmp_path: Path) -> None:
+    await _both(servers, tmp_path, _isolation_script)
+
+
+async def test_account_limits_errors(servers: Servers, tmp_path: Path) -> None:
+    await _both(servers, tmp_path, _limits_script)
+
+
+async def test_account_without_jetstream(servers: Servers, tmp_path: Path) -> None:
+    await _both(servers, tmp_path, _disabled_script)
+
+
+async def test_restart_keeps_accounts_apart(servers: Servers, tmp_path: Path) -> None:
+    conf = CONF % (tmp_path / "store")
+    srv = servers.jetraft(conf)
+    a, b = await _connect(srv, "a"), await _connect(srv, "b")
+    await _req(a, "$JS.API.STREAM.CREATE.S", _stream("S", ["orders.>"]))
+    await _req(b, "$JS.API.STREAM.CREATE.S", _stream("S", ["orders.>"], max_bytes=10_000))
+    for i in range(3):
+        assert (await _req(a, "orders.a", f"a{i}".encode()))["seq"] == i + 1
+    assert (await _req(b, "orders.b", b"b0"))["seq"] == 1
+    await a.close()
+    await b.close()
+    srv.stop()
+    srv = servers.jetraft(conf, port=srv.port)
+    a, b = await _connect(srv, "a"), await _connect(srv, "b")
+    try:
+        info_a = await _req(a, "$JS.API.STREAM.INFO.S")
+        info_b = await _req(b, "$JS.API.STREAM.INFO.S")
+        assert info_a["state"]["messages"] == 3 and info_a["config"]["max_bytes"] == -1
+        assert info_b["state"]["messages"] == 1 and info_b["config"]["max_bytes"] == 10_000
+        got = await _req(b, "$JS.API.STREAM.MSG.GET.S", {"seq": 1})
+        assert got["message"]["subject"] == "orders.b"
+        # still two streams: a publish in A lands in A's only
+        assert (await _req(a, "orders.a", b"a3"))["seq"] == 4
+        assert (await _req(b, "$JS.API.STREAM.INFO.S"))["state"]["messages"] == 1
+        assert (await _req(b, "$JS.API.INFO"))["reserved_storage"] == 10_000
+    finally:
+        await a.close()
+        await b.close()
+
+
+if __name__ == "__main__":  # pragma: no cover (manual probe)
+    asyncio.run(asyncio.sleep(0))
