@@ -163,23 +163,29 @@ def _pair(servers: Servers, tmp_path: Path) -> dict[str, ServerProc]:
             "jetraft": servers.jetraft(CONF % (tmp_path / "ours"))}
 
 
-async def _both(servers: Servers, tmp_path: Path, script: Any) -> None:
+async def _both(servers: Servers, tmp_path: Path, script: Any) -> list[Any]:
     pair = _pair(servers, tmp_path)
     theirs = await script(pair["nats-server"])
     ours = await script(pair["jetraft"])
     assert_same_steps(ours, theirs, ALLOWED)
+    return ours
 
 
 async def test_two_accounts_same_stream_name(servers: Servers, tmp_path: Path) -> None:
-    await _both(servers, tmp_path, _isolation_script)
+    ours = await _both(servers, tmp_path, _isolation_script)
+    assert ours[6]["state"]["messages"] == 3 and ours[9]["state"]["messages"] == 1
+    assert ours[14] == ["from-a-0", "from-a-1", "from-a-2"]
 
 
 async def test_account_limits_errors(servers: Servers, tmp_path: Path) -> None:
-    await _both(servers, tmp_path, _limits_script)
+    ours = await _both(servers, tmp_path, _limits_script)
+    codes = [s["error"]["err_code"] for s in ours if isinstance(s, dict) and "error" in s]
+    assert codes == [10027, 10026, 10002, 10028, 10047, 10047, 10047, 10002], codes
 
 
 async def test_account_without_jetstream(servers: Servers, tmp_path: Path) -> None:
-    await _both(servers, tmp_path, _disabled_script)
+    ours = await _both(servers, tmp_path, _disabled_script)
+    assert ours[0]["error"]["err_code"] == 10039
 
 
 async def test_restart_keeps_accounts_apart(servers: Servers, tmp_path: Path) -> None:
