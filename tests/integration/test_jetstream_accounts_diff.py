@@ -180,7 +180,7 @@ async def test_two_accounts_same_stream_name(servers: Servers, tmp_path: Path) -
 async def test_account_limits_errors(servers: Servers, tmp_path: Path) -> None:
     ours = await _both(servers, tmp_path, _limits_script)
     codes = [s["error"]["err_code"] for s in ours if isinstance(s, dict) and "error" in s]
-    assert codes == [10027, 10026, 10002, 10028, 10047, 10047, 10047, 10002], codes
+    assert codes == [10027, 10026, 10002, 10028, 10047, 10047, 10047], codes
 
 
 async def test_account_without_jetstream(servers: Servers, tmp_path: Path) -> None:
