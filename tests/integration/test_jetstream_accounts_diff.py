@@ -128,6 +128,8 @@ async def _limits_script(srv: ServerProc) -> list[Any]:
         # max_file 1M: file records count their 30-byte overhead
         for _ in range(4):
             steps.append(await _req(b, "r.x", b"y" * 300_000))
+        for _ in range(3):  # V has no max_bytes: the account's max_file stops it
+            steps.append(await _req(b, "v.x", b"z" * 300_000))
         steps.append(await _req(b, "$JS.API.STREAM.INFO.R"))
         steps.append(await _req(b, "$JS.API.INFO"))
     finally:
@@ -180,7 +182,7 @@ async def test_two_accounts_same_stream_name(servers: Servers, tmp_path: Path) -
 async def test_account_limits_errors(servers: Servers, tmp_path: Path) -> None:
     ours = await _both(servers, tmp_path, _limits_script)
     codes = [s["error"]["err_code"] for s in ours if isinstance(s, dict) and "error" in s]
-    assert codes == [10027, 10026, 10002, 10028, 10047, 10047, 10047], codes
+    assert codes == [10027, 10026, 10002, 10028, 10047, 10047, 10047, 10002], codes
 
 
 async def test_account_without_jetstream(servers: Servers, tmp_path: Path) -> None:
