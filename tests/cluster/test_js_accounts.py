@@ -1,0 +1,108 @@
+"""JetStream per account on three nodes: the meta group's assignments carry the account, so
+two accounts' streams of the same name are two Raft groups, each served in its own account
+from every node (publishes, pull consumers and acks forwarded to the leaders), and an
+account's limits are enforced by the meta leader whichever node the request came in on.
+
+Mutation (docs/notes/jsacct.md): `jsaccount.key` returning the bare stream name fails this
+test (the second create becomes the first stream's, and B sees A's messages)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.cluster.jshelp import JsCluster, api, connect, errors_in_logs, until
+
+ACCOUNTS = """
+accounts {
+  A { users: [{user: a, password: p}], jetstream: enabled }
+  B { users: [{user: b, password: p}], jetstream: { max_streams: 1 } }
+}
+"""
+
+
+@pytest.fixture
+def js3acc(tmp_path: Path) -> Iterator[JsCluster]:
+    c = JsCluster(tmp_path / "c", 3)
+    c.extra_config = ACCOUNTS
+    try:
+        c.start()
+        c.wait_js()
+        yield c
+    finally:
+        c.stop()
+
+
+async def test_two_accounts_same_stream_name_on_three_nodes(js3acc: JsCluster) -> None:
+    n0, n1, n2 = js3acc.nodes
+    a0 = await connect(n0, user="a", password="p")
+    b1 = await connect(n1, user="b", password="p")
+    a2 = await connect(n2, user="a", password="p")
+    b2 = await connect(n2, user="b", password="p")
+    try:
+        made_a = await api(a0, "STREAM.CREATE.S", {"name": "S", "subjects": ["orders.>"],
+                                                   "num_replicas": 3})
+        made_b = await api(b1, "STREAM.CREATE.S", {"name": "S", "subjects": ["orders.>"],
+                                                   "num_replicas": 3})
+        assert "error" not in made_a and "error" not in made_b, (made_a, made_b)
+        # B's limit, enforced by the meta leader whichever node B is connected to
+        over = await api(b2, "STREAM.CREATE.T", {"name": "T", "subjects": ["t.>"]})
+        assert over["error"] == {"code": 400, "err_code": 10027,
+                                 "description": "maximum number of streams reached"}
+        for i in range(3):  # publishes through every node, forwarded to each leader
+            nc = (a0, a2)[i % 2]
+            ack = await nc.request("orders.a", f"a{i}".encode(), timeout=10)
+            assert b'"seq":%d' % (i + 1) in ack.data
+        ack = await b2.request("orders.b", b"b0", timeout=10)
+        assert b'"seq":1' in ack.data
+
+        async def counts() -> bool:
+            ia = await api(a2, "STREAM.INFO.S")
+            ib = await api(b1, "STREAM.INFO.S")
+            return ia["state"]["messages"] == 3 and ib["state"]["messages"] == 1
+        await until(counts)
+        got = await api(b2, "STREAM.MSG.GET.S", {"seq": 1})
+        assert got["message"]["subject"] == "orders.b"
+        assert (await api(a0, "STREAM.NAMES"))["streams"] == ["S"]
+        info_b = await api(b1, "INFO")
+        assert info_b["streams"] == 1 and info_b["limits"]["max_streams"] == 1
+        # a pull consumer in A, acked through another node
+        made = await api(a0, "CONSUMER.CREATE.S.d", {"stream_name": "S", "config": {
+            "durable_name": "d", "ack_policy": "explicit", "num_replicas": 3}})
+        assert "error" not in made, made
+        sub = await a2.jetstream().pull_subscribe("orders.>", durable="d", stream="S")
+        msgs = await sub.fetch(3, timeout=10)
+        assert [m.data for m in msgs] == [b"a0", b"a1", b"a2"]
+        for m in msgs:
+            await m.ack_sync(timeout=10)
+        assert (await api(b1, "CONSUMER.INFO.S.d"))["error"]["err_code"] == 10014
+
+        async def acked() -> bool:
+            return (await api(a0, "CONSUMER.INFO.S.d"))["ack_floor"]["stream_seq"] == 3
+        await until(acked)
+        # deleting B's stream leaves A's
+        assert (await api(b2, "STREAM.DELETE.S"))["success"] is True
+        assert (await api(a2, "STREAM.INFO.S"))["state"]["messages"] == 3
+        assert (await api(b1, "STREAM.INFO.S"))["error"]["err_code"] == 10059
+        # the account travels in the meta entries: a node restarted replays them
+        js3acc.stop_node(n2)
+        js3acc.start_node(n2)
+        js3acc.wait_js()
+        a2b = await connect(n2, user="a", password="p")
+        b2b = await connect(n2, user="b", password="p")
+        try:
+            async def replayed() -> bool:
+                ia = await api(a2b, "STREAM.INFO.S")
+                return "error" not in ia and ia["state"]["messages"] == 3
+            await until(replayed)
+            assert (await api(b2b, "STREAM.NAMES"))["streams"] in (None, [])
+        finally:
+            await a2b.close()
+            await b2b.close()
+    finally:
+        for nc in (a0, b1, a2, b2):
+            if not nc.is_closed:
+                await nc.close()
+    assert not [e for e in errors_in_logs(js3acc) if "Traceback" in e]
