@@ -16,7 +16,7 @@ import copy
 import time
 from typing import Any
 
-from node.jetstream import api
+from node.jetstream import api, jsaccount
 from node.jetstream.stream import rfc3339
 
 NO_RESERVATION = 2**64 - 1
@@ -27,10 +27,13 @@ def _flag(query: dict[str, str], key: str) -> bool:
     return query.get(key, "").lower() in ("1", "true")
 
 
-def _totals(svc: Any) -> tuple[int, int, int, int, int, int]:
-    """(memory bytes, file bytes, streams, consumers, messages, bytes)."""
+def _totals(svc: Any, account: str | None = None) -> tuple[int, int, int, int, int, int]:
+    """(memory bytes, file bytes, streams, consumers, messages, bytes), of one account's
+    streams or of all."""
     memory = storage = streams = consumers = messages = 0
-    for sm in list(svc.streams.values()):
+    for key, sm in list(svc.streams.items()):
+        if account is not None and jsaccount.account_of(key) != account:
+            continue
         with sm.lock:
             size = sm.store.bytes()
             streams += 1
@@ -55,7 +58,7 @@ def _level_only(cfg: dict[str, Any]) -> dict[str, Any]:
 
 def _stream_detail(svc: Any, sm: Any, consumers: bool, config: bool) -> dict[str, Any]:
     info = svc._stream_reply("stream_info_response", sm)
-    out: dict[str, Any] = {"name": sm.name, "created": info["created"],
+    out: dict[str, Any] = {"name": jsaccount.name_of(sm.name), "created": info["created"],
                            "cluster": {"leader": svc.server.server_name}}
     if config:
         out["config"] = _level_only(info["config"])
@@ -85,9 +88,14 @@ def jsz(server: Any, query: dict[str, str]) -> dict[str, Any]:
     o = server.options.jetstream
     memory, storage, streams, consumers, messages, size = _totals(svc)
     api_stats = {"level": api.API_LEVEL, "total": svc.api_total, "errors": svc.api_errors}
+    enabled = sorted(a for a, lim in svc.limits.items() if lim is not None)
+    cfgs = list(svc._configs_all().values())
     out: dict[str, Any] = {
-        "memory": memory, "storage": storage, "reserved_memory": 0, "reserved_storage": 0,
-        "accounts": 1, "ha_assets": 0, "api": api_stats, "server_id": server.server_id,
+        "memory": memory, "storage": storage,
+        "reserved_memory": jsaccount.reserved(cfgs, memory=True),
+        "reserved_storage": jsaccount.reserved(cfgs, memory=False),
+        "accounts": len(enabled), "ha_assets": 0, "api": api_stats,
+        "server_id": server.server_id,
         "now": now,
         "config": {"max_memory": o.max_mem, "max_storage": o.max_file,
                    "store_dir": svc.store_dir, "sync_interval": _sync_interval(o.sync_interval),
@@ -96,21 +104,34 @@ def jsz(server: Any, query: dict[str, str]) -> dict[str, Any]:
         "streams": streams, "consumers": consumers, "messages": messages, "bytes": size,
     }
     want_streams = _flag(query, "streams") or _flag(query, "consumers")
-    if _flag(query, "accounts") or want_streams:
-        account: dict[str, Any] = {
-            "name": "$G", "id": "$G", "memory": memory, "storage": storage,
-            "reserved_memory": NO_RESERVATION, "reserved_storage": NO_RESERVATION,
-            "accounts": 0, "ha_assets": 0,
-            "api": {"level": 0, "total": svc.api_total, "errors": svc.api_errors}}
-        if want_streams:
-            details = [_stream_detail(svc, sm, _flag(query, "consumers"),
-                                      _flag(query, "config"))
-                       for _, sm in sorted(svc.streams.items())]
-            if details:
-                account["stream_detail"] = details
-        out["account_details"] = [account]
-    out["total"] = 1
+    only = query.get("acc", "")
+    if _flag(query, "accounts") or want_streams or only:
+        names = [only] if only else enabled
+        out["account_details"] = [_account_detail(svc, name, query, want_streams)
+                                  for name in names if svc.limits.get(name) is not None]
+    out["total"] = len(enabled)
     return out
+
+
+def _account_detail(svc: Any, name: str, query: dict[str, str], want_streams: bool
+                    ) -> dict[str, Any]:
+    """One account's entry: its usage, its limits where nats-server shows the reservations
+    (the unsigned -1 when it has none), its own API counters."""
+    memory, storage, *_ = _totals(svc, name)
+    limits = svc.limits[name]
+    total, errors = svc.api_counts.get(name, (0, 0))
+    account: dict[str, Any] = {
+        "name": name, "id": name, "memory": memory, "storage": storage,
+        "reserved_memory": limits.max_memory if limits.max_memory >= 0 else NO_RESERVATION,
+        "reserved_storage": limits.max_storage if limits.max_storage >= 0 else NO_RESERVATION,
+        "accounts": 0, "ha_assets": 0, "api": {"level": 0, "total": total, "errors": errors}}
+    if want_streams:
+        details = [_stream_detail(svc, sm, _flag(query, "consumers"), _flag(query, "config"))
+                   for key, sm in sorted(svc.streams.items())
+                   if jsaccount.account_of(key) == name]
+        if details:
+            account["stream_detail"] = details
+    return account
 
 
 def _sync_interval(value: Any) -> int:

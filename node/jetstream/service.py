@@ -519,12 +519,16 @@ class JetStreamService:
         client = self._client(name)  # the stream's account's subjects, nobody else's
         self.subs[name] = [client.subscribe_internal(s, on_msg) for s in subjects]
 
+    def _configs_all(self) -> dict[str, stream_config.Config]:
+        """Every account's streams' configs by registry key."""
+        if self.jsc is not None:
+            return self.jsc.configs()
+        return {n: sm.stream.cfg for n, sm in self.streams.items()}
+
     def _configs(self, account: str = jsaccount.GLOBAL) -> dict[str, stream_config.Config]:
         """The account's streams' configs by stream name (subject overlaps, names, lists
         and limits are per account)."""
-        every = self.jsc.configs() if self.jsc is not None else \
-            {n: sm.stream.cfg for n, sm in self.streams.items()}
-        return {jsaccount.name_of(k): cfg for k, cfg in every.items()
+        return {jsaccount.name_of(k): cfg for k, cfg in self._configs_all().items()
                 if jsaccount.account_of(k) == account}
 
     async def _propose(self, sm: StreamMachine, op: ops.Op) -> int:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,8 @@ import nats
 from tests.integration.conftest import ServerProc, Servers
 from tests.integration.jsdiff import assert_same_steps
 
-ALLOWED = {"created", "ts", "first_ts", "last_ts", "time", "last_active", "leader"}
+ALLOWED = {"created", "ts", "first_ts", "last_ts", "time", "last_active", "leader",
+           "server_id", "now", "config"}
 
 CONF = """
 jetstream { store_dir: "%s" }
@@ -87,6 +89,10 @@ async def _isolation_script(srv: ServerProc) -> list[Any]:
         steps.append(await _req(b, "$JS.API.STREAM.INFO.S"))
         steps.append(await _req(a, "$JS.API.INFO"))
         steps.append(await _req(b, "$JS.API.INFO"))
+        # /jsz: every account with JetStream, and one account's streams
+        for query in ("accounts=true", "acc=A&streams=true&consumers=true", "acc=B"):
+            with urllib.request.urlopen(f"{srv.http}/jsz?{query}", timeout=5) as resp:
+                steps.append(json.loads(resp.read()))
     finally:
         await a.close()
         await b.close()
