@@ -316,10 +316,25 @@ class JetStreamService:
         return client
 
     def _client(self, stream_key: str) -> Any:
-        """The internal client of the stream's account (never another account's)."""
+        """The internal client of the stream's account (never another account's). Raises
+        KeyError for an account this node cannot know."""
         account = jsaccount.account_of(stream_key)
         client = self.clients.get(account)
-        return client if client is not None else self.account_added(account)
+        if client is not None:
+            return client
+        if account not in self.server.accounts and self.server.options.operator is not None:
+            # clustered, operator mode: a stream of an account no client of this node has
+            # used yet; its JWT comes from the resolver (registering it attaches it here)
+            self.server.refresh_operator_account(account)
+        return self.clients.get(account) or self.account_added(account)
+
+    def _limits_of(self, account: str) -> jsaccount.Limits | None:
+        if account not in self.limits:
+            try:
+                self._client(jsaccount.key(account, "_"))
+            except KeyError:
+                return None
+        return self.limits.get(account)
 
     def _key(self, call: api.Call) -> str:
         return jsaccount.key(call.account, call.stream)
@@ -516,7 +531,13 @@ class JetStreamService:
                    payload: bytes) -> None:
             self._on_publish(name, subject, reply, hdr, payload)
 
-        client = self._client(name)  # the stream's account's subjects, nobody else's
+        try:
+            client = self._client(name)  # the stream's account's subjects, nobody else's
+        except KeyError:
+            self.log.warn(f"JetStream: stream {_name(name)!r} of unknown account "
+                          f"{_acc(name)!r} is not served here")
+            self._subscribed.pop(name, None)  # looked at again at the next catalogue change
+            return
         self.subs[name] = [client.subscribe_internal(s, on_msg) for s in subjects]
 
     def _configs_all(self) -> dict[str, stream_config.Config]:
@@ -827,7 +848,7 @@ class JetStreamService:
                      configs: dict[str, stream_config.Config], creating: bool) -> None:
         """The account's JetStream limits allow the stream `cfg` (jsaccount.py), or raise
         nats-server's error; `configs`: the account's streams by name."""
-        limits = self.limits.get(account)
+        limits = self._limits_of(account)
         if limits is None:
             raise ApiError.of("JSNotEnabledForAccountErr")
         others = {n: c for n, c in configs.items() if n != cfg["name"]}
