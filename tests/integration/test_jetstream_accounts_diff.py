@@ -14,7 +14,6 @@ the account) fails test_two_accounts_same_stream_name and test_restart_keeps_acc
 
 from __future__ import annotations
 
-import asyncio
 import json
 import urllib.request
 from pathlib import Path
@@ -226,5 +225,34 @@ async def test_restart_keeps_accounts_apart(servers: Servers, tmp_path: Path) ->
         await b.close()
 
 
-if __name__ == "__main__":  # pragma: no cover (manual probe)
-    asyncio.run(asyncio.sleep(0))
+CONF_STREAM_LIMITS = """
+jetstream { store_dir: "%s" }
+accounts {
+  B { users: [{user: b, password: p}], jetstream: { max_consumers: 2, max_bytes_required: true,
+      store_max_stream_bytes: 1000, memory_max_stream_bytes: 500 } }
+}
+"""
+
+
+async def _stream_limits_script(srv: ServerProc) -> list[Any]:
+    b = await _connect(srv, "b")
+    try:
+        steps = [await _req(b, f"$JS.API.STREAM.CREATE.{body['name']}", body) for body in (
+            _stream("A", ["a"], max_consumers=3, max_bytes=100),  # over the account's 2
+            _stream("B", ["b"]),  # max_bytes required
+            _stream("C", ["c"], max_bytes=1001),  # over store_max_stream_bytes
+            _stream("D", ["d"], max_bytes=600, storage="memory"),
+            _stream("E", ["e"], max_bytes=1000))]
+        steps.append(await _req(b, "$JS.API.INFO"))
+        return steps
+    finally:
+        await b.close()
+
+
+async def test_account_stream_limit_checks(servers: Servers, tmp_path: Path) -> None:
+    theirs = await _stream_limits_script(
+        servers.nats_server(CONF_STREAM_LIMITS % (tmp_path / "theirs")))
+    ours = await _stream_limits_script(
+        servers.jetraft(CONF_STREAM_LIMITS % (tmp_path / "ours")))
+    assert_same_steps(ours, theirs, ALLOWED)
+    assert [s["error"]["err_code"] for s in ours[:4]] == [10026, 10113, 10122, 10122]
