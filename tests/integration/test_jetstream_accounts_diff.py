@@ -256,3 +256,54 @@ async def test_account_stream_limit_checks(servers: Servers, tmp_path: Path) -> 
         servers.jetraft(CONF_STREAM_LIMITS % (tmp_path / "ours")))
     assert_same_steps(ours, theirs, ALLOWED)
     assert [s["error"]["err_code"] for s in ours[:4]] == [10026, 10113, 10122, 10122]
+
+
+async def _kv_script(srv: ServerProc) -> list[Any]:
+    """Key/Value and Object Store in two accounts under the same bucket names: direct gets,
+    a watch (a push consumer with flow control and heartbeats in the account), history."""
+    steps: list[Any] = []
+    conns = {u: await _connect(srv, u) for u in ("a", "b")}
+    try:
+        for user, nc in conns.items():
+            kv = await nc.jetstream().create_key_value(bucket="cfg", history=3)
+            await kv.put("k", f"{user}-1".encode())
+            await kv.put("k", f"{user}-2".encode())
+            obj = await nc.jetstream().create_object_store(bucket="files")
+            await obj.put("f", (user * 50_000).encode())
+        for user, nc in conns.items():
+            kv = await nc.jetstream().key_value("cfg")
+            steps.append((user, (await kv.get("k")).value.decode()))
+            steps.append((user, [e.value.decode() for e in await kv.history("k")]))
+            watcher = await kv.watchall()
+            seen = []
+            async for entry in watcher:
+                if entry is None:
+                    break
+                seen.append((entry.key, entry.value.decode()))
+            await watcher.stop()
+            steps.append((user, seen))
+            obj = await nc.jetstream().object_store("files")
+            data = (await obj.get("f")).data
+            steps.append((user, len(data), data[:1].decode()))
+            steps.append(await _req(nc, "$JS.API.STREAM.NAMES"))
+    finally:
+        for nc in conns.values():
+            await nc.close()
+    return steps
+
+
+CONF_KV = """
+jetstream { store_dir: "%s" }
+accounts {
+  A { users: [{user: a, password: p}], jetstream: enabled }
+  B { users: [{user: b, password: p}], jetstream: enabled }
+}
+"""
+
+
+async def test_kv_and_object_store_per_account(servers: Servers, tmp_path: Path) -> None:
+    theirs = await _kv_script(servers.nats_server(CONF_KV % (tmp_path / "theirs")))
+    ours = await _kv_script(servers.jetraft(CONF_KV % (tmp_path / "ours")))
+    assert_same_steps(ours, theirs, ALLOWED)
+    assert ("a", "a-2") in ours and ("b", "b-2") in ours
+    assert ("b", [("k", "b-2")]) in ours
