@@ -251,10 +251,9 @@ class Server:
 
     def _jetstream_account(self, name: str) -> None:
         """JetStream is per account: a new or changed account gets (or loses) its own
-        `$JS.API` and limits (node/jetstream/jsaccount.py); the system account has none."""
-        conf = self.options.accounts
+        `$JS.API` and limits (node/jetstream/jsaccount.py)."""
         js = getattr(self, "jetstream", None)  # None until JetStream started
-        if js is not None and name != getattr(conf, "system_account", "$SYS"):
+        if js is not None:
             js.account_added(name)
 
     @property

@@ -259,10 +259,8 @@ class JetStreamService:
             for name in sorted(self.meta.streams):
                 await self._open_stream(name)
         self.client = self.account_added(jsaccount.GLOBAL)
-        system = getattr(self.server.options.accounts, "system_account", "$SYS")
         for account in list(self.server.accounts):
-            if account != system:
-                self.account_added(account)
+            self.account_added(account)
         for name in list(self.streams):
             if _acc(name) not in self.server.accounts:
                 # its account left the config: kept on disk, served again once it is back
@@ -696,6 +694,9 @@ class JetStreamService:
 
     def _on_api(self, account: str, _sub: Any, subject: str, reply: str | None,
                 hdr: bytes | None, body: bytes) -> None:
+        if account == getattr(self.server.options.accounts, "system_account", "$SYS"):
+            self._system_api(subject, reply, body)
+            return
         call = api.route(subject)
         if call is None or not reply:
             return
@@ -704,6 +705,25 @@ class JetStreamService:
             self._not_enabled(call, reply, body)
             return
         self._spawn(self._serve(call, subject, reply, body))
+
+    def _system_api(self, subject: str, reply: str | None, body: bytes) -> None:
+        """The system account has no JetStream of its own: nats-server answers every
+        `$JS.API` request there (unknown ones too) with 10039 typed `system_response`,
+        INFO with its account_info type; the meta operations are served there when
+        clustered (checked against 2.15.1, standalone: no answer)."""
+        if not reply:
+            return
+        account = getattr(self.server.options.accounts, "system_account", "$SYS")
+        call = api.route(subject)
+        if call is not None and call.op in ("META.LEADER.STEPDOWN", "SERVER.REMOVE"):
+            if self.jsc is not None:
+                self._spawn(self._serve(dataclasses.replace(call, account=account), subject,
+                                        reply, body))
+            return
+        kind = "account_info_response" if call is not None and call.op == "INFO" \
+            else "system_response"
+        err = replies.error_reply(kind, ApiError.of("JSNotEnabledForAccountErr"))
+        self.clients[account].publish(reply, None, _dumps(err))
 
     def _not_enabled(self, call: api.Call, reply: str, body: bytes) -> None:
         """An account without JetStream: nats-server answers an API request with 10039 and

@@ -34,7 +34,9 @@ accounts {
   B { users: [{user: b, password: p}],
       jetstream: { max_mem: 1000, max_file: 1M, max_streams: 2, max_consumers: 1 } }
   C { users: [{user: c, password: p}] }
+  SYS { users: [{user: s, password: p}] }
 }
+system_account: SYS
 authorization { users: [{user: g, password: p}] }
 """
 
@@ -162,6 +164,12 @@ async def _disabled_script(srv: ServerProc) -> list[Any]:
             steps.append(await _req(nc, "orders.a", b"x"))  # A's stream subject: not here
         finally:
             await nc.close()
+    nc = await _connect(srv, "s")  # the system account: `system_response`, INFO's own type
+    try:
+        for op in ("INFO", "STREAM.CREATE.S", "STREAM.LIST", "CONSUMER.MSG.NEXT.S.d", "NOPE"):
+            steps.append(await _req(nc, "$JS.API." + op))
+    finally:
+        await nc.close()
     return steps
 
 
