@@ -349,8 +349,15 @@ class SystemService:
         elif kind == "JSZ" and known:
             if s.jetstream is None:
                 self.error_reply(reply, 500, "jetstream not enabled", client, null_data=True)
-            else:
+            elif account is None:
                 self.data_reply(reply, self.endpoint("JSZ")(s), client)
+            elif s.jetstream.limits.get(account) is None:  # nats-server's wording
+                self.error_reply(reply, 500, f'account "{account}" not jetstream enabled',
+                                 client, null_data=True)
+            else:  # the account's own entry of /jsz's account_details (2.15.1)
+                from node.jetstream.jszdetail import account_detail
+
+                self.data_reply(reply, account_detail(s.jetstream, account), client)
         elif kind == "LEAFZ" and known:
             self.data_reply(reply, {"server_id": s.server_id, "now": monitor.rfc3339(time.time()),
                                     "leafnodes": 0, "leafs": []}, client)

@@ -113,6 +113,11 @@ def jsz(server: Any, query: dict[str, str]) -> dict[str, Any]:
     return out
 
 
+def account_detail(svc: Any, name: str) -> dict[str, Any]:
+    """One JetStream account's `/jsz` entry (`$SYS.REQ.ACCOUNT.<acc>.JSZ` answers with it)."""
+    return _account_detail(svc, name, {}, want_streams=False)
+
+
 def _account_detail(svc: Any, name: str, query: dict[str, str], want_streams: bool
                     ) -> dict[str, Any]:
     """One account's entry: its usage, its limits where nats-server shows the reservations

@@ -168,6 +168,9 @@ async def _disabled_script(srv: ServerProc) -> list[Any]:
     try:
         for op in ("INFO", "STREAM.CREATE.S", "STREAM.LIST", "CONSUMER.MSG.NEXT.S.d", "NOPE"):
             steps.append(await _req(nc, "$JS.API." + op))
+        for acc in ("A", "C"):  # an account's own JetStream page, or why there is none
+            got = await _req(nc, f"$SYS.REQ.ACCOUNT.{acc}.JSZ")
+            steps.append({k: got.get(k) for k in ("data", "error")})
     finally:
         await nc.close()
     return steps
