@@ -34,6 +34,7 @@ import lmdb
 
 from node.jetstream.dirs import fsync_dir
 from node.jetstream.store.base import (
+    CorruptRecordError,
     Sizer,
     StoredMsg,
     decode_record,
@@ -46,6 +47,10 @@ DB_NAMES = ("js_msgs", "js_subj", "js_subjcount", "js_meta", "js_consumers", "js
             "js_dedup", "js_dedup_ts")
 
 
+# Databases whose every value is sealed when the store is encrypted; in js_meta, the values
+# written by put_meta (keys not starting with NUL; the NUL-prefixed ones are the msgs/bytes
+# counters). Subjects and msg ids in KEYS are not (docs/jetstream.md, what is not encrypted).
+SEALED_DBS = ("js_msgs", "js_consumers")
 SYNCED_META = "synced-meta"  # the meta pages of the last synced transaction (see NodeEnv)
 _SIDE_MAGIC = b"JRLMDBMETA1\n"
 SYNC_INTERVAL_S = 0.25
@@ -76,8 +81,14 @@ class NodeEnv:
 
     def __init__(self, path: str, *, sync: bool = True,
                  sync_interval: float | None = SYNC_INTERVAL_S,
-                 on_fatal: Callable[[BaseException], None] | None = None) -> None:
+                 on_fatal: Callable[[BaseException], None] | None = None,
+                 sealer: Any = None, files: Any = None) -> None:
         self.path = path
+        self.files = files  # crypt.FileCodec for the snapshot images (machines.py), or None
+        # Encryption at rest (node/jetstream/crypt.py `Sealer`; None: values in the clear):
+        # the values of SEALED_DBS and of every `put_meta` key are sealed, with the database
+        # and the key as associated data (docs/jetstream.md, "Encryption at rest").
+        self.sealer = sealer
         self.durable = sync
         # A failed sync point is fatal: the page cache may have dropped what it held, and a
         # later fsync can report success over the loss. Every later sync raises, and
@@ -214,6 +225,7 @@ class LmdbStore:
         self.sizer = sizer
         self._env = node_env.env
         self._db = node_env.dbs
+        self._sealer = node_env.sealer
         self._prefix = len(raw).to_bytes(2, "big") + raw
         # The open batch txn belongs to the thread that opened it: applies may run in a
         # worker thread while the event loop serves reads from its own read txns.
@@ -277,7 +289,7 @@ class LmdbStore:
     # -- messages --------------------------------------------------------------------------
 
     def store(self, msg: StoredMsg) -> None:
-        record = encode_record(msg)
+        record = self._seal("js_msgs", self._msg_key(msg.seq), encode_record(msg))
         with self._write() as txn:
             added = txn.put(self._msg_key(msg.seq), record, db=self._db["js_msgs"],
                             overwrite=False)
@@ -293,14 +305,14 @@ class LmdbStore:
     def load(self, seq: int) -> StoredMsg | None:
         with self._read() as txn:
             raw = txn.get(self._msg_key(seq), db=self._db["js_msgs"])
-            return None if raw is None else decode_record(self.name, seq, bytes(raw))
+            return None if raw is None else self._decode(seq, raw)
 
     def remove(self, seq: int) -> StoredMsg | None:
         with self._write() as txn:
             raw = txn.get(self._msg_key(seq), db=self._db["js_msgs"])
             if raw is None:
                 return None
-            msg = decode_record(self.name, seq, bytes(raw))
+            msg = self._decode(seq, raw)
             txn.delete(self._msg_key(seq), db=self._db["js_msgs"])
             txn.delete(self._subj_key(msg.subject, seq), db=self._db["js_subj"])
             count_key = self._prefix + msg.subject.encode()
@@ -312,6 +324,25 @@ class LmdbStore:
             self._add(txn, "\x00msgs", -1)
             self._add(txn, "\x00bytes", -self.sizer(msg.subject, msg.hdr, msg.data))
             return msg
+
+    def _seal(self, db: str, key: bytes, value: bytes) -> bytes:
+        if self._sealer is None:
+            return value
+        return self._sealer.seal(value, db.encode() + b"\x00" + key)
+
+    def _open(self, db: str, key: bytes, value: Any) -> bytes:
+        if self._sealer is None:
+            return bytes(value)
+        return self._sealer.open(bytes(value), db.encode() + b"\x00" + key)
+
+    def _decode(self, seq: int, raw: Any) -> StoredMsg:
+        """The AEAD tag is checked first (a failure is corruption, as a CRC mismatch is),
+        then the record's own CRC over the plaintext."""
+        try:
+            record = self._open("js_msgs", self._msg_key(seq), raw)
+        except Exception as exc:  # noqa: BLE001 - crypt.SealError: nothing is served
+            raise CorruptRecordError(self.name, seq, f"does not decrypt: {exc}") from exc
+        return decode_record(self.name, seq, record)
 
     def first_seq(self) -> int:
         return next(self.seqs(1), 0)
@@ -472,22 +503,26 @@ class LmdbStore:
         return pruned
 
     def put_meta(self, key: str, value: bytes) -> None:
+        full = self._prefix + key.encode()
         with self._write() as txn:
-            txn.put(self._prefix + key.encode(), value, db=self._db["js_meta"])
+            txn.put(full, self._seal("js_meta", full, value), db=self._db["js_meta"])
 
     def get_meta(self, key: str) -> bytes | None:
+        full = self._prefix + key.encode()
         with self._read() as txn:
-            raw = txn.get(self._prefix + key.encode(), db=self._db["js_meta"])
-            return None if raw is None else bytes(raw)
+            raw = txn.get(full, db=self._db["js_meta"])
+            return None if raw is None else self._open("js_meta", full, raw)
 
     def put_consumer(self, name: str, state: bytes) -> None:
+        full = self._prefix + name.encode()
         with self._write() as txn:
-            txn.put(self._prefix + name.encode(), state, db=self._db["js_consumers"])
+            txn.put(full, self._seal("js_consumers", full, state), db=self._db["js_consumers"])
 
     def get_consumer(self, name: str) -> bytes | None:
+        full = self._prefix + name.encode()
         with self._read() as txn:
-            raw = txn.get(self._prefix + name.encode(), db=self._db["js_consumers"])
-            return None if raw is None else bytes(raw)
+            raw = txn.get(full, db=self._db["js_consumers"])
+            return None if raw is None else self._open("js_consumers", full, raw)
 
     def delete_consumer(self, name: str) -> None:
         with self._write() as txn:
@@ -539,6 +574,8 @@ def dump_image(store: LmdbStore, f: Any) -> int:
                 if not key.startswith(store._prefix):
                     break
                 short = key[len(store._prefix):]
+                if _sealed(name, short):
+                    value = store._open(name, bytes(key), value)  # the file is sealed whole
                 if name == "js_meta" and short == b"applied":
                     applied = _U64.unpack(value)[0]
                 f.write(_REC.pack(i, len(short), len(value)))
@@ -546,6 +583,11 @@ def dump_image(store: LmdbStore, f: Any) -> int:
                 f.write(value)
     f.write(bytes([_END]))
     return applied
+
+
+def _sealed(db: str, short_key: bytes) -> bool:
+    """Whether values of this database and key are sealed in an encrypted store."""
+    return db in SEALED_DBS or (db == "js_meta" and not short_key.startswith(b"\x00"))
 
 
 def load_image(store: LmdbStore, f: Any) -> None:
@@ -571,7 +613,10 @@ def load_image(store: LmdbStore, f: Any) -> None:
             key, value = f.read(klen), f.read(vlen)
             if len(key) != klen or len(value) != vlen or i >= len(DB_NAMES):
                 raise ValueError("stream image damaged")
-            txn.put(store._prefix + key, value, db=store._db[DB_NAMES[i]])
+            full = store._prefix + key
+            if _sealed(DB_NAMES[i], key):
+                value = store._seal(DB_NAMES[i], full, value)  # under THIS node's key
+            txn.put(full, value, db=store._db[DB_NAMES[i]])
 
 
 def stored_names(node_env: NodeEnv) -> set[str]:
