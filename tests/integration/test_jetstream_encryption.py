@@ -19,6 +19,7 @@ import os
 import random
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -230,3 +231,22 @@ def test_kill9_during_encrypted_publishing_loses_nothing_acked(
     assert len(acked) > 20, "too few acknowledged publishes to mean anything"
     assert node.stop() == 0
     assert _grep(store) == []
+
+
+@pytest.mark.parametrize("spelling,valid", [
+    ("chacha", True), ("chachapoly", True), ("CHACHA", True), ("ChaChaPoly", True),
+    ("aes", True), ("AES", True), ("ChaCha20", False), ("aesgcm", False), ("aes-gcm", False),
+    ("xchacha", False), ("none", False),
+])
+@pytest.mark.parametrize("impl", ["nats-server", "jetraft"])
+def test_cipher_spellings_as_nats_server(impl: str, tmp_path: Path, spelling: str,
+                                         valid: bool) -> None:
+    """Which `cipher` values nats-server 2.15 accepts (`-t`), and that Jetraft agrees."""
+    conf = tmp_path / "c.conf"
+    conf.write_text(_config(tmp_path / "s", KEY, spelling))
+    argv = (["nats-server"] if impl == "nats-server" else
+            [sys.executable, "-m", "node.cli", "serve"]) + ["-t", "-c", str(conf)]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert (proc.returncode == 0) == valid, proc.stdout + proc.stderr
+    if not valid:
+        assert f'Unknown cipher type: "{spelling}"' in proc.stdout + proc.stderr
