@@ -250,3 +250,16 @@ def test_cipher_spellings_as_nats_server(impl: str, tmp_path: Path, spelling: st
     assert (proc.returncode == 0) == valid, proc.stdout + proc.stderr
     if not valid:
         assert f'Unknown cipher type: "{spelling}"' in proc.stdout + proc.stderr
+
+
+def test_audit_refuses_an_encrypted_store_clearly(servers: Servers, tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    node = _start(servers, store, KEY, "chacha")
+    asyncio.run(_create_k(node.port))
+    assert node.stop() == 0
+    proc = subprocess.run([sys.executable, "-m", "node.cli", "audit", str(store),
+                           "--out", str(tmp_path / "report")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "encrypted at rest" in proc.stderr and "refusing" in proc.stderr
+    assert not (tmp_path / "report").exists()
