@@ -134,6 +134,36 @@ class StoreCrypt:
         self.wal = Sealer(cipher, derive(master, salt, "wal", cipher), nonces)
         self.lmdb = Sealer(cipher, derive(master, salt, "lmdb", cipher), nonces)
         self.files = FileCodec(master, cipher)
+        # No store salt: a stream image (keys included) moves between nodes as it is.
+        self.tokens = IndexTokens(derive(master, b"", "index", cipher))
+
+
+class IndexTokens:
+    """Subjects and msg ids inside LMDB KEYS (the per-subject index, the dedup table) become
+    HMAC-SHA256 tokens, 16 bytes: lookups by exact subject still work, the names do not show.
+    A bounded cache spares the HMAC on a stream's hot subjects."""
+
+    SIZE = 16
+    CACHE = 4096
+
+    def __init__(self, key: bytes) -> None:
+        self._key = key
+        self._cache: dict[tuple[bytes, str], bytes] = {}
+
+    def _token(self, domain: bytes, name: str) -> bytes:
+        hit = self._cache.get((domain, name))
+        if hit is None:
+            if len(self._cache) >= self.CACHE:
+                self._cache.clear()
+            mac = hmac.new(self._key, domain + name.encode(), "sha256").digest()
+            hit = self._cache[(domain, name)] = mac[:self.SIZE]
+        return hit
+
+    def subject(self, subject: str) -> bytes:
+        return self._token(b"s\x00", subject)
+
+    def msg_id(self, msg_id: str) -> bytes:
+        return self._token(b"m\x00", msg_id)
 
 
 def _check_value(master: bytes, salt: bytes, cipher: str) -> bytes:

@@ -216,7 +216,8 @@ class JetStreamService:
         backup.sweep_uploads(self.store_dir)
         sealed = self._open_crypt()  # before the first byte is written: a wrong key changes nothing
         self.env = NodeEnv(os.path.join(self.store_dir, "lmdb"), on_fatal=self._on_fatal_threadsafe,
-                           sealer=sealed and sealed.lmdb, files=sealed and sealed.files)
+                           sealer=sealed and sealed.lmdb, files=sealed and sealed.files,
+                           tokens=sealed and sealed.tokens)
         raft_dir = os.path.join(self.store_dir, "raft")
         node_log = NodeLog(os.path.join(raft_dir, "wal"), sealer=sealed and sealed.wal)
         cluster = getattr(self.server, "cluster", None)

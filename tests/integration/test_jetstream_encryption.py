@@ -32,7 +32,9 @@ KEY = "3f1c0a9e8b7d6c5b4a39281706f5e4d3c2b1a09f8e7d6c5b"
 PAYLOAD = b"PAYLOAD-MARKER-7Q2Z"
 HEADER = "HEADER-MARKER-K8W3"
 DESC = "DESC-MARKER-J5V1"
-MARKERS = (PAYLOAD, HEADER.encode(), DESC.encode())
+SUBJ = "SUBJ-MARKER-R4"  # in subjects: sealed in records, tokens in the index keys
+MSGID = "MSGID-MARKER-P3"  # Nats-Msg-Id: sealed in headers, a token in the dedup keys
+MARKERS = (PAYLOAD, HEADER.encode(), DESC.encode(), SUBJ.encode(), MSGID.encode())
 N = 60
 
 
@@ -82,7 +84,8 @@ async def _fill(port: int) -> None:
     js = nc.jetstream()
     await js.add_stream(name="ENC", subjects=["enc.>"], description=DESC)
     for i in range(N):
-        ack = await js.publish(f"enc.{i % 3}", PAYLOAD + b"-%d" % i, headers={"X-M": HEADER})
+        ack = await js.publish(f"enc.{SUBJ}.{i % 3}", PAYLOAD + b"-%d" % i,
+                               headers={"X-M": HEADER, "Nats-Msg-Id": f"{MSGID}-{i}"})
         assert ack.seq == i + 1
     # More than JETRAFT_JS_SNAPSHOT_EVERY meta entries: the meta group writes a snapshot
     # file holding the catalogue (every stream config, descriptions included).
@@ -102,7 +105,16 @@ async def _check_all(port: int) -> None:
     assert info.state.messages == N and info.config.description == DESC
     for i in range(N):
         msg = await js.get_msg("ENC", i + 1)
-        assert msg.data == PAYLOAD + b"-%d" % i and msg.headers == {"X-M": HEADER}
+        assert msg.data == PAYLOAD + b"-%d" % i and msg.subject == f"enc.{SUBJ}.{i % 3}"
+        assert msg.headers == {"X-M": HEADER, "Nats-Msg-Id": f"{MSGID}-{i}"}
+    # the per-subject index (tokens when encrypted) and its subject list
+    last = await js.get_msg("ENC", subject=f"enc.{SUBJ}.1")
+    assert last.seq == max(i + 1 for i in range(N) if i % 3 == 1)
+    info = await js.stream_info("ENC", subjects_filter=">")
+    assert info.state.subjects == {f"enc.{SUBJ}.{k}": N // 3 for k in range(3)}
+    # deduplication still finds a msg id in the window
+    ack = await js.publish(f"enc.{SUBJ}.0", b"again", headers={"Nats-Msg-Id": f"{MSGID}-5"})
+    assert ack.duplicate and ack.seq == 6
     ci = await js.consumer_info("ENC", "C")
     assert ci.ack_floor.stream_seq == 10
     await nc.close()

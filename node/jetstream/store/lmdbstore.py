@@ -82,8 +82,9 @@ class NodeEnv:
     def __init__(self, path: str, *, sync: bool = True,
                  sync_interval: float | None = SYNC_INTERVAL_S,
                  on_fatal: Callable[[BaseException], None] | None = None,
-                 sealer: Any = None, files: Any = None) -> None:
+                 sealer: Any = None, files: Any = None, tokens: Any = None) -> None:
         self.path = path
+        self.tokens = tokens  # crypt.IndexTokens: subjects and msg ids in keys, or None
         self.files = files  # crypt.FileCodec for the snapshot images (machines.py), or None
         # Encryption at rest (node/jetstream/crypt.py `Sealer`; None: values in the clear):
         # the values of SEALED_DBS and of every `put_meta` key are sealed, with the database
@@ -226,6 +227,7 @@ class LmdbStore:
         self._env = node_env.env
         self._db = node_env.dbs
         self._sealer = node_env.sealer
+        self._tokens = node_env.tokens
         self._prefix = len(raw).to_bytes(2, "big") + raw
         # The open batch txn belongs to the thread that opened it: applies may run in a
         # worker thread while the event loop serves reads from its own read txns.
@@ -274,8 +276,16 @@ class LmdbStore:
     def _msg_key(self, seq: int) -> bytes:
         return self._prefix + seq.to_bytes(8, "big")
 
+    def _skey(self, subject: str) -> bytes:
+        """A subject as it appears in index keys: itself, or (encrypted store) its keyed
+        token, fixed length, so `token | 0x00 | seq` still groups one subject's sequences."""
+        return subject.encode() if self._tokens is None else self._tokens.subject(subject)
+
+    def _mkey(self, msg_id: str) -> bytes:
+        return msg_id.encode() if self._tokens is None else self._tokens.msg_id(msg_id)
+
     def _subj_key(self, subject: str, seq: int) -> bytes:
-        return self._prefix + subject.encode() + b"\x00" + seq.to_bytes(8, "big")
+        return self._prefix + self._skey(subject) + b"\x00" + seq.to_bytes(8, "big")
 
     def _counter(self, txn: Any, key: str) -> int:
         raw = txn.get(self._prefix + key.encode(), db=self._db["js_meta"])
@@ -295,10 +305,14 @@ class LmdbStore:
                             overwrite=False)
             assert added, f"seq {msg.seq} stored twice"
             txn.put(self._subj_key(msg.subject, msg.seq), b"", db=self._db["js_subj"])
-            count_key = self._prefix + msg.subject.encode()
+            count_key = self._prefix + self._skey(msg.subject)
             raw = txn.get(count_key, db=self._db["js_subjcount"])
-            count = (_U64.unpack(raw)[0] if raw else 0) + 1
-            txn.put(count_key, _U64.pack(count), db=self._db["js_subjcount"])
+            count = (_U64.unpack_from(raw)[0] if raw else 0) + 1
+            # Encrypted: the count is followed by the sealed subject (subjects() lists it),
+            # sealed once when the subject first appears and kept as is after that.
+            name = b"" if self._tokens is None else bytes(raw[8:]) if raw else \
+                self._seal("js_subjcount", count_key, msg.subject.encode())
+            txn.put(count_key, _U64.pack(count) + name, db=self._db["js_subjcount"])
             self._add(txn, "\x00msgs", 1)
             self._add(txn, "\x00bytes", self.sizer(msg.subject, msg.hdr, msg.data))
 
@@ -315,10 +329,12 @@ class LmdbStore:
             msg = self._decode(seq, raw)
             txn.delete(self._msg_key(seq), db=self._db["js_msgs"])
             txn.delete(self._subj_key(msg.subject, seq), db=self._db["js_subj"])
-            count_key = self._prefix + msg.subject.encode()
-            count = _U64.unpack(txn.get(count_key, db=self._db["js_subjcount"]))[0] - 1
+            count_key = self._prefix + self._skey(msg.subject)
+            raw = txn.get(count_key, db=self._db["js_subjcount"])
+            count = _U64.unpack_from(raw)[0] - 1
             if count:
-                txn.put(count_key, _U64.pack(count), db=self._db["js_subjcount"])
+                txn.put(count_key, _U64.pack(count) + bytes(raw[8:]),
+                        db=self._db["js_subjcount"])
             else:
                 txn.delete(count_key, db=self._db["js_subjcount"])
             self._add(txn, "\x00msgs", -1)
@@ -401,7 +417,7 @@ class LmdbStore:
     # -- per-subject index -----------------------------------------------------------------
 
     def last_for_subject(self, subject: str) -> int:
-        head = self._prefix + subject.encode() + b"\x00"
+        head = self._prefix + self._skey(subject) + b"\x00"
         with self._read() as txn:
             cur = txn.cursor(db=self._db["js_subj"])
             if cur.set_range(head + b"\xff" * 8):
@@ -413,7 +429,7 @@ class LmdbStore:
             return int.from_bytes(key[len(head):], "big") if key.startswith(head) else 0
 
     def first_for_subject(self, subject: str, start: int = 1) -> int:
-        head = self._prefix + subject.encode() + b"\x00"
+        head = self._prefix + self._skey(subject) + b"\x00"
         with self._read() as txn:
             cur = txn.cursor(db=self._db["js_subj"])
             if not cur.set_range(head + start.to_bytes(8, "big")):
@@ -423,10 +439,15 @@ class LmdbStore:
 
     def subject_count(self, subject: str) -> int:
         with self._read() as txn:
-            raw = txn.get(self._prefix + subject.encode(), db=self._db["js_subjcount"])
-            return _U64.unpack(raw)[0] if raw else 0
+            raw = txn.get(self._prefix + self._skey(subject), db=self._db["js_subjcount"])
+            return _U64.unpack_from(raw)[0] if raw else 0
 
     def subjects(self) -> Iterator[tuple[str, int]]:
+        if self._tokens is not None:
+            # Keys are tokens: open each sealed name; sorted, so callers see subject order
+            # as in the clear store (this holds one list of the stream's subjects).
+            yield from sorted(self._sealed_subjects())
+            return
         with self._read() as txn:
             cur = txn.cursor(db=self._db["js_subjcount"])
             if not cur.set_range(self._prefix):
@@ -435,6 +456,19 @@ class LmdbStore:
                 if not key.startswith(self._prefix):
                     return
                 yield key[len(self._prefix):].decode(), _U64.unpack(value)[0]
+
+    def _sealed_subjects(self) -> list[tuple[str, int]]:
+        out = []
+        with self._read() as txn:
+            cur = txn.cursor(db=self._db["js_subjcount"])
+            if not cur.set_range(self._prefix):
+                return out
+            for key, value in cur:
+                if not key.startswith(self._prefix):
+                    break
+                name = self._open("js_subjcount", bytes(key), value[8:]).decode()
+                out.append((name, _U64.unpack_from(value)[0]))
+        return out
 
     # -- meta and consumers ----------------------------------------------------------------
 
@@ -466,7 +500,7 @@ class LmdbStore:
         return out
 
     def put_dedup(self, msg_id: str, seq: int, ts_ns: int) -> None:
-        key = self._prefix + msg_id.encode()
+        key = self._prefix + self._mkey(msg_id)
         with self._write() as txn:
             old = txn.get(key, db=self._db["js_dedup"])
             if old is not None:
@@ -476,11 +510,11 @@ class LmdbStore:
             txn.put(self._dedup_ts_key(ts_ns, msg_id), b"", db=self._db["js_dedup_ts"])
 
     def _dedup_ts_key(self, ts_ns: int, msg_id: str) -> bytes:
-        return self._prefix + max(ts_ns, 0).to_bytes(8, "big") + msg_id.encode()
+        return self._prefix + max(ts_ns, 0).to_bytes(8, "big") + self._mkey(msg_id)
 
     def get_dedup(self, msg_id: str) -> tuple[int, int] | None:
         with self._read() as txn:
-            raw = txn.get(self._prefix + msg_id.encode(), db=self._db["js_dedup"])
+            raw = txn.get(self._prefix + self._mkey(msg_id), db=self._db["js_dedup"])
             return None if raw is None else struct.unpack("<Qq", raw)
 
     def prune_dedup(self, before_ns: int, limit: int) -> int:
@@ -576,6 +610,8 @@ def dump_image(store: LmdbStore, f: Any) -> int:
                 short = key[len(store._prefix):]
                 if _sealed(name, short):
                     value = store._open(name, bytes(key), value)  # the file is sealed whole
+                elif name == "js_subjcount" and store._tokens is not None:
+                    value = value[:8] + store._open(name, bytes(key), value[8:])
                 if name == "js_meta" and short == b"applied":
                     applied = _U64.unpack(value)[0]
                 f.write(_REC.pack(i, len(short), len(value)))
@@ -616,6 +652,8 @@ def load_image(store: LmdbStore, f: Any) -> None:
             full = store._prefix + key
             if _sealed(DB_NAMES[i], key):
                 value = store._seal(DB_NAMES[i], full, value)  # under THIS node's key
+            elif DB_NAMES[i] == "js_subjcount" and store._tokens is not None:
+                value = value[:8] + store._seal(DB_NAMES[i], full, value[8:])
             txn.put(full, value, db=store._db[DB_NAMES[i]])
 
 
