@@ -47,7 +47,7 @@ _CIPHER_IDS = {"chacha": 1, "aes": 2}
 DISPLAY = {"chacha": "ChaCha20-Poly1305", "aes": "AES-GCM"}  # as nats-server logs them
 
 
-class SealError(Exception):
+class SealError(ValueError):
     """A sealed record or file that does not open: damaged, moved, or another key."""
 
 
