@@ -325,3 +325,14 @@ def test_backup_and_restore_of_an_encrypted_stream(servers: Servers, tmp_path: P
     asyncio.run(_check_all(node.port, dedup=False))
     assert node.stop() == 0
     assert _grep(store) == []
+
+
+def test_a_cipher_without_a_key_is_refused(tmp_path: Path) -> None:
+    """nats-server accepts it and stores in the clear; asking for a cipher and getting none
+    would fail open, so Jetraft refuses the config."""
+    conf = tmp_path / "c.conf"
+    conf.write_text(_config(tmp_path / "s", None, "aes"))
+    proc = subprocess.run([sys.executable, "-m", "node.cli", "serve", "-t", "-c", str(conf)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0
+    assert "jetstream.cipher is set but jetstream.key is not" in proc.stdout + proc.stderr
