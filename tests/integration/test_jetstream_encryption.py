@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import nats
+import nats.js.errors
 import pytest
 
 from node.jetstream import crypt
@@ -93,6 +94,10 @@ async def _fill(port: int) -> None:
     # file holding the catalogue (every stream config, descriptions included).
     for i in range(22):
         await js.add_stream(name=f"D{i}", subjects=[f"d{i}.>"], description=DESC)
+    # A memory stream: nothing of it in a file but its Raft entries, which are sealed too.
+    await js.add_stream(name="MEM", subjects=["mem.>"], storage="memory")
+    for i in range(5):
+        await js.publish("mem.x", PAYLOAD + b"-mem-%d" % i)
     sub = await js.pull_subscribe("enc.>", durable="C")
     got = await sub.fetch(10, timeout=5)
     for m in got:
@@ -123,6 +128,17 @@ async def _check_all(port: int, dedup: bool = True) -> None:
     await nc.close()
 
 
+async def _memory_stream_is_empty(port: int) -> None:
+    nc = await nats.connect(f"nats://127.0.0.1:{port}")
+    try:  # as a standalone nats-server: a memory stream does not outlive a restart
+        await nc.jetstream().stream_info("MEM")
+        raise AssertionError("the memory stream outlived the restart")
+    except nats.js.errors.NotFoundError:
+        pass
+    finally:
+        await nc.close()
+
+
 @pytest.fixture
 def small_snapshots(monkeypatch: pytest.MonkeyPatch) -> None:
     # Inherited by the node: WAL compactions and snapshot files within this short run.
@@ -148,6 +164,7 @@ def test_no_marker_in_any_file_and_restart_serves_all(
     assert (store / "crypt").exists()
     node = _start(servers, store, key, cipher, port=node.port)
     asyncio.run(_check_all(node.port))
+    asyncio.run(_memory_stream_is_empty(node.port))  # R1 memory: empty after a restart
     assert node.stop() == 0
 
 
