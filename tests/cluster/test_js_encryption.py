@@ -84,3 +84,38 @@ async def test_r3_encrypted_replicas_catch_up_and_leak_nothing(crypt3: CryptClus
 
 async def _holds(node: LocalNode, seq: int) -> bool:
     return await last_seq_here(node) >= seq
+
+
+class MixedKeyCluster(CryptCluster):
+    """Node 3 has a key of its own: its store works, but it cannot open a peer's image."""
+
+    def config_for(self, node: LocalNode) -> str:
+        conf = super().config_for(node)
+        return conf.replace(json.dumps(KEY), json.dumps(KEY + "-other")) \
+            if node is self.nodes[2] else conf
+
+
+async def test_a_node_with_another_key_fails_on_a_peers_image(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("JETRAFT_JS_SNAPSHOT_EVERY", "20")
+    c = MixedKeyCluster(tmp_path / "c", 3)
+    try:
+        c.start()
+        c.wait_js()
+        odd = c.nodes[2]
+        nc = await connect(c.nodes[0])
+        js = nc.jetstream(timeout=10)
+        await js.add_stream(name="K", subjects=["k"], num_replicas=3, allow_direct=True)
+        await _publish(c.nodes[0], 0, 10)
+        await nc.close()
+        c.stop_node(odd)
+        await _publish(c.nodes[0], 10, 90)  # compacted past the odd node: it needs an image
+        c.start_node(odd, wait=False)
+        # The sealed image does not open under its key: it stops (fail-stop), never
+        # serving the stream from a half-installed or unreadable state.
+        await until(lambda: not odd.alive() or "SealError" in odd.log_text(), timeout=60)
+        assert "SealError" in odd.log_text(), odd.log_text()[-3000:]
+        for node in c.nodes[:2]:  # the two with the shared key go on
+            assert await replica_contents(node, 90) == [f"{MARK}-{i}" for i in range(90)]
+    finally:
+        c.stop()
