@@ -101,6 +101,19 @@ def list_segments(wal: str) -> tuple[Segment, ...]:
     return tuple(by_seq[k] for k in sorted(by_seq))
 
 
+# node/jetstream/crypt.py KEY_FILE: present in a store encrypted at rest (jetstream.key).
+CRYPT_KEY_FILE = "crypt"
+
+
+def _refuse_encrypted(d: str, wal: str) -> None:
+    """The audit reads WAL payloads and LMDB values as plaintext; an encrypted store's are
+    sealed. Refuse clearly rather than report every entry as undecodable."""
+    store = os.path.dirname(os.path.dirname(os.path.abspath(wal)))  # <store>/raft/wal
+    if os.path.exists(os.path.join(store, CRYPT_KEY_FILE)):
+        raise LayoutError(f"{d}: the store is encrypted at rest (jetstream.key); the audit "
+                          "cannot read sealed WAL payloads or LMDB values: refusing")
+
+
 def node_dirs(data_dirs: list[str]) -> list[NodeDirs]:
     out: list[NodeDirs] = []
     names: set[str] = set()
@@ -112,6 +125,7 @@ def node_dirs(data_dirs: list[str]) -> list[NodeDirs]:
         if name in names:
             raise LayoutError(f"{d}: given twice")
         names.add(name)
+        _refuse_encrypted(d, wal)
         snap = os.path.join(os.path.dirname(wal), "snap")
         out.append(NodeDirs(name, wal, snap if os.path.isdir(snap) else None,
                             list_segments(wal), os.path.abspath(d)))

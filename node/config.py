@@ -795,6 +795,10 @@ _JS_HANDLERS: dict[str, Handler] = {
     "sync_interval": _setter("sync_interval", _sync_interval),
     "sync": _setter("sync_interval", _sync_interval),
     "unique_tag": _setter("unique_tag", _str),
+    "key": _setter("key", _str),
+    "ek": _setter("key", _str),
+    "encryption_key": _setter("key", _str),
+    "cipher": _setter("cipher", lambda f: _cipher(f)),
 }
 _JS_UNSUPPORTED = frozenset({
     "domain", "max_outstanding_catchup", "max_buffered_size", "max_buffered_msgs",
@@ -802,11 +806,18 @@ _JS_UNSUPPORTED = frozenset({
     "max_ha_assets", "max_request_batch", "duplicate_window", "max_catchup",
 })
 
-# Encryption at rest is not built: storing in the clear what the config asked to encrypt
-# would fail open, so these stop the node ([FTL]).
-_JS_UNENFORCED = frozenset({
-    "key", "ek", "encryption_key", "prev_key", "prev_ek", "prev_encryption_key", "cipher",
-})
+# Key rotation (a previous key to re-encrypt from) is not built: refused ([FTL]) rather than
+# started with a store the node could not read.
+_JS_UNENFORCED = frozenset({"prev_key", "prev_ek", "prev_encryption_key"})
+
+
+def _cipher(f: _Field) -> str:
+    from node.jetstream.crypt import parse_cipher  # pure; no crypto library imported
+
+    name = parse_cipher(_str(f))
+    if name is None:
+        raise f.fail(f"Unknown cipher type: {f.value!r}".replace("'", '"'))
+    return name
 
 
 def _jetstream(opts: Options, f: _Field) -> None:
@@ -815,6 +826,11 @@ def _jetstream(opts: Options, f: _Field) -> None:
         js.enabled = True  # a block turns JetStream on unless it says otherwise
         _apply_block(js, f.value, "jetstream.", _JS_HANDLERS, _JS_UNSUPPORTED, opts,
                      unenforced=_JS_UNENFORCED)
+        if js.cipher is not None and not js.key:
+            # nats-server then stores in the clear; asking for a cipher and getting none
+            # would fail open.
+            raise f.fail("jetstream.cipher is set but jetstream.key is not: nothing would "
+                         "be encrypted")
     else:
         _jetstream_flag(js, f)
 

@@ -95,6 +95,10 @@ class JetStreamOptions:
     max_file: int = -1
     sync_interval: str = "always"  # Jetraft always fsyncs before acking
     unique_tag: str | None = None
+    # Encryption at rest (node/jetstream/crypt.py): the master key as configured, and the
+    # cipher ("chacha" or "aes"; None: not given, chacha when a key is).
+    key: str | None = None
+    cipher: str | None = None
 
 
 @dataclass

@@ -25,11 +25,12 @@ import itertools
 import logging
 import os
 import re
+import struct
 from array import array
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from raft.disk import OS_DISK, Disk, StorageFatalError
 from raft.types import (
@@ -70,6 +71,16 @@ __all__ = [
     "ARCHIVE_DIR", "CorruptLogError", "GroupLog", "NodeLog", "StorageFatalError", "WalStats",
 ]
 ARCHIVE_DIR = "archive"  # the audit job reads <wal dir>/archive by default
+_AAD = struct.Struct("<QQB")  # index, term, entry type: where a sealed payload belongs
+
+
+class PayloadSealer(Protocol):
+    """Encryption at rest of entry payloads (node/jetstream/crypt.py `Sealer`). `open` raises
+    on a payload that does not authenticate; the log reports that as corruption."""
+
+    def seal(self, data: bytes, aad: bytes) -> bytes: ...
+
+    def open(self, blob: bytes, aad: bytes) -> bytes: ...
 
 
 def segment_name(seq: int) -> str:
@@ -311,8 +322,12 @@ class NodeLog:
         repair: bool = False,
         disk: Disk | None = None,
         archive_dir: str | None = None,
+        sealer: PayloadSealer | None = None,
     ) -> None:
         self.dir = dir
+        # Entry payloads are sealed on their way into records and opened on their way out
+        # of the file (the cache holds them open): the core never sees ciphertext.
+        self.sealer = sealer
         self.disk: Disk = disk if disk is not None else OS_DISK
         self.archive_dir = os.path.join(dir, archive_dir) if archive_dir else None
         self.stats = WalStats()
@@ -370,9 +385,10 @@ class NodeLog:
                 raise ValueError(f"{group}: gap, entry {e.index} after {g.last_index()}")
             if e.index <= g.last_index():
                 self._cache.drop(group, e.index, g.last_index() + 1)
-            rec = encode(RecordType.ENTRY, g.key, e.term, e.index, e.type, e.data)
+            data = self._seal(g, e)
+            rec = encode(RecordType.ENTRY, g.key, e.term, e.index, e.type, data)
             seg, off = self._emit(rec)
-            self._put(g, e.term, e.index, e.type, seg, off + header_len(g.key), len(e.data))
+            self._put(g, e.term, e.index, e.type, seg, off + header_len(g.key), len(data))
             self._cache.put(group, Entry(e.term, e.index, e.type, bytes(e.data)))
 
     def set_hard_state(self, group: str, hs: HardState) -> None:
@@ -519,9 +535,10 @@ class NodeLog:
             budget -= sum(g.lens)
             tail = [self._load(g, i) for i in range(g.snap.index + 1, g.last_index() + 1)]
             for e in tail:
-                rec = encode(RecordType.COPY, g.key, e.term, e.index, e.type, e.data)
+                data = self._seal(g, e)
+                rec = encode(RecordType.COPY, g.key, e.term, e.index, e.type, data)
                 seg, off = self._emit(rec)
-                self._put(g, e.term, e.index, e.type, seg, off + header_len(g.key), len(e.data))
+                self._put(g, e.term, e.index, e.type, seg, off + header_len(g.key), len(data))
             self.stats.entries_relocated += len(tail)
 
     def _open_segment(self, seq: int) -> None:
@@ -674,7 +691,19 @@ class NodeLog:
             return e
         pos = index - g.snap.index - 1
         data = self._read(g.segs[pos], g.offs[pos], g.lens[pos])
+        if self.sealer is not None:
+            aad = g.key + _AAD.pack(index, g.terms[pos], g.types[pos])
+            try:
+                data = self.sealer.open(data, aad)
+            except Exception as exc:  # noqa: BLE001 - any failure to open is corruption
+                raise CorruptLogError(f"{g.name}: entry {index} does not decrypt: {exc}") \
+                    from exc
         return Entry(g.terms[pos], index, EntryType(g.types[pos]), data)
+
+    def _seal(self, g: _GroupState, e: Entry) -> bytes:
+        if self.sealer is None:
+            return e.data
+        return self.sealer.seal(e.data, g.key + _AAD.pack(e.index, e.term, e.type))
 
     def _read(self, seg: int, off: int, n: int) -> bytes:
         for ch in (*self._inflight, *self._pending):

@@ -32,6 +32,7 @@ from node.jetstream import (
     snapshot,
 )
 from node.jetstream import config as stream_config
+from node.jetstream.crypt import read_file
 from node.jetstream.errors import ApiError
 from node.subject import valid_subject
 
@@ -141,7 +142,10 @@ async def restore_request(svc: Any, call: api.Call, reply: str, body: bytes
     deliver = snapshot.restore_subject(call.stream, nuid())
     # the file name holds no client text (a subject token may hold a path separator)
     path = os.path.join(svc.store_dir, f"restore-{secrets.token_hex(8)}")
-    sink = open(path, "wb")  # noqa: SIM115 - closed by the last chunk or the timer
+    raw_sink = open(path, "wb", buffering=0)  # noqa: SIM115 - closed by the last chunk or timer
+    # An encrypted store seals the upload too: it sits in the store dir until restored.
+    codec = svc.env.files if svc.env is not None else None
+    sink: Any = raw_sink if codec is None else codec.writer(raw_sink)
     assert svc.loop is not None
     loop = svc.loop
     state: dict[str, Any] = {"sub": None, "timer": None, "bytes": 0}
@@ -152,7 +156,7 @@ async def restore_request(svc: Any, call: api.Call, reply: str, body: bytes
 
     def give_up() -> None:
         """No chunk for RESTORE_IDLE_S: drop the partial upload (nats-server stalls it)."""
-        sink.close()
+        raw_sink.close()
         svc.client.remove_sub(state["sub"])
         with contextlib.suppress(OSError):
             os.unlink(path)
@@ -168,7 +172,9 @@ async def restore_request(svc: Any, call: api.Call, reply: str, body: bytes
                 svc.client.publish(chunk_reply, None, b"")
             state["timer"] = loop.call_later(RESTORE_IDLE_S, give_up)
             return
-        sink.close()
+        if sink is not raw_sink:
+            sink.close()  # the last sealed chunk
+        raw_sink.close()
         svc.client.remove_sub(state["sub"])
         svc._spawn(_finish_restore(svc, call.stream, path, chunk_reply, {
             "start": start, "bytes": state["bytes"], "client": client}))
@@ -201,8 +207,10 @@ async def _finish_restore(svc: Any, name: str, path: str, reply: str | None,
 async def _restore_from(svc: Any, name: str, path: str) -> dict[str, Any]:
     """Check the whole file first (a damaged backup restores nothing), then create the
     stream through the catalogue and propose its messages and consumers as entries."""
+    codec = svc.env.files if svc.env is not None else None
     reader = snapshot.SnapshotReader()
-    with open(path, "rb") as f:
+    with open(path, "rb") as raw:
+        f = read_file(codec, raw)
         while block := f.read(1 << 20):
             reader.feed(block)
             reader.take()  # checked now, proposed on the second pass
@@ -224,7 +232,8 @@ async def _restore_from(svc: Any, name: str, path: str) -> dict[str, Any]:
     sm = svc._stream(name)
     reader = snapshot.SnapshotReader()
     last_ts = 0
-    with open(path, "rb") as f:
+    with open(path, "rb") as raw:
+        f = read_file(codec, raw)
         while block := f.read(1 << 20):
             reader.feed(block)
             msgs = reader.take()

@@ -29,6 +29,7 @@ from typing import Any
 
 from node.jetstream import config as stream_config
 from node.jetstream.cluster_meta import Catalogue
+from node.jetstream.crypt import read_file, write_file
 from node.jetstream.store.lmdbstore import (
     IMAGE_MAGIC,
     LmdbStore,
@@ -57,24 +58,35 @@ def _committed_applied(store: Any) -> int:
     return _U64.unpack(raw)[0] if raw else 0
 
 
-def _write_marker(path: str, name: str, index: int) -> None:
+def _files(env: NodeEnv | None) -> Any:
+    """The encrypted store's file codec (every snapshot file sealed whole), or None."""
+    return None if env is None else env.files
+
+
+def _write_file(env: NodeEnv | None, path: str, fill: Callable[[Any], Any]) -> Any:
     with open(path, "wb") as f:
-        f.write(json.dumps({"store": name, "applied": index}).encode())
+        out = write_file(_files(env), f, fill)
         f.flush()
         os.fsync(f.fileno())
+    return out
 
 
-def _is_image(path: str) -> bool:
+def _read_all(env: NodeEnv | None, path: str) -> bytes:
     with open(path, "rb") as f:
-        return f.read(len(IMAGE_MAGIC)) == IMAGE_MAGIC
+        return bytes(read_file(_files(env), f).read())
 
 
-def _check_marker(path: str, held: int, name: str) -> bool:
+def _write_marker(env: NodeEnv | None, path: str, name: str, index: int) -> None:
+    body = json.dumps({"store": name, "applied": index}).encode()
+    _write_file(env, path, lambda out: out.write(body))
+
+
+def _check_marker(path: str, held: int, name: str, env: NodeEnv | None = None,
+                  body: bytes | None = None) -> bool:
     """True for the empty image (reset to the empty state); raises if LMDB lacks the index."""
     if os.path.getsize(path) == 0:
         return True
-    with open(path, "rb") as f:
-        want = json.loads(f.read())["applied"]
+    want = json.loads(body if body is not None else _read_all(env, path))["applied"]
     if held < want:
         raise StoreLostError(f"{name}: the store holds index {held} but the snapshot needs "
                              f"{want}: the store directory lost data; refusing to start")
@@ -135,10 +147,8 @@ class MetaMachine:
         raw = self.store.get_meta("catalogue")  # one read: the catalogue and its index
         image = json.loads(raw) if raw else {"streams": {}, "removed": [], "applied": 0}
         self.env.sync()  # what the image covers is durable before the WAL below it goes
-        with open(path, "wb") as f:
-            f.write(json.dumps({"store": META_STORE, **image}).encode())
-            f.flush()
-            os.fsync(f.fileno())
+        body = json.dumps({"store": META_STORE, **image}).encode()
+        _write_file(self.env, path, lambda out: out.write(body))
         return int(image["applied"])
 
     def restore_from(self, path: str) -> None:
@@ -148,10 +158,10 @@ class MetaMachine:
             self.catalogue = Catalogue()
             self.on_change()
             return
-        with open(path, "rb") as f:
-            image = json.loads(f.read())
+        body = _read_all(self.env, path)
+        image = json.loads(body)
         if "streams" not in image:  # a marker of the single-node layout: LMDB must hold it
-            _check_marker(path, self.applied_index(), META_STORE)
+            _check_marker(path, self.applied_index(), META_STORE, body=body)
             return
         if self.applied_index() >= int(image["applied"]):
             return
@@ -231,32 +241,32 @@ class StreamMachine:
     def snapshot_to(self, path: str) -> int:
         if self.env is not None and self.full_images:
             self.env.sync()  # what the image covers is durable here too before compaction
-            with open(path, "wb") as f:
-                index = dump_image(self.store, f)
-                f.flush()
-                os.fsync(f.fileno())
-            return index
+            return int(_write_file(self.env, path, lambda out: dump_image(self.store, out)))
         if self.env is None:
             index = self.stream.applied  # memory: an R1 memory stream starts empty anyway
         else:
             index = _committed_applied(self.store)
             self.env.sync()
-        _write_marker(path, self.group, index)
+        _write_marker(self.env, path, self.group, index)
         return index
 
     def restore_from(self, path: str) -> None:
-        if self.env is not None and _is_image(path):
-            # A replica catching up (or a store that lost data): the image IS the state.
-            with self.lock:
-                with open(path, "rb") as f:
-                    f.read(len(IMAGE_MAGIC))
-                    load_image(self.store, f)
-                self.stream = Stream(self.initial_cfg, self.store)
-                self.results.clear()
-                self.delivered.clear()
-                self.events.clear()
-            return
-        if _check_marker(path, self.applied_index(), self.group):
+        body = None
+        if self.env is not None and os.path.getsize(path):
+            with open(path, "rb") as f:
+                src = read_file(_files(self.env), f)
+                head = src.read(len(IMAGE_MAGIC))
+                if head == IMAGE_MAGIC:
+                    # A replica catching up (or a store that lost data): the image IS the state.
+                    with self.lock:
+                        load_image(self.store, src)
+                        self.stream = Stream(self.initial_cfg, self.store)
+                        self.results.clear()
+                        self.delivered.clear()
+                        self.events.clear()
+                    return
+                body = head + src.read()
+        if _check_marker(path, self.applied_index(), self.group, self.env, body):
             with self.lock:
                 if self.env is not None:
                     self.store.drop()

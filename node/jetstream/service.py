@@ -40,6 +40,7 @@ from node.jetstream import (
     backup,
     cluster_meta,
     consumer_config,
+    crypt,
     dirs,
     get,
     jsaccount,
@@ -232,9 +233,12 @@ class JetStreamService:
         self._loop_thread = threading.get_ident()
         dirs.prepare_store_dir(self.store_dir)  # durable directories (tests/durability)
         backup.sweep_uploads(self.store_dir)
-        self.env = NodeEnv(os.path.join(self.store_dir, "lmdb"), on_fatal=self._on_fatal_threadsafe)
+        sealed = self._open_crypt()  # before the first byte is written: a wrong key changes nothing
+        self.env = NodeEnv(os.path.join(self.store_dir, "lmdb"), on_fatal=self._on_fatal_threadsafe,
+                           sealer=sealed and sealed.lmdb, files=sealed and sealed.files,
+                           tokens=sealed and sealed.tokens)
         raft_dir = os.path.join(self.store_dir, "raft")
-        node_log = NodeLog(os.path.join(raft_dir, "wal"))
+        node_log = NodeLog(os.path.join(raft_dir, "wal"), sealer=sealed and sealed.wal)
         cluster = getattr(self.server, "cluster", None)
         if cluster is not None:
             self.jsc = ClusterJS(self, cluster)
@@ -274,6 +278,24 @@ class JetStreamService:
         self.sourcing.start()
         self._ticker = asyncio.ensure_future(self._tick_loop())
         self.log.info(f"JetStream started: {len(self.streams)} streams, store {self.store_dir}")
+
+    def _open_crypt(self) -> Any:
+        """Encryption at rest (node/jetstream/crypt.py): the store's key file checked against
+        `jetstream { key, cipher }`; any mismatch raises and the node stops ([FTL])."""
+        o = self.server.options.jetstream
+        if o.key == "":
+            raise ValueError("jetstream.key is empty: refusing to start")
+        if o.key is not None:
+            try:
+                import cryptography  # noqa: F401 - the AEADs of crypt.py
+            except ImportError as exc:
+                raise ValueError("jetstream.key needs the `cryptography` package "
+                                 "(pip install 'jetraft[crypt]'): refusing to start") from exc
+        cipher = o.cipher or "chacha"
+        sealed = crypt.open_store(self.store_dir, o.key, cipher)
+        if sealed is not None:
+            self.log.info(f"  Encryption:      {crypt.DISPLAY[cipher]}")
+        return sealed
 
     async def stop(self) -> None:
         if self._ticker is not None:

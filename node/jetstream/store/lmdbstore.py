@@ -34,6 +34,7 @@ import lmdb
 
 from node.jetstream.dirs import fsync_dir
 from node.jetstream.store.base import (
+    CorruptRecordError,
     Sizer,
     StoredMsg,
     decode_record,
@@ -46,6 +47,10 @@ DB_NAMES = ("js_msgs", "js_subj", "js_subjcount", "js_meta", "js_consumers", "js
             "js_dedup", "js_dedup_ts")
 
 
+# Databases whose every value is sealed when the store is encrypted; in js_meta, the values
+# written by put_meta (keys not starting with NUL; the NUL-prefixed ones are the msgs/bytes
+# counters). Subjects and msg ids in KEYS are not (docs/jetstream.md, what is not encrypted).
+SEALED_DBS = ("js_msgs", "js_consumers")
 SYNCED_META = "synced-meta"  # the meta pages of the last synced transaction (see NodeEnv)
 _SIDE_MAGIC = b"JRLMDBMETA1\n"
 SYNC_INTERVAL_S = 0.25
@@ -76,8 +81,15 @@ class NodeEnv:
 
     def __init__(self, path: str, *, sync: bool = True,
                  sync_interval: float | None = SYNC_INTERVAL_S,
-                 on_fatal: Callable[[BaseException], None] | None = None) -> None:
+                 on_fatal: Callable[[BaseException], None] | None = None,
+                 sealer: Any = None, files: Any = None, tokens: Any = None) -> None:
         self.path = path
+        self.tokens = tokens  # crypt.IndexTokens: subjects and msg ids in keys, or None
+        self.files = files  # crypt.FileCodec for the snapshot images (machines.py), or None
+        # Encryption at rest (node/jetstream/crypt.py `Sealer`; None: values in the clear):
+        # the values of SEALED_DBS and of every `put_meta` key are sealed, with the database
+        # and the key as associated data (docs/jetstream.md, "Encryption at rest").
+        self.sealer = sealer
         self.durable = sync
         # A failed sync point is fatal: the page cache may have dropped what it held, and a
         # later fsync can report success over the loss. Every later sync raises, and
@@ -214,6 +226,8 @@ class LmdbStore:
         self.sizer = sizer
         self._env = node_env.env
         self._db = node_env.dbs
+        self._sealer = node_env.sealer
+        self._tokens = node_env.tokens
         self._prefix = len(raw).to_bytes(2, "big") + raw
         # The open batch txn belongs to the thread that opened it: applies may run in a
         # worker thread while the event loop serves reads from its own read txns.
@@ -262,8 +276,16 @@ class LmdbStore:
     def _msg_key(self, seq: int) -> bytes:
         return self._prefix + seq.to_bytes(8, "big")
 
+    def _skey(self, subject: str) -> bytes:
+        """A subject as it appears in index keys: itself, or (encrypted store) its keyed
+        token, fixed length, so `token | 0x00 | seq` still groups one subject's sequences."""
+        return subject.encode() if self._tokens is None else self._tokens.subject(subject)
+
+    def _mkey(self, msg_id: str) -> bytes:
+        return msg_id.encode() if self._tokens is None else self._tokens.msg_id(msg_id)
+
     def _subj_key(self, subject: str, seq: int) -> bytes:
-        return self._prefix + subject.encode() + b"\x00" + seq.to_bytes(8, "big")
+        return self._prefix + self._skey(subject) + b"\x00" + seq.to_bytes(8, "big")
 
     def _counter(self, txn: Any, key: str) -> int:
         raw = txn.get(self._prefix + key.encode(), db=self._db["js_meta"])
@@ -277,41 +299,66 @@ class LmdbStore:
     # -- messages --------------------------------------------------------------------------
 
     def store(self, msg: StoredMsg) -> None:
-        record = encode_record(msg)
+        record = self._seal("js_msgs", self._msg_key(msg.seq), encode_record(msg))
         with self._write() as txn:
             added = txn.put(self._msg_key(msg.seq), record, db=self._db["js_msgs"],
                             overwrite=False)
             assert added, f"seq {msg.seq} stored twice"
             txn.put(self._subj_key(msg.subject, msg.seq), b"", db=self._db["js_subj"])
-            count_key = self._prefix + msg.subject.encode()
+            count_key = self._prefix + self._skey(msg.subject)
             raw = txn.get(count_key, db=self._db["js_subjcount"])
-            count = (_U64.unpack(raw)[0] if raw else 0) + 1
-            txn.put(count_key, _U64.pack(count), db=self._db["js_subjcount"])
+            count = (_U64.unpack_from(raw)[0] if raw else 0) + 1
+            # Encrypted: the count is followed by the sealed subject (subjects() lists it),
+            # sealed once when the subject first appears and kept as is after that.
+            name = b"" if self._tokens is None else bytes(raw[8:]) if raw else \
+                self._seal("js_subjcount", count_key, msg.subject.encode())
+            txn.put(count_key, _U64.pack(count) + name, db=self._db["js_subjcount"])
             self._add(txn, "\x00msgs", 1)
             self._add(txn, "\x00bytes", self.sizer(msg.subject, msg.hdr, msg.data))
 
     def load(self, seq: int) -> StoredMsg | None:
         with self._read() as txn:
             raw = txn.get(self._msg_key(seq), db=self._db["js_msgs"])
-            return None if raw is None else decode_record(self.name, seq, bytes(raw))
+            return None if raw is None else self._decode(seq, raw)
 
     def remove(self, seq: int) -> StoredMsg | None:
         with self._write() as txn:
             raw = txn.get(self._msg_key(seq), db=self._db["js_msgs"])
             if raw is None:
                 return None
-            msg = decode_record(self.name, seq, bytes(raw))
+            msg = self._decode(seq, raw)
             txn.delete(self._msg_key(seq), db=self._db["js_msgs"])
             txn.delete(self._subj_key(msg.subject, seq), db=self._db["js_subj"])
-            count_key = self._prefix + msg.subject.encode()
-            count = _U64.unpack(txn.get(count_key, db=self._db["js_subjcount"]))[0] - 1
+            count_key = self._prefix + self._skey(msg.subject)
+            raw = txn.get(count_key, db=self._db["js_subjcount"])
+            count = _U64.unpack_from(raw)[0] - 1
             if count:
-                txn.put(count_key, _U64.pack(count), db=self._db["js_subjcount"])
+                txn.put(count_key, _U64.pack(count) + bytes(raw[8:]),
+                        db=self._db["js_subjcount"])
             else:
                 txn.delete(count_key, db=self._db["js_subjcount"])
             self._add(txn, "\x00msgs", -1)
             self._add(txn, "\x00bytes", -self.sizer(msg.subject, msg.hdr, msg.data))
             return msg
+
+    def _seal(self, db: str, key: bytes, value: bytes) -> bytes:
+        if self._sealer is None:
+            return value
+        return self._sealer.seal(value, db.encode() + b"\x00" + key)
+
+    def _open(self, db: str, key: bytes, value: Any) -> bytes:
+        if self._sealer is None:
+            return bytes(value)
+        return self._sealer.open(bytes(value), db.encode() + b"\x00" + key)
+
+    def _decode(self, seq: int, raw: Any) -> StoredMsg:
+        """The AEAD tag is checked first (a failure is corruption, as a CRC mismatch is),
+        then the record's own CRC over the plaintext."""
+        try:
+            record = self._open("js_msgs", self._msg_key(seq), raw)
+        except Exception as exc:  # noqa: BLE001 - crypt.SealError: nothing is served
+            raise CorruptRecordError(self.name, seq, f"does not decrypt: {exc}") from exc
+        return decode_record(self.name, seq, record)
 
     def first_seq(self) -> int:
         return next(self.seqs(1), 0)
@@ -370,7 +417,7 @@ class LmdbStore:
     # -- per-subject index -----------------------------------------------------------------
 
     def last_for_subject(self, subject: str) -> int:
-        head = self._prefix + subject.encode() + b"\x00"
+        head = self._prefix + self._skey(subject) + b"\x00"
         with self._read() as txn:
             cur = txn.cursor(db=self._db["js_subj"])
             if cur.set_range(head + b"\xff" * 8):
@@ -382,7 +429,7 @@ class LmdbStore:
             return int.from_bytes(key[len(head):], "big") if key.startswith(head) else 0
 
     def first_for_subject(self, subject: str, start: int = 1) -> int:
-        head = self._prefix + subject.encode() + b"\x00"
+        head = self._prefix + self._skey(subject) + b"\x00"
         with self._read() as txn:
             cur = txn.cursor(db=self._db["js_subj"])
             if not cur.set_range(head + start.to_bytes(8, "big")):
@@ -392,10 +439,15 @@ class LmdbStore:
 
     def subject_count(self, subject: str) -> int:
         with self._read() as txn:
-            raw = txn.get(self._prefix + subject.encode(), db=self._db["js_subjcount"])
-            return _U64.unpack(raw)[0] if raw else 0
+            raw = txn.get(self._prefix + self._skey(subject), db=self._db["js_subjcount"])
+            return _U64.unpack_from(raw)[0] if raw else 0
 
     def subjects(self) -> Iterator[tuple[str, int]]:
+        if self._tokens is not None:
+            # Keys are tokens: open each sealed name; sorted, so callers see subject order
+            # as in the clear store (this holds one list of the stream's subjects).
+            yield from sorted(self._sealed_subjects())
+            return
         with self._read() as txn:
             cur = txn.cursor(db=self._db["js_subjcount"])
             if not cur.set_range(self._prefix):
@@ -404,6 +456,19 @@ class LmdbStore:
                 if not key.startswith(self._prefix):
                     return
                 yield key[len(self._prefix):].decode(), _U64.unpack(value)[0]
+
+    def _sealed_subjects(self) -> list[tuple[str, int]]:
+        out = []
+        with self._read() as txn:
+            cur = txn.cursor(db=self._db["js_subjcount"])
+            if not cur.set_range(self._prefix):
+                return out
+            for key, value in cur:
+                if not key.startswith(self._prefix):
+                    break
+                name = self._open("js_subjcount", bytes(key), value[8:]).decode()
+                out.append((name, _U64.unpack_from(value)[0]))
+        return out
 
     # -- meta and consumers ----------------------------------------------------------------
 
@@ -435,7 +500,7 @@ class LmdbStore:
         return out
 
     def put_dedup(self, msg_id: str, seq: int, ts_ns: int) -> None:
-        key = self._prefix + msg_id.encode()
+        key = self._prefix + self._mkey(msg_id)
         with self._write() as txn:
             old = txn.get(key, db=self._db["js_dedup"])
             if old is not None:
@@ -445,11 +510,11 @@ class LmdbStore:
             txn.put(self._dedup_ts_key(ts_ns, msg_id), b"", db=self._db["js_dedup_ts"])
 
     def _dedup_ts_key(self, ts_ns: int, msg_id: str) -> bytes:
-        return self._prefix + max(ts_ns, 0).to_bytes(8, "big") + msg_id.encode()
+        return self._prefix + max(ts_ns, 0).to_bytes(8, "big") + self._mkey(msg_id)
 
     def get_dedup(self, msg_id: str) -> tuple[int, int] | None:
         with self._read() as txn:
-            raw = txn.get(self._prefix + msg_id.encode(), db=self._db["js_dedup"])
+            raw = txn.get(self._prefix + self._mkey(msg_id), db=self._db["js_dedup"])
             return None if raw is None else struct.unpack("<Qq", raw)
 
     def prune_dedup(self, before_ns: int, limit: int) -> int:
@@ -472,22 +537,26 @@ class LmdbStore:
         return pruned
 
     def put_meta(self, key: str, value: bytes) -> None:
+        full = self._prefix + key.encode()
         with self._write() as txn:
-            txn.put(self._prefix + key.encode(), value, db=self._db["js_meta"])
+            txn.put(full, self._seal("js_meta", full, value), db=self._db["js_meta"])
 
     def get_meta(self, key: str) -> bytes | None:
+        full = self._prefix + key.encode()
         with self._read() as txn:
-            raw = txn.get(self._prefix + key.encode(), db=self._db["js_meta"])
-            return None if raw is None else bytes(raw)
+            raw = txn.get(full, db=self._db["js_meta"])
+            return None if raw is None else self._open("js_meta", full, raw)
 
     def put_consumer(self, name: str, state: bytes) -> None:
+        full = self._prefix + name.encode()
         with self._write() as txn:
-            txn.put(self._prefix + name.encode(), state, db=self._db["js_consumers"])
+            txn.put(full, self._seal("js_consumers", full, state), db=self._db["js_consumers"])
 
     def get_consumer(self, name: str) -> bytes | None:
+        full = self._prefix + name.encode()
         with self._read() as txn:
-            raw = txn.get(self._prefix + name.encode(), db=self._db["js_consumers"])
-            return None if raw is None else bytes(raw)
+            raw = txn.get(full, db=self._db["js_consumers"])
+            return None if raw is None else self._open("js_consumers", full, raw)
 
     def delete_consumer(self, name: str) -> None:
         with self._write() as txn:
@@ -539,6 +608,10 @@ def dump_image(store: LmdbStore, f: Any) -> int:
                 if not key.startswith(store._prefix):
                     break
                 short = key[len(store._prefix):]
+                if _sealed(name, short):
+                    value = store._open(name, bytes(key), value)  # the file is sealed whole
+                elif name == "js_subjcount" and store._tokens is not None:
+                    value = value[:8] + store._open(name, bytes(key), value[8:])
                 if name == "js_meta" and short == b"applied":
                     applied = _U64.unpack(value)[0]
                 f.write(_REC.pack(i, len(short), len(value)))
@@ -546,6 +619,11 @@ def dump_image(store: LmdbStore, f: Any) -> int:
                 f.write(value)
     f.write(bytes([_END]))
     return applied
+
+
+def _sealed(db: str, short_key: bytes) -> bool:
+    """Whether values of this database and key are sealed in an encrypted store."""
+    return db in SEALED_DBS or (db == "js_meta" and not short_key.startswith(b"\x00"))
 
 
 def load_image(store: LmdbStore, f: Any) -> None:
@@ -571,7 +649,12 @@ def load_image(store: LmdbStore, f: Any) -> None:
             key, value = f.read(klen), f.read(vlen)
             if len(key) != klen or len(value) != vlen or i >= len(DB_NAMES):
                 raise ValueError("stream image damaged")
-            txn.put(store._prefix + key, value, db=store._db[DB_NAMES[i]])
+            full = store._prefix + key
+            if _sealed(DB_NAMES[i], key):
+                value = store._seal(DB_NAMES[i], full, value)  # under THIS node's key
+            elif DB_NAMES[i] == "js_subjcount" and store._tokens is not None:
+                value = value[:8] + store._seal(DB_NAMES[i], full, value[8:])
+            txn.put(full, value, db=store._db[DB_NAMES[i]])
 
 
 def stored_names(node_env: NodeEnv) -> set[str]:
