@@ -416,6 +416,7 @@ class JetStreamService:
             sm.full_images = True
             self.mr.add_group(group, voters, state_machine=sm)
             sm.track = True
+            self.sourcing.sync(name)  # its links source only while this node leads
             return
         self.mr.add_group(group, [NODE_ID], state_machine=sm)
         await self._ready(group)
@@ -883,6 +884,7 @@ class JetStreamService:
             current = stream_config.to_wire(sm.stream.cfg)
         if current != config:
             await self._propose(sm, ops.UpdateConfig(time.time_ns(), _dumps(config)))
+        self.sourcing.sync(name)  # mirror / sources as the group's config now says
 
     def _on_stream_leader(self, name: str, leader: int) -> None:
         """A stream group's leader changed: the new leader runs the consumers' pumps and
@@ -902,6 +904,7 @@ class JetStreamService:
         else:
             for key in [k for k in self.pulls if k[0] == name]:
                 del self.pulls[key]
+        self.sourcing.leader_changed(name, leader)
     # ------------------------------------------------------------------ consumers
 
     async def _h_consumer_create(self, call: api.Call, subject: str, reply: str, body: bytes
