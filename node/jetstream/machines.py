@@ -15,7 +15,9 @@ in-memory counter, which runs ahead of an open write transaction), then fsyncs t
 including its meta page, and only then names that index; the driver compacts the WAL up to
 it. The image file only records the index: `restore_from` accepts it when LMDB already holds
 that index (a restart) and refuses otherwise, because a single node has nowhere to copy the
-missing state from. Shipping real images to new members is the cluster issue's.
+missing state from. Clustered (`full_images`), images are the data: LMDB streams
+(`dump_image`) and memory streams (`dump_mem_image`: at R>1 a memory stream's publish is
+acknowledged once a quorum holds it, so a replica catching up by snapshot needs the messages).
 """
 
 from __future__ import annotations
@@ -36,7 +38,12 @@ from node.jetstream.store.lmdbstore import (
     dump_image,
     load_image,
 )
-from node.jetstream.store.memstore import MemStore
+from node.jetstream.store.memstore import (
+    MEM_IMAGE_MAGIC,
+    MemStore,
+    dump_mem_image,
+    load_mem_image,
+)
 from node.jetstream.stream import ConsumerEvent, Delivered, Effect, Result, Stream
 
 _U64 = struct.Struct("<Q")
@@ -64,9 +71,9 @@ def _write_marker(path: str, name: str, index: int) -> None:
         os.fsync(f.fileno())
 
 
-def _is_image(path: str) -> bool:
+def _is_image(path: str, magic: bytes = IMAGE_MAGIC) -> bool:
     with open(path, "rb") as f:
-        return f.read(len(IMAGE_MAGIC)) == IMAGE_MAGIC
+        return f.read(len(magic)) == magic
 
 
 def _check_marker(path: str, held: int, name: str) -> bool:
@@ -236,6 +243,17 @@ class StreamMachine:
                 f.flush()
                 os.fsync(f.fileno())
             return index
+        if self.env is None and self.full_images:
+            # Clustered memory stream: at R>1 a publish is acknowledged once a quorum holds
+            # it, so the image must carry the messages (a replica installing a marker would
+            # have nothing). The state is read under the lock: applies run in another
+            # thread, and the image must be exactly the state at the index it names.
+            with self.lock, open(path, "wb") as f:
+                dump_mem_image(self.store, f)
+                index = self.stream.applied
+                f.flush()
+                os.fsync(f.fileno())
+            return index
         if self.env is None:
             index = self.stream.applied  # memory: an R1 memory stream starts empty anyway
         else:
@@ -245,6 +263,17 @@ class StreamMachine:
         return index
 
     def restore_from(self, path: str) -> None:
+        if self.env is None and os.path.getsize(path) and _is_image(path, MEM_IMAGE_MAGIC):
+            with open(path, "rb") as f:
+                f.read(len(MEM_IMAGE_MAGIC))
+                store = load_mem_image(self.group, f)
+            with self.lock:
+                self.store = store
+                self.stream = Stream(self.initial_cfg, self.store)
+                self.results.clear()
+                self.delivered.clear()
+                self.events.clear()
+            return
         if self.env is not None and _is_image(path):
             # A replica catching up (or a store that lost data): the image IS the state.
             with self.lock:

@@ -47,7 +47,7 @@ from node.jetstream import (
 )
 from node.jetstream import config as stream_config
 from node.jetstream.batch import BatchCollector
-from node.jetstream.cluster import ClusterJS, Frames
+from node.jetstream.cluster import ClusterJS, Frames, _request_json
 from node.jetstream.consumer import (
     AckInfo,
     AckKind,
@@ -61,6 +61,7 @@ from node.jetstream.consumer import (
 )
 from node.jetstream.errors import ApiError
 from node.jetstream.machines import META_STORE, MetaMachine, StoreLostError, StreamMachine
+from node.jetstream.placement import Placement, pick_leader
 from node.jetstream.pull import PullQueue, Status
 from node.jetstream.push import FC_REQUEST, PushFlow, fc_subject, parse_fc_subject
 from node.jetstream.sourcing import listen_subjects
@@ -827,7 +828,8 @@ class JetStreamService:
             return [(frame.hdr, frame.data)
                     for frame in get.direct_get(sm.store, sm.name, body, call.rest)]
 
-    async def _h_stream_leader_stepdown(self, call: api.Call, *_: Any) -> dict[str, Any]:
+    async def _h_stream_leader_stepdown(self, call: api.Call, subject: str, reply: str,
+                                        body: bytes) -> dict[str, Any]:
         if self.jsc is None:
             # A standalone nats-server has no leaders to change (checked, 2.15.1).
             raise ApiError.of("JSClusterRequiredErr")
@@ -840,7 +842,10 @@ class JetStreamService:
         others = [p for p in st["voters"] if p != self.node_id and self.jsc.is_up(p)]
         if not others:
             raise ApiError.of("JSClusterNoPeersErrF", err="no replacement peer connected")
-        await self.jsc.transfer(sm.group, others[0])
+        # nats-server 2.11+: an optional `placement` (preferred server, tags) picks the peer
+        want = Placement.from_config(_request_json(body).get("placement"))
+        to = pick_leader(self.jsc.candidates(), st["voters"], self.node_id, want)
+        await self.jsc.transfer(sm.group, to or others[0])
         return {"type": replies.TYPE_PREFIX + _kind(call.op), "success": True}
 
     _h_consumer_leader_stepdown = _h_stream_leader_stepdown
