@@ -61,6 +61,7 @@ from node.jetstream.consumer import (
 )
 from node.jetstream.errors import ApiError
 from node.jetstream.machines import META_STORE, MetaMachine, StoreLostError, StreamMachine
+from node.jetstream.pacing import Pacer
 from node.jetstream.placement import Placement, pick_leader
 from node.jetstream.pull import PullQueue, Status
 from node.jetstream.push import FC_REQUEST, PushFlow, fc_subject, parse_fc_subject
@@ -171,6 +172,7 @@ class _Pull:
         self.paused = False
         self.pause_seen = ""  # a pause_until seen in effect: its end is advised once
         self.pin_headers: dict[str, str] = {}  # request reply -> Nats-Pin-Id it is served
+        self.pacer: Pacer | None = None  # replay original / rate_limit_bps (push; pacing.py)
 
     def wants(self) -> bool:
         return bool(self.push or self.queue.waiting)
@@ -1077,7 +1079,13 @@ class JetStreamService:
         pull = self.pulls.get((stream, name))
         if pull is None:
             sm = self.streams[stream]
-            pull = self.pulls[(stream, name)] = _Pull(sm.stream.consumers[name].cfg)
+            cfg = sm.stream.consumers[name].cfg
+            pull = self.pulls[(stream, name)] = _Pull(cfg)
+            if pull.push:  # nats-server's burst: the stream's max_msg_size, else max_payload
+                burst = int(sm.stream.cfg.get("max_msg_size") or 0)
+                if burst <= 0:
+                    burst = int(self.server.options.max_payload)
+                pull.pacer = Pacer.for_consumer(cfg, burst, time.time_ns())
         return pull
 
     async def _h_consumer_msg_next(self, call: api.Call, subject: str, reply: str,
@@ -1153,6 +1161,8 @@ class JetStreamService:
             counts = [consumer.num_pending(view), consumer.num_ack_pending()] \
                 if pull.queue.priority.policy == "overflow" else [0, 0]
             wanted = MAX_ROUND if pull.push else min(pull.queue.wanted(*counts), MAX_ROUND)
+            if pull.pacer is not None:
+                wanted = 1  # paced: one delivery at a time, each after its wait
             if not wanted and pull.queue.waiting:
                 return False  # requests wait, none of them may be served now
             plans = consumer.plan_batch(now, view, wanted)
@@ -1163,6 +1173,8 @@ class JetStreamService:
             # proposals, when the stream may already hold later messages
             pending_at_plan = consumer.num_pending(view)
         if not plans:
+            if pull.pacer is not None:
+                pull.pacer.caught_up()
             for status in () if pull.push else pull.queue.nothing_pending():
                 self._send(status)
             return False
@@ -1203,12 +1215,33 @@ class JetStreamService:
             sends.append((msg, target))
         if not entries:
             return bool(drops) or (bool(pull.queue.waiting) and not pull.push)
+        if pull.pacer is not None and sends and not await self._pace(stream, name, pull,
+                                                                     sends[0][0]):
+            return False
         results = await asyncio.gather(*(self._propose(sm, e) for e in entries),
                                        return_exceptions=True)
         indexes = [r for i, (e, r) in enumerate(zip(entries, results, strict=True))
                    if isinstance(e, ops.ConsumerDelivered) and i not in skips]
         self._send_deliveries(sm, name, sends, indexes, pull, pending_at_plan)
         return True
+
+    async def _pace(self, stream: str, name: str, pull: _Pull, msg: Any) -> bool:
+        """Replay original, then the rate limit: wait before this delivery, as nats-server
+        does. False when meanwhile the consumer went or this node stopped leading (the plan
+        is stale: nothing is proposed; the next leader plans again)."""
+        assert pull.pacer is not None
+        wait = pull.pacer.replay_wait_ns(msg.ts_ns)
+        if wait:
+            await asyncio.sleep(wait / 1e9)
+        ack = f"{api.ACK_PREFIX}{stream}.{name}.1.{msg.seq}.{msg.seq}.{msg.ts_ns}.0"
+        size = len(msg.subject) + len(ack) + len(msg.hdr) + len(msg.data)
+        wait = pull.pacer.rate_wait_ns(time.time_ns(), size)
+        if wait:
+            await asyncio.sleep(wait / 1e9)
+        sm = self.streams.get(stream)
+        return sm is not None and name in sm.stream.consumers and \
+            self.pulls.get((stream, name)) is pull and \
+            (self.jsc is None or self.jsc.leads(stream))
 
     def _pin(self, stream: str, name: str, pull: _Pull, req: Any, now: int) -> None:
         """A pinned_client group's delivery carries the pin id; the first one pins."""
