@@ -18,6 +18,7 @@ import signal
 from typing import Any
 
 import nats
+import pytest
 
 from tests.cluster.jshelp import JsCluster, api, connect, errors_in_logs, until
 
@@ -89,20 +90,33 @@ async def _last(node: Any, stream: str) -> int:
         await nc.close()
 
 
-async def _check(c: JsCluster, nodes: list[Any], top: int) -> None:
-    """Every replica of M equals O message by message; S holds origin seqs 1..top once
-    each, in order."""
-    for stream in ("O", "M"):
-        await until(lambda s=stream: _all_at(nodes, s, top), timeout=60)
-    origin = await _contents(nodes[0], "O", top)
+async def _replicas_of(c: JsCluster, stream: str) -> list[Any]:
+    nc = await connect(next(n for n in c.nodes if n.alive()))
+    try:
+        r = await api(nc, f"STREAM.INFO.{stream}")
+    finally:
+        await nc.close()
+    names = {r["cluster"]["leader"], *(x["name"] for x in r["cluster"].get("replicas", []))}
+    return [n for n in c.nodes if n.name in names]
+
+
+async def _check(c: JsCluster, top: int, origin_r: int, target_r: int) -> None:
+    """Every replica of M equals O message by message; every replica of S holds origin
+    seqs 1..top once each, in order."""
+    o_nodes, m_nodes, s_nodes = [await _replicas_of(c, s) for s in ("O", "M", "S")]
+    assert (len(o_nodes), len(m_nodes), len(s_nodes)) == (origin_r, target_r, target_r)
+    await until(lambda: _all_at(o_nodes, "O", top), timeout=60)
+    await until(lambda: _all_at(m_nodes, "M", top), timeout=60)
+    origin = await _contents(o_nodes[0], "O", top)
     assert [m[0] for m in origin] == list(range(1, top + 1))
-    for node in nodes:
+    for node in o_nodes:
         assert await _contents(node, "O", top) == origin, f"O differs on {node.name}"
+    for node in m_nodes:
         mirror = await _contents(node, "M", top)
         assert [(s, subj, d) for s, subj, d, _ in mirror] == \
             [(s, subj, d) for s, subj, d, _ in origin], f"M differs from O on {node.name}"
-    await until(lambda: _all_at(nodes, "S", top), timeout=60)
-    for node in nodes:
+    await until(lambda: _all_at(s_nodes, "S", top), timeout=60)
+    for node in s_nodes:
         source = await _contents(node, "S", top + 5)  # more than top would be a duplicate
         seqs = [int(h["Nats-Stream-Source"].split(" ")[1]) for _, _, _, h in source]
         assert seqs == list(range(1, top + 1)), f"S on {node.name}: {_diff(seqs, top)}"
@@ -137,22 +151,15 @@ async def _leader(nc: nats.NATS, stream: str) -> str:
     return str(await until(got, timeout=30))
 
 
-async def _create(nc: nats.NATS, replicas: int, tags: dict[str, str] | None = None) -> None:
-    tags = tags or {}
-
-    def place(name: str) -> dict[str, Any]:
-        return {"placement": {"tags": [tags[name]]}} if name in tags else {}
-
+async def _create(nc: nats.NATS, origin_r: int, target_r: int) -> None:
     r = await api(nc, "STREAM.CREATE.O", {"name": "O", "subjects": ["o.>"],
-                                         "num_replicas": replicas, "allow_direct": True,
-                                         **place("O")})
+                                         "num_replicas": origin_r, "allow_direct": True})
     assert "error" not in r, r
     r = await api(nc, "STREAM.CREATE.M", {"name": "M", "mirror": {"name": "O"},
-                                         "num_replicas": replicas, "allow_direct": True,
-                                         **place("M")})
+                                         "num_replicas": target_r, "allow_direct": True})
     assert "error" not in r, r
     r = await api(nc, "STREAM.CREATE.S", {
-        "name": "S", "num_replicas": replicas, "allow_direct": True, **place("S"),
+        "name": "S", "num_replicas": target_r, "allow_direct": True,
         "sources": [{"name": "O", "subject_transforms": [{"src": "o.>", "dest": "s.>"}]}]})
     assert "error" not in r, r
 
@@ -219,34 +226,46 @@ async def _check_r1(c: JsCluster, top: int) -> None:
         assert data == odata and subj == "s." + osubj.split(".", 1)[1]
 
 
-async def _split_leaders(nc: nats.NATS) -> None:
-    """Step M's and S's leaders down until neither leads on O's leader's node."""
-    for _ in range(10):
-        lo = await _leader(nc, "O")
-        moved = False
-        for name in ("M", "S"):
-            if await _leader(nc, name) == lo:
-                await api(nc, f"STREAM.LEADER.STEPDOWN.{name}")
-                moved = True
-        if not moved:
-            return
-        await asyncio.sleep(0.5)
-    raise AssertionError("leaders stay together")
+async def _split_leaders(nc: nats.NATS, movable: bool) -> None:
+    """Move M's and S's leaders off O's leader's node: R3 targets step down to another
+    peer; R1 targets stay, and O's leader moves to a node that leads neither."""
+    lo = await _leader(nc, "O")
+    if not movable:
+        taken = {await _leader(nc, "M"), await _leader(nc, "S")}
+        if lo in taken:
+            other = next(n for n in ("n1", "n2", "n3") if n not in taken)
+            r = await api(nc, "STREAM.LEADER.STEPDOWN.O", {"placement": {"preferred": other}})
+            assert r.get("success"), r
+            await until(lambda: _leader_is_not(nc, "O", lo), timeout=30)
+        return
+    for name in ("M", "S"):
+        if await _leader(nc, name) != lo:
+            continue
+        other = next(n for n in ("n1", "n2", "n3") if n != lo)
+        r = await api(nc, f"STREAM.LEADER.STEPDOWN.{name}", {"placement": {"preferred": other}})
+        assert r.get("success"), r
+        await until(lambda name=name: _leader_is_not(nc, name, lo), timeout=30)
 
 
-async def test_r3_mirror_and_source_follow_leader_changes_of_both_sides(js3: JsCluster
-                                                                        ) -> None:
-    """R3 origin, R3 mirror, R3 source, leaders on different nodes; while a publisher
-    publishes: the mirror's leader steps down, the mirror's leader is killed (-9) and
-    restarted, the origin's leader steps down, the origin's leader is killed and restarted.
-    Every replica of M equals O; every replica of S holds each origin seq once, in order."""
+async def _leader_is_not(nc: nats.NATS, stream: str, name: str) -> bool:
+    return await _leader(nc, stream) not in ("", name)
+
+
+@pytest.mark.parametrize(("origin_r", "target_r"), [(3, 3), (1, 3), (3, 1)])
+async def test_mirror_and_source_follow_leader_changes_of_both_sides(
+        js3: JsCluster, origin_r: int, target_r: int) -> None:
+    """R3 (or R1) origin, R3 (or R1) mirror and source, leaders on different nodes; while a
+    publisher publishes: the mirror's leader steps down (R3), the mirror's leader is killed
+    (-9) and restarted, the origin's leader steps down (R3), the origin's leader is killed
+    and restarted. Every replica of M equals O; every replica of S holds each origin seq
+    once, in order."""
     c = js3
     nc = await connect(c.nodes[0])
-    await _create(nc, 3)
-    await _split_leaders(nc)
+    await _create(nc, origin_r, target_r)
+    await _split_leaders(nc, target_r > 1)
     acked: list[int] = []
     stop = asyncio.Event()
-    count = 900 if LONG else 400
+    count = (900 if LONG else 400) if origin_r == target_r else (600 if LONG else 250)
     task = asyncio.ensure_future(_publisher(c.nodes, count, acked, stop))
     steps = count // 5
 
@@ -264,6 +283,8 @@ async def test_r3_mirror_and_source_follow_leader_changes_of_both_sides(js3: JsC
         if nc.is_closed:
             nc = await admin()
         what, stream = action.split()
+        if what == "stepdown" and (origin_r if stream == "O" else target_r) == 1:
+            continue  # one replica: no other leader to step down to
         if what == "stepdown":
             r = await api(nc, f"STREAM.LEADER.STEPDOWN.{stream}")
             assert r.get("success"), r
@@ -278,7 +299,7 @@ async def test_r3_mirror_and_source_follow_leader_changes_of_both_sides(js3: JsC
     await nc.close()
     c.wait_js()
     assert len(acked) == count and max(acked) == count
-    await _check(c, c.nodes, count)
+    await _check(c, count, origin_r, target_r)
     assert errors_in_logs(c) == []
 
 
