@@ -120,8 +120,17 @@ async def _check(c: JsCluster, top: int, origin_r: int, target_r: int) -> None:
         source = await _contents(node, "S", top + 5)  # more than top would be a duplicate
         seqs = [int(h["Nats-Stream-Source"].split(" ")[1]) for _, _, _, h in source]
         assert seqs == list(range(1, top + 1)), f"S on {node.name}: {_diff(seqs, top)}"
+        _same_identity(source)
         for (_, subj, data, _), (_, osubj, odata, _) in zip(source, origin, strict=True):
             assert data == odata and subj == "s." + osubj.split(".", 1)[1]
+
+
+def _same_identity(source: list[Any]) -> None:
+    """Every source header names the origin's incarnation (its last token), the same one
+    whichever node wrote it: the target learns it from the catalogue, not from a local
+    replica of the origin it may not have."""
+    idents = {(h["Nats-Stream-Source"].split(" ") + [""] * 6)[5] for _, _, _, h in source}
+    assert len(idents) == 1 and all(idents), idents
 
 
 def _diff(seqs: list[int], top: int) -> str:
@@ -222,6 +231,7 @@ async def _check_r1(c: JsCluster, top: int) -> None:
     source = await _contents(n3, "S", top + 5)
     seqs = [int(h["Nats-Stream-Source"].split(" ")[1]) for _, _, _, h in source]
     assert seqs == list(range(1, top + 1)), _diff(seqs, top)
+    _same_identity(source)
     for (_, subj, data, _), (_, osubj, odata, _) in zip(source, origin, strict=True):
         assert data == odata and subj == "s." + osubj.split(".", 1)[1]
 
