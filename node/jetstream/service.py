@@ -172,7 +172,7 @@ class _Pull:
         self.paused = False
         self.pause_seen = ""  # a pause_until seen in effect: its end is advised once
         self.pin_headers: dict[str, str] = {}  # request reply -> Nats-Pin-Id it is served
-        self.pacer: Pacer | None = None  # replay original / rate_limit_bps (push; pacing.py)
+        self.pacer: Pacer | None = None  # replay original / rate_limit_bps (pacing.py)
 
     def wants(self) -> bool:
         return bool(self.push or self.queue.waiting)
@@ -1081,11 +1081,12 @@ class JetStreamService:
             sm = self.streams[stream]
             cfg = sm.stream.consumers[name].cfg
             pull = self.pulls[(stream, name)] = _Pull(cfg)
-            if pull.push:  # nats-server's burst: the stream's max_msg_size, else max_payload
-                burst = int(sm.stream.cfg.get("max_msg_size") or 0)
-                if burst <= 0:
-                    burst = int(self.server.options.max_payload)
-                pull.pacer = Pacer.for_consumer(cfg, burst, time.time_ns())
+            # nats-server's burst: the stream's max_msg_size, else max_payload (pull
+            # consumers pace replay original too; a rate limit is refused for them)
+            burst = int(sm.stream.cfg.get("max_msg_size") or 0)
+            if burst <= 0:
+                burst = int(self.server.options.max_payload)
+            pull.pacer = Pacer.for_consumer(cfg, burst, time.time_ns())
         return pull
 
     async def _h_consumer_msg_next(self, call: api.Call, subject: str, reply: str,

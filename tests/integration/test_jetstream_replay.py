@@ -4,7 +4,8 @@ The same nats-py script runs against `nats-server -js` and `jetraft serve -js`: 
 published with pauses between them (or big enough for the rate limit to bite) are read by a
 push consumer, and the arrival times are measured. The checks are behaviour checks with
 generous bounds, met by both servers (no timing performance is asserted): replay original
-spaces the deliveries as the messages were spaced when published; instant delivers them
+spaces the deliveries (push, and a pull request's) as the messages were spaced when
+published; instant delivers them
 together; a rate limit spreads them by their size; once caught up, a live message arrives
 at once. The pure rules: tests/jetstream/test_pacing.py.
 """
@@ -98,6 +99,23 @@ async def _script(server: ServerProc) -> dict[str, Any]:
         await _wait_len(live, 5, 5)
         out["live_delay"] = live[4] - sent
         await sub.unsubscribe()
+        # A pull consumer replays original too: one request for 4, spaced as published.
+        r = await _api(nc, "CONSUMER.CREATE.R.P", {"stream_name": "R", "config": {
+            "durable_name": "P", "ack_policy": "none", "replay_policy": "original"}})
+        assert "error" not in r, r
+        pulled: list[float] = []
+        inbox = nc.new_inbox()
+
+        async def on_pulled(msg: Any) -> None:
+            if not (msg.headers and msg.headers.get("Status")):
+                pulled.append(time.monotonic())
+
+        sub = await nc.subscribe(inbox, cb=on_pulled)
+        await nc.publish("$JS.API.CONSUMER.MSG.NEXT.R.P", json.dumps(
+            {"batch": 4, "expires": 5_000_000_000}).encode(), reply=inbox)
+        await _wait_len(pulled, 4, 5)
+        out["pull_gaps"] = [b - a for a, b in zip(pulled, pulled[1:], strict=False)]
+        await sub.unsubscribe()
         # Rate limit: 8,000 bits/s = 1,000 bytes/s; max_msg_size 1,000 makes the burst
         # 1,000 bytes; five 400-byte messages need ~1.5 s past the burst.
         r = await _api(nc, "STREAM.CREATE.B", {"name": "B", "subjects": ["b.>"],
@@ -127,6 +145,7 @@ def _check(name: str, out: dict[str, Any]) -> None:
     assert all(g >= 0.2 for g in out["original_gaps"]), (name, out)
     assert out["instant_span"] < 0.2, (name, out)
     assert out["live_delay"] < 0.2, (name, out)
+    assert all(g >= 0.2 for g in out["pull_gaps"]), (name, out)
     assert out["rate_data"] == [b"A", b"B", b"C", b"D", b"E", b"F"], name
     assert out["rate_span"] >= 1.0, (name, out)
     assert out["free_span"] < 0.5, (name, out)
