@@ -846,6 +846,14 @@ class JetStreamService:
             raise ApiError.of("JSClusterNoPeersErrF", err="no replacement peer connected")
         # nats-server 2.11+: an optional `placement` (preferred server, tags) picks the peer
         want = Placement.from_config(_request_json(body).get("placement"))
+        if want.preferred:  # nats-server's refusals (checked on a 3-node 2.15.1 cluster)
+            names = {self.jsc.member_name(p): p for p in st["voters"]}
+            if names.get(want.preferred) == self.node_id:
+                raise ApiError.of("JSClusterNoPeersErrF", err=f"preferred server "
+                                  f"{json.dumps(want.preferred)} is already leader")
+            if want.preferred not in names:
+                raise ApiError.of("JSClusterNoPeersErrF", err=f"preferred server "
+                                  f"{json.dumps(want.preferred)} not known")
         to = pick_leader(self.jsc.candidates(), st["voters"], self.node_id, want)
         await self.jsc.transfer(sm.group, to or others[0])
         return {"type": replies.TYPE_PREFIX + _kind(call.op), "success": True}
