@@ -823,6 +823,12 @@ class JetStreamService:
         sm = self.streams.get(call.stream)
         if sm is None or not sm.stream.cfg.get("allow_direct"):
             sm = self.sourcing.direct_mirror(call.stream)  # `mirror_direct` answers for it
+        if sm is None and self.jsc is not None and reply:  # (reply "": already forwarded)
+            # nats-server's mirror answers in the origin's direct-get queue group cluster
+            # wide: a node hosting a `mirror_direct` mirror of it answers.
+            frames = await self.sourcing.direct_mirror_elsewhere(call.stream, subject, body)
+            if frames:
+                return frames
         if sm is None:
             # nats-server only listens for streams that allow direct gets: no responders.
             return [(b"NATS/1.0 503\r\n\r\n", b"")]

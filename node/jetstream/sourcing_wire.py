@@ -23,6 +23,7 @@ different nodes (the cluster forwards the `$JS.API` request to the origin's lead
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import secrets
 import time
@@ -545,6 +546,34 @@ class SourcingWire:
             if cfg.get("mirror_direct") and (cfg.get("mirror") or {}).get("name") == origin:
                 return sm
         return None
+
+    async def direct_mirror_elsewhere(self, origin: str, subject: str, body: bytes
+                                      ) -> list[tuple[bytes | None, bytes]]:
+        """Clustered: DIRECT.GET for `origin` answered by a node hosting a `mirror_direct`
+        mirror of it (that node serves it locally: `direct_mirror`). [] when none is up."""
+        jsc = self.svc.jsc
+        meta = self.svc.meta
+        if jsc is None or meta is None:
+            return []
+        from node.jetstream.cluster import MAX_HOPS, frames_from_wire
+
+        for a in meta.streams.values():
+            cfg = a["config"]
+            if not cfg.get("mirror_direct") or (cfg.get("mirror") or {}).get("name") != origin:
+                continue
+            for peer in a.get("peers") or []:
+                if peer == self.svc.node_id or not jsc.is_up(peer):
+                    continue
+                try:
+                    raw = await jsc.cluster.request(peer, "js.api", json.dumps({
+                        "subject": subject, "reply": "", "hops": MAX_HOPS,
+                        "body": base64.b64encode(body).decode()}).encode(), REQUEST_TIMEOUT_S)
+                except Exception:  # noqa: BLE001 (that peer cannot answer: try another)
+                    continue
+                frames = frames_from_wire(raw)
+                if frames and not (frames[0][0] or b"").startswith(b"NATS/1.0 503"):
+                    return frames
+        return []
 
     # -- STREAM.INFO ------------------------------------------------------------------------
 

@@ -354,6 +354,17 @@ async def test_kv_bucket_mirrored_and_sourced_on_other_nodes(tmp_path: Any) -> N
                                   json.dumps({"last_by_subj": "$KV.KO.k1"}).encode(), timeout=5)
             assert km.data == b"v17", (node.name, km.headers)
             await cn.close()
+        # The origin bucket goes: its mirror (mirror_direct, on n2) answers direct gets for it
+        # through every node, as nats-server's mirror answers in the origin's queue group.
+        r = await api(nc, "STREAM.DELETE.KV_KO")
+        assert r.get("success"), r
+        for node in c.nodes:
+            cn = await connect(node)
+            got = await cn.request("$JS.API.DIRECT.GET.KV_KO",
+                                   json.dumps({"last_by_subj": "$KV.KO.k0"}).encode(), timeout=5)
+            assert got.data == b"later", (node.name, got.headers)
+            assert got.headers and got.headers.get("Nats-Stream") == "KV_KM"
+            await cn.close()
         await nc.close()
         assert errors_in_logs(c) == []
     finally:
