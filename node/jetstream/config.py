@@ -201,7 +201,15 @@ def _wire_value(name: str, value: Any) -> Any:
 
 
 def _wire_source(src: Config) -> dict[str, Any]:
-    return {k: src[k] for k in _SOURCE_ORDER if src.get(k)}
+    out = {k: src[k] for k in _SOURCE_ORDER if src.get(k)}
+    if "external" in out:
+        out["external"] = wire_external(out["external"])
+    return out
+
+
+def wire_external(ext: Config) -> dict[str, Any]:
+    """nats-server's ExternalStream always shows both fields (no omitempty), checked."""
+    return {"api": ext.get("api") or "", "deliver": ext.get("deliver") or ""}
 
 
 # ---------------------------------------------------------------------------------------------

@@ -15,7 +15,9 @@ in-memory counter, which runs ahead of an open write transaction), then fsyncs t
 including its meta page, and only then names that index; the driver compacts the WAL up to
 it. The image file only records the index: `restore_from` accepts it when LMDB already holds
 that index (a restart) and refuses otherwise, because a single node has nowhere to copy the
-missing state from. Shipping real images to new members is the cluster issue's.
+missing state from. Clustered (`full_images`), images are the data: LMDB streams
+(`dump_image`) and memory streams (`dump_mem_image`: at R>1 a memory stream's publish is
+acknowledged once a quorum holds it, so a replica catching up by snapshot needs the messages).
 """
 
 from __future__ import annotations
@@ -37,7 +39,12 @@ from node.jetstream.store.lmdbstore import (
     dump_image,
     load_image,
 )
-from node.jetstream.store.memstore import MemStore
+from node.jetstream.store.memstore import (
+    MEM_IMAGE_MAGIC,
+    MemStore,
+    dump_mem_image,
+    load_mem_image,
+)
 from node.jetstream.stream import ConsumerEvent, Delivered, Effect, Result, Stream
 
 _U64 = struct.Struct("<Q")
@@ -74,6 +81,11 @@ def _write_file(env: NodeEnv | None, path: str, fill: Callable[[Any], Any]) -> A
 def _read_all(env: NodeEnv | None, path: str) -> bytes:
     with open(path, "rb") as f:
         return bytes(read_file(_files(env), f).read())
+
+
+def _is_image(path: str, magic: bytes) -> bool:
+    with open(path, "rb") as f:
+        return f.read(len(magic)) == magic
 
 
 def _write_marker(env: NodeEnv | None, path: str, name: str, index: int) -> None:
@@ -242,6 +254,17 @@ class StreamMachine:
         if self.env is not None and self.full_images:
             self.env.sync()  # what the image covers is durable here too before compaction
             return int(_write_file(self.env, path, lambda out: dump_image(self.store, out)))
+        if self.env is None and self.full_images:
+            # Clustered memory stream: at R>1 a publish is acknowledged once a quorum holds
+            # it, so the image must carry the messages (a replica installing a marker would
+            # have nothing). The state is read under the lock: applies run in another
+            # thread, and the image must be exactly the state at the index it names.
+            with self.lock, open(path, "wb") as f:
+                dump_mem_image(self.store, f)
+                index = self.stream.applied
+                f.flush()
+                os.fsync(f.fileno())
+            return index
         if self.env is None:
             index = self.stream.applied  # memory: an R1 memory stream starts empty anyway
         else:
@@ -251,6 +274,17 @@ class StreamMachine:
         return index
 
     def restore_from(self, path: str) -> None:
+        if self.env is None and os.path.getsize(path) and _is_image(path, MEM_IMAGE_MAGIC):
+            with open(path, "rb") as f:
+                f.read(len(MEM_IMAGE_MAGIC))
+                store = load_mem_image(self.group, f)
+            with self.lock:
+                self.store = store
+                self.stream = Stream(self.initial_cfg, self.store)
+                self.results.clear()
+                self.delivered.clear()
+                self.events.clear()
+            return
         body = None
         if self.env is not None and os.path.getsize(path):
             with open(path, "rb") as f:

@@ -51,7 +51,7 @@ from node.jetstream import (
 )
 from node.jetstream import config as stream_config
 from node.jetstream.batch import BatchCollector
-from node.jetstream.cluster import ClusterJS, Frames
+from node.jetstream.cluster import ClusterJS, Frames, _request_json
 from node.jetstream.consumer import (
     AckInfo,
     AckKind,
@@ -65,6 +65,8 @@ from node.jetstream.consumer import (
 )
 from node.jetstream.errors import ApiError
 from node.jetstream.machines import META_STORE, MetaMachine, StoreLostError, StreamMachine
+from node.jetstream.pacing import Pacer
+from node.jetstream.placement import Placement, pick_leader
 from node.jetstream.pull import PullQueue, Status
 from node.jetstream.push import FC_REQUEST, PushFlow, fc_subject, parse_fc_subject
 from node.jetstream.sourcing import listen_subjects
@@ -185,6 +187,7 @@ class _Pull:
         self.paused = False
         self.pause_seen = ""  # a pause_until seen in effect: its end is advised once
         self.pin_headers: dict[str, str] = {}  # request reply -> Nats-Pin-Id it is served
+        self.pacer: Pacer | None = None  # replay original / rate_limit_bps (pacing.py)
 
     def wants(self) -> bool:
         return bool(self.push or self.queue.waiting)
@@ -503,6 +506,7 @@ class JetStreamService:
             sm.full_images = True
             self.mr.add_group(group, voters, state_machine=sm)
             sm.track = True
+            self.sourcing.sync(name)  # its links source only while this node leads
             return
         self.mr.add_group(group, [NODE_ID], state_machine=sm)
         await self._ready(group)
@@ -1056,6 +1060,13 @@ class JetStreamService:
             # `mirror_direct` answers for it (mirrors live in the global account only)
             sm = self.sourcing.direct_mirror(call.stream) \
                 if call.account == jsaccount.GLOBAL else None
+        if sm is None and self.jsc is not None and reply and call.account == jsaccount.GLOBAL:
+            # (reply "": already forwarded) nats-server's mirror answers in the origin's
+            # direct-get queue group cluster wide: a node hosting a `mirror_direct` mirror
+            # of it answers.
+            frames = await self.sourcing.direct_mirror_elsewhere(call.stream, subject, body)
+            if frames:
+                return frames
         if sm is None:
             # nats-server only listens for streams that allow direct gets: no responders.
             return [(b"NATS/1.0 503\r\n\r\n", b"")]
@@ -1063,7 +1074,8 @@ class JetStreamService:
             return [(frame.hdr, frame.data)
                     for frame in get.direct_get(sm.store, _name(sm.name), body, call.rest)]
 
-    async def _h_stream_leader_stepdown(self, call: api.Call, *_: Any) -> dict[str, Any]:
+    async def _h_stream_leader_stepdown(self, call: api.Call, subject: str, reply: str,
+                                        body: bytes) -> dict[str, Any]:
         if self.jsc is None:
             # A standalone nats-server has no leaders to change (checked, 2.15.1).
             raise ApiError.of("JSClusterRequiredErr")
@@ -1076,7 +1088,18 @@ class JetStreamService:
         others = [p for p in st["voters"] if p != self.node_id and self.jsc.is_up(p)]
         if not others:
             raise ApiError.of("JSClusterNoPeersErrF", err="no replacement peer connected")
-        await self.jsc.transfer(sm.group, others[0])
+        # nats-server 2.11+: an optional `placement` (preferred server, tags) picks the peer
+        want = Placement.from_config(_request_json(body).get("placement"))
+        if want.preferred:  # nats-server's refusals (checked on a 3-node 2.15.1 cluster)
+            names = {self.jsc.member_name(p): p for p in st["voters"]}
+            if names.get(want.preferred) == self.node_id:
+                raise ApiError.of("JSClusterNoPeersErrF", err=f"preferred server "
+                                  f"{json.dumps(want.preferred)} is already leader")
+            if want.preferred not in names:
+                raise ApiError.of("JSClusterNoPeersErrF", err=f"preferred server "
+                                  f"{json.dumps(want.preferred)} not known")
+        to = pick_leader(self.jsc.candidates(), st["voters"], self.node_id, want)
+        await self.jsc.transfer(sm.group, to or others[0])
         return {"type": replies.TYPE_PREFIX + _kind(call.op), "success": True}
 
     _h_consumer_leader_stepdown = _h_stream_leader_stepdown
@@ -1120,6 +1143,7 @@ class JetStreamService:
             current = stream_config.to_wire(sm.stream.cfg)
         if current != config:
             await self._propose(sm, ops.UpdateConfig(time.time_ns(), _dumps(config)))
+        self.sourcing.sync(name)  # mirror / sources as the group's config now says
 
     def _on_stream_leader(self, name: str, leader: int) -> None:
         """A stream group's leader changed: the new leader runs the consumers' pumps and
@@ -1139,6 +1163,7 @@ class JetStreamService:
         else:
             for key in [k for k in self.pulls if k[0] == name]:
                 del self.pulls[key]
+        self.sourcing.leader_changed(name, leader)
     # ------------------------------------------------------------------ consumers
 
     async def _h_consumer_create(self, call: api.Call, subject: str, reply: str, body: bytes
@@ -1317,7 +1342,14 @@ class JetStreamService:
         pull = self.pulls.get((stream, name))
         if pull is None:
             sm = self.streams[stream]
-            pull = self.pulls[(stream, name)] = _Pull(sm.stream.consumers[name].cfg)
+            cfg = sm.stream.consumers[name].cfg
+            pull = self.pulls[(stream, name)] = _Pull(cfg)
+            # nats-server's burst: the stream's max_msg_size, else max_payload (pull
+            # consumers pace replay original too; a rate limit is refused for them)
+            burst = int(sm.stream.cfg.get("max_msg_size") or 0)
+            if burst <= 0:
+                burst = int(self.server.options.max_payload)
+            pull.pacer = Pacer.for_consumer(cfg, burst, time.time_ns())
         return pull
 
     async def _h_consumer_msg_next(self, call: api.Call, subject: str, reply: str,
@@ -1394,6 +1426,8 @@ class JetStreamService:
             counts = [consumer.num_pending(view), consumer.num_ack_pending()] \
                 if pull.queue.priority.policy == "overflow" else [0, 0]
             wanted = MAX_ROUND if pull.push else min(pull.queue.wanted(*counts), MAX_ROUND)
+            if pull.pacer is not None:
+                wanted = 1  # paced: one delivery at a time, each after its wait
             if not wanted and pull.queue.waiting:
                 return False  # requests wait, none of them may be served now
             plans = consumer.plan_batch(now, view, wanted)
@@ -1404,6 +1438,8 @@ class JetStreamService:
             # proposals, when the stream may already hold later messages
             pending_at_plan = consumer.num_pending(view)
         if not plans:
+            if pull.pacer is not None:
+                pull.pacer.caught_up()
             for status in () if pull.push else pull.queue.nothing_pending():
                 self._send(status, stream)
             return False
@@ -1444,12 +1480,33 @@ class JetStreamService:
             sends.append((msg, target))
         if not entries:
             return bool(drops) or (bool(pull.queue.waiting) and not pull.push)
+        if pull.pacer is not None and sends and not await self._pace(stream, name, pull,
+                                                                     sends[0][0]):
+            return False
         results = await asyncio.gather(*(self._propose(sm, e) for e in entries),
                                        return_exceptions=True)
         indexes = [r for i, (e, r) in enumerate(zip(entries, results, strict=True))
                    if isinstance(e, ops.ConsumerDelivered) and i not in skips]
         self._send_deliveries(sm, name, sends, indexes, pull, pending_at_plan)
         return True
+
+    async def _pace(self, stream: str, name: str, pull: _Pull, msg: Any) -> bool:
+        """Replay original, then the rate limit: wait before this delivery, as nats-server
+        does. False when meanwhile the consumer went or this node stopped leading (the plan
+        is stale: nothing is proposed; the next leader plans again)."""
+        assert pull.pacer is not None
+        wait = pull.pacer.replay_wait_ns(msg.ts_ns)
+        if wait:
+            await asyncio.sleep(wait / 1e9)
+        ack = f"{api.ACK_PREFIX}{stream}.{name}.1.{msg.seq}.{msg.seq}.{msg.ts_ns}.0"
+        size = len(msg.subject) + len(ack) + len(msg.hdr) + len(msg.data)
+        wait = pull.pacer.rate_wait_ns(time.time_ns(), size)
+        if wait:
+            await asyncio.sleep(wait / 1e9)
+        sm = self.streams.get(stream)
+        return sm is not None and name in sm.stream.consumers and \
+            self.pulls.get((stream, name)) is pull and \
+            (self.jsc is None or self.jsc.leads(stream))
 
     def _pin(self, stream: str, name: str, pull: _Pull, req: Any, now: int) -> None:
         """A pinned_client group's delivery carries the pin id; the first one pins."""

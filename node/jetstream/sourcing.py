@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from node.jetstream import headers as h
 from node.jetstream import ops
+from node.jetstream.config import wire_external
 from node.jetstream.errors import ApiError
 from node.jetstream.store import StoredMsg
 from node.jetstream.transform import apply_mapping
@@ -333,7 +334,7 @@ def info_block(src: dict[str, Any], lag: int, active_ns: int, error: dict[str, A
     sequence stored."""
     out: dict[str, Any] = {"name": src["name"]}
     if src.get("external"):
-        out["external"] = src["external"]
+        out["external"] = wire_external(src["external"])
     out["lag"] = lag
     if seq and not mirror:
         out["seq"] = seq

@@ -23,6 +23,7 @@ different nodes (the cluster forwards the `$JS.API` request to the origin's lead
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import secrets
 import time
@@ -33,7 +34,7 @@ from node.jetstream.consumer import StreamView
 from node.jetstream.errors import ApiError
 from node.jetstream.replies import TYPE_PREFIX
 from node.subject import is_literal
-from raft.multigroup import ProposalDropped
+from raft.multigroup import NotLeader, ProposalDropped
 
 HEARTBEAT_NS = 1_000_000_000      # the origin's idle heartbeat (nats-server: 1s)
 STALL_BEATS = 3                   # silence for this many heartbeats restarts the session
@@ -44,6 +45,7 @@ ENTRY_MAX = 512                   # sourced messages per SOURCE_MSGS entry
 REQUEST_TIMEOUT_S = 5.0
 _CHARS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
 _FC_REQUEST = b"NATS/1.0 100 FlowControl Request\r\n\r\n"
+_GONE = b"NATS/1.0 409 Consumer Deleted\r\n\r\n"
 
 
 def _token(n: int = 8) -> str:
@@ -83,6 +85,7 @@ class SourceLink:
         self.error: dict[str, Any] | None = None
         self.task: asyncio.Task[Any] | None = None
         self.consumer = ""
+        self.kick = asyncio.Event()  # set when this node became the target's leader
 
     def start(self) -> None:
         self.task = asyncio.ensure_future(self._run())
@@ -105,14 +108,20 @@ class SourceLink:
                 pass
             except Exception as exc:  # never let a source die: log, retry
                 log.warn(f"JetStream sourcing {self.target} <- {self.src['name']}: {exc!r}")
-            await asyncio.sleep(RETRY_S)
+            # A follower waits for its turn; a leader retries after RETRY_S. Becoming the
+            # leader ends the wait at once (no second without a sourcing session).
+            self.kick.clear()
+            try:
+                await asyncio.wait_for(self.kick.wait(), RETRY_S)
+            except TimeoutError:
+                pass
 
     async def _session(self) -> None:
         svc = self.wire.svc
         sm = svc.streams.get(self.target)
         if sm is None:
             raise _Restart
-        if svc.mr.leader(sm.group) != getattr(svc, "node_id", 1):  # 1: the single node's id
+        if not self.wire.leads(sm):
             raise _Restart  # only the target's leader sources; a follower waits its turn
         with sm.lock:
             done = sourcing.resume_after(sm.store, self.key, self.wire.identity(self.src["name"]))
@@ -141,8 +150,10 @@ class SourceLink:
         finally:
             client.remove_sub(sub)
             if self.consumer:
+                # With a reply subject (the API ignores requests without one); the answer
+                # is not awaited: a reader nobody listens to ends on its own anyway.
                 client.publish(f"$JS.API.CONSUMER.DELETE.{self.src['name']}.{self.consumer}",
-                               None, b"")
+                               self.wire.reply_inbox(), b"")
                 self.consumer = ""
 
     async def _consume(self, inbox: asyncio.Queue[Any]) -> None:
@@ -183,15 +194,15 @@ class SourceLink:
                 self.lag = pending
                 msgs.append(ops.SourcedMsg(sseq, ts, subject, hdr or b"", data))
             sm = svc.streams.get(self.target)
-            if sm is None:
-                raise _Restart
+            if sm is None or not self.wire.leads(sm):
+                raise _Restart  # leadership moved: the new leader resumes at the progress
             if sm.stream.cfg["sealed"]:
                 msgs = []  # sealed: the origin is still heard, nothing is stored
             if msgs:
                 entry = ops.SourceMsgs(time.time_ns(), self.key, ident, tuple(msgs))
                 try:
                     await svc.mr.propose(sm.group, ops.encode(entry))
-                except (ProposalDropped, KeyError) as exc:
+                except (ProposalDropped, NotLeader, KeyError) as exc:
                     raise _Restart from exc
                 with sm.lock:
                     stored_to = sourcing.progress(sm.store, self.key)
@@ -264,6 +275,12 @@ class DirectReader:
             sm = svc.streams.get(self.origin)
             if sm is None:
                 return  # the origin was deleted: so is its consumer
+            if not self.wire.leads(sm):
+                # The origin's leadership moved: a direct consumer lives on the leader
+                # (nats-server's too). Tell the link now, rather than after its stall
+                # timeout; it creates the consumer again, which reaches the new leader.
+                self.wire.client.publish(self.deliver, None, b"", _GONE)
+                return
             now = time.monotonic_ns()
             if not self.wire.has_interest(self.deliver):
                 if now - quiet_since > self.inactive_ns:
@@ -366,6 +383,10 @@ class SourcingWire:
         from node.jetstream.service import _jetstream_kind
 
         self.client = self.svc.server.internal_client(_jetstream_kind(), "jetstream-sourcing")
+        # Unlike the API client, its subscriptions (a link's deliver subject, a reader's
+        # flow-control subjects, request inboxes) must be heard cluster-wide: an origin's
+        # leader and a target's leader may be different nodes. All are unique tokens.
+        self.client.local_only = False
         self.client.subscribe_internal(self._reply_prefix + "*", self._on_reply)
         for name in list(self.svc.streams):
             self.sync(name)
@@ -436,12 +457,42 @@ class SourcingWire:
         return json.loads(raw)
 
     def has_interest(self, subject: str) -> bool:
-        result = self.client.account.sublist.match(subject)
-        return bool(result.psubs or result.qsubs)
+        """Someone listens on `subject`: here, or (clustered) on a peer, where the target's
+        leader may run its link."""
+        return bool(self.client.account.has_interest(subject))
+
+    def leads(self, sm: Any) -> bool:
+        """This node leads `sm`'s group (one node: always, once elected)."""
+        try:
+            return bool(self.svc.mr.leader(sm.group) == self.svc.node_id)
+        except KeyError:
+            return False
 
     def identity(self, origin: str) -> str:
+        """The origin's incarnation, from the replicated catalogue (the origin need not be
+        hosted on this node). NOTE for jsacct: a lookup of the origin's catalogue entry by
+        name; if streams become keyed per account, this is the one place to adapt."""
+        meta = self.svc.meta
+        entry = meta.streams.get(origin) if meta is not None else None
+        if entry is not None and entry.get("group"):
+            return sourcing.identity(entry["group"])
         sm = self.svc.streams.get(origin)
         return sourcing.identity(sm.group) if sm is not None else ""
+
+    def reply_inbox(self) -> str:
+        return self._reply_prefix + _token(10)
+
+    def leader_changed(self, name: str, leader: int) -> None:
+        """A stream hosted here changed leader: this node's links for it start sourcing
+        now if it leads (the others stop at their next step), and direct readers of it
+        stop if it no longer leads."""
+        self.sync(name)
+        if leader == self.svc.node_id:
+            for link in self.links.get(name, {}).values():
+                link.kick.set()
+        else:
+            for reader in [r for r in self.readers.values() if r.origin == name]:
+                reader.wake.set()  # its loop sees the lost leadership and ends
 
     # -- origin side: direct consumers ------------------------------------------------------
 
@@ -465,6 +516,8 @@ class SourcingWire:
         if sm is None:
             raise ApiError.of("JSStreamNotFoundErr")
         sourcing.check_direct(cfg)
+        if not self.leads(sm):  # a stale route to a former leader: the link asks again
+            raise ApiError.of("JSClusterNotAvailErr")
         name = cfg["name"]
         old = self.readers.pop(name, None)
         if old is not None:
@@ -493,6 +546,34 @@ class SourcingWire:
             if cfg.get("mirror_direct") and (cfg.get("mirror") or {}).get("name") == origin:
                 return sm
         return None
+
+    async def direct_mirror_elsewhere(self, origin: str, subject: str, body: bytes
+                                      ) -> list[tuple[bytes | None, bytes]]:
+        """Clustered: DIRECT.GET for `origin` answered by a node hosting a `mirror_direct`
+        mirror of it (that node serves it locally: `direct_mirror`). [] when none is up."""
+        jsc = self.svc.jsc
+        meta = self.svc.meta
+        if jsc is None or meta is None:
+            return []
+        from node.jetstream.cluster import MAX_HOPS, frames_from_wire
+
+        for a in meta.streams.values():
+            cfg = a["config"]
+            if not cfg.get("mirror_direct") or (cfg.get("mirror") or {}).get("name") != origin:
+                continue
+            for peer in a.get("peers") or []:
+                if peer == self.svc.node_id or not jsc.is_up(peer):
+                    continue
+                try:
+                    raw = await jsc.cluster.request(peer, "js.api", json.dumps({
+                        "subject": subject, "reply": "", "hops": MAX_HOPS,
+                        "body": base64.b64encode(body).decode()}).encode(), REQUEST_TIMEOUT_S)
+                except Exception:  # noqa: BLE001 (that peer cannot answer: try another)
+                    continue
+                frames = frames_from_wire(raw)
+                if frames and not (frames[0][0] or b"").startswith(b"NATS/1.0 503"):
+                    return frames
+        return []
 
     # -- STREAM.INFO ------------------------------------------------------------------------
 

@@ -158,3 +158,37 @@ def test_full_image_moves_a_stream_to_an_empty_store(tmp_path: Path) -> None:
     assert dst.stream.last_seq == 11
     src_env.close()
     dst_env.close()
+
+
+def test_memory_image_carries_the_messages(tmp_path: Path) -> None:
+    """A clustered memory stream (R>1) snapshots its messages, dedup ids, TTLs, consumers
+    and applied index; a replica with nothing installs the image and goes on from it. (A
+    marker instead would leave the replica empty, or fail-stop it on a restart.)"""
+    src = StreamMachine("S", "js.S.1", _cfg(), None, lambda sm, effects: None, 1)
+    src.full_images = True
+    with_id = [(i, ops.encode(ops.StreamMsg(1_000 + i, f"s.{i % 3}", "",
+                                             f"NATS/1.0\r\nNats-Msg-Id: id{i}\r\n\r\n".encode(),
+                                             f"m{i}".encode()))) for i in range(2, 12)]
+    src.apply_batch(with_id)
+    cfg = b'{"durable_name":"d","ack_policy":"explicit","deliver_policy":"all"}'
+    src.apply_batch([(12, ops.encode(ops.ConsumerUpsert(2_000, "d", cfg)))])
+    image = str(tmp_path / "image")
+    assert src.snapshot_to(image) == 12
+    dst = StreamMachine("S", "js.S.1", _cfg(), None, lambda sm, effects: None, 1)
+    dst.full_images = True
+    dst.restore_from(image)
+    assert dst.applied_index() == 12 and dst.stream.last_seq == 10
+    assert [(m.subject, m.data, m.hdr) for m in map(dst.store.load, range(1, 11))] == \
+        [(m.subject, m.data, m.hdr) for m in map(src.store.load, range(1, 11))]
+    assert dst.store.get_dedup("id5") == src.store.get_dedup("id5") is not None
+    assert dst.store.subject_count("s.1") == src.store.subject_count("s.1") > 0
+    assert list(dst.stream.consumers) == ["d"]
+    dup = ops.encode(ops.StreamMsg(3_000, "s.0", "", b"NATS/1.0\r\nNats-Msg-Id: id5\r\n\r\n",
+                                   b"again"))
+    dst.apply_batch([(13, dup), (14, _msg(14))])  # dedup state came along; goes on
+    assert dst.stream.last_seq == 11
+    with open(image, "r+b") as f:  # a damaged image is refused
+        f.truncate(os.path.getsize(image) - 5)
+    with pytest.raises(ValueError):
+        dst.restore_from(image)
+    assert dst.stream.last_seq == 11
