@@ -126,7 +126,9 @@ class Account:
         It publishes here only while `client.fast_account` is this account, that
         is with no per-message checks to make (permissions, verbose, pedantic,
         tracing); otherwise it hands the PUB back (`client.on_pub_checked`), whose
-        checks end in `publish`. With exactly one plain subscriber that is a
+        checks end in `publish`. An account with a router (mappings, imports,
+        exports) hands the PUB to it, as `publish` would. With exactly one plain
+        subscriber that is a
         network client, the MSG goes straight into its buffer and no Message is
         framed; every other case is `publish`'s. Both paths apply the same
         delivery and no-responders rules (`deliver_direct` also says whether
@@ -146,6 +148,10 @@ class Account:
                 return
             client.in_msgs += 1
             client.in_bytes += len(payload)
+            router = account.router  # read per message: a reload may add or drop it
+            if router is not None:
+                router.publish(account, client, subject, reply, None, payload)
+                return
             result = match(subject)
             psubs = result.psubs
             if not result.qsubs and len(psubs) == 1:

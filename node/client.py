@@ -443,8 +443,7 @@ class Client(asyncio.Protocol):
         """PUBs skip every per-message check only when none can apply, and only
         in the account the client is in now (a CONNECT may move it mid-read)."""
         fast = (self.connected and not self.closed and not self.verbose
-                and not self.pedantic and self.perms is None and not self.tracing
-                and self.account.router is None)
+                and not self.pedantic and self.perms is None and not self.tracing)
         self.fast_account = self.account if fast else None
 
     # ------------------------------------------------------------------ authentication
