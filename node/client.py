@@ -53,9 +53,8 @@ from node.message import (
     size_line,
     size_lines,
 )
-from node.protocol import writer
+from node.protocol import ProtocolError, ServerParser, writer
 from node.protocol.events import Connect, HPub, Ping, Pong, Pub, Sub, Unsub
-from node.protocol.parser import Parser, ProtocolError
 from node.subject import subject_matches, valid_literal_subject, valid_queue_name, valid_subject
 
 STALE_CONNECTION = "Stale Connection"
@@ -156,7 +155,7 @@ class Client(asyncio.Protocol):
         self.transport: Any = None
         self.loop = asyncio.get_running_loop()
         opts = server.options
-        self.parser = Parser(opts.max_payload, opts.max_control_line, headers=True)
+        self.parser = ServerParser(opts.max_payload, opts.max_control_line, headers=True)
         self.max_pending = opts.max_pending
         self.subs: dict[str, Subscription] = {}
         self.out = bytearray()

@@ -31,6 +31,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from .errors import ProtocolError
 from .events import Connect, Event, HPub, Ping, Pong, Pub, Sub, Unsub
 
 ERR_UNKNOWN_OP = "Unknown Protocol Operation"
@@ -46,14 +47,14 @@ _PONG = Pong()
 
 # Build Pub/HPub without the frozen-dataclass __init__ (object.__setattr__ per field
 # costs more than the rest of the parse): the slot descriptors write the fields directly.
-_new = object.__new__
-_pub_subject = Pub.subject.__set__
-_pub_reply = Pub.reply.__set__
-_pub_payload = Pub.payload.__set__
-_hpub_subject = HPub.subject.__set__
-_hpub_reply = HPub.reply.__set__
-_hpub_headers = HPub.headers.__set__
-_hpub_payload = HPub.payload.__set__
+_new: Any = object.__new__
+_pub_subject: Any = vars(Pub)["subject"].__set__
+_pub_reply: Any = vars(Pub)["reply"].__set__
+_pub_payload: Any = vars(Pub)["payload"].__set__
+_hpub_subject: Any = vars(HPub)["subject"].__set__
+_hpub_reply: Any = vars(HPub)["reply"].__set__
+_hpub_headers: Any = vars(HPub)["headers"].__set__
+_hpub_payload: Any = vars(HPub)["payload"].__set__
 
 # Op words a line may start with. A word with a separator needs a space/tab after it
 # (nats-server: "PUB\r\n" and "PUBX" are unknown ops); the others take anything.
@@ -69,7 +70,7 @@ _OPS: tuple[tuple[bytes, bool], ...] = (
     (b"CONNECT", False),
     (b"INFO", False),
 )
-_SKIP_OPS = {b"PING": _PING, b"PONG": _PONG, b"+OK": None}
+_SKIP_OPS: dict[bytes, Event | None] = {b"PING": _PING, b"PONG": _PONG, b"+OK": None}
 
 # Parsed "PUB ..." lines, whole (op to LF), shared by every parser: publishers repeat a
 # set of lines, and a hit replaces split/int/decode with one lookup. The value records
@@ -80,31 +81,6 @@ _LINES_MAX = 8192
 
 OnPub = Callable[[str, "str | None", bytes], Any]  # feed_into's PUB callback
 OnEvent = Callable[[Event], Any]  # feed_into's callback for every other event
-
-
-class ProtocolError(Exception):
-    """A client broke the protocol.
-
-    message:  the text nats-server sends in -ERR '<message>' (when send_err is True);
-              otherwise the reason nats-server logs before closing silently.
-    send_err: whether nats-server sends -ERR before closing.
-    fatal:    whether the connection must be closed (always True for parser errors).
-    detail:   state, stream offset and a quoted snippet of the offending bytes, for logs.
-    events:   events completed in the same feed() call before the error.
-    """
-
-    def __init__(
-        self, message: str, detail: str = "", *, send_err: bool = True, fatal: bool = True
-    ) -> None:
-        super().__init__(message)
-        self.message = message
-        self.detail = detail or message
-        self.send_err = send_err
-        self.fatal = fatal
-        self.events: list[Event] = []
-
-    def __str__(self) -> str:
-        return self.detail
 
 
 def _quote(arg: bytes) -> str:
@@ -188,7 +164,8 @@ def _json_kind(value: Any) -> str:
         return "bool"
     if isinstance(value, int | float):
         return "number"
-    return {dict: "object", list: "array", str: "string"}.get(type(value), "value")
+    kinds: dict[type, str] = {dict: "object", list: "array", str: "string"}
+    return kinds.get(type(value), "value")
 
 
 def _clean_str(value: str) -> str:
@@ -514,9 +491,11 @@ class Parser:
         ):
             return None  # errors, and lines nats-server splits differently
         try:
-            return subject.decode(), reply and reply.decode(), size, end - pos - 4
+            return (subject.decode(), reply.decode() if reply is not None else None, size,
+                    end - pos - 4)
         except UnicodeDecodeError:
-            return _text(subject), reply and _text(reply), size, end - pos - 4
+            return (_text(subject), _text(reply) if reply is not None else None, size,
+                    end - pos - 4)
 
     def _incomplete(self, data: bytes, pos: int, stop: int) -> int:
         """A frame whose payload has not fully arrived: remember its size, stop parsing."""
