@@ -8,7 +8,8 @@ responder, and both servers started on free ports in one invocation, so the rati
 that shared the machine's conditions.
 
   PYTHONPATH=$PWD python benchmarks/server_bound.py [--seconds 4] [--reps 2]
-        [--modes pinned,unpinned] [--scenarios ingest,pubsub,...] [--servers jetraft,nats]
+        [--modes pinned,unpinned] [--scenarios ingest,pubsub,...]
+        [--servers jetraft,jetraft-pure,jetraft-base,nats]  (jetraft-base: JETRAFT_BASE=<dir>)
         [--out benchmarks/results/server-bound-TAG.md]
 
 Modes: `pinned` = the server on CPU 1 (`taskset -c 1`; nats-server with GOMAXPROCS=1);
@@ -242,8 +243,14 @@ class Server:
         with open(conf, "w") as f:
             f.write(CONF.format(port=self.port, http=self.http))
         env = dict(os.environ)
-        if kind == "jetraft":
-            env["PYTHONPATH"] = REPO
+        env.pop("JETRAFT_PURE_PYTHON", None)
+        if kind.startswith("jetraft"):
+            # jetraft: the compiled parser if built; jetraft-pure: parser.py interpreted;
+            # jetraft-base: the checkout in JETRAFT_BASE (an older commit, same run).
+            src = os.environ["JETRAFT_BASE"] if kind == "jetraft-base" else REPO
+            env["PYTHONPATH"] = src
+            if kind == "jetraft-pure":
+                env["JETRAFT_PURE_PYTHON"] = "1"
             cmd = [sys.executable, "-m", "node.cli", "serve", "-c", conf]
         else:
             if pinned:
@@ -253,7 +260,7 @@ class Server:
             cmd = ["taskset", "-c", "1", *cmd]  # taskset execs: the pid is the server's
         self.log = open(os.path.join(tmp, f"{kind}.log"), "wb")
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env,
-                                     cwd=REPO, start_new_session=True)
+                                     cwd=env.get("PYTHONPATH", REPO), start_new_session=True)
         deadline = time.time() + 30
         while True:
             if self.proc.poll() is not None:
@@ -352,25 +359,30 @@ def report(results: list[dict], modes: list[str], uptimes: list[str]) -> str:
     lines += [f"    {u}" for u in uptimes]
     lines += ["", "Rates: the larger of in/out msgs/s (fan-out: out). us/msg: server CPU per "
               "message in+out. Medians over repetitions.", ""]
+    kinds = sorted({r["server"] for r in results if r["server"] != "nats"})
     for mode in modes:
         lines += [f"## {mode}", "",
-                  "| scenario | jetraft msgs/s | nats msgs/s | ratio | jetraft us/msg | "
-                  "nats us/msg | CPU/msg ratio | jetraft CPU% | nats CPU% |",
-                  "|---|---|---|---|---|---|---|---|---|"]
+                  "| scenario | server | msgs/s | nats msgs/s | ratio | us/msg | nats us/msg | "
+                  "CPU/msg vs nats | CPU% | nats CPU% |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
         for sc in SCENARIOS:
-            rs = {k: [r for r in results if r["mode"] == mode and r["scenario"] == sc.name
-                      and r["server"] == k] for k in ("jetraft", "nats")}
-            if not rs["jetraft"] or not rs["nats"]:
-                continue
-            med = {k: {f: statistics.median(fn(r) for r in v)
-                       for f, fn in (("rate", _rate), ("us", lambda r: r["us_per_msg"]),
-                                     ("cpu", lambda r: r["cpu_pct"]))}
-                   for k, v in rs.items()}
-            j, n = med["jetraft"], med["nats"]
-            lines.append(f"| {sc.name} | {j['rate']:,.0f} | {n['rate']:,.0f} | "
-                         f"{j['rate'] / max(n['rate'], 1):.2f}x | {j['us']:.2f} | {n['us']:.2f} "
-                         f"| {j['us'] / max(n['us'], 1e-9):.1f}x | {j['cpu']:.0f} | "
-                         f"{n['cpu']:.0f} |")
+            med = {}
+            for k in [*kinds, "nats"]:
+                rs = [r for r in results if r["mode"] == mode and r["scenario"] == sc.name
+                      and r["server"] == k]
+                if rs:
+                    med[k] = {"rate": statistics.median(_rate(r) for r in rs),
+                              "us": statistics.median(r["us_per_msg"] for r in rs),
+                              "cpu": statistics.median(r["cpu_pct"] for r in rs)}
+            n = med.get("nats")
+            for k in kinds:
+                j = med.get(k)
+                if not j or not n:
+                    continue
+                lines.append(f"| {sc.name} | {k} | {j['rate']:,.0f} | {n['rate']:,.0f} | "
+                             f"{j['rate'] / max(n['rate'], 1):.2f}x | {j['us']:.2f} | "
+                             f"{n['us']:.2f} | {j['us'] / max(n['us'], 1e-9):.1f}x | "
+                             f"{j['cpu']:.0f} | {n['cpu']:.0f} |")
         lines.append("")
     lines += ["Scenarios:", ""] + [f"- `{s.name}`: {s.what}" for s in SCENARIOS]
     return "\n".join(lines) + "\n"

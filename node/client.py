@@ -848,8 +848,9 @@ class Client(asyncio.Protocol):
             # A stream of same-size messages on one subject has a constant MSG line.
             line = sub.last_line
             if n != sub.last_size or subject != sub.last_subject:
-                line = sub.last_line = b"%b%b%d\r\n" % (
-                    _heads.get(subject) or _msg_head(subject), sub.sid_sp, n)
+                # (two concatenations cost less than a %-format)
+                line = sub.last_line = ((_heads.get(subject) or _msg_head(subject))
+                                        + sub.sid_sp + (_size_lines.get(n) or _size_line(n)))
                 sub.last_subject = subject
                 sub.last_size = n
             out += line
