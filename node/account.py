@@ -190,13 +190,16 @@ class Account:
         no-responders: the router's step for each account a message reaches."""
         result = self._match(subject)
         psubs = result.psubs
-        if headers is None and self.routes is None and not result.qsubs and len(psubs) == 1:
-            # One plain network subscriber: straight into its buffer, no Message framed (as
-            # the fast path does; deliver_direct applies the same checks and reaping).
-            sub = psubs[0]
-            if sub.direct and not sub.dead and (publisher is None or publisher.echo
-                                                or sub.client is not publisher):
-                return 1 if sub.client.deliver_direct(sub, subject, reply, payload) else 0
+        if self.routes is None and not result.qsubs:
+            if not psubs:
+                return 0  # nobody here: nothing to frame, count or reap
+            if headers is None and len(psubs) == 1:
+                # One plain network subscriber: straight into its buffer, no Message framed
+                # (as the fast path does; deliver_direct applies the same checks, reaping).
+                sub = psubs[0]
+                if sub.direct and not sub.dead and (publisher is None or publisher.echo
+                                                    or sub.client is not publisher):
+                    return 1 if sub.client.deliver_direct(sub, subject, reply, payload) else 0
         return self._deliver(result, publisher, subject, reply, headers, payload, False)
 
     def _deliver(self, result: Any, publisher: Any, subject: str, reply: str | None,
