@@ -126,7 +126,9 @@ class Account:
         It publishes here only while `client.fast_account` is this account, that
         is with no per-message checks to make (permissions, verbose, pedantic,
         tracing); otherwise it hands the PUB back (`client.on_pub_checked`), whose
-        checks end in `publish`. With exactly one plain subscriber that is a
+        checks end in `publish`. An account with a router (mappings, imports,
+        exports) hands the PUB to it, as `publish` would. With exactly one plain
+        subscriber that is a
         network client, the MSG goes straight into its buffer and no Message is
         framed; every other case is `publish`'s. Both paths apply the same
         delivery and no-responders rules (`deliver_direct` also says whether
@@ -146,6 +148,10 @@ class Account:
                 return
             client.in_msgs += 1
             client.in_bytes += len(payload)
+            router = account.router  # read per message: a reload may add or drop it
+            if router is not None:
+                router.publish(account, client, subject, reply, None, payload)
+                return
             result = match(subject)
             psubs = result.psubs
             if not result.qsubs and len(psubs) == 1:
@@ -182,8 +188,19 @@ class Account:
                       headers: bytes | None, payload: bytes) -> int:
         """This account's subscribers only, without mappings, imports or
         no-responders: the router's step for each account a message reaches."""
-        return self._deliver(self._match(subject), publisher, subject, reply, headers, payload,
-                             False)
+        result = self._match(subject)
+        psubs = result.psubs
+        if self.routes is None and not result.qsubs:
+            if not psubs:
+                return 0  # nobody here: nothing to frame, count or reap
+            if headers is None and len(psubs) == 1:
+                # One plain network subscriber: straight into its buffer, no Message framed
+                # (as the fast path does; deliver_direct applies the same checks, reaping).
+                sub = psubs[0]
+                if sub.direct and not sub.dead and (publisher is None or publisher.echo
+                                                    or sub.client is not publisher):
+                    return 1 if sub.client.deliver_direct(sub, subject, reply, payload) else 0
+        return self._deliver(result, publisher, subject, reply, headers, payload, False)
 
     def _deliver(self, result: Any, publisher: Any, subject: str, reply: str | None,
                  headers: bytes | None, payload: bytes, answer: bool = True,

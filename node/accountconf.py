@@ -822,6 +822,9 @@ class ServiceRoute:
     share: bool
 
 
+_ROUTE_CACHE_MAX = 4096  # (account, subject) routes remembered per index
+
+
 class ImportIndex:
     """Stream imports indexed by exporter, service imports by importer."""
 
@@ -834,10 +837,27 @@ class ImportIndex:
             if acc.service_imports:
                 self.services[acc.name] = list(acc.service_imports)
         self.conf = conf
+        self._streams_cache: dict[tuple[str, str], list[StreamDelivery]] = {}
+        self._services_cache: dict[tuple[str, str], ServiceRoute | None] = {}
 
     def stream_deliveries(self, exporter: str, subject: str) -> list[StreamDelivery]:
-        """Every (importer, subject) a message published in `exporter` reaches."""
+        """Every (importer, subject) a message published in `exporter` reaches.
+
+        Memoised per (exporter, subject): the index belongs to one config (a change
+        builds a new Router and index). Not kept when an import's transform made the
+        subject (a mapping function may be random). Callers must not mutate the list."""
+        key = (exporter, subject)
+        out = self._streams_cache.get(key)
+        if out is None:
+            out, fixed = self._stream_deliveries(exporter, subject)
+            if fixed:
+                self._remember(self._streams_cache, key, out)
+        return out
+
+    def _stream_deliveries(self, exporter: str,
+                           subject: str) -> tuple[list[StreamDelivery], bool]:
         out = []
+        fixed = True
         source = self.conf.accounts.get(exporter)
         for importer, si in self.streams.get(exporter, ()):
             if not subject_matches(si.subject, subject):
@@ -845,21 +865,40 @@ class ImportIndex:
             # Config imports were authorised at load; account JWTs were not.
             if source is None or source.stream_export_for(importer, subject) is None:
                 continue
+            fixed = fixed and si.transform is None
             out.append(StreamDelivery(importer, _stream_local_subject(si, subject)))
-        return out
+        return out, fixed
 
     def service_route(self, importer: str, subject: str) -> ServiceRoute | None:
         """Where a request on `subject` published in `importer` is served, if
-        one of its service imports covers it."""
+        one of its service imports covers it (memoised as stream_deliveries is)."""
+        key = (importer, subject)
+        cache = self._services_cache
+        if key in cache:
+            return cache[key]
+        route, fixed = self._service_route(importer, subject)
+        if fixed:
+            self._remember(cache, key, route)
+        return route
+
+    def _service_route(self, importer: str, subject: str) -> tuple[ServiceRoute | None, bool]:
+        fixed = True
         for vi in self.services.get(importer, ()):
             if not subject_matches(vi.local_subject, subject):
                 continue
+            fixed = fixed and vi.transform is None
             target = self.conf.accounts.get(vi.account)
             remote = _service_remote_subject(vi, subject)
             export = target.service_export_for(importer, remote) if target else None
             if export is not None:
-                return ServiceRoute(vi.account, remote, export, vi.share)
-        return None
+                return ServiceRoute(vi.account, remote, export, vi.share), fixed
+        return None, fixed
+
+    @staticmethod
+    def _remember(cache: dict, key: tuple[str, str], value: Any) -> None:
+        if len(cache) >= _ROUTE_CACHE_MAX:
+            cache.clear()  # bounded: publishers may use any number of subjects
+        cache[key] = value
 
 
 def _stream_local_subject(si: StreamImport, subject: str) -> str:

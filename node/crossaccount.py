@@ -118,10 +118,15 @@ class Router:
         in turn (a chained import), on to C, each hop with its own `_R_.` reply,
         at most MAX_SERVICE_HOPS deep (config cycles are refused at load anyway).
         Each exporter's own subscribers receive the request on its way."""
+        service_route = self.index.service_route
+        service = service_route(account.name, subject)
+        if service is None:
+            return 0  # the usual case, decided before anything is allocated
         count = 0
         seen = {account.name}
-        for _ in range(MAX_SERVICE_HOPS):
-            service = self.index.service_route(account.name, subject)
+        for hop in range(MAX_SERVICE_HOPS):
+            if hop:
+                service = service_route(account.name, subject)
             if service is None or service.account in seen:
                 break
             target = self.accounts.get(service.account)

@@ -31,6 +31,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from .errors import ProtocolError
 from .events import Connect, Event, HPub, Ping, Pong, Pub, Sub, Unsub
 
 ERR_UNKNOWN_OP = "Unknown Protocol Operation"
@@ -46,14 +47,14 @@ _PONG = Pong()
 
 # Build Pub/HPub without the frozen-dataclass __init__ (object.__setattr__ per field
 # costs more than the rest of the parse): the slot descriptors write the fields directly.
-_new = object.__new__
-_pub_subject = Pub.subject.__set__
-_pub_reply = Pub.reply.__set__
-_pub_payload = Pub.payload.__set__
-_hpub_subject = HPub.subject.__set__
-_hpub_reply = HPub.reply.__set__
-_hpub_headers = HPub.headers.__set__
-_hpub_payload = HPub.payload.__set__
+_new: Any = object.__new__
+_pub_subject: Any = vars(Pub)["subject"].__set__
+_pub_reply: Any = vars(Pub)["reply"].__set__
+_pub_payload: Any = vars(Pub)["payload"].__set__
+_hpub_subject: Any = vars(HPub)["subject"].__set__
+_hpub_reply: Any = vars(HPub)["reply"].__set__
+_hpub_headers: Any = vars(HPub)["headers"].__set__
+_hpub_payload: Any = vars(HPub)["payload"].__set__
 
 # Op words a line may start with. A word with a separator needs a space/tab after it
 # (nats-server: "PUB\r\n" and "PUBX" are unknown ops); the others take anything.
@@ -69,35 +70,17 @@ _OPS: tuple[tuple[bytes, bool], ...] = (
     (b"CONNECT", False),
     (b"INFO", False),
 )
-_SKIP_OPS = {b"PING": _PING, b"PONG": _PONG, b"+OK": None}
+_SKIP_OPS: dict[bytes, Event | None] = {b"PING": _PING, b"PONG": _PONG, b"+OK": None}
+
+# Parsed "PUB ..." lines, whole (op to LF), shared by every parser: publishers repeat a
+# set of lines, and a hit replaces split/int/decode with one lookup. The value records
+# the size and argument length, so each parser still applies its own limits (a line over
+# them takes the slow path, which produces the error). Bounded: cleared when full.
+_lines: dict[bytes, tuple[str, str | None, int, int]] = {}
+_LINES_MAX = 8192
 
 OnPub = Callable[[str, "str | None", bytes], Any]  # feed_into's PUB callback
 OnEvent = Callable[[Event], Any]  # feed_into's callback for every other event
-
-
-class ProtocolError(Exception):
-    """A client broke the protocol.
-
-    message:  the text nats-server sends in -ERR '<message>' (when send_err is True);
-              otherwise the reason nats-server logs before closing silently.
-    send_err: whether nats-server sends -ERR before closing.
-    fatal:    whether the connection must be closed (always True for parser errors).
-    detail:   state, stream offset and a quoted snippet of the offending bytes, for logs.
-    events:   events completed in the same feed() call before the error.
-    """
-
-    def __init__(
-        self, message: str, detail: str = "", *, send_err: bool = True, fatal: bool = True
-    ) -> None:
-        super().__init__(message)
-        self.message = message
-        self.detail = detail or message
-        self.send_err = send_err
-        self.fatal = fatal
-        self.events: list[Event] = []
-
-    def __str__(self) -> str:
-        return self.detail
 
 
 def _quote(arg: bytes) -> str:
@@ -181,7 +164,8 @@ def _json_kind(value: Any) -> str:
         return "bool"
     if isinstance(value, int | float):
         return "number"
-    return {dict: "object", list: "array", str: "string"}.get(type(value), "value")
+    kinds: dict[type, str] = {dict: "object", list: "array", str: "string"}
+    return kinds.get(type(value), "value")
 
 
 def _clean_str(value: str) -> str:
@@ -432,49 +416,61 @@ class Parser:
         # frame costs one startswith(). The line holds a single LF (its last byte), so a
         # match also means the same line boundary. Kept per call: limits may change.
         line: bytes | tuple[()] = ()  # startswith(()) is always False: no line yet
+        lines_get = _lines.get
         ll = size = 0
         subject = ""
         reply: str | None = None
         while pos < n:
-            if startswith(line, pos):
-                start = pos + ll
-                stop = start + size
-                if stop + 2 > n:
-                    return self._incomplete(data, pos, stop)
-                if data[stop] != 13 or data[stop + 1] != 10:
-                    raise self._error(ERR_UNKNOWN_OP, data, stop, "MSG_END")
-                on_pub(subject, reply, data[start:stop])
-                pos = stop + 2
-                continue
-            nl = find(b"\n", pos)
-            if nl < 0:
-                return pos
-            if startswith(b"PUB ", pos):
-                # First PUB with this line: the slow path handles every variant and
-                # produces the errors; this handles the usual shape.
-                parsed = self._pub_line(data, pos, nl, mcl, max_payload)
-                if parsed is None:
+            if not startswith(line, pos):
+                nl = find(b"\n", pos)
+                if nl < 0:
+                    return pos
+                # A line seen before (by any connection): its parse is one dict lookup.
+                key = data[pos : nl + 1]
+                hit = lines_get(key)
+                if hit is not None and hit[3] <= mcl and hit[2] <= max_payload:
+                    subject, reply, size, _ = hit
+                elif startswith(b"PUB ", pos):
+                    # First PUB with this line: the slow path handles every variant and
+                    # produces the errors; this handles the usual shape.
+                    parsed = self._pub_line(data, pos, nl, mcl, max_payload)
+                    if parsed is None:
+                        pos = self._slow(data, pos, nl, on_pub, emit)
+                        if pos < 0:
+                            return -pos - 1
+                        continue
+                    subject, reply, size, _ = parsed
+                    if len(_lines) >= _LINES_MAX:
+                        _lines.clear()
+                    _lines[key] = parsed
+                elif startswith(b"PING", pos):
+                    emit(_PING)
+                    pos = nl + 1
+                    continue
+                else:
                     pos = self._slow(data, pos, nl, on_pub, emit)
                     if pos < 0:
                         return -pos - 1
                     continue
-                subject, reply, size = parsed
+                line = key
                 ll = nl + 1 - pos
-                line = data[pos : nl + 1]
-            elif startswith(b"PING", pos):
-                emit(_PING)
-                pos = nl + 1
-            else:
-                pos = self._slow(data, pos, nl, on_pub, emit)
-                if pos < 0:
-                    return -pos - 1
+            # The frame whose control line is `line` (ll bytes) starts at pos.
+            start = pos + ll
+            stop = start + size
+            if stop + 2 > n:
+                return self._incomplete(data, pos, stop)
+            if data[stop] != 13 or data[stop + 1] != 10:
+                raise self._error(ERR_UNKNOWN_OP, data, stop, "MSG_END")
+            on_pub(subject, reply, data[start:stop])
+            pos = stop + 2
         return pos
 
     @staticmethod
     def _pub_line(
         data: bytes, pos: int, nl: int, mcl: int, max_payload: int
-    ) -> tuple[str, str | None, int] | None:
-        """(subject, reply, size) of a well-formed "PUB " line; None for the slow path."""
+    ) -> tuple[str, str | None, int, int] | None:
+        """(subject, reply, size, argument length) of a well-formed "PUB " line; None for
+        the slow path. The length is what the control-line limit applies to."""
         end = nl - 1 if data[nl - 1] == 13 else nl
         line = data[pos + 4 : end]
         args = line.split()
@@ -495,9 +491,11 @@ class Parser:
         ):
             return None  # errors, and lines nats-server splits differently
         try:
-            return subject.decode(), reply and reply.decode(), size
+            return (subject.decode(), reply.decode() if reply is not None else None, size,
+                    end - pos - 4)
         except UnicodeDecodeError:
-            return _text(subject), reply and _text(reply), size
+            return (_text(subject), _text(reply) if reply is not None else None, size,
+                    end - pos - 4)
 
     def _incomplete(self, data: bytes, pos: int, stop: int) -> int:
         """A frame whose payload has not fully arrived: remember its size, stop parsing."""

@@ -101,3 +101,27 @@ def test_error_offsets_do_not_depend_on_chunking() -> None:
 def _offset(err: ProtocolError) -> str:
     # An unterminated bad line is refused early (state "op"): only the offset is common.
     return err.detail.split(" offset=")[1].split()[0]
+
+
+def test_shared_line_cache_applies_each_parsers_own_limits() -> None:
+    # The parsed-line cache is shared by every parser: a line another connection parsed
+    # under looser limits must still be refused by a stricter one.
+    line = b"PUB shared.limits.subject 64\r\n" + b"x" * 64 + b"\r\n"
+    assert collect(Parser(), [line]) == [Pub("shared.limits.subject", None, b"x" * 64)]
+    with pytest.raises(ProtocolError) as err:
+        collect(Parser(max_payload=10), [line])
+    assert err.value.message == "Maximum Payload Violation"
+    with pytest.raises(ProtocolError) as err:
+        collect(Parser(max_control_line=10), [line])
+    assert err.value.message == "maximum control line exceeded"
+
+
+def test_shared_line_cache_serves_many_alternating_lines() -> None:
+    # Many subjects alternate frame by frame (the 1,000-subject publisher): every line
+    # hits the cache after its first use, and each frame keeps its own subject.
+    frames = [b"PUB alt.%d %d\r\n%s\r\n" % (i % 37, i % 5, b"y" * (i % 5)) for i in range(400)]
+    data = b"".join(frames)
+    want = [Pub(f"alt.{i % 37}", None, b"y" * (i % 5)) for i in range(400)]
+    rng = random.Random(11)
+    for _ in range(5):
+        assert collect(Parser(), split(data, rng)) == want
