@@ -293,7 +293,7 @@ class JetStreamService:
                 import cryptography  # noqa: F401 - the AEADs of crypt.py
             except ImportError as exc:
                 raise ValueError("jetstream.key needs the `cryptography` package "
-                                 "(pip install 'jetraft[crypt]'): refusing to start") from exc
+                                 "(a dependency of jetraft): refusing to start") from exc
         cipher = o.cipher or "chacha"
         sealed = crypt.open_store(self.store_dir, o.key, cipher)
         if sealed is not None:
