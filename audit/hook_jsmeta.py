@@ -135,12 +135,15 @@ def compare(believed: dict[str, Any], removed: list[int] | None, cat: Catalogue)
 class JetStreamMetaHook:
     name = "JetStream meta group"
 
+    def __init__(self, keyring: Any = None) -> None:
+        self.keyring = keyring  # audit/keyring.py: stores encrypted at rest
+
     def wants(self, group: str, data_dirs: dict[str, str]) -> bool:
         return group == META_GROUP
 
     def replay(self, group: str, entries: Iterable[CommittedEntry],
                data_dirs: dict[str, str]) -> Iterator[Finding]:
-        nodes = open_nodes(data_dirs)
+        nodes = open_nodes(data_dirs, self.keyring)
         try:
             yield from _walk(group, entries, nodes)
         finally:

@@ -55,8 +55,9 @@ class JetStreamStreamHook:
     name = "JetStream stream store"
     prepare_from = "$js"  # the meta group: each stream's config as created
 
-    def __init__(self) -> None:
+    def __init__(self, keyring: Any = None) -> None:
         self.created: dict[str, dict[str, Any]] = {}
+        self.keyring = keyring  # audit/keyring.py: stores encrypted at rest
 
     def prepare(self, entries: list[CommittedEntry]) -> None:
         """The config each stream group was created with, from the committed meta log (a
@@ -75,7 +76,7 @@ class JetStreamStreamHook:
 
     def replay(self, group: str, entries: Iterable[CommittedEntry],
                data_dirs: dict[str, str]) -> Iterator[Finding]:
-        nodes = open_nodes(data_dirs)
+        nodes = open_nodes(data_dirs, self.keyring)
         try:
             yield from self._replay(group, entries, nodes)
         finally:
@@ -95,7 +96,10 @@ class JetStreamStreamHook:
             return  # a memory stream keeps nothing in LMDB: nothing to compare
         cfg = stream_config.from_wire(entry["config"])
         applied = {node: s.applied(group) for node, s in nodes.items()}
-        scratch = _Scratch(group, cfg)
+        # Encrypted stores key their subject and msg-id indexes by keyed tokens (the same
+        # on every node): the replay builds them the same way; its values stay in the clear.
+        tokens = self.keyring.tokens() if self.keyring is not None else None
+        scratch = _Scratch(group, cfg, tokens)
         try:
             yield from _walk(group, entries, nodes, applied, scratch)
         finally:
@@ -105,12 +109,12 @@ class JetStreamStreamHook:
 class _Scratch:
     """The replayed stream, in a throw-away LMDB environment."""
 
-    def __init__(self, group: str, cfg: Any) -> None:
+    def __init__(self, group: str, cfg: Any, tokens: Any = None) -> None:
         from node.jetstream.store.lmdbstore import LmdbStore, NodeEnv
         from node.jetstream.stream import Stream
 
         self.dir = tempfile.mkdtemp(prefix="jetraft-audit-replay-")
-        self.env = NodeEnv(self.dir, sync=False)
+        self.env = NodeEnv(self.dir, sync=False, tokens=tokens)
         self.group = group
         self.stream = Stream(cfg, LmdbStore(self.env, group))
         self.run: list[tuple[int, bytes]] = []

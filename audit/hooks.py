@@ -47,14 +47,15 @@ class ReplayHook(Protocol):
                data_dirs: dict[str, str]) -> Iterator[Finding]: ...
 
 
-def default_hooks() -> list[ReplayHook]:
+def default_hooks(keyring: Any = None) -> list[ReplayHook]:
     """Every registered hook, the first that wants a group replays it: JetStream's stream
-    groups (`js.*`) and meta group (`$js`), then raft.node's LMDB append log."""
+    groups (`js.*`) and meta group (`$js`), then raft.node's LMDB append log. `keyring`
+    (audit/keyring.py) opens the LMDB values of stores encrypted at rest."""
     from audit.hook_jsmeta import JetStreamMetaHook
     from audit.hook_jsstream import JetStreamStreamHook
     from audit.hook_lmdbsm import LmdbAppendLogHook
 
-    return [JetStreamStreamHook(), JetStreamMetaHook(), LmdbAppendLogHook()]
+    return [JetStreamStreamHook(keyring), JetStreamMetaHook(keyring), LmdbAppendLogHook()]
 
 
 def header_len_at(head: bytes) -> int:
@@ -67,12 +68,33 @@ def header_len_at(head: bytes) -> int:
 
 
 class PayloadReader:
-    """Reads ENTRY records back by (segment path, offset), CRC checked; keeps fds open."""
+    """Reads ENTRY records back by (segment path, offset), CRC checked; keeps fds open. With
+    a keyring, an encrypted node's payload is opened; one that does not open reads as
+    `keyring.UNOPENED` + its bytes (the read stage reported it; the replay then differs)."""
 
-    def __init__(self) -> None:
+    def __init__(self, keyring: Any = None) -> None:
         self._fds: dict[str, int] = {}
+        self._keyring = keyring
+
+    def read_of(self, node: str, path: str, off: int) -> tuple[int, bytes]:
+        etype, payload, rec = self._record(path, off)
+        crypt = self._keyring.crypt(node) if self._keyring is not None else None
+        if crypt is None:
+            return etype, payload
+        from audit.keyring import UNOPENED
+        from raft.storage import payload_aad
+
+        try:
+            return etype, crypt.wal.open(payload, payload_aad(
+                rec.group.encode("ascii"), rec.index, rec.term, rec.entry_type))
+        except ValueError:
+            return etype, UNOPENED + payload
 
     def read(self, path: str, off: int) -> tuple[int, bytes]:
+        etype, payload, _ = self._record(path, off)
+        return etype, payload
+
+    def _record(self, path: str, off: int) -> tuple[int, bytes, Any]:
         from raft.wal import Scanner
 
         fd = self._fds.get(path)
@@ -84,7 +106,7 @@ class PayloadReader:
         rec = next(iter(Scanner(buf)), None)
         if rec is None:
             raise ValueError(f"{path}: no valid record at {off}")
-        return rec.entry_type, rec.payload
+        return rec.entry_type, rec.payload, rec
 
     def close(self) -> None:
         for fd in self._fds.values():
@@ -92,28 +114,30 @@ class PayloadReader:
         self._fds.clear()
 
 
-def read_entries(rows: Iterable[Any], paths: dict[tuple[str, int], str]
+def read_entries(rows: Iterable[Any], paths: dict[tuple[str, int], str], keyring: Any = None
                  ) -> Iterator[CommittedEntry]:
     """Rows (grp, idx, node, term, etype, seg, off) -> entries with their payloads."""
-    reader = PayloadReader()
+    reader = PayloadReader(keyring)
     try:
         for r in rows:
-            yield CommittedEntry(r.idx, r.term, *reader.read(paths[(r.node, r.seg)], r.off))
+            yield CommittedEntry(r.idx, r.term,
+                                 *reader.read_of(r.node, paths[(r.node, r.seg)], r.off))
     finally:
         reader.close()
 
 
 def run_hooks(rows: Iterable[Any], hooks: list[ReplayHook], data_dirs: dict[str, str],
-              paths: dict[tuple[str, int], str]) -> Iterator[str]:
+              paths: dict[tuple[str, int], str], keyring: Any = None) -> Iterator[str]:
     """Spark task: rows (grp, idx, node, term, etype, seg, off) sorted by group and
     index, one per committed index; yields findings as JSON text."""
-    reader = PayloadReader()
+    reader = PayloadReader(keyring)
     try:
         for grp, group_rows in groupby(rows, key=lambda r: r.grp):
             hook = next((h for h in hooks if h.wants(grp, data_dirs)), None)
             if hook is None:
                 continue
-            entries = (CommittedEntry(r.idx, r.term, *reader.read(paths[(r.node, r.seg)], r.off))
+            entries = (CommittedEntry(r.idx, r.term,
+                                      *reader.read_of(r.node, paths[(r.node, r.seg)], r.off))
                        for r in group_rows)
             for f in hook.replay(grp, entries, data_dirs):
                 yield json.dumps(f.to_json())

@@ -31,6 +31,7 @@ if __package__ in (None, ""):  # run as a file by spark-submit: import from the 
 from audit import checks, layout, verdicts  # noqa: E402
 from audit.acked import AckFileError, check_file, parse_numbered  # noqa: E402
 from audit.hooks import default_hooks, read_entries, run_hooks  # noqa: E402
+from audit.keyring import Keyring, KeyringError, load_key  # noqa: E402
 from audit.logpass import run_partition  # noqa: E402
 from audit.model import (  # noqa: E402
     COMMITTED_MISSING,
@@ -101,23 +102,28 @@ def ship_code(spark) -> None:
     spark.sparkContext.addPyFile(path)
 
 
-def _read_task(splits):
+def _read_task(splits, keyring: Keyring | None = None):
     for sp in splits:
-        rows, edges = read_split(sp.node, sp.seq, sp.path, sp.start, sp.end)
+        crypt = keyring.crypt(sp.node) if keyring is not None else None
+        rows, edges = read_split(sp.node, sp.seq, sp.path, sp.start, sp.end,
+                                 crypt.wal if crypt is not None else None)
         yield from rows
         yield (sp.node, sp.seq, sp.start, 0, "", 0, 0, 0, 0, None, None,
-               json.dumps([edges.start, edges.end, edges.first, edges.last_end, edges.damage]))
+               json.dumps([edges.start, edges.end, edges.first, edges.last_end, edges.damage,
+                           edges.unopened]))
 
 
 def _edges(row: Any) -> SplitEdges:
-    start, end, first, last_end, damage = json.loads(row["conf"])
-    return SplitEdges(start, end, first, last_end, [tuple(d) for d in damage])
+    start, end, first, last_end, damage, unopened = json.loads(row["conf"])
+    return SplitEdges(start, end, first, last_end, [tuple(d) for d in damage],
+                      [tuple(u) for u in unopened])
 
 
 # ---- stages -------------------------------------------------------------------
 
 
-def read_stage(spark, nodes: list[layout.NodeDirs], out: Outcome, split_bytes: int):
+def read_stage(spark, nodes: list[layout.NodeDirs], out: Outcome, split_bytes: int,
+               keyring: Keyring | None = None):
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
@@ -125,7 +131,8 @@ def read_stage(spark, nodes: list[layout.NodeDirs], out: Outcome, split_bytes: i
     out.stats["segments"] = sum(len(n.segments) for n in nodes)
     out.stats["splits"] = len(splits)
     out.stats["bytes"] = sum(s.size for n in nodes for s in n.segments)
-    rdd = spark.sparkContext.parallelize(splits, max(1, len(splits))).mapPartitions(_read_task)
+    rdd = spark.sparkContext.parallelize(splits, max(1, len(splits))).mapPartitions(
+        lambda part: _read_task(part, keyring))
     every = spark.createDataFrame(rdd, RECORD_SCHEMA, verifySchema=False)
     every = every.persist(StorageLevel.MEMORY_AND_DISK)
     edges: dict[tuple[str, int], list[SplitEdges]] = {}
@@ -231,11 +238,12 @@ def cross_checks(spark, records, survivors, points, nodes, acked: str | None, ou
     return own
 
 
-def replay_stage(own, nodes: list[layout.NodeDirs], out: Outcome) -> None:
+def replay_stage(own, nodes: list[layout.NodeDirs], out: Outcome,
+                 keyring: Keyring | None = None) -> None:
     """Per-group replay hooks (audit/hooks.py), one Spark task per group, index order."""
     from pyspark.sql import functions as F
 
-    hooks = default_hooks()
+    hooks = default_hooks(keyring)
     dirs = {n.name: n.root for n in nodes}
     groups = sorted(g for g in out.coverage if any(h.wants(g, dirs) for h in hooks))
     out.stats["replayed_groups"] = groups
@@ -251,9 +259,9 @@ def replay_stage(own, nodes: list[layout.NodeDirs], out: Outcome) -> None:
         source = getattr(hook, "prepare_from", None)
         if source in groups:
             rows = one_copy.filter(F.col("grp") == source).orderBy("idx").collect()
-            hook.prepare(list(read_entries(rows, paths)))
+            hook.prepare(list(read_entries(rows, paths, keyring)))
     found = one_copy.rdd.mapPartitions(
-        lambda rows: run_hooks(rows, hooks, dirs, paths)).collect()
+        lambda rows: run_hooks(rows, hooks, dirs, paths, keyring)).collect()
     out.findings += [Finding.from_json(json.loads(f)) for f in found]
 
 
@@ -268,22 +276,26 @@ def _fill_missing_terms(spark, committed, out: Outcome) -> None:
 
 
 def run(spark, data_dirs: list[str], acked: str | None = None,
-        split_bytes: int = layout.SPLIT_BYTES, progress=None) -> Outcome:
-    nodes = layout.node_dirs(data_dirs)
+        split_bytes: int = layout.SPLIT_BYTES, progress=None,
+        keyring: Keyring | None = None) -> Outcome:
+    """`keyring`: the key of stores encrypted at rest (audit/keyring.py); checked against
+    every encrypted node's key file before anything is read."""
+    nodes = layout.node_dirs(data_dirs, keyring)
     out = Outcome()
     timer = _PhaseTimer(out, progress)
     timer("reading segments")
-    records = read_stage(spark, nodes, out, split_bytes)
+    records = read_stage(spark, nodes, out, split_bytes, keyring)
     timer("replaying each node's logs")
     survivors, small = log_pass(records, out)
     points = judge_logs(nodes, small, out)
     timer("comparing nodes")
     own = cross_checks(spark, records, survivors, points, nodes, acked, out)
     timer("replaying groups through their stores")
-    replay_stage(own, nodes, out)
+    replay_stage(own, nodes, out, keyring)
     out.stats["records"] = records.count()
     out.stats["nodes"] = [n.name for n in nodes]
     out.stats["archived_segments"] = sum(s.archived for n in nodes for s in n.segments)
+    out.stats["encrypted_nodes"] = sorted(keyring.stores) if keyring is not None else []
     timer(None)
     return out
 
@@ -319,6 +331,12 @@ def parser(prog: str = "jetraft audit") -> argparse.ArgumentParser:
     ap.add_argument("--acked", default=None, help="acknowledged writes, JSON lines "
                     "(see audit/acked.py)")
     ap.add_argument("--split-mb", type=int, default=layout.SPLIT_BYTES >> 20)
+    ap.add_argument("--key-file", default=None, metavar="FILE", help="stores encrypted at "
+                    "rest: a file holding the jetstream.key (one line)")
+    ap.add_argument("--config", default=None, metavar="NODE.CONF", help="stores encrypted at "
+                    "rest: the node's config file; its jetstream { key, cipher } is used")
+    ap.add_argument("--cipher", default=None, help="chacha or aes (default: the one the "
+                    "store's key file names)")
     ap.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
                     help="extra Spark setting, e.g. spark.driver.memory=4g")
     return ap
@@ -327,10 +345,11 @@ def parser(prog: str = "jetraft audit") -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None, prog: str = "jetraft audit") -> int:
     args = parser(prog).parse_args(argv)
     try:
-        layout.node_dirs(args.data_dirs)
+        keyring = _keyring(args)
+        layout.node_dirs(args.data_dirs, keyring)
         if args.acked:
             check_file(args.acked)
-    except (layout.LayoutError, AckFileError, OSError) as e:
+    except (layout.LayoutError, AckFileError, KeyringError, OSError) as e:
         print(f"{prog}: {e}", file=sys.stderr)
         return 2
     conf = dict(kv.split("=", 1) for kv in args.conf)
@@ -341,13 +360,19 @@ def main(argv: list[str] | None = None, prog: str = "jetraft audit") -> int:
     spark = session(master, conf)
     try:
         with Progress(spark.sparkContext) as progress:
-            out = run(spark, args.data_dirs, args.acked, args.split_mb << 20, progress)
+            out = run(spark, args.data_dirs, args.acked, args.split_mb << 20, progress,
+                      keyring)
             progress.phase("writing the report")
             verdict = write_reports(out, args.out)
     finally:
         spark.stop()
     print(f"{verdict['text']}: {args.out}/report.html")
     return 1 if verdict["violations"] else 0
+
+
+def _keyring(args: argparse.Namespace) -> Keyring | None:
+    got = load_key(args.key_file, args.config, args.cipher)
+    return None if got is None else Keyring(*got)
 
 
 def _submitted() -> bool:

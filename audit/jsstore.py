@@ -43,12 +43,21 @@ def prefix(store: str) -> bytes:
     return len(raw).to_bytes(2, "big") + raw
 
 
-class NodeStore:
-    """One node's environment, opened read-only without the lock file."""
+def _short(key: bytes) -> bytes:
+    """A key without its store prefix."""
+    return key[2 + int.from_bytes(key[:2], "big"):]
 
-    def __init__(self, path: str) -> None:
+
+class NodeStore:
+    """One node's environment, opened read-only without the lock file. `crypt` (a read-only
+    node/jetstream/crypt.py StoreCrypt): the store is encrypted at rest, and every sealed
+    value is opened here, so the hooks compare plaintext (a value that does not open reads
+    as keyring.UNOPENED + its bytes, and so differs from any replay)."""
+
+    def __init__(self, path: str, crypt: Any = None) -> None:
         import lmdb
 
+        self.crypt = crypt
         self.env = lmdb.open(path, readonly=True, lock=False, max_dbs=16, subdir=True)
         self.dbs: dict[str, Any] = {}
         for name in DB_NAMES:
@@ -62,7 +71,26 @@ class NodeStore:
         if db not in self.dbs:
             return None
         raw = self.txn.get(key, db=self.dbs[db])
-        return None if raw is None else bytes(raw)
+        return None if raw is None else self._plain(db, key, bytes(raw))
+
+    def _plain(self, db: str, key: bytes, raw: bytes) -> bytes:
+        """The value as the node wrote it before sealing (node/jetstream/store/lmdbstore.py:
+        the values of js_msgs, js_consumers and the non-counter js_meta keys are sealed; a
+        js_subjcount value is a count and the sealed subject)."""
+        if self.crypt is None:
+            return raw
+        from audit.keyring import UNOPENED
+        from node.jetstream.store.lmdbstore import SEALED_DBS
+
+        aad = db.encode() + b"\x00" + key
+        try:
+            if db in SEALED_DBS or (db == "js_meta" and not _short(key).startswith(b"\x00")):
+                return self.crypt.lmdb.open(raw, aad)
+            if db == "js_subjcount":
+                return raw[:8] + self.crypt.lmdb.open(raw[8:], aad)
+        except ValueError:  # crypt.SealError
+            return UNOPENED + raw
+        return raw
 
     def meta(self, store: str, key: str) -> bytes | None:
         return self.get("js_meta", prefix(store) + key.encode())
@@ -90,19 +118,20 @@ class NodeStore:
         for key, value in cur:
             if not key.startswith(head):
                 return
-            yield bytes(key[len(head):]), bytes(value)
+            yield bytes(key[len(head):]), self._plain(db, bytes(key), bytes(value))
 
     def close(self) -> None:
         self.txn.abort()
         self.env.close()
 
 
-def open_nodes(data_dirs: dict[str, str]) -> dict[str, NodeStore]:
+def open_nodes(data_dirs: dict[str, str], keyring: Any = None) -> dict[str, NodeStore]:
+    """`keyring` (audit/keyring.py): opens the values of the nodes encrypted at rest."""
     out: dict[str, NodeStore] = {}
     for node, d in sorted(data_dirs.items()):
         path = find_lmdb(d)
         if path is not None:
-            out[node] = NodeStore(path)
+            out[node] = NodeStore(path, keyring.crypt(node) if keyring is not None else None)
     return out
 
 

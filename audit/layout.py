@@ -16,6 +16,8 @@ import os
 import re
 from dataclasses import dataclass, field
 
+from audit.keyring import Keyring, KeyringError, encrypted, store_of
+
 SEGMENT_RE = re.compile(r"^wal-(\d{16})\.log$")
 ARCHIVE = "archive"
 SPLIT_BYTES = 16 << 20  # one task reads at most this much of a segment (plus one record)
@@ -101,20 +103,25 @@ def list_segments(wal: str) -> tuple[Segment, ...]:
     return tuple(by_seq[k] for k in sorted(by_seq))
 
 
-# node/jetstream/crypt.py KEY_FILE: present in a store encrypted at rest (jetstream.key).
-CRYPT_KEY_FILE = "crypt"
+def _check_key(d: str, name: str, wal: str, keyring: Keyring | None) -> None:
+    """The audit reads WAL payloads and LMDB values; an encrypted store's are sealed. Without
+    its key, or with a key that does not open it, refuse clearly: never compare sealed bytes
+    as if they were data."""
+    store = store_of(wal)
+    if not encrypted(store):
+        return
+    if keyring is None:
+        raise LayoutError(f"{d}: the store is encrypted at rest (jetstream.key); give its key "
+                          "with --key-file FILE or --config NODE.CONF: refusing")
+    try:
+        keyring.check(name, store)
+    except KeyringError as e:
+        raise LayoutError(f"{d}: {e}: refusing") from None
 
 
-def _refuse_encrypted(d: str, wal: str) -> None:
-    """The audit reads WAL payloads and LMDB values as plaintext; an encrypted store's are
-    sealed. Refuse clearly rather than report every entry as undecodable."""
-    store = os.path.dirname(os.path.dirname(os.path.abspath(wal)))  # <store>/raft/wal
-    if os.path.exists(os.path.join(store, CRYPT_KEY_FILE)):
-        raise LayoutError(f"{d}: the store is encrypted at rest (jetstream.key); the audit "
-                          "cannot read sealed WAL payloads or LMDB values: refusing")
-
-
-def node_dirs(data_dirs: list[str]) -> list[NodeDirs]:
+def node_dirs(data_dirs: list[str], keyring: Keyring | None = None) -> list[NodeDirs]:
+    """Each data directory's log; with `keyring`, every encrypted store's key is checked
+    (and remembered in it for the executors)."""
     out: list[NodeDirs] = []
     names: set[str] = set()
     for d in data_dirs:
@@ -125,7 +132,7 @@ def node_dirs(data_dirs: list[str]) -> list[NodeDirs]:
         if name in names:
             raise LayoutError(f"{d}: given twice")
         names.add(name)
-        _refuse_encrypted(d, wal)
+        _check_key(d, name, wal, keyring)
         snap = os.path.join(os.path.dirname(wal), "snap")
         out.append(NodeDirs(name, wal, snap if os.path.isdir(snap) else None,
                             list_segments(wal), os.path.abspath(d)))

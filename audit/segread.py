@@ -19,8 +19,11 @@ import mmap
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
+from audit.keyring import UNOPENED
 from audit.model import DIGEST_BYTES, ENTRY_TYPES
+from raft.storage import payload_aad
 from raft.wal import MAGIC, Record, RecordType, Scanner, decode_conf_state, decode_vote
 
 Row = tuple  # RECORD_FIELDS, see audit/model.py
@@ -35,6 +38,9 @@ class SplitEdges:
     first: int | None = None  # offset of the first record or damage this task reports
     last_end: int | None = None  # where the last record or damage it reports ends
     damage: list[tuple[int, int, str]] = field(default_factory=list)  # [p, q), why
+    # Encrypted store: entry records whose CRC is valid but whose payload does not open
+    # (altered and re-checksummed, or moved): (offset, why). Never a torn write.
+    unopened: list[tuple[int, str]] = field(default_factory=list)
 
 
 def conf_text(payload: bytes) -> str:
@@ -44,11 +50,26 @@ def conf_text(payload: bytes) -> str:
     return ",".join(map(str, cs.voters)) + "|" + ",".join(map(str, cs.learners))
 
 
-def _row(node: str, seq: int, rec: Record, view: memoryview) -> Row:
+def _digest(rec: Record, view: memoryview, opener: Any, edges: SplitEdges) -> bytes:
+    """The payload's digest: of the plaintext when the store is encrypted (sealed bytes
+    differ on every node: each has its own data key and nonces)."""
+    with view[rec.payload_offset : rec.payload_offset + rec.payload_len] as pv:
+        if opener is None:
+            return hashlib.sha256(pv).digest()[:DIGEST_BYTES]
+        aad = payload_aad(rec.group.encode("ascii"), rec.index, rec.term, rec.entry_type)
+        try:
+            plain = opener.open(bytes(pv), aad)
+        except ValueError as e:  # crypt.SealError
+            edges.unopened.append((rec.offset, str(e)))
+            plain = UNOPENED + bytes(pv)
+    return hashlib.sha256(plain).digest()[:DIGEST_BYTES]
+
+
+def _row(node: str, seq: int, rec: Record, view: memoryview, opener: Any = None,
+         edges: SplitEdges | None = None) -> Row:
     digest, vote, conf = None, None, None
     if int(rec.type) in ENTRY_TYPES:
-        with view[rec.payload_offset : rec.payload_offset + rec.payload_len] as pv:
-            digest = hashlib.sha256(pv).digest()[:DIGEST_BYTES]
+        digest = _digest(rec, view, opener, edges if edges is not None else SplitEdges(0, 0))
     elif rec.type is RecordType.HARD_STATE:
         vote = decode_vote(rec.payload)
     else:
@@ -81,7 +102,7 @@ def next_valid(buf: bytes | mmap.mmap, pos: int) -> int | None:
 
 
 def scan(node: str, seq: int, buf: bytes | mmap.mmap, start: int, end: int,
-         edges: SplitEdges) -> Iterator[Row]:
+         edges: SplitEdges, opener: Any = None) -> Iterator[Row]:
     """Rows of the records this task owns; fills `edges` as it goes."""
     size = len(buf)
     pos = start if start == 0 else next_valid(buf, start)
@@ -97,7 +118,7 @@ def scan(node: str, seq: int, buf: bytes | mmap.mmap, start: int, end: int,
                 for rec in sc:
                     if rec.offset >= end:
                         break
-                    yield _row(node, seq, rec, view)
+                    yield _row(node, seq, rec, view, opener, edges)
                     edges.last_end = rec.payload_offset + rec.payload_len
                 stopped, why = sc.end, sc.error
             finally:
@@ -112,16 +133,17 @@ def scan(node: str, seq: int, buf: bytes | mmap.mmap, start: int, end: int,
         view.release()
 
 
-def read_split(node: str, seq: int, path: str, start: int, end: int
+def read_split(node: str, seq: int, path: str, start: int, end: int, opener: Any = None
                ) -> tuple[list[Row] | Iterator[Row], SplitEdges]:
-    """Open and map the segment, then `scan` it; the caller drains the iterator."""
+    """Open and map the segment, then `scan` it; the caller drains the iterator. `opener`:
+    the node's WAL sealer (crypt.Sealer) when its store is encrypted."""
     edges = SplitEdges(start, end)
     if os.path.getsize(path) == 0:
         return [], edges
-    return _mapped_scan(node, seq, path, start, end, edges), edges
+    return _mapped_scan(node, seq, path, start, end, edges, opener), edges
 
 
 def _mapped_scan(node: str, seq: int, path: str, start: int, end: int,
-                 edges: SplitEdges) -> Iterator[Row]:
+                 edges: SplitEdges, opener: Any) -> Iterator[Row]:
     with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-        yield from scan(node, seq, mm, start, end, edges)
+        yield from scan(node, seq, mm, start, end, edges, opener)

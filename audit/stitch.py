@@ -66,6 +66,11 @@ def grade(node: str, seq: int, size: int, newest: bool,
         else:
             out.append(Finding(CORRUPT_RECORD, VIOLATION,
                                f"unreadable fsynced records: {where}", node=node))
+    for e in edges:
+        for off, why in e.unopened:
+            out.append(Finding(CORRUPT_RECORD, VIOLATION, f"{segment_name(seq)} record at "
+                               f"{off}: its checksum is valid but its payload does not "
+                               f"decrypt ({why})", node=node))
     for text in problems:
         out.append(Finding(CORRUPT_RECORD, VIOLATION, f"{segment_name(seq)}: {text}",
                            node=node))

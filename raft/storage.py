@@ -74,6 +74,11 @@ ARCHIVE_DIR = "archive"  # the audit job reads <wal dir>/archive by default
 _AAD = struct.Struct("<QQB")  # index, term, entry type: where a sealed payload belongs
 
 
+def payload_aad(group_key: bytes, index: int, term: int, entry_type: int) -> bytes:
+    """The associated data a sealed entry payload is bound to (the audit opens them too)."""
+    return group_key + _AAD.pack(index, term, entry_type)
+
+
 class PayloadSealer(Protocol):
     """Encryption at rest of entry payloads (node/jetstream/crypt.py `Sealer`). `open` raises
     on a payload that does not authenticate; the log reports that as corruption."""
@@ -692,7 +697,7 @@ class NodeLog:
         pos = index - g.snap.index - 1
         data = self._read(g.segs[pos], g.offs[pos], g.lens[pos])
         if self.sealer is not None:
-            aad = g.key + _AAD.pack(index, g.terms[pos], g.types[pos])
+            aad = payload_aad(g.key, index, g.terms[pos], g.types[pos])
             try:
                 data = self.sealer.open(data, aad)
             except Exception as exc:  # noqa: BLE001 - any failure to open is corruption
@@ -703,7 +708,7 @@ class NodeLog:
     def _seal(self, g: _GroupState, e: Entry) -> bytes:
         if self.sealer is None:
             return e.data
-        return self.sealer.seal(e.data, g.key + _AAD.pack(e.index, e.term, e.type))
+        return self.sealer.seal(e.data, payload_aad(g.key, e.index, e.term, e.type))
 
     def _read(self, seg: int, off: int, n: int) -> bytes:
         for ch in (*self._inflight, *self._pending):

@@ -204,7 +204,8 @@ def open_store(store_dir: str, key: str | None, cipher: str) -> StoreCrypt | Non
     return StoreCrypt(master, cipher, salt, epoch + 1)
 
 
-def _read_key_file(path: str, master: bytes, cipher: str) -> tuple[bytes, int]:
+def _parse_key_file(path: str) -> tuple[str, bytes, bytes, int]:
+    """(cipher, salt, key check, epoch) of a key file; KeyFileError when damaged."""
     with open(path, "rb") as f:
         raw = f.read()
     body = raw[len(_KF_MAGIC):-4]
@@ -213,6 +214,11 @@ def _read_key_file(path: str, master: bytes, cipher: str) -> tuple[bytes, int]:
         raise KeyFileError(f"{path} is damaged: refusing to start")
     cid, salt, check, epoch = _KF.unpack(body)
     stored = next((n for n, i in _CIPHER_IDS.items() if i == cid), f"#{cid}")
+    return stored, salt, check, epoch
+
+
+def _read_key_file(path: str, master: bytes, cipher: str) -> tuple[bytes, int]:
+    stored, salt, check, epoch = _parse_key_file(path)
     if stored != cipher:
         raise KeyFileError(f"the store {os.path.dirname(path)} is encrypted with cipher "
                            f"{stored!r}, the configuration says {cipher!r}: refusing to start")
@@ -220,6 +226,33 @@ def _read_key_file(path: str, master: bytes, cipher: str) -> tuple[bytes, int]:
         raise KeyFileError(f"the configured jetstream.key does not open the store "
                            f"{os.path.dirname(path)} (wrong key): refusing to start")
     return salt, epoch
+
+
+class _NoNonces(Nonces):
+    """A read-only view (the audit) never seals: drawing a nonce is a bug, not a reuse."""
+
+    def __init__(self) -> None:
+        super().__init__(0)
+
+    def next(self) -> bytes:
+        raise RuntimeError("a store opened read-only must not seal")
+
+
+def open_readonly(store_dir: str, key: str, cipher: str | None = None) -> StoreCrypt:
+    """The store's keys for READING (the audit): the key file is checked, never written, and
+    the returned sealers refuse to seal. `cipher` None: the one the key file names.
+    KeyFileError: no key file, a damaged one, a wrong key, or another cipher."""
+    path = os.path.join(store_dir, KEY_FILE)
+    if not os.path.exists(path):
+        raise KeyFileError(f"the store {store_dir} is not encrypted at rest (no {KEY_FILE} "
+                           "file)")
+    stored = _parse_key_file(path)[0]
+    salt, epoch = _read_key_file(path, key.encode(), cipher or stored)
+    out = StoreCrypt(key.encode(), cipher or stored, salt, epoch)
+    nonces = _NoNonces()
+    out.wal._nonces = nonces
+    out.lmdb._nonces = nonces
+    return out
 
 
 def _write_key_file(path: str, cipher: str, salt: bytes, check: bytes, epoch: int) -> None:

@@ -9,6 +9,7 @@ consumer that fetches and acks part of what it got (ack floor, pending). Then th
 
 from __future__ import annotations
 
+import json
 import signal
 from pathlib import Path
 from typing import Any
@@ -18,11 +19,17 @@ import nats
 from tests.integration.conftest import Servers
 
 
-async def make_js_logs(root: Path) -> dict[str, Any]:
+async def make_js_logs(root: Path, key: str | None = None,
+                       cipher: str = "chacha") -> dict[str, Any]:
+    """`key`: the node runs with `jetstream { key, cipher }` (encrypted at rest)."""
     servers = Servers(root)
     store = root / "n1"
     try:
-        node = servers.jetraft(args=["-js", "-sd", str(store)])
+        if key is None:
+            node = servers.jetraft(args=["-js", "-sd", str(store)])
+        else:
+            node = servers.jetraft(config=f"jetstream {{ store_dir: {json.dumps(str(store))}, "
+                                   f"key: {json.dumps(key)}, cipher: {cipher} }}\n")
         nc = await nats.connect(node.url)
         js = nc.jetstream()
         await js.add_stream(name="ORDERS", subjects=["orders.*"])
