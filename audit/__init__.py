@@ -9,6 +9,7 @@ Module map (one concern each; the pure ones import no Spark):
     logpass.py  pure: one node's log of one group, newest record first: survivors, gaps, votes
     snapmeta.py pure, read-only: the snapshot meta files (`snap/<hex group>.meta`)
     acked.py    pure: the acknowledged-writes file (JSON lines)
+    keyring.py  the key of stores encrypted at rest: checked on the driver, used read-only
     hooks.py    per-group replay hooks (store = replay, meta group) that run inside Spark
     hook_lmdbsm.py  the hook for raft.node's LMDB append-log store (JetStream's comes next)
     checks.py   the cross-node checks, as Spark DataFrame jobs

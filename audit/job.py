@@ -1,6 +1,7 @@
 """The audit as a Spark job.
 
     jetraft audit DATA_DIR... [--master local[*]] [--out report/] [--acked FILE]
+                  [--config NODE.CONF | --key-file FILE [--cipher chacha|aes]]
     spark-submit --master spark://host:7077 audit/job.py DATA_DIR... --out report/
 
 The executors read the data directories by path, so on a real cluster they

@@ -9,6 +9,7 @@ argument that is not a flag.
     jetraft [serve] [flags]              run a server (`serve` may be omitted)
     jetraft signal <sig>[=<pid>] [--pid PID | -P PIDFILE]
     jetraft audit DATA_DIR... [--master URL] [--out DIR] [--acked FILE]   (audit/job.py)
+                  [--config NODE.CONF | --key-file FILE [--cipher C]]  (encrypted stores)
     jetraft cluster up [-n 3|5] [--tags ...] [--dir DIR] [--detach]   (node/cluster/local.py)
     jetraft cluster status [--dir DIR]
     jetraft --version
