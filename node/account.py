@@ -251,8 +251,9 @@ class Account:
                         answer: bool) -> int:
         """`_deliver` for a traced message: one egress event per subscription it
         reaches (with nats-server's error when it may not have it), and no
-        delivery at all for a trace-only message, which still counts as
-        delivered where it would have been (no no-responders). A trace-only
+        delivery at all for a trace-only message, which still counts where it
+        would have been delivered (a trace-only request then gets no
+        no-responders, as from nats-server; Router._publish_traced differs). A trace-only
         message is not forwarded to peers: they would deliver it (tracing
         across routes is not built)."""
         msg = Message(subject, reply, headers, payload)

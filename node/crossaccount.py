@@ -123,7 +123,9 @@ class Router:
         the service import and each stream export. The trace ends at an account
         boundary: the exporter receives the request with the trace disabled, the
         importer its copy untraced (so neither adds egress events), and a
-        trace-only message crosses no boundary at all."""
+        trace-only message crosses no boundary at all. A crossing it did not
+        make counts for nothing: a trace-only request that only a service
+        import would serve gets no-responders, as nats-server answers it."""
         mappings: MappingTable | None = account.mappings
         if mappings:
             mapped = mappings.apply(subject, self.rng, cluster=self.cluster)
@@ -138,9 +140,7 @@ class Router:
         if service is not None and service.account != account.name \
                 and self.accounts.get(service.account) is not None:
             mt.service_import(service.account, subject, service.subject)
-            if mt.only:
-                count += 1
-            else:
+            if not mt.only:
                 count += self._untraced(self._serve, account, publisher, subject, reply,
                                         msgtrace.disabled_headers(headers), payload)
         count += account.deliver_local(publisher, subject, reply, headers, payload)
@@ -149,9 +149,7 @@ class Router:
             if importer is None:
                 continue
             mt.stream_export(delivery.account, delivery.subject)
-            if mt.only:
-                count += 1
-            else:
+            if not mt.only:
                 count += self._untraced(importer.deliver_local, publisher, delivery.subject,
                                         reply, headers, payload)
         if count == 0 and reply and publisher is not None and publisher.no_responders:
