@@ -324,6 +324,10 @@ def _traced_delivery(mt: msgtrace.MsgTrace, sub: Subscription, publisher: Any, m
                      queue: str | None = None) -> bool:
     """Record the egress to `sub` and deliver unless the trace is trace-only."""
     client = sub.client
+    stream = getattr(sub.callback, "trace_stream", None)
+    if stream is not None:  # a JetStream stream's capture: nats-server's `js` event
+        mt.jetstream(stream, msg.subject)
+        return True if mt.only else bool(client.deliver(sub, msg))
     kind = getattr(getattr(client, "kind", None), "value", "Client")
     name = (getattr(client, "opts", None) or {}).get("name") or ""
     cid = getattr(client, "cid", 0)

@@ -10,7 +10,9 @@ JSON document on `<subject>`, in the publisher's account, once routing is over:
 Event types: `in` ingress (who published, in which account, on which subject,
 and an `error` when the publish was refused), `sm` subject mapping, `si` service
 import, `se` stream export, `eg` egress (one per subscription the message would
-reach, with an `error` when it was not delivered). With `Nats-Trace-Only` set to
+reach, with an `error` when it was not delivered), `js` a JetStream stream that
+captures it (the document is sent at once, not after the store: a store error is
+not reported). With `Nats-Trace-Only` set to
 1/true/on (any case) the events are built but the message reaches nobody.
 
 The header name is matched case-sensitively and a destination that is not a
@@ -141,6 +143,11 @@ class MsgTrace:
         if error:
             ev["error"] = error
         self.events.append(ev)
+
+    def jetstream(self, stream: str, subject: str) -> None:
+        """A stream captured the message (stored later, off the publisher's turn: a
+        store error is not reported here, unlike nats-server's `error` member)."""
+        self.events.append({"type": "js", "ts": _ts(), "stream": stream, "subject": subject})
 
     def document(self, server: dict[str, Any]) -> dict[str, Any]:
         """The JSON document published on `dest`."""

@@ -555,6 +555,8 @@ class JetStreamService:
                    payload: bytes) -> None:
             self._on_publish(name, subject, reply, hdr, payload)
 
+        # Message tracing (node/msgtrace.py) reports a stream capture as a `js` event.
+        on_msg.trace_stream = jsaccount.name_of(name)  # type: ignore[attr-defined]
         try:
             client = self._client(name)  # the stream's account's subjects, nobody else's
         except KeyError:

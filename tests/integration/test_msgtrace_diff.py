@@ -193,3 +193,48 @@ def test_oracle_saw_what_the_cases_claim(results: dict[str, list[dict[str, Any]]
     assert m_in == ["in", "sm", "si"]
     assert by_subject["news.6"]["traces"] == [] and by_subject["news.6"]["delivered"] == []
     assert by_subject["news.6"]["errors"]["ar"]
+
+
+JS_CASES: list[tuple[str, dict[str, str]]] = [
+    ("js.1", {T: "trace.x"}),
+    ("js.2", {T: "trace.x", ONLY: "true"}),  # trace only: not stored, no PubAck
+]
+
+
+async def _run_js(url: str) -> dict[str, Any]:
+    nc = await nats.connect(url, name="p")
+    js = nc.jetstream()
+    await js.add_stream(name="S", subjects=["js.>"])
+    docs: list[dict[str, Any]] = []
+
+    async def on_trace(msg: Any) -> None:
+        docs.append(_strip(json.loads(msg.data)))
+
+    await nc.subscribe("trace.x", cb=on_trace)
+    await nc.flush()
+    out: dict[str, Any] = {}
+    for subject, headers in JS_CASES:
+        docs.clear()
+        try:
+            reply = (await nc.request(subject, b"x", headers=headers, timeout=1)).data.decode()
+        except nats.errors.TimeoutError:
+            reply = "timeout"
+        await asyncio.sleep(0.2)
+        out[subject] = {"reply": json.loads(reply) if reply != "timeout" else reply,
+                        "traces": list(docs)}
+    out["stored"] = (await js.stream_info("S")).state.messages
+    await nc.close()
+    return out
+
+
+def test_jetstream_capture_traced_as_nats_server(servers: Any) -> None:
+    got = {}
+    for name, proc in (("nats-server", servers.nats_server(None, ["-js", "-sd",
+                                                                 str(servers.workdir / "ns")])),
+                       ("jetraft", servers.jetraft(None, ["-js", "-sd",
+                                                          str(servers.workdir / "jr")]))):
+        got[name] = asyncio.run(_run_js(proc.url))
+    assert got["jetraft"] == got["nats-server"]
+    assert got["jetraft"]["stored"] == 1
+    events = got["jetraft"]["js.1"]["traces"][0]["events"]
+    assert [e["type"] for e in events] == ["in", "js"]
