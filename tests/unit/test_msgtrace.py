@@ -1,0 +1,64 @@
+"""node/msgtrace.py: which headers start a trace, and the documents it builds."""
+
+from __future__ import annotations
+
+from node import msgtrace
+
+HDR = b"NATS/1.0\r\nNats-Trace-Dest: trace.a\r\nX: 1\r\nX: 2\r\n\r\n"
+
+
+def test_header_map_keeps_keys_and_repeated_values() -> None:
+    assert msgtrace.parse_headers(HDR) == {"Nats-Trace-Dest": ["trace.a"], "X": ["1", "2"]}
+
+
+def test_start_reads_destination_and_size() -> None:
+    mt = msgtrace.start(HDR, 5)
+    assert mt is not None and mt.dest == "trace.a" and not mt.only
+    assert mt.msgsize == len(HDR) + 5
+
+
+def test_no_trace_without_an_exact_literal_destination() -> None:
+    assert msgtrace.start(b"NATS/1.0\r\nnats-trace-dest: t\r\n\r\n", 0) is None
+    assert msgtrace.start(b"NATS/1.0\r\nNats-Trace-Dest: t.*\r\n\r\n", 0) is None
+    assert msgtrace.start(b"NATS/1.0\r\nNats-Trace-Dest: a b\r\n\r\n", 0) is None
+    assert msgtrace.start(b"NATS/1.0\r\nX-Nats-Trace-Dest: t\r\n\r\n", 0) is None
+
+
+def test_trace_only_values() -> None:
+    for value, only in [("1", True), ("true", True), ("TRUE", True), ("on", True),
+                        ("t", False), ("yes", False), ("0", False), ("false", False)]:
+        hdr = f"NATS/1.0\r\nNats-Trace-Dest: t\r\nNats-Trace-Only: {value}\r\n\r\n".encode()
+        mt = msgtrace.start(hdr, 0)
+        assert mt is not None and mt.only is only, value
+
+
+def test_disabled_headers_replace_only_the_destination() -> None:
+    out = msgtrace.disabled_headers(HDR)
+    assert msgtrace.parse_headers(out) == {"Nats-Trace-Dest": ["trace disabled"],
+                                           "X": ["1", "2"]}
+    assert out.endswith(b"\r\n\r\n")
+
+
+def test_document_shape() -> None:
+    mt = msgtrace.start(HDR, 0)
+    assert mt is not None
+    mt.ingress("Client", 7, "", "A", "s")
+    mt.mapping("m")
+    mt.service_import("B", "m", "n")
+    mt.stream_export("C", "p.s")
+    mt.egress("JetStream", 3, "x", "s.>", "q", msgtrace.NO_ECHO)
+    mt.jetstream("S", "s")
+    doc = mt.document({"id": "N"})
+    events = [{k: v for k, v in e.items() if k != "ts"} for e in doc["events"]]
+    assert events == [
+        {"type": "in", "kind": 0, "cid": 7, "acc": "A", "subj": "s"},
+        {"type": "sm", "to": "m"},
+        {"type": "si", "acc": "B", "from": "m", "to": "n"},
+        {"type": "se", "acc": "C", "to": "p.s"},
+        {"type": "eg", "kind": 5, "cid": 3, "name": "x", "sub": "s.>", "queue": "q",
+         "error": msgtrace.NO_ECHO},
+        {"type": "js", "stream": "S", "subject": "s"},
+    ]
+    assert doc["request"] == {"header": {"Nats-Trace-Dest": ["trace.a"], "X": ["1", "2"]},
+                              "msgsize": len(HDR)}
+    assert all(e["ts"].endswith("Z") for e in doc["events"])
