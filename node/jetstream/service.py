@@ -77,8 +77,11 @@ META_GROUP = "$js"
 NODE_ID = 1
 TICK_S = 0.05          # Raft tick; a single voter elects itself within 3-6 ticks
 ELECTION_TICK = 3
-CLUSTER_TICK_S = 0.05  # clustered: a leader lost is replaced within about 0.5-1 s
-CLUSTER_ELECTION_TICK = 10
+# Clustered: a leader lost is replaced within about 2-4 s (nats-server: 4-9 s). Shorter
+# timeouts (0.5 s) left 1,000 R3 streams on a loaded 2-core box in a standing election
+# storm: the tick loop alone outlasted the election timeout (benchmarks/cluster_scale.py).
+CLUSTER_TICK_S = 0.1
+CLUSTER_ELECTION_TICK = 20
 MAX_ROUND = 256        # deliveries proposed together for one consumer
 # clustered: a pull request forwarded from another node is kept this long before a missing
 # interest in its inbox drops it (the interest travels on the routes, the request does not)
@@ -863,26 +866,29 @@ class JetStreamService:
         return await self.jsc.peer_remove(call.stream, body)
 
     async def _sync_config(self, name: str, config: dict[str, Any] | None = None,
-                           rev: int = 0) -> None:
+                           rev: int = 0) -> bool:
         """Clustered, on the stream's leader: the catalogue's config (the meta leader
         checked it; `config`/`rev` when the meta leader sent it along, ahead of this node's
         catalogue) becomes the group's through an UPDATE_CONFIG entry. A revision older
-        than one already written here is ignored (this node's catalogue may lag)."""
+        than one already written here is ignored (this node's catalogue may lag).
+        True: the group already had that config (nothing proposed)."""
         sm = self.streams.get(name)
         if sm is None or self.meta is None or self.jsc is None:
-            return
+            return False
         if config is None:
             a = self.meta.streams.get(name)
             if a is None:
-                return
+                return False
             config, rev = a["config"], int(a.get("rev", 0))
         if rev < self.jsc.synced_rev.get(sm.group, 0):
-            return
+            return False
         self.jsc.synced_rev[sm.group] = rev
         with sm.lock:
             current = stream_config.to_wire(sm.stream.cfg)
         if current != config:
             await self._propose(sm, ops.UpdateConfig(time.time_ns(), _dumps(config)))
+            return False
+        return True
 
     def _on_stream_leader(self, name: str, leader: int) -> None:
         """A stream group's leader changed: the new leader runs the consumers' pumps and
