@@ -1,7 +1,7 @@
 """Scale: many R3 streams on a 3-node jetraft cluster (issue 9 "Scale").
 
     PYTHONPATH=$PWD python benchmarks/cluster_scale.py [--streams 1000] [--parallel 16]
-        [--idle 30] [--replicas 3]
+        [--idle 30] [--replicas 3] [--pyspy /tmp/idle.txt]
 
 Starts 3 real nodes on loopback (node/cluster/local.py), creates `--streams` file streams
 (`--parallel` creates in flight, spread over the three nodes), then reports:
@@ -148,7 +148,15 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         out["uptime_idle"] = uptime()
         a = {k: cpu_s(p) for k, p in pids.items()}
         t = time.monotonic()
+        spy = None
+        if args.pyspy:  # a profile of node 1 over the idle window (collapsed stacks)
+            spy = subprocess.Popen(["py-spy", "record", "-p", str(pids["n1"]), "-d",
+                                    str(int(args.idle)), "-r", "50", "-f", "raw", "-o",
+                                    args.pyspy, "--nonblocking"],
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         await asyncio.sleep(args.idle)
+        if spy is not None:
+            spy.wait()
         dt = time.monotonic() - t
         out["idle_cpu_pct"] = {k: round(100 * (cpu_s(p) - a[k]) / dt, 1) for k, p in pids.items()}
         out["uptime_after"] = uptime()
@@ -172,6 +180,7 @@ def main() -> None:
     p.add_argument("--idle0", type=float, default=5.0, help="idle window before creating")
     p.add_argument("--settle", type=float, default=5.0, help="pause after creating")
     p.add_argument("--idle", type=float, default=30.0)
+    p.add_argument("--pyspy", default="", help="py-spy node 1 while idle, to this file")
     args = p.parse_args()
     out = asyncio.run(run(args))
     print(json.dumps(out, indent=2))

@@ -1398,6 +1398,8 @@ class JetStreamService:
             for (stream, name), pull in list(self.pulls.items()):
                 self._tick_consumer(stream, name, pull, now)
             for sm in list(self.streams.values()):
+                if not _may_expire(sm):
+                    continue  # most streams: nothing ever expires (1,000 streams x 10/s)
                 if self.jsc is not None and not self.jsc.leads(sm.name):
                     continue  # time passes through the leader's EXPIRE entries
                 if sm.name not in self._expiring and _expiry_due(sm, now):
@@ -1561,6 +1563,13 @@ def _with_header(hdr: bytes, key: str, value: str) -> bytes:
     if not hdr:
         return b"NATS/1.0\r\n" + line
     return hdr[:-2] + line  # a header block ends with an empty line
+
+
+def _may_expire(sm: StreamMachine) -> bool:
+    """Only `max_age` or per-message TTLs expire messages; TTLs need `allow_msg_ttl`, which
+    an update cannot turn off (and `subject_delete_marker_ttl` turns on)."""
+    cfg = sm.stream.cfg  # replaced whole on update: a consistent read without the lock
+    return cfg["max_age"] > 0 or bool(cfg.get("allow_msg_ttl"))
 
 
 def _expiry_due(sm: StreamMachine, now: int) -> bool:
