@@ -63,11 +63,15 @@ def wait_js_meta(urls: list[str], timeout: float = 60.0) -> None:
 
     import nats
 
+    async def _quiet(_exc: Exception) -> None:
+        pass
+
     async def probe() -> None:
         deadline = time.monotonic() + timeout
         while True:
             try:
-                nc = await nats.connect(urls[0], connect_timeout=2)
+                nc = await nats.connect(urls[0], connect_timeout=2, allow_reconnect=False,
+                                        error_cb=_quiet)
                 try:
                     r = json.loads((await nc.request(
                         "$JS.API.STREAM.CREATE.PROBE", b'{"name":"PROBE","subjects":["probe.x"],'

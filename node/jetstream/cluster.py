@@ -15,8 +15,9 @@ WHERE a request is served:
   round trip of its own); the leader proposes it with the client's reply subject, and its
   PubAck reaches the client by core routing (the client's inbox interest went to the
   leader on the same route, before the publish);
-* acks (`js.ack`) go to the stream leader, whose pump delivers; deliveries and pull statuses
-  travel to the client's inbox by core routing (node/cluster).
+* acks go to the stream leader the same way (`js.ack` frames; its own ack path runs, so a
+  double ack's confirmation comes from it); deliveries and pull statuses travel to the
+  client's inbox by core routing (node/cluster).
 
 Node-to-node calls are `cluster.request(peer, kind, payload)` (node/cluster): JSON bodies,
 bytes as base64.
@@ -105,9 +106,10 @@ class ClusterJS:
         """Handlers and peers now; the meta group in the background (a restarting node
         whose peers are down still starts, and answers 503 until the meta group is back)."""
         for kind, fn in (("js.meta.hello", self._h_hello), ("js.api", self._h_api),
-                         ("js.ack", self._h_ack), ("js.sync", self._h_sync)):
+                         ("js.sync", self._h_sync)):
             self.cluster.handle(kind, fn)
         self.cluster.handle_frames("js.pub", self._on_pub_frame)
+        self.cluster.handle_frames("js.ack", self._on_ack_frame)
         self._sync_peers()
         self.cluster.on_members(lambda _m: self._sync_peers())
         self.svc._spawn(self._start_meta())
@@ -364,30 +366,42 @@ class ClusterJS:
 
     # ------------------------------------------------------------------ acks
 
-    def forward_ack(self, stream: str, subject: str, reply: str | None, body: bytes) -> None:
-        self.svc._spawn(self._send_ack(stream, subject, reply, body))
+    def forward_ack(self, stream: str, subject: str, reply: str | None, body: bytes,
+                    hops: int = 0) -> None:
+        """An ack for a stream this node does not lead goes to its leader as a one-way
+        `js.ack` frame, where the leader's own ack path runs (a double ack's confirmation
+        and +NXT's messages go to `reply` by core routing). No route or leader now: a task
+        waits for one (an ack lost: the message is redelivered)."""
+        peer = self._pub_target(stream)
+        if peer and self.cluster.send_frame(peer, "js.ack", subject, reply or None, None, body,
+                                            f"{hops}:{stream}"):
+            return
+        self.svc._spawn(self._send_ack(stream, subject, reply, body, hops))
 
-    async def _send_ack(self, stream: str, subject: str, reply: str | None, body: bytes
-                        ) -> None:
+    async def _send_ack(self, stream: str, subject: str, reply: str | None, body: bytes,
+                        hops: int) -> None:
         try:
             target = await self.stream_target(stream)
-            raw = await self._request(target, "js.ack", {"subject": subject, "body": _b64(body),
-                                                         "stream": stream, "hops": 0})
-        except Exception as exc:  # noqa: BLE001 (an ack lost: the message is redelivered)
-            self.log.warn(f"JetStream: forwarding an ack on {stream} failed: {exc!r}")
-            return
-        if reply and raw == b"1":
-            self.svc.client.publish(reply, None, b"")
+        except ApiError:
+            target = 0
+        if target == self.self_id:
+            self.svc._on_ack(None, subject, reply, None, body)
+        elif not target or not self.cluster.send_frame(target, "js.ack", subject, reply or None,
+                                                       None, body, f"{hops}:{stream}"):
+            self.log.warn(f"JetStream: forwarding an ack on {stream} failed: no route to "
+                          "its leader")
 
-    async def _h_ack(self, _peer: int, payload: bytes) -> bytes:
-        req = json.loads(payload)
-        if not self.leads(req["stream"]):
-            if req["hops"] >= MAX_HOPS:
-                return b"0"
-            req["hops"] += 1
-            return await self._request(await self.stream_target(req["stream"]), "js.ack", req)
-        done = await self.svc._ack_here(req["subject"], _unb64(req["body"]))
-        return b"1" if done else b"0"
+    def _on_ack_frame(self, _peer: int, subject: str, reply: str | None, _hdr: bytes | None,
+                      body: bytes, tag: str) -> None:
+        hops_text, _, stream = tag.partition(":")
+        try:
+            hops = int(hops_text)
+        except ValueError:
+            return
+        if self.leads(stream):
+            self.svc._on_ack(None, subject, reply, None, body)
+        elif hops < MAX_HOPS and stream in self.catalogue().streams:
+            self.forward_ack(stream, subject, reply, body, hops + 1)
 
     # ------------------------------------------------------------------ the meta leader
 
