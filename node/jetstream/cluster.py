@@ -333,11 +333,15 @@ class ClusterJS:
                     for subject, reply, hdr, data, _hops in batch:
                         self.svc._accept_publish(name, subject, reply, hdr, data)
                     continue
+                if not target:  # no leader within the wait: all of them go unacknowledged
+                    self.log.warn(f"JetStream: {len(fwd.queue)} publishes to {name} dropped: "
+                                  "no leader")
+                    fwd.queue = []
+                    break
                 batch, fwd.queue = fwd.queue[:PUB_BATCH], fwd.queue[PUB_BATCH:]
                 lost = 0
                 for subject, reply, hdr, data, hops in batch:
-                    if not target or not self._send_pub(target, name, subject, reply, hdr,
-                                                        data, hops):
+                    if not self._send_pub(target, name, subject, reply, hdr, data, hops):
                         lost += 1
                 if lost:
                     self.log.warn(f"JetStream: forwarding {lost} publishes to {name} failed: "
