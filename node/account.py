@@ -259,14 +259,14 @@ class Account:
         msg = Message(subject, reply, headers, payload)
         count = 0
         for sub in result.psubs:
-            if not sub.dead and _traced_delivery(mt, sub, publisher, msg):
+            if not sub.dead and _traced_delivery(mt, sub, publisher, msg, None, self.name):
                 count += 1
         for queue, members in result.qsubs.items():
             n = len(members)
             start = random.randrange(n) if n > 1 else 0
             for i in range(n):
                 sub = members[(start + i) % n]
-                if not sub.dead and _traced_delivery(mt, sub, publisher, msg, queue):
+                if not sub.dead and _traced_delivery(mt, sub, publisher, msg, queue, self.name):
                     count += 1
                     break
         if self.expired:
@@ -321,7 +321,7 @@ def _deliver_to_group(members: list, skip: Any, msg: Message) -> bool:
 
 
 def _traced_delivery(mt: msgtrace.MsgTrace, sub: Subscription, publisher: Any, msg: Message,
-                     queue: str | None = None) -> bool:
+                     queue: str | None, account: str) -> bool:
     """Record the egress to `sub` and deliver unless the trace is trace-only."""
     client = sub.client
     stream = getattr(sub.callback, "trace_stream", None)
@@ -339,7 +339,7 @@ def _traced_delivery(mt: msgtrace.MsgTrace, sub: Subscription, publisher: Any, m
     elif (perms := getattr(client, "perms", None)) is not None \
             and not perms.can_deliver(msg.subject):
         error = msgtrace.SUB_DENIED
-    mt.egress(kind, cid, name, sub.subject, queue, error)
+    mt.egress(kind, cid, name, sub.subject, queue, error, account)
     if error is not None:
         return False
     return True if mt.only else bool(client.deliver(sub, msg))

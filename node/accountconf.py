@@ -103,6 +103,7 @@ class ServiceExport:
     latency_subject: str | None = None
     latency_sampling: int = 100
     token_position: int = 0
+    allow_trace: bool = False  # a traced request's trace continues in the exporter
 
     def allows(self, account: str, subject: str) -> bool:
         return _export_allows(self.subject, self.accounts, self.token_position, account, subject)
@@ -146,6 +147,7 @@ class StreamImport:
     prefix: str = ""
     to: str = ""
     transform: Transform | None = None  # subject -> to, when `to` is a remap
+    allow_trace: bool = False  # a traced message's trace continues in the importer
 
     @property
     def local_subject(self) -> str:
@@ -446,6 +448,7 @@ def _export(f: _Field) -> StreamExport | ServiceExport | None:
     kind, subject, accounts, position = None, "", None, 0
     rtype: ResponseType | None = None
     threshold, latency = None, None
+    allow_trace: _Field | None = None
     for sub in _fields(f.value, f.path + "."):
         if sub.key in ("stream", "service"):
             if kind is not None and kind != sub.key:
@@ -464,8 +467,12 @@ def _export(f: _Field) -> StreamExport | ServiceExport | None:
             latency = sub.value
         elif sub.key == "account_token_position":
             position = _int(sub)
+        elif sub.key == "allow_trace":
+            allow_trace = sub
         elif not _used_as_var(f.value, sub):
             raise sub.fail(f'unknown field "{sub.name}"')
+    if kind == "stream" and allow_trace is not None:
+        raise allow_trace.fail("Detected allow_trace directive on non-service")
     if kind == "stream" and (rtype is not None or threshold is not None or latency is not None):
         raise f.fail("Detected response directive on non-service")
     if kind == "stream":
@@ -475,7 +482,8 @@ def _export(f: _Field) -> StreamExport | ServiceExport | None:
         if isinstance(latency, dict):
             lat_subject = latency.get("subject")
         return ServiceExport(subject, accounts, rtype or ResponseType.SINGLETON, threshold,
-                             lat_subject, token_position=position)
+                             lat_subject, token_position=position,
+                             allow_trace=allow_trace is not None and _bool(allow_trace))
     return None  # an empty entry: nats-server ignores it
 
 
@@ -501,6 +509,7 @@ def _import(f: _Field) -> StreamImport | ServiceImport | None:
         raise f.fail(f"Import Items should be a map with type entry, got {type(f.value).__name__}")
     kind, account, subject, prefix, to, share = None, "", "", "", "", False
     to_field: _Field | None = None
+    allow_trace: _Field | None = None
     for sub in _fields(f.value, f.path + "."):
         if sub.key in ("stream", "service"):
             if kind is not None and kind != sub.key:
@@ -513,13 +522,18 @@ def _import(f: _Field) -> StreamImport | ServiceImport | None:
             to, to_field = _str(sub), sub
         elif sub.key == "share":
             share = _bool(sub)
+        elif sub.key == "allow_trace":
+            allow_trace = sub
         elif not _used_as_var(f.value, sub):
             raise sub.fail(f'unknown field "{sub.name}"')
+    if kind == "service" and allow_trace is not None:
+        raise allow_trace.fail("Detected allow_trace directive on a non-stream")
     if kind == "stream":
         if prefix and to:
             assert to_field is not None
             raise to_field.fail("Stream import can not have a 'prefix' and a 'to' property")
-        return StreamImport(account, subject, prefix, to)
+        return StreamImport(account, subject, prefix, to,
+                            allow_trace=allow_trace is not None and _bool(allow_trace))
     if kind == "service":
         return ServiceImport(account, subject, to, share)
     return None
@@ -810,6 +824,8 @@ class StreamDelivery:
 
     account: str
     subject: str
+    allow_trace: bool = False  # the import lets a trace continue into `account`
+    prefix: str = ""  # the import's prefix (a traced egress names the subscription without it)
 
 
 @dataclass(frozen=True)
@@ -866,7 +882,8 @@ class ImportIndex:
             if source is None or source.stream_export_for(importer, subject) is None:
                 continue
             fixed = fixed and si.transform is None
-            out.append(StreamDelivery(importer, _stream_local_subject(si, subject)))
+            out.append(StreamDelivery(importer, _stream_local_subject(si, subject),
+                                      si.allow_trace, si.prefix))
         return out, fixed
 
     def service_route(self, importer: str, subject: str) -> ServiceRoute | None:

@@ -122,8 +122,9 @@ class Router:
         """`publish` for a traced message, step for step, recording the mapping,
         the service import and each stream export. The trace ends at an account
         boundary: the exporter receives the request with the trace disabled, the
-        importer its copy untraced (so neither adds egress events), and a
-        trace-only message crosses no boundary at all. A crossing it did not
+        importer its copy untraced (so neither adds egress events) unless the export
+        (service) or the import (stream) has `allow_trace`, and a trace-only message
+        crosses no boundary the trace does not follow. A crossing it did not
         make counts for nothing: a trace-only request that only a service
         import would serve gets no-responders, as nats-server answers it."""
         mappings: MappingTable | None = account.mappings
@@ -140,7 +141,12 @@ class Router:
         if service is not None and service.account != account.name \
                 and self.accounts.get(service.account) is not None:
             mt.service_import(service.account, subject, service.subject)
-            if not mt.only:
+            if service.export.allow_trace:
+                # The trace goes on in the exporter (its egress events); a trace-only
+                # request opens no response route.
+                count += self._serve(account, publisher, subject, None if mt.only else reply,
+                                     headers, payload)
+            elif not mt.only:
                 count += self._untraced(self._serve, account, publisher, subject, reply,
                                         msgtrace.disabled_headers(headers), payload)
         count += account.deliver_local(publisher, subject, reply, headers, payload)
@@ -149,7 +155,14 @@ class Router:
             if importer is None:
                 continue
             mt.stream_export(delivery.account, delivery.subject)
-            if not mt.only:
+            if delivery.allow_trace:
+                mt.strip = delivery.prefix + "." if delivery.prefix else ""
+                try:
+                    count += importer.deliver_local(publisher, delivery.subject, reply, headers,
+                                                    payload)
+                finally:
+                    mt.strip = ""
+            elif not mt.only:
                 count += self._untraced(importer.deliver_local, publisher, delivery.subject,
                                         reply, headers, payload)
         if count == 0 and reply and publisher is not None and publisher.no_responders:

@@ -17,9 +17,9 @@ not reported). With `Nats-Trace-Only` set to
 
 The header name is matched case-sensitively and a destination that is not a
 literal subject disables tracing (the message then goes on untraced), as
-nats-server does. Neither the service-import exporter nor the stream-import
-importer sees the trace continue (nats-server needs `allow_trace` for that, not
-supported here): the hop's `si`/`se` event ends that branch.
+nats-server does. The trace follows a service import into the exporter only when
+the export has `allow_trace`, and a stream import into the importer only when the
+import has it; otherwise the hop's `si`/`se` event ends that branch.
 
 Routing code finds the trace of the message being published in `active`: set by
 the publishing client around its synchronous publish, read only when a message
@@ -99,7 +99,7 @@ def _ts() -> str:
 class MsgTrace:
     """The events of one traced message, in the order they happened."""
 
-    __slots__ = ("dest", "only", "header", "msgsize", "events")
+    __slots__ = ("dest", "only", "header", "msgsize", "events", "account", "strip")
 
     def __init__(self, dest: str, only: bool, header: dict[str, list[str]],
                  msgsize: int) -> None:
@@ -108,6 +108,10 @@ class MsgTrace:
         self.header = header
         self.msgsize = msgsize
         self.events: list[dict[str, Any]] = []
+        self.account = ""  # the ingress account: egress elsewhere names its account
+        # While a stream import with a prefix delivers (allow_trace): nats-server names the
+        # importer's subscription in the exporter's subject space, without the prefix.
+        self.strip = ""
 
     def ingress(self, kind: str, cid: int, name: str, account: str, subject: str,
                 error: str | None = None) -> None:
@@ -115,7 +119,7 @@ class MsgTrace:
                               "cid": cid}
         if name:
             ev["name"] = name
-        ev["acc"] = account
+        ev["acc"] = self.account = account
         ev["subj"] = subject
         if error:
             ev["error"] = error
@@ -132,11 +136,15 @@ class MsgTrace:
         self.events.append({"type": "se", "ts": _ts(), "acc": account, "to": to})
 
     def egress(self, kind: str, cid: int, name: str, sub: str, queue: str | None = None,
-               error: str | None = None) -> None:
+               error: str | None = None, account: str = "") -> None:
         ev: dict[str, Any] = {"type": "eg", "ts": _ts(), "kind": KIND_NUMBERS.get(kind, 0),
                               "cid": cid}
         if name:
             ev["name"] = name
+        if account and account != self.account:
+            ev["acc"] = account
+        if self.strip and sub.startswith(self.strip):
+            sub = sub[len(self.strip):]
         ev["sub"] = sub
         if queue:
             ev["queue"] = queue

@@ -16,6 +16,9 @@ from typing import Any
 import nats
 import pytest
 
+from node.accountconf import parse_accounts_config
+from node.config import ConfigError, parse_config
+
 CONFIG = """
 accounts {
   A: {
@@ -95,7 +98,8 @@ def _unordered_runs(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out[:-1]
 
 
-async def _run(url: str) -> list[dict[str, Any]]:
+async def _run(url: str, cases: list[tuple[str, str, dict[str, str], bool]] = CASES,
+               ignored: tuple[str, ...] = DELIVERED_HEADERS_IGNORED) -> list[dict[str, Any]]:
     errors: dict[str, list[str]] = {}
     conns: dict[str, nats.NATS] = {}
     for user in ("a", "b", "ar", "as"):
@@ -118,7 +122,7 @@ async def _run(url: str) -> list[dict[str, Any]]:
     def deliver(who: str) -> Any:
         async def cb(msg: Any) -> None:
             headers = {k: v for k, v in (msg.headers or {}).items()
-                       if k not in DELIVERED_HEADERS_IGNORED}
+                       if k not in ignored}
             got.append((who, msg.subject, headers))
             if msg.reply:
                 await conns[who].publish(msg.reply, b"ok")
@@ -136,7 +140,7 @@ async def _run(url: str) -> list[dict[str, Any]]:
     for nc in conns.values():
         await nc.flush()
     out = []
-    for user, subject, headers, request in CASES:
+    for user, subject, headers, request in cases:
         traces.clear()
         got.clear()
         for errs in errors.values():
@@ -238,3 +242,39 @@ def test_jetstream_capture_traced_as_nats_server(servers: Any) -> None:
     assert got["jetraft"]["stored"] == 1
     events = got["jetraft"]["js.1"]["traces"][0]["events"]
     assert [e["type"] for e in events] == ["in", "js"]
+
+
+# The same accounts, the trace allowed across: A's service export and B's stream import.
+CONFIG_ALLOW = CONFIG.replace('{service: "svc.>"}]', '{service: "svc.>", allow_trace: true}]') \
+    .replace('prefix: "fa"}', 'prefix: "fa", allow_trace: true}')
+ALLOW_CASES: list[tuple[str, str, dict[str, str], bool]] = [
+    ("a", "news.1", {T: "trace.a"}, False),  # egress in B, its subscription without prefix
+    ("a", "news.2", {T: "trace.a", ONLY: "true"}, False),
+    ("b", "m.in", {T: "trace.b"}, True),  # egress in A (the responder)
+    ("b", "svc.x", {T: "trace.b", ONLY: "true"}, True),
+]
+
+
+def test_allow_trace_follows_imports_as_nats_server(servers: Any) -> None:
+    assert CONFIG_ALLOW.count("allow_trace") == 2
+    # nats-server sets the exporter's copy of Nats-Trace-Dest to the request's _R_ reply
+    # subject (random); Jetraft leaves it as published: not compared.
+    ignored = (*DELIVERED_HEADERS_IGNORED, T)
+    got = {name: asyncio.run(_run(proc.url, ALLOW_CASES, ignored))
+           for name, proc in servers.both(CONFIG_ALLOW).items()}
+    assert got["jetraft"] == got["nats-server"]
+    news = got["jetraft"][0]["traces"][0][1]["events"]
+    assert {"type": "eg", "kind": 0, "name": "b", "acc": "B", "sub": "news.>"} in news
+    m_in = got["jetraft"][2]["traces"][0][1]["events"]
+    assert [e["type"] for e in m_in] == ["in", "sm", "si", "eg"] and m_in[-1]["acc"] == "A"
+
+
+def test_allow_trace_refused_where_nats_server_refuses_it() -> None:
+    for entry, text in [('exports: [{stream: "x.>", allow_trace: true}]',
+                         "Detected allow_trace directive on non-service"),
+                        ('imports: [{service: {account: B, subject: "y"}, allow_trace: true}]',
+                         "Detected allow_trace directive on a non-stream")]:
+        conf = (f"accounts {{ A: {{ {entry} }}\n"
+                "B: { exports: [{stream: y}, {service: y}] } }\n")
+        with pytest.raises(ConfigError, match=text):
+            parse_accounts_config(parse_config(conf))
