@@ -62,6 +62,8 @@ class Account:
         self.interest_listeners: list[InterestListener] = []
         self.routes: Any = None  # node/cluster AccountRoutes when clustered
         self.in_msgs = self.in_bytes = 0  # publishes that entered this account
+        # accountconf.MsgTraceConfig: messages with a sampled `traceparent` are traced.
+        self.msg_trace: Any = None
 
     def set_limits(self, limits: Any, mappings: Any) -> None:
         """Per-connection limits from the account config (nats-server applies

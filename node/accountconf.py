@@ -47,7 +47,15 @@ from node.mapping import (
     untokenize,
 )
 from node.options import Permissions
-from node.subject import FWC, PWC, SEP, subject_matches, subjects_collide, valid_subject
+from node.subject import (
+    FWC,
+    PWC,
+    SEP,
+    subject_matches,
+    subjects_collide,
+    valid_literal_subject,
+    valid_subject,
+)
 
 GLOBAL_ACCOUNT = "$G"
 DEFAULT_SYSTEM_ACCOUNT = "$SYS"
@@ -200,6 +208,15 @@ class JetStreamLimits:
     store_max_stream_bytes: int = UNLIMITED
 
 
+@dataclass(frozen=True)
+class MsgTraceConfig:
+    """`msg_trace {dest, sampling}`: sampled W3C `traceparent` messages are traced to
+    `dest` (node/msgtrace.py), `sampling` percent of them."""
+
+    dest: str
+    sampling: int = 100
+
+
 @dataclass
 class AccountConfig:
     name: str
@@ -213,6 +230,7 @@ class AccountConfig:
     mappings: MappingTable = field(default_factory=MappingTable)
     limits: AccountLimits = field(default_factory=AccountLimits)
     jetstream: JetStreamLimits = field(default_factory=JetStreamLimits)
+    msg_trace: MsgTraceConfig | None = None
     # Where the users were written, for duplicate-user errors.
     users_where: Any = field(default=None, repr=False, compare=False)
 
@@ -572,6 +590,8 @@ def _account(name: str, f: _Field) -> AccountConfig:
             acc.limits = _limits(sub)
         elif sub.key == "jetstream":
             acc.jetstream = _jetstream(sub)
+        elif sub.key == "msg_trace":
+            acc.msg_trace = _msg_trace(sub)
         elif not _used_as_var(f.value, sub):
             raise sub.fail(f'unknown field "{sub.name}"')
     for u in acc.users:
@@ -579,6 +599,37 @@ def _account(name: str, f: _Field) -> AccountConfig:
             u.permissions = acc.default_permissions
     acc.users_where = users_field
     return acc
+
+
+def _msg_trace(f: _Field) -> MsgTraceConfig | None:
+    """nats-server's account `msg_trace`: a destination string, or {dest, sampling}."""
+    if isinstance(f.value, str):
+        fields = [f]
+        dest_field: _Field | None = f
+    else:
+        fields = _fields(_block(f), f.path + ".")
+        dest_field = None
+    sampling = 100
+    for sub in fields:
+        if sub is f:
+            continue
+        if sub.key == "dest":
+            dest_field = sub
+        elif sub.key == "sampling":
+            value = str(sub.value).strip().rstrip("%")
+            sampling = int(value) if value.lstrip("-").isdigit() else -1
+            if not 1 <= sampling <= 100:
+                raise sub.fail(f"Ttrace destination sampling value {sub.value} is invalid, "
+                               "needs to be [1..100]")
+        elif not _used_as_var(f.value, sub):
+            raise sub.fail(f'Unknown field "{sub.name}" parsing account message trace '
+                           f'map/struct "{f.name}"')
+    if dest_field is None:
+        return None  # nats-server: sampling ignored since no destination was set
+    dest = _str(dest_field)
+    if not valid_literal_subject(dest):
+        raise dest_field.fail(f'Trace destination "{dest}" is not valid')
+    return MsgTraceConfig(dest, sampling)
 
 
 def _exports(f: _Field) -> tuple[list[StreamExport], list[ServiceExport]]:

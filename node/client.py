@@ -724,8 +724,9 @@ class Client(asyncio.Protocol):
         if self.pedantic and not _valid_pub_subject(subject):
             self.send_err(INVALID_PUB_SUBJECT)  # nats-server still routes it
         perms = self.perms
-        if headers is not None and msgtrace.TRACE_DEST_MARK in headers:
-            mt = msgtrace.start(headers, len(payload))
+        if headers is not None and (msgtrace.TRACE_DEST_MARK in headers
+                                    or self.account.msg_trace is not None):
+            mt = msgtrace.start(headers, len(payload), self.account.msg_trace)
             if mt is not None:
                 self._on_traced_pub(mt, subject, reply, headers, payload)
                 return

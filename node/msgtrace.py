@@ -28,6 +28,7 @@ has headers, so header-less traffic never looks at it.
 
 from __future__ import annotations
 
+import random
 import time
 from datetime import UTC, datetime
 from typing import Any
@@ -36,6 +37,7 @@ from node.subject import valid_literal_subject
 
 TRACE_DEST = "Nats-Trace-Dest"
 TRACE_ONLY = "Nats-Trace-Only"
+TRACE_PARENT = "traceparent"  # W3C trace context, matched in any case
 # Cheap pre-check on the raw header block before any parsing (a header line
 # always follows a CRLF: the status line comes first).
 TRACE_DEST_MARK = b"\r\n" + TRACE_DEST.encode() + b":"
@@ -68,17 +70,41 @@ def parse_headers(raw: bytes) -> dict[str, list[str]]:
     return out
 
 
-def start(headers: bytes, payload_size: int) -> MsgTrace | None:
+def start(headers: bytes, payload_size: int, account_trace: Any = None,
+          rng: random.Random | None = None) -> MsgTrace | None:
     """The trace a message asks for, or None (no header, or a destination that
-    is not a literal subject)."""
-    if TRACE_DEST_MARK not in headers:
+    is not a literal subject). `account_trace` (accountconf.MsgTraceConfig, the
+    account's `msg_trace`): without `Nats-Trace-Dest`, a W3C `traceparent` header
+    (any case) whose flags say sampled is traced there, `sampling` percent of the
+    time; `Nats-Trace-Only` does not apply to it (nats-server delivers it)."""
+    if TRACE_DEST_MARK in headers:
+        header = parse_headers(headers)
+        dest = (header.get(TRACE_DEST) or [""])[0]
+        if not valid_literal_subject(dest):
+            return None
+        only = (header.get(TRACE_ONLY) or [""])[0].lower() in _ONLY_VALUES
+        return MsgTrace(dest, only, header, len(headers) + payload_size)
+    if account_trace is None or b"raceparent" not in headers.lower():
         return None
     header = parse_headers(headers)
-    dest = (header.get(TRACE_DEST) or [""])[0]
-    if not valid_literal_subject(dest):
+    parent = next((v[0] for k, v in header.items() if k.lower() == TRACE_PARENT), "")
+    if not _sampled(parent):
         return None
-    only = (header.get(TRACE_ONLY) or [""])[0].lower() in _ONLY_VALUES
-    return MsgTrace(dest, only, header, len(headers) + payload_size)
+    if account_trace.sampling < 100 and \
+            (rng or random).randint(1, 100) > account_trace.sampling:
+        return None
+    return MsgTrace(account_trace.dest, False, header, len(headers) + payload_size)
+
+
+def _sampled(traceparent: str) -> bool:
+    """W3C trace context `version-traceid-parentid-flags`: bit 0 of flags = sampled."""
+    parts = traceparent.split("-")
+    if len(parts) != 4:
+        return False
+    try:
+        return bool(int(parts[3], 16) & 1)
+    except ValueError:
+        return False
 
 
 def disabled_headers(headers: bytes) -> bytes:
@@ -159,5 +185,7 @@ class MsgTrace:
 
     def document(self, server: dict[str, Any]) -> dict[str, Any]:
         """The JSON document published on `dest`."""
-        return {"server": server, "request": {"header": self.header, "msgsize": self.msgsize},
+        # nats-server's header map is a Go map: JSON with its keys sorted.
+        header = dict(sorted(self.header.items()))
+        return {"server": server, "request": {"header": header, "msgsize": self.msgsize},
                 "events": self.events}

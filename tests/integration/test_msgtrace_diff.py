@@ -278,3 +278,45 @@ def test_allow_trace_refused_where_nats_server_refuses_it() -> None:
                 "B: { exports: [{stream: y}, {service: y}] } }\n")
         with pytest.raises(ConfigError, match=text):
             parse_accounts_config(parse_config(conf))
+
+
+# Account-level tracing: sampled W3C traceparent headers are traced to the account's dest.
+CONFIG_ACCOUNT_TRACE = CONFIG.replace(
+    'exports: [{stream: "news.>"}',
+    'msg_trace: {dest: "trace.acc", sampling: 100}\n    exports: [{stream: "news.>"}')
+PARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-"
+ACCOUNT_TRACE_CASES: list[tuple[str, str, dict[str, str], bool]] = [
+    ("a", "news.1", {"traceparent": PARENT + "01"}, False),  # sampled: traced
+    ("a", "news.2", {"traceparent": PARENT + "00"}, False),  # not sampled
+    ("a", "news.3", {"Traceparent": PARENT + "01"}, False),  # any case
+    ("a", "news.4", {"traceparent": PARENT + "03"}, False),  # other flag bits
+    ("a", "news.5", {"traceparent": PARENT + "01", ONLY: "true"}, False),  # still delivered
+    ("a", "news.6", {"traceparent": PARENT + "01", T: "trace.a"}, False),  # the header wins
+    ("a", "news.7", {"traceparent": "junk"}, False),
+    ("b", "local.1", {"traceparent": PARENT + "01"}, False),  # B has no msg_trace
+]
+
+
+def test_account_msg_trace_as_nats_server(servers: Any) -> None:
+    assert "msg_trace" in CONFIG_ACCOUNT_TRACE
+    got = {name: asyncio.run(_run(proc.url, ACCOUNT_TRACE_CASES))
+           for name, proc in servers.both(CONFIG_ACCOUNT_TRACE).items()}
+    assert got["jetraft"] == got["nats-server"]
+    ours = got["jetraft"]
+    assert [r["traces"][0][0] if r["traces"] else None for r in ours] == \
+        ["trace.acc", None, "trace.acc", "trace.acc", "trace.acc", "trace.a", None, None]
+    assert ours[4]["delivered"]
+
+
+def test_msg_trace_config_refused_where_nats_server_refuses_it() -> None:
+    for entry, text in [('msg_trace: { dest: "a.*" }', 'Trace destination "a.\\*" is not valid'),
+                        ('msg_trace: { dest: "a", sampling: 0 }', "sampling value 0 is invalid"),
+                        ('msg_trace: { dest: "a", sampling: 101 }', "needs to be \\[1..100\\]"),
+                        ('msg_trace: { dest: "a", foo: 1 }', 'Unknown field "foo"')]:
+        with pytest.raises(ConfigError, match=text):
+            parse_accounts_config(parse_config(f"accounts {{ A: {{ {entry} }} }}\n"))
+    for entry, dest in [('msg_trace: "a"', "a"), ('msg_trace: { dest: "a", sampling: "50%" }', "a"),
+                        ("msg_trace: { sampling: 50 }", None)]:
+        conf = parse_accounts_config(parse_config(f"accounts {{ A: {{ {entry} }} }}\n"))
+        trace = conf.accounts["A"].msg_trace
+        assert (trace.dest if trace else None) == dest

@@ -62,3 +62,29 @@ def test_document_shape() -> None:
     assert doc["request"] == {"header": {"Nats-Trace-Dest": ["trace.a"], "X": ["1", "2"]},
                               "msgsize": len(HDR)}
     assert all(e["ts"].endswith("Z") for e in doc["events"])
+
+
+def test_account_trace_needs_a_sampled_traceparent() -> None:
+    from node.accountconf import MsgTraceConfig
+
+    conf = MsgTraceConfig("acc.t", 100)
+    parent = b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-"
+    for flags, traced in [(b"01", True), (b"03", True), (b"00", False), (b"zz", False)]:
+        hdr = b"NATS/1.0\r\nTRACEPARENT: " + parent + flags + b"\r\n\r\n"
+        mt = msgtrace.start(hdr, 0, conf)
+        assert (mt is not None) is traced, flags
+        assert mt is None or (mt.dest == "acc.t" and not mt.only)
+    assert msgtrace.start(b"NATS/1.0\r\ntraceparent: " + parent + b"01\r\n\r\n", 0) is None
+
+
+def test_account_trace_sampling() -> None:
+    import random
+
+    from node.accountconf import MsgTraceConfig
+
+    hdr = (b"NATS/1.0\r\ntraceparent: "
+           b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01\r\n\r\n")
+    rng = random.Random(7)
+    hits = sum(msgtrace.start(hdr, 0, MsgTraceConfig("t", 25), rng) is not None
+               for _ in range(2000))
+    assert 400 < hits < 600  # 25% of 2,000, well inside 5 sigma
