@@ -45,6 +45,21 @@ def mem(pid: int) -> dict[str, int]:
     return out
 
 
+def mdb_rss(pid: int) -> int:
+    """KiB of LMDB's map (data.mdb) resident in the process: part of RssFile."""
+    total, inside = 0, False
+    try:
+        with open(f"/proc/{pid}/smaps") as f:
+            for line in f:
+                if not line[0].isupper() or ":" not in line.split()[0]:
+                    inside = line.rstrip().endswith("data.mdb")
+                elif inside and line.startswith("Rss:"):
+                    total += int(line.split()[1])
+    except OSError:
+        return 0
+    return total
+
+
 def du(path: str) -> int:
     total = 0
     for root, _, files in os.walk(path):
@@ -83,7 +98,7 @@ async def grow(url: str, pid: int, store: str) -> list[dict[str, Any]]:
             info = await js.stream_info("GROW")
             s = {"t": round(now - t0, 1), "stream_bytes": info.state.bytes,
                  "msgs": info.state.messages, "acked": acked[0], "errors": acked[1],
-                 "disk_bytes": du(store), **mem(pid)}
+                 "disk_bytes": du(store), "RssMdb": mdb_rss(pid), **mem(pid)}
             samples.append(s)
             print(json.dumps(s), file=sys.stderr)
             next_sample = now + EVERY
@@ -107,12 +122,14 @@ def summary(label: str, samples: list[dict[str, Any]]) -> list[str]:
             f"RssAnon {first['RssAnon'] / 1024:.0f} MiB at {first['stream_bytes'] >> 20} MiB "
             f"-> {last['RssAnon'] / 1024:.0f} MiB at {last['stream_bytes'] >> 20} MiB; "
             f"max RSS (VmHWM) {last['VmHWM'] / 1024:.0f} MiB; disk {last['disk_bytes'] >> 20} MiB",
-            "", "| t s | stream MiB | disk MiB | RssAnon MiB | RssFile MiB | VmRSS MiB |",
+            "", "| t s | stream MiB | disk MiB | RssAnon MiB | RssFile MiB (data.mdb) "
+            "| VmRSS MiB |",
             "|---|---|---|---|---|---|"]
     step = max(1, len(samples) // 20)
     for s in samples[::step] + ([samples[-1]] if (len(samples) - 1) % step else []):
         rows.append(f"| {s['t']:.0f} | {s['stream_bytes'] >> 20} | {s['disk_bytes'] >> 20} | "
-                    f"{s['RssAnon'] / 1024:.0f} | {s['RssFile'] / 1024:.0f} | "
+                    f"{s['RssAnon'] / 1024:.0f} | {s['RssFile'] / 1024:.0f} "
+                    f"({s.get('RssMdb', 0) / 1024:.0f}) | "
                     f"{s['VmRSS'] / 1024:.0f} |")
     return rows + [""]
 

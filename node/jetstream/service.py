@@ -475,6 +475,17 @@ class JetStreamService:
         assert self.mr is not None
         return await self.mr.propose(sm.group, ops.encode(op))
 
+    def _propose_future(self, sm: StreamMachine, op: ops.Op) -> asyncio.Future[int]:
+        """`_propose` as a plain future (no Task per proposal: a fetch proposes one entry
+        per delivered message); a refused proposal is a future holding its error."""
+        assert self.mr is not None
+        try:
+            return self.mr.propose_nowait(sm.group, ops.encode(op))
+        except Exception as exc:  # noqa: BLE001 - as the coroutine would raise it to gather
+            fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+            fut.set_exception(exc)
+            return fut
+
     # ------------------------------------------------------------------ publish path
 
     def _on_publish(self, name: str, subject: str, reply: str | None, hdr: bytes | None,
@@ -1102,6 +1113,8 @@ class JetStreamService:
         if pull.pumping:
             pull.again = True  # the running pump looks again before it stops
             return
+        if not pull.wants():
+            return  # nothing to serve (each ack lands here): no Task for an idle pump
         pull.pumping = True
         self._spawn(self._run_pump(stream, name, pull))
 
@@ -1195,7 +1208,7 @@ class JetStreamService:
             sends.append((msg, target))
         if not entries:
             return bool(drops) or (bool(pull.queue.waiting) and not pull.push)
-        results = await asyncio.gather(*(self._propose(sm, e) for e in entries),
+        results = await asyncio.gather(*(self._propose_future(sm, e) for e in entries),
                                        return_exceptions=True)
         indexes = [r for i, (e, r) in enumerate(zip(entries, results, strict=True))
                    if isinstance(e, ops.ConsumerDelivered) and i not in skips]
@@ -1204,7 +1217,7 @@ class JetStreamService:
 
     def _pin(self, stream: str, name: str, pull: _Pull, req: Any, now: int) -> None:
         """A pinned_client group's delivery carries the pin id; the first one pins."""
-        pin, new = pull.queue.priority.pin_for(req, now, backup.nuid())
+        pin, new = pull.queue.priority.pin_for(req, now, backup.nuid)
         if not pin:
             return
         pull.pin_headers[req.reply] = pin
@@ -1275,7 +1288,8 @@ class JetStreamService:
         if kind == AckKind.ACK:
             self._ack_sample(sm, info)
         op = ops.ConsumerAck(time.time_ns(), info.consumer, kind, info.sseq, delay)
-        self._spawn(self._ack(sm, info, op, reply, body, wants_next))
+        self._propose_future(sm, op).add_done_callback(
+            lambda f: self._ack_applied(sm, info, op, reply, body, wants_next, f))
 
     async def _ack_here(self, subject: str, body: bytes) -> bool:
         """An ack forwarded by another node (this node leads the stream): True once it is
@@ -1294,12 +1308,26 @@ class JetStreamService:
 
     async def _ack(self, sm: StreamMachine, info: AckInfo, op: ops.ConsumerAck,
                    reply: str | None, body: bytes, wants_next: bool = False) -> bool:
+        fut = self._propose_future(sm, op)
+        await asyncio.wait((fut,))
+        return self._ack_applied(sm, info, op, reply, body, wants_next, fut)
+
+    def _ack_applied(self, sm: StreamMachine, info: AckInfo, op: ops.ConsumerAck,
+                     reply: str | None, body: bytes, wants_next: bool,
+                     fut: asyncio.Future[int]) -> bool:
+        """After the ack's entry applied (or was refused): True if it is recorded. A client
+        ack runs this as its proposal's done-callback: no Task per acked message."""
         name = info.consumer
-        try:
-            index = await self._propose(sm, op)
-        except (ProposalDropped, KeyError, NotLeader) as exc:
+        if fut.cancelled():
+            return False
+        exc = fut.exception()
+        if isinstance(exc, (ProposalDropped, KeyError, NotLeader)):
             self.log.warn(f"JetStream ack on {sm.name}/{name} not recorded: {exc!r}")
             return False
+        if exc is not None:
+            self.log.error(f"JetStream ack on {sm.name}/{name} failed: {exc!r}")
+            return False
+        index = fut.result()
         if reply and wants_next:  # +NXT: the reply subject receives the next messages
             if name in sm.stream.consumers:
                 self._next_request(sm.name, name, reply, next_request(body))
