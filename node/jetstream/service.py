@@ -1208,7 +1208,10 @@ class JetStreamService:
             sends.append((msg, target))
         if not entries:
             return bool(drops) or (bool(pull.queue.waiting) and not pull.push)
-        results = await asyncio.gather(*(self._propose_future(sm, e) for e in entries),
+        # Coroutines, not bare futures: the extra loop turns keep a CONSUMER.INFO from
+        # answering between the apply and the send (num_pending 0 before the messages: the
+        # nats-py KV watcher then ends its initial values early; seen with bare futures).
+        results = await asyncio.gather(*(self._propose(sm, e) for e in entries),
                                        return_exceptions=True)
         indexes = [r for i, (e, r) in enumerate(zip(entries, results, strict=True))
                    if isinstance(e, ops.ConsumerDelivered) and i not in skips]
