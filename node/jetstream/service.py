@@ -170,6 +170,7 @@ class _Pull:
         self.paused = False
         self.pause_seen = ""  # a pause_until seen in effect: its end is advised once
         self.pin_headers: dict[str, str] = {}  # request reply -> Nats-Pin-Id it is served
+        self.round: asyncio.Future[None] | None = None  # a delivery round not sent yet
 
     def wants(self) -> bool:
         return bool(self.push or self.queue.waiting)
@@ -1025,8 +1026,11 @@ class JetStreamService:
 
     async def _h_consumer_info(self, call: api.Call, subject: str, reply: str, body: bytes
                                ) -> dict[str, Any]:
-        return self._consumer_info("consumer_info_response", self._stream(call.stream),
-                                   call.consumer)
+        sm = self._stream(call.stream)
+        pull = self.pulls.get((sm.name, call.consumer))
+        if pull is not None and pull.round is not None:
+            await asyncio.wait((pull.round,))  # a delivery round's messages leave first
+        return self._consumer_info("consumer_info_response", sm, call.consumer)
 
     async def _h_consumer_delete(self, call: api.Call, subject: str, reply: str, body: bytes
                                  ) -> dict[str, Any]:
@@ -1208,14 +1212,19 @@ class JetStreamService:
             sends.append((msg, target))
         if not entries:
             return bool(drops) or (bool(pull.queue.waiting) and not pull.push)
-        # Coroutines, not bare futures: the extra loop turns keep a CONSUMER.INFO from
-        # answering between the apply and the send (num_pending 0 before the messages: the
-        # nats-py KV watcher then ends its initial values early; seen with bare futures).
-        results = await asyncio.gather(*(self._propose(sm, e) for e in entries),
-                                       return_exceptions=True)
-        indexes = [r for i, (e, r) in enumerate(zip(entries, results, strict=True))
-                   if isinstance(e, ops.ConsumerDelivered) and i not in skips]
-        self._send_deliveries(sm, name, sends, indexes, pull, pending_at_plan)
+        # Between the apply (delivered state moved) and the send, a CONSUMER.INFO would
+        # report these messages as no longer pending before the client has them (nats-py's
+        # KV watcher then ends its initial values early): it waits for `pull.round`.
+        pull.round = asyncio.get_running_loop().create_future()
+        try:
+            results = await asyncio.gather(*(self._propose_future(sm, e) for e in entries),
+                                           return_exceptions=True)
+            indexes = [r for i, (e, r) in enumerate(zip(entries, results, strict=True))
+                       if isinstance(e, ops.ConsumerDelivered) and i not in skips]
+            self._send_deliveries(sm, name, sends, indexes, pull, pending_at_plan)
+        finally:
+            done, pull.round = pull.round, None
+            done.set_result(None)
         return True
 
     def _pin(self, stream: str, name: str, pull: _Pull, req: Any, now: int) -> None:
