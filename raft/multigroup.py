@@ -297,9 +297,12 @@ class MultiRaft:
             self.node_log.close()  # flushes what is buffered
         # After a fatal error nothing more is written: close() would flush.
 
-    def add_peer(self, node: int, addr: str) -> None:
-        """Reach node `node` at `addr` from now on (no restart)."""
-        self.transport.add_peer(node, addr)
+    def add_peer(self, node: int, addr: str, direct: str | None = None) -> None:
+        """Reach node `node` at `addr` (or its direct TCP lane at `direct`) from now on."""
+        if direct is None:
+            self.transport.add_peer(node, addr)
+        else:
+            self.transport.add_peer(node, addr, direct)
         self._peers.setdefault(node, True)
 
     def remove_peer(self, node: int) -> None:
@@ -1241,7 +1244,9 @@ def create(
     from raft.transport_grpc import GrpcTransport  # grpc is heavy: only when wanted
 
     tls = kw.pop("tls", None)
+    direct = kw.pop("direct", None)  # node -> direct TCP lane address (raft/tcp_lane.py)
     node_log = NodeLog(f"{dir}/wal", disk=kw.pop("disk", None), **kw.pop("log_options", {}))
     mr = MultiRaft(node_id, node_log, snap_dir=f"{dir}/snap", **kw)
-    mr.bind_transport(GrpcTransport(node_id, listen, peers, tls=tls, **mr.transport_callbacks()))
+    mr.bind_transport(GrpcTransport(node_id, listen, peers, tls=tls, direct=direct,
+                                    **mr.transport_callbacks()))
     return mr
