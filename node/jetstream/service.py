@@ -191,6 +191,7 @@ class _Pull:
         self.pause_seen = ""  # a pause_until seen in effect: its end is advised once
         self.pin_headers: dict[str, str] = {}  # request reply -> Nats-Pin-Id it is served
         self.pacer: Pacer | None = None  # replay original / rate_limit_bps (pacing.py)
+        self.round: asyncio.Future[None] | None = None  # a delivery round not sent yet
 
     def wants(self) -> bool:
         return bool(self.push or self.queue.waiting)
@@ -584,6 +585,17 @@ class JetStreamService:
     async def _propose(self, sm: StreamMachine, op: ops.Op) -> int:
         assert self.mr is not None
         return await self.mr.propose(sm.group, ops.encode(op))
+
+    def _propose_future(self, sm: StreamMachine, op: ops.Op) -> asyncio.Future[int]:
+        """`_propose` as a plain future (no Task per proposal: a fetch proposes one entry
+        per delivered message); a refused proposal is a future holding its error."""
+        assert self.mr is not None
+        try:
+            return self.mr.propose_nowait(sm.group, ops.encode(op))
+        except Exception as exc:  # noqa: BLE001 - as the coroutine would raise it to gather
+            fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+            fut.set_exception(exc)
+            return fut
 
     # ------------------------------------------------------------------ publish path
 
@@ -1294,8 +1306,11 @@ class JetStreamService:
 
     async def _h_consumer_info(self, call: api.Call, subject: str, reply: str, body: bytes
                                ) -> dict[str, Any]:
-        return self._consumer_info("consumer_info_response", self._stream(self._key(call)),
-                                   call.consumer)
+        sm = self._stream(self._key(call))
+        pull = self.pulls.get((sm.name, call.consumer))
+        if pull is not None and pull.round is not None:
+            await asyncio.wait((pull.round,))  # a delivery round's messages leave first
+        return self._consumer_info("consumer_info_response", sm, call.consumer)
 
     async def _h_consumer_delete(self, call: api.Call, subject: str, reply: str, body: bytes
                                  ) -> dict[str, Any]:
@@ -1390,6 +1405,8 @@ class JetStreamService:
         if pull.pumping:
             pull.again = True  # the running pump looks again before it stops
             return
+        if not pull.wants():
+            return  # nothing to serve (each ack lands here): no Task for an idle pump
         pull.pumping = True
         self._spawn(self._run_pump(stream, name, pull))
 
@@ -1491,11 +1508,19 @@ class JetStreamService:
         if pull.pacer is not None and sends and not await self._pace(stream, name, pull,
                                                                      sends[0][0]):
             return False
-        results = await asyncio.gather(*(self._propose(sm, e) for e in entries),
-                                       return_exceptions=True)
-        indexes = [r for i, (e, r) in enumerate(zip(entries, results, strict=True))
-                   if isinstance(e, ops.ConsumerDelivered) and i not in skips]
-        self._send_deliveries(sm, name, sends, indexes, pull, pending_at_plan)
+        # Between the apply (delivered state moved) and the send, a CONSUMER.INFO would
+        # report these messages as no longer pending before the client has them (nats-py's
+        # KV watcher then ends its initial values early): it waits for `pull.round`.
+        pull.round = asyncio.get_running_loop().create_future()
+        try:
+            results = await asyncio.gather(*(self._propose_future(sm, e) for e in entries),
+                                           return_exceptions=True)
+            indexes = [r for i, (e, r) in enumerate(zip(entries, results, strict=True))
+                       if isinstance(e, ops.ConsumerDelivered) and i not in skips]
+            self._send_deliveries(sm, name, sends, indexes, pull, pending_at_plan)
+        finally:
+            done, pull.round = pull.round, None
+            done.set_result(None)
         return True
 
     async def _pace(self, stream: str, name: str, pull: _Pull, msg: Any) -> bool:
@@ -1518,7 +1543,7 @@ class JetStreamService:
 
     def _pin(self, stream: str, name: str, pull: _Pull, req: Any, now: int) -> None:
         """A pinned_client group's delivery carries the pin id; the first one pins."""
-        pin, new = pull.queue.priority.pin_for(req, now, backup.nuid())
+        pin, new = pull.queue.priority.pin_for(req, now, backup.nuid)
         if not pin:
             return
         pull.pin_headers[req.reply] = pin
@@ -1590,16 +1615,25 @@ class JetStreamService:
         if kind == AckKind.ACK:
             self._ack_sample(sm, info)
         op = ops.ConsumerAck(time.time_ns(), info.consumer, kind, info.sseq, delay)
-        self._spawn(self._ack(sm, info, op, reply, body, wants_next))
+        self._propose_future(sm, op).add_done_callback(
+            lambda f: self._ack_applied(sm, info, op, reply, body, wants_next, f))
 
-    async def _ack(self, sm: StreamMachine, info: AckInfo, op: ops.ConsumerAck,
-                   reply: str | None, body: bytes, wants_next: bool = False) -> bool:
+    def _ack_applied(self, sm: StreamMachine, info: AckInfo, op: ops.ConsumerAck,
+                     reply: str | None, body: bytes, wants_next: bool,
+                     fut: asyncio.Future[int]) -> bool:
+        """After the ack's entry applied (or was refused): True if it is recorded. A client
+        ack runs this as its proposal's done-callback: no Task per acked message."""
         name = info.consumer
-        try:
-            index = await self._propose(sm, op)
-        except (ProposalDropped, KeyError, NotLeader) as exc:
+        if fut.cancelled():
+            return False
+        exc = fut.exception()
+        if isinstance(exc, (ProposalDropped, KeyError, NotLeader)):
             self.log.warn(f"JetStream ack on {sm.name}/{name} not recorded: {exc!r}")
             return False
+        if exc is not None:
+            self.log.error(f"JetStream ack on {sm.name}/{name} failed: {exc!r}")
+            return False
+        index = fut.result()
         if reply and wants_next:  # +NXT: the reply subject receives the next messages
             if name in sm.stream.consumers:
                 self._next_request(sm.name, name, reply, next_request(body))
