@@ -395,7 +395,8 @@ def _jwt_export(e: dict[str, Any]) -> StreamExport | ServiceExport | None:
     accounts = frozenset() if e.get("token_req") is True else None
     if e.get("type") == "service":
         rtype = _JWT_RESPONSE_TYPES.get(_jwt_str(e, "response_type"), ResponseType.SINGLETON)
-        return ServiceExport(subject, accounts, rtype, token_position=position)
+        return ServiceExport(subject, accounts, rtype, token_position=position,
+                             allow_trace=e.get("allow_trace") is True)
     if e.get("type") == "stream":
         return StreamExport(subject, accounts, position)
     return None
@@ -407,7 +408,7 @@ def _jwt_import(i: dict[str, Any]) -> StreamImport | ServiceImport | None:
     if not valid_subject(subject) or not account or (local and not valid_subject(local)):
         return None
     if i.get("type") == "stream":
-        return StreamImport(account, subject, to=local)
+        return StreamImport(account, subject, to=local, allow_trace=i.get("allow_trace") is True)
     if i.get("type") == "service":
         return ServiceImport(account, subject, to=local, share=i.get("share") is True)
     return None

@@ -88,3 +88,17 @@ def test_account_trace_sampling() -> None:
     hits = sum(msgtrace.start(hdr, 0, MsgTraceConfig("t", 25), rng) is not None
                for _ in range(2000))
     assert 400 < hits < 600  # 25% of 2,000, well inside 5 sigma
+
+
+def test_jwt_allow_trace_claims() -> None:
+    """nats-jwt's `allow_trace` on a service export and on a stream import."""
+    from node.accountconf import ServiceExport, StreamImport
+    from node.resolver import _jwt_export, _jwt_import
+
+    export = _jwt_export({"type": "service", "subject": "svc.>", "allow_trace": True})
+    assert isinstance(export, ServiceExport) and export.allow_trace
+    plain = _jwt_export({"type": "service", "subject": "svc.>"})
+    assert isinstance(plain, ServiceExport) and not plain.allow_trace
+    imp = _jwt_import({"type": "stream", "subject": "n.>", "account": "A" * 56,
+                       "allow_trace": True})
+    assert isinstance(imp, StreamImport) and imp.allow_trace
