@@ -795,6 +795,7 @@ _JS_HANDLERS: dict[str, Handler] = {
     "sync_interval": _setter("sync_interval", _sync_interval),
     "sync": _setter("sync_interval", _sync_interval),
     "unique_tag": _setter("unique_tag", _str),
+    "audit_archive": _setter("audit_archive", _bool),  # jetraft's: keep old WAL segments
 }
 _JS_UNSUPPORTED = frozenset({
     "domain", "max_outstanding_catchup", "max_buffered_size", "max_buffered_msgs",

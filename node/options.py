@@ -95,6 +95,9 @@ class JetStreamOptions:
     max_file: int = -1
     sync_interval: str = "always"  # Jetraft always fsyncs before acking
     unique_tag: str | None = None
+    # Audit retention (jetraft's own key): compaction moves obsolete WAL segments into
+    # <store_dir>/raft/wal/archive instead of deleting them, for `jetraft audit`.
+    audit_archive: bool = False
 
 
 @dataclass

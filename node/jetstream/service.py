@@ -71,7 +71,7 @@ from node.jetstream.stream import Effect, Reply, Republish, Stored, rfc3339
 from node.subject import subject_matches
 from raft.multigroup import MultiRaft, NotLeader, ProposalDropped
 from raft.snapfile import SnapshotFileError
-from raft.storage import NodeLog
+from raft.storage import ARCHIVE_DIR, NodeLog
 
 META_GROUP = "$js"
 NODE_ID = 1
@@ -215,7 +215,8 @@ class JetStreamService:
         backup.sweep_uploads(self.store_dir)
         self.env = NodeEnv(os.path.join(self.store_dir, "lmdb"), on_fatal=self._on_fatal_threadsafe)
         raft_dir = os.path.join(self.store_dir, "raft")
-        node_log = NodeLog(os.path.join(raft_dir, "wal"))
+        node_log = _node_log(os.path.join(raft_dir, "wal"),
+                             self.server.options.jetstream.audit_archive)
         cluster = getattr(self.server, "cluster", None)
         if cluster is not None:
             self.jsc = ClusterJS(self, cluster)
@@ -1569,6 +1570,14 @@ def _expiry_due(sm: StreamMachine, now: int) -> bool:
         first = store.first_seq()
         msg = store.load(first) if first else None
         return msg is not None and msg.ts_ns <= now - max_age
+
+
+def _node_log(wal_dir: str, archive: bool) -> NodeLog:
+    """The node's WAL. With `jetstream { audit_archive: true }` compaction keeps the obsolete
+    segments in wal/archive (read by `jetraft audit`). JETRAFT_WAL_SEGMENT_BYTES lowers the
+    segment size in tests, so that compaction retires segments after a few hundred entries."""
+    size = int(os.environ.get("JETRAFT_WAL_SEGMENT_BYTES", str(64 << 20)))
+    return NodeLog(wal_dir, size, archive_dir=ARCHIVE_DIR if archive else None)
 
 
 def _snapshot_every() -> int:
