@@ -31,7 +31,6 @@ from tests.cluster.audithelp import (
     ArchiveCluster,
     run_audit,
     small_segments,
-    spark_or_none,
     violations,
     write_acked,
 )
@@ -42,12 +41,10 @@ pytestmark = pytest.mark.timeout(900)
 
 
 @pytest.fixture(scope="module")
-def spark():
-    s = spark_or_none()
-    if s is None:
+def spark(audit_spark):
+    if audit_spark is None:
         pytest.skip("the audit needs pyspark, matplotlib and Java (see .ci/run)")
-    yield s
-    s.stop()
+    return audit_spark
 
 
 @pytest.fixture(scope="module")
