@@ -79,6 +79,24 @@ def spark_or_none() -> Any:
     return session("local[2]")
 
 
+def live(spark: Any) -> Any:
+    """The session, or a new one if another test module stopped the shared one (getOrCreate
+    hands every module the same session, and tests/audit's fixture stops it at its end)."""
+    if spark is not None and spark.sparkContext._jsc is None:
+        from audit.job import session
+
+        return session("local[2]")
+    return spark
+
+
+def stop_active() -> None:
+    from pyspark.sql import SparkSession
+
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        active.stop()
+
+
 def node_dirs(cluster: JsCluster) -> list[Path]:
     """Each node's directory: the audit names the node after it (n1, n2, n3)."""
     return [n.dir for n in cluster.nodes]
@@ -88,7 +106,7 @@ def run_audit(spark: Any, dirs: list[Path], acked: Path | None = None) -> dict[s
     from audit.job import run
     from audit.report import build
 
-    return build(run(spark, [str(d) for d in dirs], str(acked) if acked else None))
+    return build(run(live(spark), [str(d) for d in dirs], str(acked) if acked else None))
 
 
 def audit_cluster(spark: Any, cluster: JsCluster, acked: Path | None = None) -> dict[str, Any]:

@@ -9,7 +9,7 @@ import pytest
 
 import node.cluster.local
 from node.cluster.local import LocalCluster
-from tests.cluster.audithelp import spark_or_none
+from tests.cluster.audithelp import spark_or_none, stop_active
 from tests.cluster.jshelp import JsCluster
 from tests.ports import free_port
 
@@ -59,4 +59,4 @@ def audit_spark() -> Iterator[object]:
     s = spark_or_none()
     yield s
     if s is not None:
-        s.stop()
+        stop_active()

@@ -1,7 +1,7 @@
 """`jetraft audit` (issue 10) over the logs and stores of a real 3-node JetStream cluster.
 
 One history, made once per module by real node processes in the audit retention mode
-(`audit_archive: true`, 16 KiB WAL segments, a snapshot every 100 entries, so compaction
+(`audit_archive: true`, 32 KiB WAL segments, a snapshot every 100 entries, so compaction
 archives segments): an R3 stream with a pull consumer, a stream leader stepdown, kill -9 of
 the stream leader while two publishers publish through the other nodes (then a restart),
 fetch + ack, an R1 stream scaled to R3 (membership change, catch-up by snapshot), a meta
@@ -50,7 +50,7 @@ def spark(audit_spark):
 @pytest.fixture(scope="module")
 def history(tmp_path_factory, spark) -> dict[str, Any]:
     root = tmp_path_factory.mktemp("audit3")
-    with small_segments(segment_bytes=16 << 10):
+    with small_segments(segment_bytes=32 << 10):
         return asyncio.run(_make_history(root))
 
 
