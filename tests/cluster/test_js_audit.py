@@ -24,6 +24,7 @@ import signal
 from pathlib import Path
 from typing import Any
 
+import nats
 import pytest
 
 from audit import model
@@ -75,7 +76,8 @@ async def _make_history(root: Path) -> dict[str, Any]:
         c.wait_js()
         nc = await connect(c.nodes[0])
         js = nc.jetstream(timeout=10)
-        await js.add_stream(name="A", subjects=["k"], num_replicas=3, allow_direct=True)
+        await _placed(lambda: js.add_stream(name="A", subjects=["k"], num_replicas=3,
+                                            allow_direct=True))
         await js.add_consumer("A", durable_name="w", ack_policy="explicit")
         await _publish(js, "A", "k", "s0", 150, acked)
         # Leader change 1: a stepdown.
@@ -113,11 +115,12 @@ async def _make_history(root: Path) -> dict[str, Any]:
         for m in msgs[:80]:
             await m.ack_sync()
         # Membership change: an R1 stream scaled to R3 (the new replicas catch up by snapshot).
-        info = await js.add_stream(name="B", subjects=["b"], num_replicas=1, allow_direct=True)
+        info = await _placed(lambda: js.add_stream(name="B", subjects=["b"], num_replicas=1,
+                                                    allow_direct=True))
         await _publish(js, "B", "b", "b0", 120, acked)
         cfg = info.config
         cfg.num_replicas = 3
-        await js.update_stream(cfg)
+        await _placed(lambda: js.update_stream(cfg))
         await until(lambda: _replicas_current(js, "B", 2), timeout=60)
         await _publish(js, "B", "b", "b1", 60, acked)
         # A meta leader change.
@@ -131,6 +134,19 @@ async def _make_history(root: Path) -> dict[str, Any]:
     path = write_acked(root / "acked.jsonl", acked)
     return {"dirs": [n.dir for n in c.nodes], "acked": path, "count": len(acked),
             "groups": _groups(c.nodes[0].dir)}
+
+
+async def _placed(call: Any, timeout: float = 60.0) -> Any:
+    """A create/update that needs every peer up: the meta leader may still see the node
+    restarted a moment ago as offline (10005 "peer offline"), so it is retried."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        try:
+            return await call()
+        except nats.js.errors.BadRequestError as e:
+            if e.err_code != 10005 or asyncio.get_running_loop().time() > deadline:
+                raise
+            await asyncio.sleep(0.5)
 
 
 async def _new_leader(nc: Any, stream: str, old: str) -> bool:
