@@ -67,7 +67,8 @@ def run(name: str) -> bool:
                                "no:cacheprovider", *tests], cwd=tree, env=env,
                               capture_output=True, text=True)
         out = proc.stdout + proc.stderr
-        first = next((line for line in out.splitlines() if re.match(r"E\s+\S", line)), "")
+        first = " | ".join(line[1:].strip() for line in out.splitlines()
+                           if re.match(r"E\s+\S", line))[:600]
         caught = proc.returncode != 0
         print(f"{name}: {'FAILED (caught)' if caught else 'passed (NOT caught)'} {first}")
         return caught
