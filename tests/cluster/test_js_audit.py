@@ -200,7 +200,9 @@ def test_healthy_three_node_history_has_no_finding(spark, history, tmp_path):
     assert {c["node"] for c in a["logs"]} == {"n1", "n2", "n3"}
     b = report["groups"][groups["B"]]
     assert max(c["conf_changes"] for c in b["logs"]) >= 2  # R1 -> R3: two members added
-    assert len(report["groups"]["$js"]["term_starts"]) >= 2  # the meta stepdown
+    # The first term is no "start" in the report: the meta stepdown adds one (kill -9 of a
+    # stream leader that also led the meta group adds another).
+    assert len(report["groups"]["$js"]["term_starts"]) >= 1
 
 
 def test_injected_faults_are_each_found(spark, history, tmp_path):
