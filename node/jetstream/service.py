@@ -78,7 +78,7 @@ from node.jetstream.stream import Effect, Reply, Republish, Stored, rfc3339
 from node.subject import subject_matches
 from raft.multigroup import MultiRaft, NotLeader, ProposalDropped
 from raft.snapfile import SnapshotFileError
-from raft.storage import NodeLog
+from raft.storage import ARCHIVE_DIR, NodeLog
 
 META_GROUP = "$js"
 NODE_ID = 1
@@ -245,7 +245,8 @@ class JetStreamService:
                            sealer=sealed and sealed.lmdb, files=sealed and sealed.files,
                            tokens=sealed and sealed.tokens)
         raft_dir = os.path.join(self.store_dir, "raft")
-        node_log = NodeLog(os.path.join(raft_dir, "wal"), sealer=sealed and sealed.wal)
+        node_log = _node_log(os.path.join(raft_dir, "wal"),
+                             self.server.options.jetstream.audit_archive, sealed and sealed.wal)
         cluster = getattr(self.server, "cluster", None)
         if cluster is not None:
             self.jsc = ClusterJS(self, cluster)
@@ -1925,6 +1926,14 @@ def _expiry_due(sm: StreamMachine, now: int) -> bool:
         first = store.first_seq()
         msg = store.load(first) if first else None
         return msg is not None and msg.ts_ns <= now - max_age
+
+
+def _node_log(wal_dir: str, archive: bool, sealer: Any) -> NodeLog:
+    """The node's WAL. With `jetstream { audit_archive: true }` compaction keeps the obsolete
+    segments in wal/archive (read by `jetraft audit`). JETRAFT_WAL_SEGMENT_BYTES lowers the
+    segment size in tests, so that compaction retires segments after a few hundred entries."""
+    size = int(os.environ.get("JETRAFT_WAL_SEGMENT_BYTES", str(64 << 20)))
+    return NodeLog(wal_dir, size, archive_dir=ARCHIVE_DIR if archive else None, sealer=sealer)
 
 
 def _snapshot_every() -> int:
