@@ -102,3 +102,13 @@ def test_jwt_allow_trace_claims() -> None:
     imp = _jwt_import({"type": "stream", "subject": "n.>", "account": "A" * 56,
                        "allow_trace": True})
     assert isinstance(imp, StreamImport) and imp.allow_trace
+
+
+def test_jwt_account_trace_claim() -> None:
+    from node.accountconf import MsgTraceConfig
+    from node.resolver import _jwt_trace
+
+    assert _jwt_trace({"dest": "t.acc", "sampling": 30}) == MsgTraceConfig("t.acc", 30)
+    assert _jwt_trace({"dest": "t.acc"}) == MsgTraceConfig("t.acc", 100)
+    for bad in [None, "t", {"dest": "t.*"}, {"dest": "t", "sampling": 101}, {"sampling": 5}]:
+        assert _jwt_trace(bad) is None
