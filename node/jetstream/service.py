@@ -78,14 +78,17 @@ from node.jetstream.stream import Effect, Reply, Republish, Stored, rfc3339
 from node.subject import subject_matches
 from raft.multigroup import MultiRaft, NotLeader, ProposalDropped
 from raft.snapfile import SnapshotFileError
-from raft.storage import NodeLog
+from raft.storage import ARCHIVE_DIR, NodeLog
 
 META_GROUP = "$js"
 NODE_ID = 1
 TICK_S = 0.05          # Raft tick; a single voter elects itself within 3-6 ticks
 ELECTION_TICK = 3
-CLUSTER_TICK_S = 0.05  # clustered: a leader lost is replaced within about 0.5-1 s
-CLUSTER_ELECTION_TICK = 10
+# Clustered: a leader lost is replaced within about 2-4 s (nats-server: 4-9 s). Shorter
+# timeouts (0.5 s) left 1,000 R3 streams on a loaded 2-core box in a standing election
+# storm: the tick loop alone outlasted the election timeout (benchmarks/cluster_scale.py).
+CLUSTER_TICK_S = 0.1
+CLUSTER_ELECTION_TICK = 20
 MAX_ROUND = 256        # deliveries proposed together for one consumer
 # clustered: a pull request forwarded from another node is kept this long before a missing
 # interest in its inbox drops it (the interest travels on the routes, the request does not)
@@ -188,6 +191,7 @@ class _Pull:
         self.pause_seen = ""  # a pause_until seen in effect: its end is advised once
         self.pin_headers: dict[str, str] = {}  # request reply -> Nats-Pin-Id it is served
         self.pacer: Pacer | None = None  # replay original / rate_limit_bps (pacing.py)
+        self.round: asyncio.Future[None] | None = None  # a delivery round not sent yet
 
     def wants(self) -> bool:
         return bool(self.push or self.queue.waiting)
@@ -241,7 +245,8 @@ class JetStreamService:
                            sealer=sealed and sealed.lmdb, files=sealed and sealed.files,
                            tokens=sealed and sealed.tokens)
         raft_dir = os.path.join(self.store_dir, "raft")
-        node_log = NodeLog(os.path.join(raft_dir, "wal"), sealer=sealed and sealed.wal)
+        node_log = _node_log(os.path.join(raft_dir, "wal"),
+                             self.server.options.jetstream.audit_archive, sealed and sealed.wal)
         cluster = getattr(self.server, "cluster", None)
         if cluster is not None:
             self.jsc = ClusterJS(self, cluster)
@@ -555,6 +560,8 @@ class JetStreamService:
                    payload: bytes) -> None:
             self._on_publish(name, subject, reply, hdr, payload)
 
+        # Message tracing (node/msgtrace.py) reports a stream capture as a `js` event.
+        on_msg.trace_stream = jsaccount.name_of(name)  # type: ignore[attr-defined]
         try:
             client = self._client(name)  # the stream's account's subjects, nobody else's
         except KeyError:
@@ -579,6 +586,17 @@ class JetStreamService:
     async def _propose(self, sm: StreamMachine, op: ops.Op) -> int:
         assert self.mr is not None
         return await self.mr.propose(sm.group, ops.encode(op))
+
+    def _propose_future(self, sm: StreamMachine, op: ops.Op) -> asyncio.Future[int]:
+        """`_propose` as a plain future (no Task per proposal: a fetch proposes one entry
+        per delivered message); a refused proposal is a future holding its error."""
+        assert self.mr is not None
+        try:
+            return self.mr.propose_nowait(sm.group, ops.encode(op))
+        except Exception as exc:  # noqa: BLE001 - as the coroutine would raise it to gather
+            fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+            fut.set_exception(exc)
+            return fut
 
     # ------------------------------------------------------------------ publish path
 
@@ -1123,27 +1141,30 @@ class JetStreamService:
         return await self.jsc.peer_remove(self._key(call), body)
 
     async def _sync_config(self, name: str, config: dict[str, Any] | None = None,
-                           rev: int = 0) -> None:
+                           rev: int = 0) -> bool:
         """Clustered, on the stream's leader: the catalogue's config (the meta leader
         checked it; `config`/`rev` when the meta leader sent it along, ahead of this node's
         catalogue) becomes the group's through an UPDATE_CONFIG entry. A revision older
-        than one already written here is ignored (this node's catalogue may lag)."""
+        than one already written here is ignored (this node's catalogue may lag).
+        True: the group already had that config (nothing proposed)."""
         sm = self.streams.get(name)
         if sm is None or self.meta is None or self.jsc is None:
-            return
+            return False
         if config is None:
             a = self.meta.streams.get(name)
             if a is None:
-                return
+                return False
             config, rev = a["config"], int(a.get("rev", 0))
         if rev < self.jsc.synced_rev.get(sm.group, 0):
-            return
+            return False
         self.jsc.synced_rev[sm.group] = rev
         with sm.lock:
             current = stream_config.to_wire(sm.stream.cfg)
-        if current != config:
+        in_line = current == config
+        if not in_line:
             await self._propose(sm, ops.UpdateConfig(time.time_ns(), _dumps(config)))
         self.sourcing.sync(name)  # mirror / sources as the group's config now says
+        return in_line
 
     def _on_stream_leader(self, name: str, leader: int) -> None:
         """A stream group's leader changed: the new leader runs the consumers' pumps and
@@ -1286,8 +1307,11 @@ class JetStreamService:
 
     async def _h_consumer_info(self, call: api.Call, subject: str, reply: str, body: bytes
                                ) -> dict[str, Any]:
-        return self._consumer_info("consumer_info_response", self._stream(self._key(call)),
-                                   call.consumer)
+        sm = self._stream(self._key(call))
+        pull = self.pulls.get((sm.name, call.consumer))
+        if pull is not None and pull.round is not None:
+            await asyncio.wait((pull.round,))  # a delivery round's messages leave first
+        return self._consumer_info("consumer_info_response", sm, call.consumer)
 
     async def _h_consumer_delete(self, call: api.Call, subject: str, reply: str, body: bytes
                                  ) -> dict[str, Any]:
@@ -1382,6 +1406,8 @@ class JetStreamService:
         if pull.pumping:
             pull.again = True  # the running pump looks again before it stops
             return
+        if not pull.wants():
+            return  # nothing to serve (each ack lands here): no Task for an idle pump
         pull.pumping = True
         self._spawn(self._run_pump(stream, name, pull))
 
@@ -1483,11 +1509,19 @@ class JetStreamService:
         if pull.pacer is not None and sends and not await self._pace(stream, name, pull,
                                                                      sends[0][0]):
             return False
-        results = await asyncio.gather(*(self._propose(sm, e) for e in entries),
-                                       return_exceptions=True)
-        indexes = [r for i, (e, r) in enumerate(zip(entries, results, strict=True))
-                   if isinstance(e, ops.ConsumerDelivered) and i not in skips]
-        self._send_deliveries(sm, name, sends, indexes, pull, pending_at_plan)
+        # Between the apply (delivered state moved) and the send, a CONSUMER.INFO would
+        # report these messages as no longer pending before the client has them (nats-py's
+        # KV watcher then ends its initial values early): it waits for `pull.round`.
+        pull.round = asyncio.get_running_loop().create_future()
+        try:
+            results = await asyncio.gather(*(self._propose_future(sm, e) for e in entries),
+                                           return_exceptions=True)
+            indexes = [r for i, (e, r) in enumerate(zip(entries, results, strict=True))
+                       if isinstance(e, ops.ConsumerDelivered) and i not in skips]
+            self._send_deliveries(sm, name, sends, indexes, pull, pending_at_plan)
+        finally:
+            done, pull.round = pull.round, None
+            done.set_result(None)
         return True
 
     async def _pace(self, stream: str, name: str, pull: _Pull, msg: Any) -> bool:
@@ -1510,7 +1544,7 @@ class JetStreamService:
 
     def _pin(self, stream: str, name: str, pull: _Pull, req: Any, now: int) -> None:
         """A pinned_client group's delivery carries the pin id; the first one pins."""
-        pin, new = pull.queue.priority.pin_for(req, now, backup.nuid())
+        pin, new = pull.queue.priority.pin_for(req, now, backup.nuid)
         if not pin:
             return
         pull.pin_headers[req.reply] = pin
@@ -1582,33 +1616,25 @@ class JetStreamService:
         if kind == AckKind.ACK:
             self._ack_sample(sm, info)
         op = ops.ConsumerAck(time.time_ns(), info.consumer, kind, info.sseq, delay)
-        self._spawn(self._ack(sm, info, op, reply, body, wants_next))
+        self._propose_future(sm, op).add_done_callback(
+            lambda f: self._ack_applied(sm, info, op, reply, body, wants_next, f))
 
-    async def _ack_here(self, subject: str, body: bytes, stream_key: str = "") -> bool:
-        """An ack forwarded by another node (this node leads the stream `stream_key`): True
-        once it is recorded, so that node confirms a double ack to its client."""
-        info = parse_ack_subject(subject)
-        if info is None:
-            return False
-        if not stream_key or _name(stream_key) != info.stream:
-            stream_key = info.stream  # a peer that predates accounts: the global account
-        sm = self.streams.get(stream_key)
-        if sm is None or info.consumer not in sm.stream.consumers:
-            return False
-        kind, delay, _next = parse_ack_body(body)
-        if kind is None:  # a body nats-server does not know: nothing changes
-            return True
-        op = ops.ConsumerAck(time.time_ns(), info.consumer, kind, info.sseq, delay)
-        return await self._ack(sm, info, op, None, body)
-
-    async def _ack(self, sm: StreamMachine, info: AckInfo, op: ops.ConsumerAck,
-                   reply: str | None, body: bytes, wants_next: bool = False) -> bool:
+    def _ack_applied(self, sm: StreamMachine, info: AckInfo, op: ops.ConsumerAck,
+                     reply: str | None, body: bytes, wants_next: bool,
+                     fut: asyncio.Future[int]) -> bool:
+        """After the ack's entry applied (or was refused): True if it is recorded. A client
+        ack runs this as its proposal's done-callback: no Task per acked message."""
         name = info.consumer
-        try:
-            index = await self._propose(sm, op)
-        except (ProposalDropped, KeyError, NotLeader) as exc:
+        if fut.cancelled():
+            return False
+        exc = fut.exception()
+        if isinstance(exc, (ProposalDropped, KeyError, NotLeader)):
             self.log.warn(f"JetStream ack on {sm.name}/{name} not recorded: {exc!r}")
             return False
+        if exc is not None:
+            self.log.error(f"JetStream ack on {sm.name}/{name} failed: {exc!r}")
+            return False
+        index = fut.result()
         if reply and wants_next:  # +NXT: the reply subject receives the next messages
             if name in sm.stream.consumers:
                 self._next_request(sm.name, name, reply, next_request(body))
@@ -1707,6 +1733,8 @@ class JetStreamService:
             for (stream, name), pull in list(self.pulls.items()):
                 self._tick_consumer(stream, name, pull, now)
             for sm in list(self.streams.values()):
+                if not _may_expire(sm):
+                    continue  # most streams: nothing ever expires (1,000 streams x 10/s)
                 if self.jsc is not None and not self.jsc.leads(sm.name):
                     continue  # time passes through the leader's EXPIRE entries
                 if sm.name not in self._expiring and _expiry_due(sm, now):
@@ -1879,6 +1907,13 @@ def _with_header(hdr: bytes, key: str, value: str) -> bytes:
     return hdr[:-2] + line  # a header block ends with an empty line
 
 
+def _may_expire(sm: StreamMachine) -> bool:
+    """Only `max_age` or per-message TTLs expire messages; TTLs need `allow_msg_ttl`, which
+    an update cannot turn off (and `subject_delete_marker_ttl` turns on)."""
+    cfg = sm.stream.cfg  # replaced whole on update: a consistent read without the lock
+    return cfg["max_age"] > 0 or bool(cfg.get("allow_msg_ttl"))
+
+
 def _expiry_due(sm: StreamMachine, now: int) -> bool:
     """Has a per-message TTL or `max_age` run out (two LMDB reads, on the loop)?"""
     with sm.lock:
@@ -1891,6 +1926,14 @@ def _expiry_due(sm: StreamMachine, now: int) -> bool:
         first = store.first_seq()
         msg = store.load(first) if first else None
         return msg is not None and msg.ts_ns <= now - max_age
+
+
+def _node_log(wal_dir: str, archive: bool, sealer: Any) -> NodeLog:
+    """The node's WAL. With `jetstream { audit_archive: true }` compaction keeps the obsolete
+    segments in wal/archive (read by `jetraft audit`). JETRAFT_WAL_SEGMENT_BYTES lowers the
+    segment size in tests, so that compaction retires segments after a few hundred entries."""
+    size = int(os.environ.get("JETRAFT_WAL_SEGMENT_BYTES", str(64 << 20)))
+    return NodeLog(wal_dir, size, archive_dir=ARCHIVE_DIR if archive else None, sealer=sealer)
 
 
 def _snapshot_every() -> int:
