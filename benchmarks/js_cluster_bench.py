@@ -1,19 +1,25 @@
-"""R3 JetStream publish through the leader and through a non-leader: a 3-node jetraft cluster
-next to a 3-node nats-server cluster in the same run (ratios, never absolute goals).
+"""R3 JetStream side by side: a 3-node jetraft cluster, a 3-node nats-server cluster at its
+default and one with `sync_interval: always`, measured by the shared harness
+(/work/shared/bench/bench.py) in ONE invocation, so the three targets take turns in every
+repetition and share the machine's conditions.
 
-    PYTHONPATH=. python benchmarks/js_cluster_bench.py [--async-n 5000] [--sync-n 300]
+    PYTHONPATH=$PWD python benchmarks/js_cluster_bench.py [--duration 5] [--repeats 2]
+        [--client py,js] [--prefill 20000] [--scenarios ...] [--out benchmarks/results/X]
 
-Async: `--window` publishes in flight (nats-py js.publish_async-style futures over requests);
-sync: one publish at a time, p50 latency. nats-server runs with its default sync_interval and
-with `sync_interval: always` (what jetraft always does)."""
+Scenarios (bench.py's): sync and async publish R3 to the leader and through a non-leader,
+fetch+ack R3. Every cluster runs on free loopback ports in its own temporary store (the
+harness's servers.sh uses fixed ports that other users of this machine may hold). The
+harness reads each server's CPU (psutil, /proc/<pid>/stat) before and after each timed
+window; this script turns that into CPU microseconds per message for EACH node, and prints
+ratios jetraft / nats-server with the load average next to them. Writes <out>.json (bench.py's
+raw runs) and <out>.md (the ratio table)."""
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
+import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -21,13 +27,19 @@ import time
 from pathlib import Path
 from typing import Any
 
-import nats
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from node.cluster.local import LocalCluster, free_port  # noqa: E402
 
+HARNESS = Path(os.environ.get("ANCHORBENCH_DIR", "/work/shared/bench"))
+SCENARIOS = ("js_sync_r3_leader,js_sync_r3_nonleader,js_async_r3_leader,"
+             "js_async_r3_nonleader,js_fetch_r3")
+JS_DIRS = (os.environ.get("ANCHORBENCH_JS_DIR", ""), str(Path(__file__).resolve().parents[1] /
+           "tests/js"), "/work/main/tests/js")
+
 
 def nats_cluster(d: Path, always: bool) -> tuple[list[subprocess.Popen[bytes]], list[str]]:
+    """Three nats-server processes routed to each other (the harness's cluster configs,
+    on free ports)."""
     ports = [free_port() for _ in range(3)]
     cports = [free_port() for _ in range(3)]
     routes = ",".join(f"nats-route://127.0.0.1:{p}" for p in cports)
@@ -44,110 +56,163 @@ def nats_cluster(d: Path, always: bool) -> tuple[list[subprocess.Popen[bytes]], 
     return procs, [f"nats://127.0.0.1:{p}" for p in ports]
 
 
-async def create(url: str, name: str) -> str:
-    nc = await nats.connect(url)
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            msg = await nc.request(f"$JS.API.STREAM.CREATE.{name}", json.dumps(
-                {"name": name, "subjects": [name.lower()], "num_replicas": 3}).encode(), timeout=5)
-            r = json.loads(msg.data)
-            if "error" not in r:
-                await nc.close()
-                return str(r["cluster"]["leader"])
-        except Exception:  # noqa: BLE001 (cluster still forming)
-            pass
-        if time.monotonic() > deadline:
-            raise TimeoutError("no stream")
-        await asyncio.sleep(0.5)
+def wait_js_meta(urls: list[str], timeout: float = 60.0) -> None:
+    """Until a 1-replica probe stream can be created and deleted (the meta group has a
+    leader); nats-server's /healthz needs a monitor port we do not open."""
+    import asyncio
+
+    import nats
+
+    async def _quiet(_exc: Exception) -> None:
+        pass
+
+    async def probe() -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                nc = await nats.connect(urls[0], connect_timeout=2, allow_reconnect=False,
+                                        error_cb=_quiet)
+                try:
+                    r = json.loads((await nc.request(
+                        "$JS.API.STREAM.CREATE.PROBE", b'{"name":"PROBE","subjects":["probe.x"],'
+                        b'"num_replicas":3}', timeout=5)).data)
+                    if "error" not in r:
+                        await nc.request("$JS.API.STREAM.DELETE.PROBE", b"", timeout=5)
+                        return
+                finally:
+                    await nc.close()
+            except Exception:  # noqa: BLE001 (cluster still forming)
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError("no JetStream meta leader")
+            await asyncio.sleep(0.5)
+
+    asyncio.run(probe())
 
 
-async def async_rate(url: str, subject: str, n: int, window: int) -> float:
-    nc = await nats.connect(url)
-    sem = asyncio.Semaphore(window)
-    payload = b"x" * 128
-
-    async def one() -> None:
-        try:
-            await nc.request(subject, payload, timeout=30)
-        finally:
-            sem.release()
-
-    t = time.perf_counter()
-    tasks = []
-    for _ in range(n):
-        await sem.acquire()
-        tasks.append(asyncio.ensure_future(one()))
-    await asyncio.gather(*tasks)
-    rate = n / (time.perf_counter() - t)
-    await nc.close()
-    return rate
+def js_dir() -> str:
+    for d in JS_DIRS:
+        if d and (Path(d) / "node_modules/@nats-io/jetstream").is_dir():
+            return d
+    return ""
 
 
-async def sync_p50(url: str, subject: str, n: int) -> tuple[float, float]:
-    nc = await nats.connect(url)
-    lat = []
-    t0 = time.perf_counter()
-    for _ in range(n):
-        t = time.perf_counter()
-        await nc.request(subject, b"x" * 128, timeout=10)
-        lat.append(time.perf_counter() - t)
-    rate = n / (time.perf_counter() - t0)
-    await nc.close()
-    return rate, statistics.median(lat) * 1e6
+def per_node_us(run: dict[str, Any], primary: str) -> dict[str, float]:
+    rate = run.get(primary) or 0
+    by_node = run.get("server_cpu_pct_by_node") or {}
+    return {n: round(p / 100.0 / rate * 1e6, 1) for n, p in by_node.items()} if rate else {}
 
 
-async def measure(urls: list[str], names: list[str], args: Any, tag: str) -> dict[str, Any]:
-    leader = await create(urls[0], "B" + tag)
-    li = names.index(leader)
-    other = (li + 1) % 3
-    subj = "b" + tag.lower()
-    out = {"async_leader": await async_rate(urls[li], subj, args.async_n, args.window),
-           "async_nonleader": await async_rate(urls[other], subj, args.async_n, args.window)}
-    out["sync_leader_rate"], out["sync_leader_p50_us"] = await sync_p50(urls[li], subj,
-                                                                       args.sync_n)
-    out["sync_nonleader_rate"], out["sync_nonleader_p50_us"] = await sync_p50(
-        urls[other], subj, args.sync_n)
-    return out
+def med(vals: list[float]) -> float:
+    vals = sorted(vals)
+    return vals[len(vals) // 2] if vals else float("nan")
 
 
-async def main() -> None:
+def _ratio(fig: dict[str, float], ref: str, sync: bool) -> str:
+    if not fig[ref] or fig[ref] != fig[ref]:
+        return "-"
+    return f"{fig['jetraft'] / fig[ref]:.2f}x" + (" (latency)" if sync else "")
+
+
+def _node_cpu(runs: list[dict[str, Any]]) -> str:
+    per: dict[str, list[float]] = {}
+    for r in runs:
+        for n, us in per_node_us(r, "msgs_per_s").items():
+            per.setdefault(n, []).append(us)
+    return " ".join(f"{n}:{med(v):.0f}" for n, v in sorted(per.items()))
+
+
+def report(raw: dict[str, Any], load: dict[str, str]) -> str:
+    """Markdown: per scenario/client the median figure of each target, ratios to both
+    nats-server targets, and the CPU us/msg per node (median over repetitions)."""
+    rows = ["| scenario | client | jetraft | nats default | nats always | vs default | "
+            "vs always | jetraft CPU us/msg per node | nats always us/msg per node | load |",
+            "|---|---|---|---|---|---|---|---|---|---|"]
+    keys: list[tuple[str, str]] = []
+    for r in raw["runs"]:
+        if (r["scenario"], r["client"]) not in keys:
+            keys.append((r["scenario"], r["client"]))
+    for sc, client in keys:
+        runs = {t: [r for r in raw["runs"] if (r["scenario"], r["client"], r["target"]) ==
+                    (sc, client, t) and "error" not in r]
+                for t in ("jetraft", "nats", "nats-always")}
+        sync = sc.startswith("js_sync")
+        primary = "lat_p50_us" if sync else "msgs_per_s"
+        fig = {t: med([r[primary] for r in rs if r.get(primary)]) for t, rs in runs.items()}
+        cells = [f"{fig[t]:,.0f} us p50" if sync else f"{fig[t]:,.0f}/s"
+                 for t in ("jetraft", "nats", "nats-always")]
+        loads = sorted({str(r.get("loadavg1_start")) for rs in runs.values() for r in rs})
+        rows.append(f"| {sc} | {client} | {' | '.join(cells)} | {_ratio(fig, 'nats', sync)} | "
+                    f"{_ratio(fig, 'nats-always', sync)} | {_node_cpu(runs['jetraft'])} | "
+                    f"{_node_cpu(runs['nats-always'])} | {','.join(loads)} |")
+    head = (f"uptime before: {load['before']}\n\nuptime after: {load['after']}\n\n"
+            "Sync rows: PubAck p50 latency (ratio > 1 = jetraft slower). Other rows: msgs/s "
+            "(ratio < 1 = jetraft slower). CPU us/msg: each server process's CPU time in the "
+            "timed window / messages. `load` = 1-min load average at each run's start.\n\n")
+    return head + "\n".join(rows) + "\n"
+
+
+def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--async-n", type=int, default=5000)
-    p.add_argument("--window", type=int, default=500)
-    p.add_argument("--sync-n", type=int, default=300)
+    p.add_argument("--duration", type=float, default=5)
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--client", default="py,js")
+    p.add_argument("--prefill", type=int, default=20000)
+    p.add_argument("--scenarios", default=SCENARIOS)
+    p.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" /
+                                        f"cluster-{time.strftime('%Y%m%d-%H%M')}"))
+    p.add_argument("--targets", default="jetraft,nats,nats-always")
     args = p.parse_args()
-    results: dict[str, Any] = {}
-    for always in (False, True):
-        d = Path(tempfile.mkdtemp(prefix="jsbench"))
-        procs, urls = nats_cluster(d, always)
-        try:
-            results["nats-always" if always else "nats-default"] = await measure(
-                urls, ["n1", "n2", "n3"], args, "A" if always else "D")
-        finally:
-            for proc in procs:
-                proc.terminate()
-            for proc in procs:
-                proc.wait()
-            shutil.rmtree(d, ignore_errors=True)
-    d = Path(tempfile.mkdtemp(prefix="jsbench"))
-    c = LocalCluster(d, 3, name="C1")
+    want = args.targets.split(",")
+    tmp = Path(tempfile.mkdtemp(prefix="clbench-"))
+    procs: list[subprocess.Popen[bytes]] = []
+    jet = LocalCluster(tmp / "jetraft", 3, name="C1")
+    targets, pids = [], []
     try:
-        c.start()
-        results["jetraft"] = await measure([n.url for n in c.nodes], [n.name for n in c.nodes],
-                                           args, "J")
+        if "jetraft" in want:
+            jet.start()
+            urls = [n.url for n in jet.nodes]
+            wait_js_meta(urls)
+            targets.append("jetraft=" + ",".join(urls))
+            pids.append("jetraft=" + ",".join(str(n.proc.pid) for n in jet.nodes if n.proc))
+        for label, always in (("nats", False), ("nats-always", True)):
+            if label not in want:
+                continue
+            d = tmp / label
+            d.mkdir()
+            ps, urls = nats_cluster(d, always)
+            procs += ps
+            wait_js_meta(urls)
+            targets.append(f"{label}=" + ",".join(urls))
+            pids.append(f"{label}=" + ",".join(str(x.pid) for x in ps))
+        cmd = [sys.executable, str(HARNESS / "bench.py"), "--scenarios", args.scenarios,
+               "--client", args.client, "--duration", str(args.duration),
+               "--repeats", str(args.repeats), "--prefill", str(args.prefill),
+               "--json", args.out + ".json"]
+        for t in targets:
+            cmd += ["--target", t]
+        for x in pids:
+            cmd += ["--server-pid", x]
+        jsd = js_dir()
+        if jsd:
+            cmd += ["--js-dir", jsd]
+        elif "js" in args.client:
+            raise SystemExit("no nats.js node_modules found (set ANCHORBENCH_JS_DIR)")
+        before = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+        subprocess.run(cmd, check=False)
+        after = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
     finally:
-        c.stop()
-        shutil.rmtree(d, ignore_errors=True)
-    print(json.dumps(results, indent=2))
-    j = results["jetraft"]
-    for ref in ("nats-default", "nats-always"):
-        r = results[ref]
-        print(f"vs {ref}: async leader {j['async_leader'] / r['async_leader']:.2f}x, "
-              f"async non-leader {j['async_nonleader'] / r['async_nonleader']:.2f}x, "
-              f"sync p50 leader {j['sync_leader_p50_us'] / r['sync_leader_p50_us']:.2f}x "
-              f"(latency ratio, lower is better)")
+        jet.stop()
+        for x in procs:
+            x.terminate()
+        for x in procs:
+            x.wait()
+        shutil.rmtree(tmp, ignore_errors=True)
+    raw = json.loads(Path(args.out + ".json").read_text())
+    md = report(raw, {"before": before, "after": after})
+    Path(args.out + ".md").write_text(md)
+    print(md)
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    main()

@@ -51,6 +51,10 @@ if TYPE_CHECKING:
 
 Handler = Callable[[int, bytes], Awaitable[bytes]]
 MemberCallback = Callable[[Member], None]
+# A one-way message to a node (not to an account): peer, subject, reply, headers, payload, tag.
+FrameHandler = Callable[[int, str, "str | None", "bytes | None", bytes, str], None]
+# The account field of such a frame: a NUL (no account name has one) and then the kind.
+NODE_FRAME = "\x00"
 
 BACKOFF_MIN, BACKOFF_MAX = 0.1, 2.0
 HELLO_TIMEOUT = 2.0
@@ -133,6 +137,7 @@ class Cluster:
         self._rids: dict[int, int] = {}
         self._response_interest: set[tuple[str, str]] = set()
         self.handlers: dict[str, Handler] = {}
+        self.frame_handlers: dict[str, FrameHandler] = {}
         self._member_cbs: list[MemberCallback] = []
         self._req_channels: dict[int, tuple[str, grpc.aio.Channel]] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -153,6 +158,21 @@ class Cluster:
 
     def handle(self, kind: str, fn: Handler) -> None:
         self.handlers[kind] = fn
+
+    def handle_frames(self, kind: str, fn: FrameHandler) -> None:
+        self.frame_handlers[kind] = fn
+
+    def send_frame(self, peer_id: int, kind: str, subject: str, reply: str | None,
+                   headers: bytes | None, payload: bytes, tag: str) -> bool:
+        """A one-way message to node `peer_id`'s `kind` frame handler, on the route's
+        Messages stream: in order with everything else this node sends that peer, with no
+        reply and no round trip of its own. False: no route to it now, or its queue is
+        full (the message is dropped, as a core message would be)."""
+        link = self.links.get(peer_id)
+        if link is None:
+            return False
+        f = frames.encode(NODE_FRAME + kind, subject, reply, headers, payload, [], tag)
+        return link.send_op(f, len(f), droppable=True)
 
     async def request(self, peer_id: int, kind: str, payload: bytes, timeout: float) -> bytes:
         """Ask node `peer_id`'s handler for `kind`; raises RequestError or TimeoutError."""
@@ -408,6 +428,10 @@ class Cluster:
     def _deliver_frame(self, peer: int, account_name: str, subject: str, reply: str | None,
                        headers: bytes | None, payload: bytes, queues: list[str],
                        match: str | None) -> None:
+        if account_name[:1] == NODE_FRAME:
+            self._deliver_node_frame(peer, account_name[1:], subject, reply, headers, payload,
+                                     match)
+            return
         account = self.server.accounts.get(account_name)
         if account is None or not _framable(subject, reply, headers, match):
             self.bad_ops += 1
@@ -426,6 +450,18 @@ class Cluster:
         except Exception as err:  # noqa: BLE001 - one bad message must not end the route
             self.bad_ops += 1
             self.log.error(f"route message from {peer:016x} on {subject!r} failed: {err!r}")
+
+    def _deliver_node_frame(self, peer: int, kind: str, subject: str, reply: str | None,
+                            headers: bytes | None, payload: bytes, tag: str | None) -> None:
+        fn = self.frame_handlers.get(kind)
+        if fn is None or not _framable(subject, reply, headers, None):
+            self.bad_ops += 1
+            return
+        try:
+            fn(peer, subject, reply, headers, payload, tag or "")
+        except Exception as err:  # noqa: BLE001 - one bad message must not end the route
+            self.bad_ops += 1
+            self.log.error(f"route frame {kind[:MAX_KIND]!r} from {peer:016x} failed: {err!r}")
 
     def incoming_opened(self, peer: int) -> int:
         self._gen += 1

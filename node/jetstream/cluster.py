@@ -10,12 +10,14 @@ WHERE a request is served:
   hosts the stream groups it is a peer of;
 * every other `$JS.API` call naming a stream -> that stream's leader (a node that does not host
   the stream asks one of its peers, which passes it on: at most `MAX_HOPS`);
-* a publish to a stream subject that reaches a node not leading the stream is queued per
-  stream and sent, in order, in batches (`js.pub`); the leader proposes them as its own
-  publishes and answers each with the PubAck its apply produced, which the first node
-  publishes to the client's reply subject;
-* acks (`js.ack`) go to the stream leader, whose pump delivers; deliveries and pull statuses
-  travel to the client's inbox by core routing (node/cluster).
+* a publish to a stream subject that reaches a node not leading the stream goes to the
+  leader as a one-way `js.pub` frame on the route (node/cluster `send_frame`: in order, no
+  round trip of its own); the leader proposes it with the client's reply subject, and its
+  PubAck reaches the client by core routing (the client's inbox interest went to the
+  leader on the same route, before the publish);
+* acks go to the stream leader the same way (`js.ack` frames; its own ack path runs, so a
+  double ack's confirmation comes from it); deliveries and pull statuses travel to the
+  client's inbox by core routing (node/cluster).
 
 Node-to-node calls are `cluster.request(peer, kind, payload)` (node/cluster): JSON bodies,
 bytes as base64.
@@ -27,7 +29,6 @@ import asyncio
 import base64
 import dataclasses
 import json
-import secrets
 import time
 from typing import Any
 
@@ -42,7 +43,6 @@ MAX_HOPS = 3
 FWD_TIMEOUT = 10.0
 PUB_BATCH = 256
 UNASSIGNED_GRACE_S = 5.0
-TOKEN_PREFIX = "$JSC."  # reply subjects of forwarded publishes: answered in the response
 META_OPS = frozenset({"STREAM.CREATE", "STREAM.UPDATE", "STREAM.DELETE",
                       "META.LEADER.STEPDOWN", "SERVER.REMOVE", "STREAM.PEER.REMOVE"})
 LOCAL_OPS = frozenset({"INFO", "STREAM.NAMES", "STREAM.LIST"})
@@ -75,7 +75,7 @@ class _Forwarder:
     """Publishes for one stream waiting to go to its leader, in arrival order."""
 
     def __init__(self) -> None:
-        self.queue: list[tuple[str, str, bytes, bytes]] = []  # subject, reply, hdr, data
+        self.queue: list[tuple[str, str, bytes, bytes, int]] = []  # subject, reply, hdr, data, hops
         self.running = False
 
 
@@ -87,7 +87,6 @@ class ClusterJS:
         self.self_id: int = cluster.self_id
         self.cluster_name: str = cluster.name or ""
         self.unique_tag = svc.server.options.jetstream.unique_tag or ""
-        self.tokens: dict[str, asyncio.Future[bytes | None]] = {}
         self.forwarders: dict[str, _Forwarder] = {}
         self.peers_added: set[int] = set()
         self.leader_since: dict[str, int] = {}
@@ -95,6 +94,7 @@ class ClusterJS:
         self._unassigned: dict[str, float] = {}
         self._swept = False  # orphan logs/data dropped once the catalogue was current
         self.synced_rev: dict[str, int] = {}  # group -> newest config revision written
+        self.in_line: dict[str, tuple[Any, ...]] = {}  # group -> assignment key found in line
         self._duty_task: asyncio.Task[Any] | None = None
 
     # ------------------------------------------------------------------ wiring
@@ -107,9 +107,10 @@ class ClusterJS:
         """Handlers and peers now; the meta group in the background (a restarting node
         whose peers are down still starts, and answers 503 until the meta group is back)."""
         for kind, fn in (("js.meta.hello", self._h_hello), ("js.api", self._h_api),
-                         ("js.pub", self._h_pub), ("js.ack", self._h_ack),
                          ("js.sync", self._h_sync)):
             self.cluster.handle(kind, fn)
+        self.cluster.handle_frames("js.pub", self._on_pub_frame)
+        self.cluster.handle_frames("js.ack", self._on_ack_frame)
         self._sync_peers()
         self.cluster.on_members(lambda _m: self._sync_peers())
         self.svc._spawn(self._start_meta())
@@ -286,111 +287,130 @@ class ClusterJS:
 
     # ------------------------------------------------------------------ publishes
 
-    def forward_publish(self, name: str, subject: str, reply: str, hdr: bytes,
-                        data: bytes) -> None:
+    def forward_publish(self, name: str, subject: str, reply: str, hdr: bytes, data: bytes,
+                        hops: int = 0) -> None:
+        """A publish to `name` that this node does not lead goes to the stream's leader as a
+        one-way route frame (`js.pub`), in arrival order; the leader proposes it with the
+        client's own reply subject, so the PubAck travels back by core routing, as in
+        nats-server. With no target known yet, publishes wait in order in a queue."""
         fwd = self.forwarders.get(name)
+        if fwd is None or not fwd.queue:
+            peer = self._pub_target(name)
+            if peer and self._send_pub(peer, name, subject, reply, hdr, data, hops):
+                return
         if fwd is None:
             fwd = self.forwarders[name] = _Forwarder()
-        fwd.queue.append((subject, reply, hdr, data))
+        fwd.queue.append((subject, reply, hdr, data, hops))
         if not fwd.running:
             fwd.running = True
             self.svc._spawn(self._run_forwarder(name, fwd))
 
+    def _pub_target(self, name: str) -> int:
+        """Where a publish goes now without waiting: the stream's leader when this node
+        hosts the stream, else a peer of the stream that is up (it passes it on); 0: none."""
+        sm = self.svc.streams.get(name)
+        if sm is not None:
+            try:
+                peer = self.svc.mr.leader(sm.group)
+            except KeyError:
+                return 0
+            return peer if peer != self.self_id and self.is_up(peer) else 0
+        up = [p for p in self.catalogue().peers(name, self.self_id)
+              if p != self.self_id and self.is_up(p)]
+        return up[0] if up else 0
+
+    def _send_pub(self, peer: int, name: str, subject: str, reply: str, hdr: bytes,
+                  data: bytes, hops: int) -> bool:
+        return bool(self.cluster.send_frame(peer, "js.pub", subject, reply or None,
+                                            hdr or None, data, f"{hops}:{name}"))
+
     async def _run_forwarder(self, name: str, fwd: _Forwarder) -> None:
-        """One batch in flight per stream: the leader sees this node's publishes in the
-        order the clients sent them."""
+        """Publishes that found no target: sent in order once one is known; dropped (no
+        PubAck, the client retries) when none comes within the wait."""
         try:
             while fwd.queue:
-                batch, fwd.queue = fwd.queue[:PUB_BATCH], fwd.queue[PUB_BATCH:]
-                tokens = [f"{TOKEN_PREFIX}{secrets.token_hex(8)}" if r else "" for _, r, _, _ in
-                          batch]
-                msgs = [{"s": s, "r": t, "h": _b64(h), "d": _b64(d)}
-                        for (s, _, h, d), t in zip(batch, tokens, strict=True)]
                 try:
                     target = await self.stream_target(name)
-                    raw = await self._request(target, "js.pub",
-                                              {"stream": name, "msgs": msgs, "hops": 0})
-                    acks = json.loads(raw)["acks"]
-                except Exception as exc:  # noqa: BLE001 (no PubAck: the client may retry)
-                    self.log.warn(f"JetStream: forwarding {len(batch)} publishes to "
-                                  f"{name} failed: {exc!r}")
+                except ApiError:
+                    target = 0
+                if target == self.self_id:  # leading now: propose them here
+                    batch, fwd.queue = fwd.queue, []
+                    for subject, reply, hdr, data, _hops in batch:
+                        self.svc._accept_publish(name, subject, reply, hdr, data)
                     continue
-                for (_, reply, _, _), ack in zip(batch, acks, strict=False):
-                    if reply and ack is not None:
-                        self.svc._client(name).publish(reply, None, _unb64(ack))
+                if not target:  # no leader within the wait: all of them go unacknowledged
+                    self.log.warn(f"JetStream: {len(fwd.queue)} publishes to {name} dropped: "
+                                  "no leader")
+                    fwd.queue = []
+                    break
+                batch, fwd.queue = fwd.queue[:PUB_BATCH], fwd.queue[PUB_BATCH:]
+                lost = 0
+                for subject, reply, hdr, data, hops in batch:
+                    if not self._send_pub(target, name, subject, reply, hdr, data, hops):
+                        lost += 1
+                if lost:
+                    self.log.warn(f"JetStream: forwarding {lost} publishes to {name} failed: "
+                                  "no route to its leader")
         finally:
             fwd.running = False
-            if fwd.queue:
-                fwd.running = True
-                self.svc._spawn(self._run_forwarder(name, fwd))
 
-    async def _h_pub(self, _peer: int, payload: bytes) -> bytes:
-        req = json.loads(payload)
-        name = req["stream"]
-        if not self.leads(name):
-            if req["hops"] >= MAX_HOPS or name not in self.catalogue().streams:
-                return json.dumps({"acks": [None] * len(req["msgs"])}).encode()
-            req["hops"] += 1
-            return await self._request(await self.stream_target(name), "js.pub", req)
-        loop = asyncio.get_running_loop()
-        futs: list[asyncio.Future[bytes | None] | None] = []
-        tasks = []
-        for m in req["msgs"]:
-            fut = None
-            if m["r"]:
-                fut = self.tokens[m["r"]] = loop.create_future()
-            futs.append(fut)
-            task = self.svc._accept_publish(name, m["s"], m["r"], _unb64(m["h"]),
-                                            _unb64(m["d"]))
-            if task is not None:
-                tasks.append(task)
-        if tasks:
-            await asyncio.gather(*tasks, return_exceptions=True)
-        pending = [f for f in futs if f is not None and not f.done()]
-        if pending:
-            await asyncio.wait(pending, timeout=1.0)  # effects follow the apply closely
-        acks = []
-        for m, fut in zip(req["msgs"], futs, strict=True):
-            self.tokens.pop(m["r"], None)
-            ok = fut is not None and fut.done() and fut.result() is not None
-            acks.append(_b64(fut.result()) if ok else None)  # type: ignore[union-attr]
-        return json.dumps({"acks": acks}).encode()
+    def _on_pub_frame(self, _peer: int, subject: str, reply: str | None, hdr: bytes | None,
+                      data: bytes, tag: str) -> None:
+        """A publish forwarded by another node (`js.pub` frame): proposed here when this
+        node leads the stream, else passed on (at most MAX_HOPS times)."""
+        hops_text, _, name = tag.partition(":")
+        try:
+            hops = int(hops_text)
+        except ValueError:
+            return
+        if self.leads(name):
+            self.svc._accept_publish(name, subject, reply or "", hdr or b"", data)
+        elif hops < MAX_HOPS and name in self.catalogue().streams:
+            self.forward_publish(name, subject, reply or "", hdr or b"", data, hops + 1)
 
     def answer_token(self, subject: str, payload: bytes) -> bool:
-        """A reply to a forwarded publish: handed to the waiting `js.pub` handler."""
-        fut = self.tokens.get(subject)
-        if fut is None:
-            return subject.startswith(TOKEN_PREFIX)  # late: the handler gave up
-        if not fut.done():
-            fut.set_result(payload)
-        return True
+        """Forwarded publishes keep the client's reply subject, so no reply is intercepted
+        (the service's `_reply` asks)."""
+        return False
 
     # ------------------------------------------------------------------ acks
 
-    def forward_ack(self, stream: str, subject: str, reply: str | None, body: bytes) -> None:
-        self.svc._spawn(self._send_ack(stream, subject, reply, body))
+    def forward_ack(self, stream: str, subject: str, reply: str | None, body: bytes,
+                    hops: int = 0) -> None:
+        """An ack for a stream this node does not lead goes to its leader as a one-way
+        `js.ack` frame, where the leader's own ack path runs (a double ack's confirmation
+        and +NXT's messages go to `reply` by core routing). No route or leader now: a task
+        waits for one (an ack lost: the message is redelivered)."""
+        peer = self._pub_target(stream)
+        if peer and self.cluster.send_frame(peer, "js.ack", subject, reply or None, None, body,
+                                            f"{hops}:{stream}"):
+            return
+        self.svc._spawn(self._send_ack(stream, subject, reply, body, hops))
 
-    async def _send_ack(self, stream: str, subject: str, reply: str | None, body: bytes
-                        ) -> None:
+    async def _send_ack(self, stream: str, subject: str, reply: str | None, body: bytes,
+                        hops: int) -> None:
         try:
             target = await self.stream_target(stream)
-            raw = await self._request(target, "js.ack", {"subject": subject, "body": _b64(body),
-                                                         "stream": stream, "hops": 0})
-        except Exception as exc:  # noqa: BLE001 (an ack lost: the message is redelivered)
-            self.log.warn(f"JetStream: forwarding an ack on {stream} failed: {exc!r}")
-            return
-        if reply and raw == b"1":
-            self.svc._client(stream).publish(reply, None, b"")
+        except ApiError:
+            target = 0
+        if target == self.self_id:
+            self.svc._on_ack(jsaccount.account_of(stream), None, subject, reply, None, body)
+        elif not target or not self.cluster.send_frame(target, "js.ack", subject, reply or None,
+                                                       None, body, f"{hops}:{stream}"):
+            self.log.warn(f"JetStream: forwarding an ack on {stream} failed: no route to "
+                          "its leader")
 
-    async def _h_ack(self, _peer: int, payload: bytes) -> bytes:
-        req = json.loads(payload)
-        if not self.leads(req["stream"]):
-            if req["hops"] >= MAX_HOPS:
-                return b"0"
-            req["hops"] += 1
-            return await self._request(await self.stream_target(req["stream"]), "js.ack", req)
-        done = await self.svc._ack_here(req["subject"], _unb64(req["body"]), req["stream"])
-        return b"1" if done else b"0"
+    def _on_ack_frame(self, _peer: int, subject: str, reply: str | None, _hdr: bytes | None,
+                      body: bytes, tag: str) -> None:
+        hops_text, _, stream = tag.partition(":")
+        try:
+            hops = int(hops_text)
+        except ValueError:
+            return
+        if self.leads(stream):
+            self.svc._on_ack(jsaccount.account_of(stream), None, subject, reply, None, body)
+        elif hops < MAX_HOPS and stream in self.catalogue().streams:
+            self.forward_ack(stream, subject, reply, body, hops + 1)
 
     # ------------------------------------------------------------------ the meta leader
 
@@ -658,12 +678,23 @@ class ClusterJS:
             a = self.catalogue().streams.get(name)
             if a is None or mr.leader(sm.group) != self.self_id:
                 continue
-            await self.svc._sync_config(name)
+            # A group found in line with its assignment stays so until the assignment
+            # changes or leadership moves (both change the key): with 1,000 streams the
+            # config comparison and status of every led group twice a second cost more
+            # than an idle node may spend.
+            key = (int(a.get("rev", 0)), tuple(a["peers"]), self.leader_since.get(sm.group, 0))
+            if self.in_line.get(sm.group) == key:
+                continue
+            same_config = await self.svc._sync_config(name)
             try:
-                await asyncio.wait_for(self._sync_members(sm.group, list(a["peers"])), 10.0)
+                done = await asyncio.wait_for(
+                    self._sync_members(sm.group, list(a["peers"])), 10.0)
             except TimeoutError:
                 self.log.warn(f"JetStream: membership change of {sm.group} not committed "
                               f"within 10 s: {mr.status(sm.group)}")
+                continue
+            if same_config and done:
+                self.in_line[sm.group] = key
         now = time.monotonic()
         for name in list(self.svc.streams):
             a = self.catalogue().streams.get(name)
@@ -706,7 +737,8 @@ class ClusterJS:
                     await mr.remove_member(META_GROUP, peer)
             return
 
-    async def _sync_members(self, group: str, peers: list[int]) -> None:
+    async def _sync_members(self, group: str, peers: list[int]) -> bool:
+        """One membership change towards `peers`; True when there was none to make."""
         mr = self.svc.mr
         st = mr.status(group)
         voters = set(st["voters"])
@@ -717,23 +749,24 @@ class ClusterJS:
             if p != self.self_id and not self.is_up(p):
                 self.log.info(f"JetStream: removing down peer {short_peer(p)} from {group}")
                 await mr.remove_member(group, p)
-                return
+                return False
         for p in peers:
             if p not in voters:
                 self.log.info(f"JetStream: adding peer {short_peer(p)} to {group}")
                 await mr.add_member(group, p)
-                return
+                return False
         for p in sorted(voters - set(peers)):
             if p == self.self_id:
                 others = [q for q in peers if self.is_up(q)]
                 if others:
                     await self.transfer(group, others[0])
-                return
+                return False
             # Only once the remaining members are caught up: a removal never leaves
             # the group without a quorum of current replicas.
             self.log.info(f"JetStream: removing peer {short_peer(p)} from {group}")
             await mr.remove_member(group, p)
-            return
+            return False
+        return True
 
     # ------------------------------------------------------------------ INFO
 

@@ -84,8 +84,11 @@ META_GROUP = "$js"
 NODE_ID = 1
 TICK_S = 0.05          # Raft tick; a single voter elects itself within 3-6 ticks
 ELECTION_TICK = 3
-CLUSTER_TICK_S = 0.05  # clustered: a leader lost is replaced within about 0.5-1 s
-CLUSTER_ELECTION_TICK = 10
+# Clustered: a leader lost is replaced within about 2-4 s (nats-server: 4-9 s). Shorter
+# timeouts (0.5 s) left 1,000 R3 streams on a loaded 2-core box in a standing election
+# storm: the tick loop alone outlasted the election timeout (benchmarks/cluster_scale.py).
+CLUSTER_TICK_S = 0.1
+CLUSTER_ELECTION_TICK = 20
 MAX_ROUND = 256        # deliveries proposed together for one consumer
 # clustered: a pull request forwarded from another node is kept this long before a missing
 # interest in its inbox drops it (the interest travels on the routes, the request does not)
@@ -1098,27 +1101,30 @@ class JetStreamService:
         return await self.jsc.peer_remove(self._key(call), body)
 
     async def _sync_config(self, name: str, config: dict[str, Any] | None = None,
-                           rev: int = 0) -> None:
+                           rev: int = 0) -> bool:
         """Clustered, on the stream's leader: the catalogue's config (the meta leader
         checked it; `config`/`rev` when the meta leader sent it along, ahead of this node's
         catalogue) becomes the group's through an UPDATE_CONFIG entry. A revision older
-        than one already written here is ignored (this node's catalogue may lag)."""
+        than one already written here is ignored (this node's catalogue may lag).
+        True: the group already had that config (nothing proposed)."""
         sm = self.streams.get(name)
         if sm is None or self.meta is None or self.jsc is None:
-            return
+            return False
         if config is None:
             a = self.meta.streams.get(name)
             if a is None:
-                return
+                return False
             config, rev = a["config"], int(a.get("rev", 0))
         if rev < self.jsc.synced_rev.get(sm.group, 0):
-            return
+            return False
         self.jsc.synced_rev[sm.group] = rev
         with sm.lock:
             current = stream_config.to_wire(sm.stream.cfg)
-        if current != config:
+        in_line = current == config
+        if not in_line:
             await self._propose(sm, ops.UpdateConfig(time.time_ns(), _dumps(config)))
         self.sourcing.sync(name)  # mirror / sources as the group's config now says
+        return in_line
 
     def _on_stream_leader(self, name: str, leader: int) -> None:
         """A stream group's leader changed: the new leader runs the consumers' pumps and
@@ -1556,23 +1562,6 @@ class JetStreamService:
         op = ops.ConsumerAck(time.time_ns(), info.consumer, kind, info.sseq, delay)
         self._spawn(self._ack(sm, info, op, reply, body, wants_next))
 
-    async def _ack_here(self, subject: str, body: bytes, stream_key: str = "") -> bool:
-        """An ack forwarded by another node (this node leads the stream `stream_key`): True
-        once it is recorded, so that node confirms a double ack to its client."""
-        info = parse_ack_subject(subject)
-        if info is None:
-            return False
-        if not stream_key or _name(stream_key) != info.stream:
-            stream_key = info.stream  # a peer that predates accounts: the global account
-        sm = self.streams.get(stream_key)
-        if sm is None or info.consumer not in sm.stream.consumers:
-            return False
-        kind, delay, _next = parse_ack_body(body)
-        if kind is None:  # a body nats-server does not know: nothing changes
-            return True
-        op = ops.ConsumerAck(time.time_ns(), info.consumer, kind, info.sseq, delay)
-        return await self._ack(sm, info, op, None, body)
-
     async def _ack(self, sm: StreamMachine, info: AckInfo, op: ops.ConsumerAck,
                    reply: str | None, body: bytes, wants_next: bool = False) -> bool:
         name = info.consumer
@@ -1679,6 +1668,8 @@ class JetStreamService:
             for (stream, name), pull in list(self.pulls.items()):
                 self._tick_consumer(stream, name, pull, now)
             for sm in list(self.streams.values()):
+                if not _may_expire(sm):
+                    continue  # most streams: nothing ever expires (1,000 streams x 10/s)
                 if self.jsc is not None and not self.jsc.leads(sm.name):
                     continue  # time passes through the leader's EXPIRE entries
                 if sm.name not in self._expiring and _expiry_due(sm, now):
@@ -1849,6 +1840,13 @@ def _with_header(hdr: bytes, key: str, value: str) -> bytes:
     if not hdr:
         return b"NATS/1.0\r\n" + line
     return hdr[:-2] + line  # a header block ends with an empty line
+
+
+def _may_expire(sm: StreamMachine) -> bool:
+    """Only `max_age` or per-message TTLs expire messages; TTLs need `allow_msg_ttl`, which
+    an update cannot turn off (and `subject_delete_marker_ttl` turns on)."""
+    cfg = sm.stream.cfg  # replaced whole on update: a consistent read without the lock
+    return cfg["max_age"] > 0 or bool(cfg.get("allow_msg_ttl"))
 
 
 def _expiry_due(sm: StreamMachine, now: int) -> bool:

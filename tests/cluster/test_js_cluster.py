@@ -123,6 +123,37 @@ async def test_placement_tags(js5: JsCluster) -> None:
         await nc.close()
 
 
+async def test_publishes_reach_a_moved_leader_through_any_node(js5: JsCluster) -> None:
+    """An R3 stream on five nodes: the two nodes without a replica send their publishes to
+    one of its peers, which passes them on when it is not the leader (a second hop). The
+    leader moves once, so in one of the two rounds the peer they pick does not lead. Every
+    publish from every node gets its PubAck, with sequences in publishing order."""
+    ncs = [await connect(n) for n in js5.nodes]
+    try:
+        js = [nc.jetstream(timeout=5) for nc in ncs]
+        name = f"HOP_{uuid.uuid4().hex[:6]}"
+        await js[0].add_stream(name=name, subjects=[f"{name}.>"], num_replicas=3)
+        seq = 0
+        for rnd in range(2):
+            if rnd:
+                before = (await js[0].stream_info(name)).cluster.leader
+                assert (await api(ncs[1], f"STREAM.LEADER.STEPDOWN.{name}"))["success"]
+
+                async def moved(before: str = before) -> bool:
+                    return (await js[0].stream_info(name)).cluster.leader not in (None, before)
+                await until(moved)
+            for i, j in enumerate(js):
+                for k in range(2):
+                    seq += 1
+                    ack = await j.publish(f"{name}.n{i}", f"{rnd}-{i}-{k}".encode())
+                    assert (ack.stream, ack.seq) == (name, seq)
+        assert (await js[3].stream_info(name)).state.messages == seq == 20
+        await js[2].delete_stream(name)
+    finally:
+        for nc in ncs:
+            await nc.close()
+
+
 async def test_leader_stepdowns_and_info(js5: JsCluster) -> None:
     ncs = [await connect(n) for n in js5.nodes]
     try:
