@@ -11,17 +11,20 @@ node's code (the audit must not share a bug with what it checks):
                                              peer set changed), `rev` = its index
     {"op":"delete","name"}                   forgotten
     {"op":"remove_server","peer"}            the peer joins `removed`
+    {"op":"seen","peer"}                     the peer joins `seen` (it had Raft state: the
+                                             node refuses it later with an empty store)
 
 A single-node `create` has no `peers` (it means the node itself, whose id the log does not
 say): its peers are not compared.
 
 What a node believes is its catalogue in LMDB, written in the same transaction as the group's
 `applied` index: `$js.meta` key `catalogue` = {"streams": {name: assignment}, "removed": [...],
-"applied"} (clustered layout), or key `streams` = {name: create entry} (the single-node layout,
+"seen": [...]} (clustered layout), or key `streams` = {name: create entry} (the single-node layout,
 without `rev`). At each node's applied index the replayed catalogue must equal the node's:
 same streams, each assignment field for field (`meta_mismatch`, naming the node, the index and
-the stream), same removed peers. A committed entry that is not a JSON object with an `op` is a
-`meta_entry_bad` violation; an op the fold does not know is a note (the node ignores it too).
+the stream), same removed peers, same seen peers. A committed entry that is not a JSON object
+with an `op` is a `meta_entry_bad` violation; an op the fold does not know is a note (the
+node ignores it too).
 Nodes at the same index must agree with each other, since all are compared with one replay.
 """
 
@@ -59,6 +62,7 @@ class Catalogue:
     def __init__(self) -> None:
         self.streams: dict[str, dict[str, Any]] = {}
         self.removed: list[int] = []
+        self.seen: list[int] = []
 
     def apply(self, index: int, payload: bytes) -> None:
         try:
@@ -85,27 +89,32 @@ class Catalogue:
                 self.streams[name] = a
         elif op == "delete":
             self.streams.pop(name, None)
-        elif op == "remove_server":
+        elif op in ("remove_server", "seen"):
             peer = entry.get("peer")
             if not isinstance(peer, int):
-                raise BadEntry("remove_server without a peer id")
-            if peer not in self.removed:
-                self.removed.append(peer)
+                raise BadEntry(f"{op} without a peer id")
+            peers = self.removed if op == "remove_server" else self.seen
+            if peer not in peers:
+                peers.append(peer)
         else:
             raise UnknownOp(op)
 
 
-def belief(store: NodeStore) -> tuple[dict[str, Any], list[int] | None]:
-    """(streams, removed peers or None) as the node keeps them, in either layout."""
+def belief(store: NodeStore) -> tuple[dict[str, Any], list[int] | None, list[int] | None]:
+    """(streams, removed peers, seen peers; None where the layout keeps none) as the node
+    keeps them, in either layout."""
     raw = store.meta(META_STORE, "catalogue")
     if raw is not None:
         image = json.loads(raw)
-        return dict(image.get("streams", {})), list(image.get("removed", []))
+        seen = image.get("seen")
+        return (dict(image.get("streams", {})), list(image.get("removed", [])),
+                None if seen is None else list(seen))
     raw = store.meta(META_STORE, "streams")
-    return (json.loads(raw) if raw else {}), None
+    return (json.loads(raw) if raw else {}), None, None
 
 
-def compare(believed: dict[str, Any], removed: list[int] | None, cat: Catalogue) -> list[str]:
+def compare(believed: dict[str, Any], removed: list[int] | None, cat: Catalogue,
+            seen: list[int] | None = None) -> list[str]:
     """What differs, in words (empty when the node believes what the log says)."""
     out = []
     for name in sorted(set(believed) | set(cat.streams)):
@@ -129,6 +138,9 @@ def compare(believed: dict[str, Any], removed: list[int] | None, cat: Catalogue)
     if removed is not None and sorted(removed) != sorted(cat.removed):
         out.append(f"removed peers {sorted(removed)} differ from the replayed meta log "
                    f"{sorted(cat.removed)}")
+    if seen is not None and sorted(seen) != sorted(cat.seen):
+        out.append(f"seen peers {sorted(seen)} differ from the replayed meta log "
+                   f"{sorted(cat.seen)}")
     return out
 
 
@@ -187,6 +199,7 @@ def _walk(group: str, entries: Iterable[CommittedEntry],
 def _compare(group: str, nodes: dict[str, NodeStore], applied: dict[str, int], index: int,
              term: int | None, cat: Catalogue) -> Iterator[Finding]:
     for node in sorted(n for n, a in applied.items() if a == index):
-        for what in compare(*belief(nodes[node]), cat):
+        streams, removed, seen = belief(nodes[node])
+        for what in compare(streams, removed, cat, seen):
             yield Finding(META_MISMATCH, VIOLATION, what, node=node, group=group, index=index,
                           term=term)

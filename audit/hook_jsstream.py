@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import shutil
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Generator, Iterable, Iterator
 from typing import Any
 
 from audit.hooks import CommittedEntry
@@ -36,7 +36,17 @@ from audit.jsstore import (
     diff_items,
     open_nodes,
 )
-from audit.model import NOTE, STORE_MISMATCH, STORE_UNCHECKED, VIOLATION, Finding
+from audit.model import (
+    ACKED_DUPLICATED,
+    ACKED_MISPLACED,
+    ACKED_MISSING,
+    ACKED_UNCHECKED,
+    NOTE,
+    STORE_MISMATCH,
+    STORE_UNCHECKED,
+    VIOLATION,
+    Finding,
+)
 
 GROUP_PREFIX = "js."
 RUN = 256  # entries applied per scratch transaction
@@ -57,6 +67,8 @@ class JetStreamStreamHook:
 
     def __init__(self) -> None:
         self.created: dict[str, dict[str, Any]] = {}
+        self.named: dict[str, str] = {}  # stream name -> group of its last committed create
+        self.acks: dict[str, list[Any]] = {}  # group -> its PubAcks (audit/acked.StreamAck)
 
     def prepare(self, entries: list[CommittedEntry]) -> None:
         """The config each stream group was created with, from the committed meta log (a
@@ -69,6 +81,21 @@ class JetStreamStreamHook:
             if isinstance(entry, dict) and entry.get("op") == "create" and \
                     isinstance(entry.get("group"), str):
                 self.created.setdefault(entry["group"], entry)
+                name = (entry.get("config") or {}).get("name")
+                if isinstance(name, str):
+                    self.named[name] = entry["group"]
+
+    def take_acks(self, acks: list[Any]) -> list[Any]:
+        """Hand each JetStream PubAck to its stream's group (checked during the replay);
+        returns the ones whose stream no committed `create` names."""
+        orphans = []
+        for a in acks:
+            group = self.named.get(a.stream)
+            if group is None:
+                orphans.append(a)
+            else:
+                self.acks.setdefault(group, []).append(a)
+        return orphans
 
     def wants(self, group: str, data_dirs: dict[str, str]) -> bool:
         return group.startswith(GROUP_PREFIX)
@@ -95,17 +122,57 @@ class JetStreamStreamHook:
             return  # a memory stream keeps nothing in LMDB: nothing to compare
         cfg = stream_config.from_wire(entry["config"])
         applied = {node: s.applied(group) for node, s in nodes.items()}
-        scratch = _Scratch(group, cfg)
+        scratch = _Scratch(group, cfg, AckTracker(self.acks.get(group, [])))
         try:
-            yield from _walk(group, entries, nodes, applied, scratch)
+            complete = yield from _walk(group, entries, nodes, applied, scratch)
+            yield from scratch.tracker.findings(group, complete)
         finally:
             scratch.close()
+
+
+class AckTracker:
+    """Where the replay stored each acknowledged payload: (stream seq, Raft index) pairs."""
+
+    def __init__(self, acks: list[Any]) -> None:
+        self.acks = acks
+        self.seen: dict[bytes, list[tuple[int, int]]] = {a.digest: [] for a in acks}
+
+    def on_entry(self, store: Any, index: int, effects: list[Any]) -> None:
+        if not self.acks:
+            return
+        from audit.acked import digest_of
+        from node.jetstream.stream import Stored
+
+        for eff in effects:
+            if isinstance(eff, Stored):
+                msg = store.load(eff.seq)
+                at = self.seen.get(digest_of(msg.data)) if msg is not None else None
+                if at is not None:
+                    at.append((eff.seq, index))
+
+    def findings(self, group: str, complete: bool) -> Iterator[Finding]:
+        for a in self.acks:
+            where = f"acked message of stream {a.stream!r} on line {a.line}" + (
+                f" (told seq {a.seq})" if a.seq is not None else "")
+            at = self.seen[a.digest]
+            if not at:
+                yield (Finding(ACKED_MISSING, VIOLATION, f"{where} is in no committed entry",
+                               group=group) if complete else
+                       Finding(ACKED_UNCHECKED, NOTE, f"{where} not found; the replay did "
+                               "not cover the whole log", group=group))
+            elif len(at) > 1 and not a.retried:
+                yield Finding(ACKED_DUPLICATED, VIOLATION, f"{where} is stored "
+                              f"{len(at)} times, at seqs {[s for s, _ in at][:5]}",
+                              group=group, index=at[0][1])
+            elif a.seq is not None and all(s != a.seq for s, _ in at):
+                yield Finding(ACKED_MISPLACED, VIOLATION, f"{where} is stored at seq "
+                              f"{at[0][0]} instead", group=group, index=at[0][1])
 
 
 class _Scratch:
     """The replayed stream, in a throw-away LMDB environment."""
 
-    def __init__(self, group: str, cfg: Any) -> None:
+    def __init__(self, group: str, cfg: Any, tracker: AckTracker) -> None:
         from node.jetstream.store.lmdbstore import LmdbStore, NodeEnv
         from node.jetstream.stream import Stream
 
@@ -114,6 +181,7 @@ class _Scratch:
         self.group = group
         self.stream = Stream(cfg, LmdbStore(self.env, group))
         self.run: list[tuple[int, bytes]] = []
+        self.tracker = tracker
 
     def add(self, index: int, payload: bytes) -> None:
         self.run.append((index, payload))
@@ -122,7 +190,9 @@ class _Scratch:
 
     def flush(self) -> None:
         if self.run:
-            self.stream.apply_batch(self.run)
+            store = self.stream.store
+            self.stream.apply_batch(
+                self.run, lambda index, effects: self.tracker.on_entry(store, index, effects))
             self.run = []
 
     def items(self, db: str) -> Iterator[tuple[bytes, bytes]]:
@@ -144,9 +214,10 @@ class _Scratch:
 
 
 def _walk(group: str, entries: Iterable[CommittedEntry], nodes: dict[str, NodeStore],
-          applied: dict[str, int], scratch: _Scratch) -> Iterator[Finding]:
+          applied: dict[str, int], scratch: _Scratch) -> Generator[Finding, None, bool]:
+    """Yields the findings; returns whether the whole committed log was replayed."""
     checkpoints = sorted(set(applied.values()))
-    last, term = 0, None
+    last, term, complete = 0, None, True
     for e in entries:
         if last == 0 and e.index == BOOTSTRAP + 1:
             last = BOOTSTRAP  # the group's bootstrap snapshot: the empty state
@@ -155,6 +226,7 @@ def _walk(group: str, entries: Iterable[CommittedEntry], nodes: dict[str, NodeSt
                     else f"committed entries {last + 1}..{e.index - 1} are not readable")
             yield Finding(STORE_UNCHECKED, NOTE, f"{what}: stores compared only up to "
                           f"{last}", group=group, index=last + 1, index_hi=e.index - 1)
+            complete = False
             break
         while checkpoints and checkpoints[0] < e.index:
             scratch.flush()
@@ -167,6 +239,7 @@ def _walk(group: str, entries: Iterable[CommittedEntry], nodes: dict[str, NodeSt
         while checkpoints and checkpoints[0] <= last:
             yield from _compare(group, nodes, applied, checkpoints.pop(0), term, scratch)
     yield from beyond_replay("store", group, applied, checkpoints, last)
+    return complete
 
 
 def _compare(group: str, nodes: dict[str, NodeStore], applied: dict[str, int], index: int,

@@ -33,10 +33,13 @@ from audit.acked import AckFileError, check_file, parse_numbered  # noqa: E402
 from audit.hooks import default_hooks, read_entries, run_hooks  # noqa: E402
 from audit.logpass import run_partition  # noqa: E402
 from audit.model import (  # noqa: E402
+    ACKED_MISSING,
+    ACKED_UNCHECKED,
     COMMITTED_MISSING,
     NOTE,
     PASS_FIELDS,
     SEGMENT_MISSING,
+    VIOLATION,
     Finding,
 )
 from audit.segread import SplitEdges, read_split  # noqa: E402
@@ -231,15 +234,19 @@ def cross_checks(spark, records, survivors, points, nodes, acked: str | None, ou
     return own
 
 
-def replay_stage(own, nodes: list[layout.NodeDirs], out: Outcome) -> None:
-    """Per-group replay hooks (audit/hooks.py), one Spark task per group, index order."""
+def replay_stage(own, nodes: list[layout.NodeDirs], out: Outcome,
+                 acked: str | None = None) -> None:
+    """Per-group replay hooks (audit/hooks.py), one Spark task per group, index order.
+    JetStream PubAcks in the acked file are checked by the stream hook during its replay."""
     from pyspark.sql import functions as F
 
     hooks = default_hooks()
     dirs = {n.name: n.root for n in nodes}
     groups = sorted(g for g in out.coverage if any(h.wants(g, dirs) for h in hooks))
     out.stats["replayed_groups"] = groups
+    stream_acks = acked_streams(acked) if acked else []
     if not groups:
+        out.findings += [_orphan_ack(a) for a in stream_acks]
         return
     paths = {(n.name, s.seq): s.path for n in nodes for s in n.segments}
     one_copy = (own.filter(F.col("grp").isin(groups))
@@ -252,9 +259,37 @@ def replay_stage(own, nodes: list[layout.NodeDirs], out: Outcome) -> None:
         if source in groups:
             rows = one_copy.filter(F.col("grp") == source).orderBy("idx").collect()
             hook.prepare(list(read_entries(rows, paths)))
+    out.findings += _hand_acks(hooks, stream_acks, set(groups))
     found = one_copy.rdd.mapPartitions(
         lambda rows: run_hooks(rows, hooks, dirs, paths)).collect()
     out.findings += [Finding.from_json(json.loads(f)) for f in found]
+
+
+def acked_streams(path: str) -> list[Any]:
+    from audit.acked import stream_acks
+
+    return stream_acks(path)
+
+
+def _hand_acks(hooks: list[Any], acks: list[Any], groups: set[str]) -> list[Finding]:
+    """Give the stream hook its PubAcks; the ones it cannot check become findings here."""
+    if not acks:
+        return []
+    hook = next((h for h in hooks if hasattr(h, "take_acks")), None)
+    if hook is None:
+        return [_orphan_ack(a) for a in acks]
+    found = [_orphan_ack(a) for a in hook.take_acks(acks)]
+    for group in sorted(set(hook.acks) - groups):  # no node holds that group's log
+        for a in hook.acks.pop(group):
+            found.append(Finding(ACKED_UNCHECKED, NOTE, f"acked message of stream "
+                                 f"{a.stream!r} on line {a.line}: no node holds the log of "
+                                 "its group", group=group))
+    return found
+
+
+def _orphan_ack(a: Any) -> Finding:
+    return Finding(ACKED_MISSING, VIOLATION, f"acked message of stream {a.stream!r} on line "
+                   f"{a.line}: no committed meta entry creates that stream")
 
 
 def _fill_missing_terms(spark, committed, out: Outcome) -> None:
@@ -280,7 +315,7 @@ def run(spark, data_dirs: list[str], acked: str | None = None,
     timer("comparing nodes")
     own = cross_checks(spark, records, survivors, points, nodes, acked, out)
     timer("replaying groups through their stores")
-    replay_stage(own, nodes, out)
+    replay_stage(own, nodes, out, acked)
     out.stats["records"] = records.count()
     out.stats["nodes"] = [n.name for n in nodes]
     out.stats["archived_segments"] = sum(s.archived for n in nodes for s in n.segments)

@@ -49,8 +49,10 @@ def free_port() -> int:
 
 
 class OurCluster:
-    def __init__(self, tmp: str, groups: int) -> None:
+    def __init__(self, tmp: str, groups: int, direct: bool = False) -> None:
         self.tmp = tmp
+        # direct: members talk over raft/tcp_lane.py instead of gRPC streams
+        self.direct = {i: f"127.0.0.1:{free_port()}" for i in (1, 2, 3)} if direct else None
         self.groups = [f"g{k}" for k in range(groups)]
         self.addrs = {i: f"127.0.0.1:{free_port()}" for i in (1, 2, 3)}
         self.procs: list[subprocess.Popen] = []
@@ -63,9 +65,11 @@ class OurCluster:
                    "--dir", f"{self.tmp}/n{nid}", "--listen", self.addrs[nid], "--peers", peers,
                    "--control-port", str(free_port()), "--groups", str(len(self.groups)),
                    "--sm", "count", "--snapshot-every", "1000000"]
+            if self.direct:
+                cmd += ["--direct", ",".join(f"{i}={a}" for i, a in self.direct.items())]
             self.procs.append(subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL))
         mr = multigroup.create(1, f"{self.tmp}/n1", self.addrs[1], self.addrs,
-                               snapshot_every=1_000_000)
+                               snapshot_every=1_000_000, direct=self.direct)
         for g in self.groups:
             mr.add_group(g, [1, 2, 3], state_machine=CountSM())
         await mr.start()
@@ -220,9 +224,9 @@ async def idle_cpu(c: OurCluster, seconds: float) -> dict[str, Any]:
 
 
 async def ours(scenario: str, groups: int, size: int = 128, count: int = 0, window: int = 1,
-               idle_s: float = 0.0) -> dict[str, Any]:
+               idle_s: float = 0.0, direct: bool = False) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_TMP")) as tmp:
-        c = OurCluster(tmp, groups)
+        c = OurCluster(tmp, groups, direct)
         try:
             mr = await c.start()
             if scenario == "idle":
@@ -235,8 +239,8 @@ async def ours(scenario: str, groups: int, size: int = 128, count: int = 0, wind
                 res = await drive(mr, c.groups, size, count, window)
                 if before is not None:
                     res.update(with_floor(res, before, await asyncio.to_thread(floor, tmp, size)))
-            return {"impl": "jetraft", "scenario": scenario, "groups": groups, "size": size,
-                    "window": window, **res}
+            return {"impl": "jetraft-direct" if direct else "jetraft", "scenario": scenario,
+                    "groups": groups, "size": size, "window": window, **res}
         finally:
             await c.stop()
 
@@ -264,31 +268,33 @@ def plan(args: argparse.Namespace) -> list[tuple[str, Any, Any]]:
     w = str(args.pysyncobj_window)
     rows: list[tuple[str, Any, Any]] = [
         ("128 B, window 1 (low load)",
-         lambda: ours("throughput", 1, 128, 400 // q, 1),
+         lambda **kw: ours("throughput", 1, 128, 400 // q, 1, **kw),
          lambda: pysyncobj("--size", "128", "--count", str(100 // q), "--window", "1")),
         (f"128 B, window {args.window} / pysyncobj {w}",
-         lambda: ours("throughput", 1, 128, 20000 // q, args.window),
+         lambda **kw: ours("throughput", 1, 128, 20000 // q, args.window, **kw),
          lambda: pysyncobj("--size", "128", "--count", str(20000 // q), "--window", w)),
         ("16 KiB, window 1 (low load)",
-         lambda: ours("throughput", 1, 16384, 300 // q, 1),
+         lambda **kw: ours("throughput", 1, 16384, 300 // q, 1, **kw),
          lambda: pysyncobj("--size", "16384", "--count", str(60 // q), "--window", "1")),
         (f"16 KiB, window {args.window_16k} / pysyncobj {w}",
-         lambda: ours("throughput", 1, 16384, 4000 // q, args.window_16k),
+         lambda **kw: ours("throughput", 1, 16384, 4000 // q, args.window_16k, **kw),
          lambda: pysyncobj("--size", "16384", "--count", str(4000 // q), "--window", w)),
         (f"100 busy groups, 128 B, window {args.window} / pysyncobj {w}",
-         lambda: ours("throughput", 100, 128, 20000 // q, args.window),
+         lambda **kw: ours("throughput", 100, 128, 20000 // q, args.window, **kw),
          lambda: pysyncobj("--groups", "100", "--size", "128", "--count", str(20000 // q),
                            "--window", w)),
     ]
     rows.append((f"1,000 busy groups, 128 B, window {args.window}",
-                 lambda: ours("throughput", 1000, 128, args.busy_1000_count // q, args.window),
+                 lambda **kw: ours("throughput", 1000, 128, args.busy_1000_count // q,
+                                   args.window, **kw),
                  None))  # pysyncobj: 1,000 groups never became ready (see docs/raft.md)
     for n in (1, 100, 1000, 10000):
         def py(n: int = n) -> dict[str, Any]:
             return pysyncobj("--groups", str(n), "--idle-seconds", str(args.idle_s))
         skip = n >= 10000 or (n == 1000 and not args.idle_1000_pysyncobj)
         rows.append((f"idle CPU, {n} groups per node",
-                     lambda n=n: ours("idle", n, idle_s=args.idle_s), None if skip else py))
+                     lambda n=n, **kw: ours("idle", n, idle_s=args.idle_s, **kw),
+                     None if skip else py))
     return rows
 
 
@@ -329,6 +335,8 @@ def main() -> None:
                     help="entries of the 1,000-busy-groups row (more: closer to steady state)")
     ap.add_argument("--repeat", type=int, default=1, help="run every row this many times")
     ap.add_argument("--json", default="")
+    ap.add_argument("--lanes", choices=("grpc", "direct", "both"), default="both",
+                    help="ours over gRPC streams, over the direct TCP lane, or both per round")
     args = ap.parse_args()
     results = []
     for title, mine, theirs in plan(args):
@@ -336,20 +344,23 @@ def main() -> None:
             continue
         for k in range(args.repeat):
             la = load()
-            a = asyncio.run(mine())
+            a = asyncio.run(mine()) if args.lanes != "direct" else None
+            d = asyncio.run(mine(direct=True)) if args.lanes != "grpc" else None
             b = theirs() if theirs else None
-            r = {"scenario": title, "round": k + 1, "jetraft": a, "pysyncobj": b,
-                 "load_before": la, "load_after": load()}
+            r = {"scenario": title, "round": k + 1, "jetraft": a, "jetraft_direct": d,
+                 "pysyncobj": b, "load_before": la, "load_after": load()}
             results.append(r)
-            print(f"{title} #{k + 1}: jetraft {fmt(a)} | pysyncobj {fmt(b)} | load {la} -> "
-                  f"{r['load_after']}", file=sys.stderr, flush=True)
-    print("| scenario | round | jetraft (fsync on every member) | pysyncobj 0.3.17 (no fsync) "
-          "| load before -> after |")
-    print("|---|---|---|---|---|")
+            print(f"{title} #{k + 1}: jetraft {fmt(a)} | direct lane {fmt(d)} | pysyncobj "
+                  f"{fmt(b)} | load {la} -> {r['load_after']}", file=sys.stderr, flush=True)
+    print("| scenario | round | jetraft, gRPC lanes (fsync on every member) | jetraft, direct TCP "
+          "lane | pysyncobj 0.3.17 (no fsync) | load before -> after |")
+    print("|---|---|---|---|---|---|")
     for r in results:
-        print(f"| {r['scenario']} | {r['round']} | {fmt(r['jetraft'])} | {fmt(r['pysyncobj'])} "
+        print(f"| {r['scenario']} | {r['round']} | {fmt(r['jetraft'])} | "
+              f"{fmt(r['jetraft_direct'])} | {fmt(r['pysyncobj'])} "
               f"| {r['load_before']} -> {r['load_after']} |")
-    fs = [r["jetraft"]["leader_fsyncs_per_entry"] for r in results if "rate" in r["jetraft"]]
+    fs = [x["leader_fsyncs_per_entry"] for r in results for x in (r["jetraft"], r["jetraft_direct"])
+          if x and "rate" in x]
     if fs:
         print(f"\nfsyncs per committed entry on the leader: {min(fs):.4f} to {max(fs):.3f} "
               "(ours); pysyncobj: 0 (it never fsyncs)")

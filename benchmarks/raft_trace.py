@@ -126,18 +126,28 @@ def install(out: str) -> None:
                 ev("grpc write done")
             return r
 
-    orig_attach = transport_grpc.GrpcTransport._attach
+    if os.environ.get("TRACE_DIRECT"):
+        # The direct TCP lane: its socket write is the "grpc write start" step.
+        from raft import tcp_lane
 
-    def attach(self, lane, link, stream):
-        orig_attach(self, lane, link, Timed(stream))
-    transport_grpc.GrpcTransport._attach = attach
-    orig_detach = transport_grpc.GrpcTransport._detach
+        def on_write_now(self, batch):
+            if any(m.entries for m in batch.messages) or any(
+                    m.type == MsgType.APP_RESP for m in batch.messages):
+                ev("grpc write start")
+        wrap(tcp_lane.TcpStream, "write_now", before=on_write_now)
+    else:
+        orig_attach = transport_grpc.GrpcTransport._attach
 
-    def detach(self, link, lane, stream):
-        if isinstance(lane.stream, Timed) and lane.stream._s is stream:
-            stream = lane.stream
-        orig_detach(self, link, lane, stream)
-    transport_grpc.GrpcTransport._detach = detach
+        def attach(self, lane, link, stream):
+            orig_attach(self, lane, link, Timed(stream))
+        transport_grpc.GrpcTransport._attach = attach
+        orig_detach = transport_grpc.GrpcTransport._detach
+
+        def detach(self, link, lane, stream):
+            if isinstance(lane.stream, Timed) and lane.stream._s is stream:
+                stream = lane.stream
+            orig_detach(self, link, lane, stream)
+        transport_grpc.GrpcTransport._detach = detach
 
     def dump():
         try:
@@ -160,7 +170,7 @@ def follower_main() -> None:
 async def leader(args, tmp: str, outs: list[str]) -> list[tuple[float, float]]:
     from benchmarks.raft_bench import OurCluster
 
-    c = OurCluster(tmp, 1)
+    c = OurCluster(tmp, 1, direct=args.direct)
     orig_popen = subprocess.Popen
 
     def popen(cmd, **kw):
@@ -271,7 +281,11 @@ def main() -> None:
     ap.add_argument("--count", type=int, default=200)
     ap.add_argument("--size", type=int, default=128)
     ap.add_argument("--dir", default=os.environ.get("BENCH_TMP"))
+    ap.add_argument("--direct", action="store_true",
+                    help="members talk over the direct TCP lane (raft/tcp_lane.py)")
     args = ap.parse_args()
+    if args.direct:
+        os.environ["TRACE_DIRECT"] = "1"  # the followers' instrumentation reads it too
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         out = f"{tmp}/trace-leader.json"
         install(out)

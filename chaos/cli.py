@@ -36,10 +36,23 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--rate", type=float, default=0.0, help="publishes/s per publisher (0: max)")
     r.add_argument("--seed", type=int, default=1)
     r.add_argument("--workdir", type=Path, default=None, help="default: a new temp dir")
+    r.add_argument("--audit", choices=["auto", "on", "off"], default="auto",
+                   help="end with `jetraft audit` over every node's data and the acked "
+                        "writes (auto: when pyspark and Java are installed)")
     c = sub.add_parser("check", help="re-check a finished run directory")
     c.add_argument("workdir", type=Path)
     sub.add_parser("faults", help="list the faults")
     return p
+
+
+def _audit_wanted(mode: str) -> tuple[bool, str]:
+    """(run the audit, why it cannot run when asked for)."""
+    if mode == "off":
+        return False, ""
+    from chaos.audit import available
+
+    ok, why = available()
+    return ok, ("" if ok or mode == "auto" else why)
 
 
 async def _cancellable(coro: Any) -> Any:
@@ -69,12 +82,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     if why:
         print(f"chaos: {why}", file=sys.stderr)
         return 2
+    audit, why = _audit_wanted(args.audit)
+    if why:
+        print(f"chaos: --audit on: {why}", file=sys.stderr)
+        return 2
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="chaos-"))
     spec = Spec(replicas=args.replicas or min(3, args.nodes), publishers=args.publishers,
                 consumers=args.consumers, rate=args.rate, creators=args.creators)
     cfg = RunConfig(workdir=workdir, nodes=args.nodes, fault=args.fault,
                     duration=args.duration, interval=args.interval, hold=args.hold,
-                    net=args.net, seed=args.seed, spec=spec)
+                    net=args.net, seed=args.seed, spec=spec, audit=audit)
     try:
         report = asyncio.run(_cancellable(execute(cfg)))
     except asyncio.CancelledError:

@@ -2,7 +2,10 @@
 read every node's final state, check, and write the report.
 
 Files in the run directory: history.jsonl, state.json (every view), report.json,
-report.md, n<i>/node.log (+ each node's store, kept for the audit).
+report.md, n<i>/node.log (+ each node's store, kept for the audit). With `audit` (the
+default when pyspark and Java are installed) the run ends with `jetraft audit` over every
+node's directory and the acked writes (chaos/audit.py): acked.jsonl, audit/report.html, and
+the run fails on any audit violation.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ class RunConfig:
     seed: int = 1
     settle: float = 3.0  # seconds after the last heal before the drain
     spec: Spec | None = None
+    audit: bool = False  # run `jetraft audit` over the node dirs at the end (chaos/audit.py)
 
 
 def _has_cluster() -> bool:
@@ -152,8 +156,14 @@ async def execute(cfg: RunConfig) -> dict[str, Any]:
             errors.append(f"offline read of {node.name}: {e!r}")
     state.dump(views, cfg.workdir / "state.json")
     verdict = checker.check(read(hist_path), views)
+    audited = None
+    if cfg.audit:
+        from chaos.audit import run_audit
+
+        audited = await asyncio.to_thread(run_audit, cfg.workdir,
+                                          [n.dir for n in cluster.nodes], read(hist_path))
     report = {
-        "ok": verdict.ok and not errors,
+        "ok": verdict.ok and not errors and (audited is None or audited["ok"]),
         "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()
                    if k != "spec"} | {"spec": asdict(spec)},
         "wall_s": round(time.time() - started, 1),
@@ -161,6 +171,7 @@ async def execute(cfg: RunConfig) -> dict[str, Any]:
         "stats": verdict.stats,
         "anomalies": [{"kind": a.kind, **a.detail} for a in verdict.anomalies],
         "errors": errors,
+        "audit": audited,
     }
     write_report(cfg.workdir, report)
     return report
@@ -193,4 +204,9 @@ def write_report(workdir: Path, report: dict[str, Any]) -> None:
         lines += ["## Anomalies", ""] + [f"- {json.dumps(a)}" for a in report["anomalies"]]
     if report["errors"]:
         lines += ["", "## Errors", ""] + [f"- {e}" for e in report["errors"]]
+    a = report.get("audit")
+    if a is not None:
+        lines += ["", "## Audit", "", f"- {a.get('verdict') or a.get('error', '')[:500]}",
+                  f"- report: {a.get('report', '-')}", f"- command: `{a['command']}`"]
+        lines += [f"- {json.dumps(v)}" for v in a.get("violations", [])]
     (workdir / "report.md").write_text("\n".join(lines) + "\n")

@@ -34,6 +34,7 @@ import random
 from collections.abc import Callable
 from typing import Any
 
+from node import msgtrace
 from node.message import Message, Subscription
 from node.sublist import SubList
 
@@ -61,6 +62,8 @@ class Account:
         self.interest_listeners: list[InterestListener] = []
         self.routes: Any = None  # node/cluster AccountRoutes when clustered
         self.in_msgs = self.in_bytes = 0  # publishes that entered this account
+        # accountconf.MsgTraceConfig: messages with a sampled `traceparent` are traced.
+        self.msg_trace: Any = None
 
     def set_limits(self, limits: Any, mappings: Any) -> None:
         """Per-connection limits from the account config (nats-server applies
@@ -207,6 +210,9 @@ class Account:
                  match_subject: str | None = None) -> int:
         """`answer`: send no-responders when nobody received it (the router
         decides that once, over every account the message reached)."""
+        if headers is not None and msgtrace.active is not None:
+            return self._deliver_traced(msgtrace.active, result, publisher, subject, reply,
+                                        headers, payload, answer)
         psubs, qsubs = result.psubs, result.qsubs
         count = 0
         served: set[str] | tuple = ()
@@ -241,6 +247,38 @@ class Account:
             publisher.send_no_responders(subject, reply)
         return count
 
+
+    def _deliver_traced(self, mt: msgtrace.MsgTrace, result: Any, publisher: Any,
+                        subject: str, reply: str | None, headers: bytes, payload: bytes,
+                        answer: bool) -> int:
+        """`_deliver` for a traced message: one egress event per subscription it
+        reaches (with nats-server's error when it may not have it), and no
+        delivery at all for a trace-only message, which still counts where it
+        would have been delivered (a trace-only request then gets no
+        no-responders, as from nats-server; Router._publish_traced differs). A trace-only
+        message is not forwarded to peers: they would deliver it (tracing
+        across routes is not built)."""
+        msg = Message(subject, reply, headers, payload)
+        count = 0
+        for sub in result.psubs:
+            if not sub.dead and _traced_delivery(mt, sub, publisher, msg, None, self.name):
+                count += 1
+        for queue, members in result.qsubs.items():
+            n = len(members)
+            start = random.randrange(n) if n > 1 else 0
+            for i in range(n):
+                sub = members[(start + i) % n]
+                if not sub.dead and _traced_delivery(mt, sub, publisher, msg, queue, self.name):
+                    count += 1
+                    break
+        if self.expired:
+            self.reap()
+        routes = self.routes
+        if routes is not None and not mt.only and not getattr(publisher, "from_route", False):
+            count += routes.forward(subject, reply, headers, payload, ())
+        if count == 0 and answer and reply and publisher is not None and publisher.no_responders:
+            publisher.send_no_responders(subject, reply)
+        return count
 
     def deliver_routed(self, publisher: Any, subject: str, reply: str | None,
                        headers: bytes | None, payload: bytes, queues: Any,
@@ -282,3 +320,28 @@ def _deliver_to_group(members: list, skip: Any, msg: Message) -> bool:
         if sub.client.deliver(sub, msg):
             return True
     return False
+
+
+def _traced_delivery(mt: msgtrace.MsgTrace, sub: Subscription, publisher: Any, msg: Message,
+                     queue: str | None, account: str) -> bool:
+    """Record the egress to `sub` and deliver unless the trace is trace-only."""
+    client = sub.client
+    stream = getattr(sub.callback, "trace_stream", None)
+    if stream is not None:  # a JetStream stream's capture: nats-server's `js` event
+        mt.jetstream(stream, msg.subject)
+        return True if mt.only else bool(client.deliver(sub, msg))
+    kind = getattr(getattr(client, "kind", None), "value", "Client")
+    name = (getattr(client, "opts", None) or {}).get("name") or ""
+    cid = getattr(client, "cid", 0)
+    error = None
+    if publisher is not None and client is publisher and not publisher.echo:
+        error = msgtrace.NO_ECHO
+    elif getattr(client, "closed", False):
+        error = msgtrace.CLIENT_CLOSED
+    elif (perms := getattr(client, "perms", None)) is not None \
+            and not perms.can_deliver(msg.subject):
+        error = msgtrace.SUB_DENIED
+    mt.egress(kind, cid, name, sub.subject, queue, error, account)
+    if error is not None:
+        return False
+    return True if mt.only else bool(client.deliver(sub, msg))

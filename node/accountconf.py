@@ -47,7 +47,15 @@ from node.mapping import (
     untokenize,
 )
 from node.options import Permissions
-from node.subject import FWC, PWC, SEP, subject_matches, subjects_collide, valid_subject
+from node.subject import (
+    FWC,
+    PWC,
+    SEP,
+    subject_matches,
+    subjects_collide,
+    valid_literal_subject,
+    valid_subject,
+)
 
 GLOBAL_ACCOUNT = "$G"
 DEFAULT_SYSTEM_ACCOUNT = "$SYS"
@@ -103,6 +111,7 @@ class ServiceExport:
     latency_subject: str | None = None
     latency_sampling: int = 100
     token_position: int = 0
+    allow_trace: bool = False  # a traced request's trace continues in the exporter
 
     def allows(self, account: str, subject: str) -> bool:
         return _export_allows(self.subject, self.accounts, self.token_position, account, subject)
@@ -146,6 +155,7 @@ class StreamImport:
     prefix: str = ""
     to: str = ""
     transform: Transform | None = None  # subject -> to, when `to` is a remap
+    allow_trace: bool = False  # a traced message's trace continues in the importer
 
     @property
     def local_subject(self) -> str:
@@ -198,6 +208,15 @@ class JetStreamLimits:
     store_max_stream_bytes: int = UNLIMITED
 
 
+@dataclass(frozen=True)
+class MsgTraceConfig:
+    """`msg_trace {dest, sampling}`: sampled W3C `traceparent` messages are traced to
+    `dest` (node/msgtrace.py), `sampling` percent of them."""
+
+    dest: str
+    sampling: int = 100
+
+
 @dataclass
 class AccountConfig:
     name: str
@@ -211,6 +230,7 @@ class AccountConfig:
     mappings: MappingTable = field(default_factory=MappingTable)
     limits: AccountLimits = field(default_factory=AccountLimits)
     jetstream: JetStreamLimits = field(default_factory=JetStreamLimits)
+    msg_trace: MsgTraceConfig | None = None
     # Where the users were written, for duplicate-user errors.
     users_where: Any = field(default=None, repr=False, compare=False)
 
@@ -446,6 +466,7 @@ def _export(f: _Field) -> StreamExport | ServiceExport | None:
     kind, subject, accounts, position = None, "", None, 0
     rtype: ResponseType | None = None
     threshold, latency = None, None
+    allow_trace: _Field | None = None
     for sub in _fields(f.value, f.path + "."):
         if sub.key in ("stream", "service"):
             if kind is not None and kind != sub.key:
@@ -464,8 +485,12 @@ def _export(f: _Field) -> StreamExport | ServiceExport | None:
             latency = sub.value
         elif sub.key == "account_token_position":
             position = _int(sub)
+        elif sub.key == "allow_trace":
+            allow_trace = sub
         elif not _used_as_var(f.value, sub):
             raise sub.fail(f'unknown field "{sub.name}"')
+    if kind == "stream" and allow_trace is not None:
+        raise allow_trace.fail("Detected allow_trace directive on non-service")
     if kind == "stream" and (rtype is not None or threshold is not None or latency is not None):
         raise f.fail("Detected response directive on non-service")
     if kind == "stream":
@@ -475,7 +500,8 @@ def _export(f: _Field) -> StreamExport | ServiceExport | None:
         if isinstance(latency, dict):
             lat_subject = latency.get("subject")
         return ServiceExport(subject, accounts, rtype or ResponseType.SINGLETON, threshold,
-                             lat_subject, token_position=position)
+                             lat_subject, token_position=position,
+                             allow_trace=allow_trace is not None and _bool(allow_trace))
     return None  # an empty entry: nats-server ignores it
 
 
@@ -501,6 +527,7 @@ def _import(f: _Field) -> StreamImport | ServiceImport | None:
         raise f.fail(f"Import Items should be a map with type entry, got {type(f.value).__name__}")
     kind, account, subject, prefix, to, share = None, "", "", "", "", False
     to_field: _Field | None = None
+    allow_trace: _Field | None = None
     for sub in _fields(f.value, f.path + "."):
         if sub.key in ("stream", "service"):
             if kind is not None and kind != sub.key:
@@ -513,13 +540,18 @@ def _import(f: _Field) -> StreamImport | ServiceImport | None:
             to, to_field = _str(sub), sub
         elif sub.key == "share":
             share = _bool(sub)
+        elif sub.key == "allow_trace":
+            allow_trace = sub
         elif not _used_as_var(f.value, sub):
             raise sub.fail(f'unknown field "{sub.name}"')
+    if kind == "service" and allow_trace is not None:
+        raise allow_trace.fail("Detected allow_trace directive on a non-stream")
     if kind == "stream":
         if prefix and to:
             assert to_field is not None
             raise to_field.fail("Stream import can not have a 'prefix' and a 'to' property")
-        return StreamImport(account, subject, prefix, to)
+        return StreamImport(account, subject, prefix, to,
+                            allow_trace=allow_trace is not None and _bool(allow_trace))
     if kind == "service":
         return ServiceImport(account, subject, to, share)
     return None
@@ -558,6 +590,8 @@ def _account(name: str, f: _Field) -> AccountConfig:
             acc.limits = _limits(sub)
         elif sub.key == "jetstream":
             acc.jetstream = _jetstream(sub)
+        elif sub.key == "msg_trace":
+            acc.msg_trace = _msg_trace(sub)
         elif not _used_as_var(f.value, sub):
             raise sub.fail(f'unknown field "{sub.name}"')
     for u in acc.users:
@@ -565,6 +599,37 @@ def _account(name: str, f: _Field) -> AccountConfig:
             u.permissions = acc.default_permissions
     acc.users_where = users_field
     return acc
+
+
+def _msg_trace(f: _Field) -> MsgTraceConfig | None:
+    """nats-server's account `msg_trace`: a destination string, or {dest, sampling}."""
+    if isinstance(f.value, str):
+        fields = [f]
+        dest_field: _Field | None = f
+    else:
+        fields = _fields(_block(f), f.path + ".")
+        dest_field = None
+    sampling = 100
+    for sub in fields:
+        if sub is f:
+            continue
+        if sub.key == "dest":
+            dest_field = sub
+        elif sub.key == "sampling":
+            value = str(sub.value).strip().rstrip("%")
+            sampling = int(value) if value.lstrip("-").isdigit() else -1
+            if not 1 <= sampling <= 100:
+                raise sub.fail(f"Ttrace destination sampling value {sub.value} is invalid, "
+                               "needs to be [1..100]")
+        elif not _used_as_var(f.value, sub):
+            raise sub.fail(f'Unknown field "{sub.name}" parsing account message trace '
+                           f'map/struct "{f.name}"')
+    if dest_field is None:
+        return None  # nats-server: sampling ignored since no destination was set
+    dest = _str(dest_field)
+    if not valid_literal_subject(dest):
+        raise dest_field.fail(f'Trace destination "{dest}" is not valid')
+    return MsgTraceConfig(dest, sampling)
 
 
 def _exports(f: _Field) -> tuple[list[StreamExport], list[ServiceExport]]:
@@ -810,6 +875,8 @@ class StreamDelivery:
 
     account: str
     subject: str
+    allow_trace: bool = False  # the import lets a trace continue into `account`
+    prefix: str = ""  # the import's prefix (a traced egress names the subscription without it)
 
 
 @dataclass(frozen=True)
@@ -866,7 +933,8 @@ class ImportIndex:
             if source is None or source.stream_export_for(importer, subject) is None:
                 continue
             fixed = fixed and si.transform is None
-            out.append(StreamDelivery(importer, _stream_local_subject(si, subject)))
+            out.append(StreamDelivery(importer, _stream_local_subject(si, subject),
+                                      si.allow_trace, si.prefix))
         return out, fixed
 
     def service_route(self, importer: str, subject: str) -> ServiceRoute | None:

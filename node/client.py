@@ -32,7 +32,7 @@ import time
 from collections import deque
 from typing import Any, Protocol
 
-from node import tls
+from node import msgtrace, tls
 from node.account import GLOBAL_ACCOUNT, Account
 from node.auth import (
     AUTH_TIMEOUT,
@@ -729,12 +729,53 @@ class Client(asyncio.Protocol):
         if self.pedantic and not _valid_pub_subject(subject):
             self.send_err(INVALID_PUB_SUBJECT)  # nats-server still routes it
         perms = self.perms
+        if headers is not None and (msgtrace.TRACE_DEST_MARK in headers
+                                    or self.account.msg_trace is not None):
+            mt = msgtrace.start(headers, len(payload), self.account.msg_trace)
+            if mt is not None:
+                self._on_traced_pub(mt, subject, reply, headers, payload)
+                return
         if perms is not None and not perms.can_publish(subject, time.monotonic()):
             self.send_err(pub_violation(subject))
             return
         if self.verbose:
             self.write(_OK)
         self.account.publish(self, subject, reply, headers, payload)
+
+    def _on_traced_pub(self, mt: msgtrace.MsgTrace, subject: str, reply: str | None,
+                       headers: bytes, payload: bytes) -> None:
+        """A publish with `Nats-Trace-Dest`: routed with the trace active, then the
+        events go to the trace destination. A destination the publisher may not
+        publish to refuses the whole message (nats-server's -ERR names the
+        destination), and no events are sent."""
+        perms = self.perms
+        now = time.monotonic()
+        if perms is not None and not perms.can_publish(mt.dest, now):
+            self.send_err(pub_violation(mt.dest))
+            return
+        name = self.opts.get("name") or ""
+        if perms is not None and not perms.can_publish(subject, now):
+            mt.ingress(self.kind.value, self.cid, name, self.account.name, subject,
+                       f'Permissions Violation for Publish to "{subject}"')
+            self._send_trace(mt)
+            self.send_err(pub_violation(subject))
+            return
+        if self.verbose:
+            self.write(_OK)
+        mt.ingress(self.kind.value, self.cid, name, self.account.name, subject)
+        msgtrace.active = mt
+        try:
+            self.account.publish(self, subject, reply, headers, payload)
+        finally:
+            msgtrace.active = None
+        self._send_trace(mt)
+
+    def _send_trace(self, mt: msgtrace.MsgTrace) -> None:
+        """The trace document, published by the server in the publisher's account."""
+        system = getattr(self.server, "system", None)
+        server = system.server_info() if system is not None else {}
+        body = json.dumps(mt.document(server)).encode()
+        self.account.publish(None, mt.dest, None, None, body)
 
     def send_no_responders(self, subject: str, reply: str) -> None:
         """503 status to the requester's own subscription on the reply subject."""

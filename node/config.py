@@ -799,6 +799,7 @@ _JS_HANDLERS: dict[str, Handler] = {
     "ek": _setter("key", _str),
     "encryption_key": _setter("key", _str),
     "cipher": _setter("cipher", lambda f: _cipher(f)),
+    "audit_archive": _setter("audit_archive", _bool),  # jetraft's: keep old WAL segments
 }
 _JS_UNSUPPORTED = frozenset({
     "domain", "max_outstanding_catchup", "max_buffered_size", "max_buffered_msgs",

@@ -28,6 +28,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from node import msgtrace
 from node.accountconf import AccountsConfig, ImportIndex, ResponseType
 from node.mapping import MappingTable
 
@@ -81,6 +82,9 @@ class Router:
 
     def publish(self, account: Account, publisher: Any, subject: str, reply: str | None,
                 headers: bytes | None, payload: bytes) -> int:
+        if headers is not None and msgtrace.active is not None:
+            return self._publish_traced(msgtrace.active, account, publisher, subject, reply,
+                                        headers, payload)
         mappings: MappingTable | None = account.mappings
         if mappings:
             mapped = mappings.apply(subject, self.rng, cluster=self.cluster)
@@ -111,6 +115,84 @@ class Router:
         if count == 0 and reply and publisher is not None and publisher.no_responders:
             publisher.send_no_responders(subject, reply)
         return count
+
+    def _publish_traced(self, mt: msgtrace.MsgTrace, account: Account, publisher: Any,
+                        subject: str, reply: str | None, headers: bytes,
+                        payload: bytes) -> int:
+        """`publish` for a traced message, step for step, recording the mapping,
+        the service import and each stream export. The trace ends at an account
+        boundary: the exporter receives the request with the trace disabled, the
+        importer its copy untraced (so neither adds egress events) unless the export
+        (service) or the import (stream) has `allow_trace`, and a trace-only message
+        crosses no boundary the trace does not follow. A crossing it did not
+        make counts for nothing: a trace-only request that only a service
+        import would serve gets no-responders, as nats-server answers it."""
+        mappings: MappingTable | None = account.mappings
+        if mappings:
+            mapped = mappings.apply(subject, self.rng, cluster=self.cluster)
+            if mapped is not None:
+                if mapped != subject:
+                    mt.mapping(mapped)
+                subject = mapped
+        count = 0
+        if subject.startswith(RESPONSE_PREFIX):
+            count += self._untraced(self._respond, publisher, subject, headers, payload)
+        service = self.index.service_route(account.name, subject)
+        if service is not None and service.account != account.name \
+                and self.accounts.get(service.account) is not None:
+            mt.service_import(service.account, subject, service.subject)
+            if service.export.allow_trace:
+                # The trace goes on in the exporter (its egress events); a trace-only
+                # request opens no response route.
+                count += self._serve(account, publisher, subject, None if mt.only else reply,
+                                     headers, payload)
+            elif not mt.only:
+                count += self._untraced(self._serve, account, publisher, subject, reply,
+                                        msgtrace.disabled_headers(headers), payload)
+        count += account.deliver_local(publisher, subject, reply, headers, payload)
+        for delivery in self.index.stream_deliveries(account.name, subject):
+            importer = self.accounts.get(delivery.account)
+            if importer is None:
+                continue
+            mt.stream_export(delivery.account, delivery.subject)
+            if delivery.allow_trace:
+                mt.strip = delivery.prefix + "." if delivery.prefix else ""
+                try:
+                    count += importer.deliver_local(publisher, delivery.subject, reply, headers,
+                                                    payload)
+                finally:
+                    mt.strip = ""
+            elif not mt.only:
+                count += self._untraced(importer.deliver_local, publisher, delivery.subject,
+                                        reply, headers, payload)
+        if count == 0 and reply and publisher is not None and publisher.no_responders:
+            publisher.send_no_responders(subject, reply)
+        return count
+
+    @staticmethod
+    def _untraced(step: Any, *args: Any) -> int:
+        """Run one routing step beyond the trace's reach, then resume tracing."""
+        mt = msgtrace.active
+        msgtrace.active = None
+        try:
+            return int(step(*args))
+        finally:
+            msgtrace.active = mt
+
+    def _respond(self, publisher: Any, subject: str, headers: bytes | None,
+                 payload: bytes) -> int:
+        """A reply on a `_R_.` subject back to the requester (chained hops followed)."""
+        route = self._response_route(subject)
+        for _ in range(MAX_SERVICE_HOPS):
+            if route is None or not route.reply.startswith(RESPONSE_PREFIX):
+                break
+            back = self._response_route(route.reply)
+            if back is None:
+                break
+            route = back
+        if route is None:
+            return 0
+        return route.account.deliver_local(publisher, route.reply, None, headers, payload)
 
     def _serve(self, account: Account, publisher: Any, subject: str, reply: str | None,
                headers: bytes | None, payload: bytes) -> int:

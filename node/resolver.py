@@ -26,6 +26,7 @@ from node.accountconf import (
     AccountConfig,
     AccountLimits,
     JetStreamLimits,
+    MsgTraceConfig,
     ResponseType,
     ServiceExport,
     ServiceImport,
@@ -51,7 +52,7 @@ from node.mapping import (
     reverse_transform,
     tokenize_wildcards,
 )
-from node.subject import valid_subject
+from node.subject import valid_literal_subject, valid_subject
 
 JWT_SUFFIX = ".jwt"
 # A claim update arrives as a message; bound it like a JWT.
@@ -395,7 +396,8 @@ def _jwt_export(e: dict[str, Any]) -> StreamExport | ServiceExport | None:
     accounts = frozenset() if e.get("token_req") is True else None
     if e.get("type") == "service":
         rtype = _JWT_RESPONSE_TYPES.get(_jwt_str(e, "response_type"), ResponseType.SINGLETON)
-        return ServiceExport(subject, accounts, rtype, token_position=position)
+        return ServiceExport(subject, accounts, rtype, token_position=position,
+                             allow_trace=e.get("allow_trace") is True)
     if e.get("type") == "stream":
         return StreamExport(subject, accounts, position)
     return None
@@ -407,7 +409,7 @@ def _jwt_import(i: dict[str, Any]) -> StreamImport | ServiceImport | None:
     if not valid_subject(subject) or not account or (local and not valid_subject(local)):
         return None
     if i.get("type") == "stream":
-        return StreamImport(account, subject, to=local)
+        return StreamImport(account, subject, to=local, allow_trace=i.get("allow_trace") is True)
     if i.get("type") == "service":
         return ServiceImport(account, subject, to=local, share=i.get("share") is True)
     return None
@@ -468,4 +470,18 @@ def account_config_from_claims(claims: AccountClaims) -> AccountConfig:
         enabled=lim.mem_storage != 0 or lim.disk_storage != 0, max_mem=lim.mem_storage,
         max_file=lim.disk_storage, max_streams=lim.streams, max_consumers=lim.consumer,
         max_ack_pending=lim.max_ack_pending)
+    acc.msg_trace = _jwt_trace(claims.claims.nats.get("trace"))
     return acc
+
+
+def _jwt_trace(trace: Any) -> MsgTraceConfig | None:
+    """The account JWT's `trace {dest, sampling}` (nats-jwt; sampling 0 or absent = 100).
+    One that does not parse is left out, as the other claims here are."""
+    if not isinstance(trace, dict):
+        return None
+    dest = trace.get("dest")
+    sampling = trace.get("sampling") or 100
+    if not isinstance(dest, str) or not valid_literal_subject(dest) \
+            or not isinstance(sampling, int) or not 1 <= sampling <= 100:
+        return None
+    return MsgTraceConfig(dest, sampling)

@@ -168,6 +168,9 @@ class Server:
         used = False
         for account in self.accounts.values():
             account.router = router if router.needs_router(account.name) else None
+            # Account-level message tracing (`msg_trace`), read by Client._on_pub.
+            acc_conf = conf.accounts.get(account.name)
+            account.msg_trace = acc_conf.msg_trace if acc_conf is not None else None
             used = used or account.router is not None
         return router if used else None
 

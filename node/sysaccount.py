@@ -182,7 +182,10 @@ class SystemService:
         info: dict[str, Any] = {"name": s.server_name, "host": s.options.host, "id": s.server_id}
         if s.options.cluster.name:
             info["cluster"] = s.options.cluster.name
-        info.update({"ver": VERSION, "jetstream": s.jetstream is not None, "flags": 0,
+        # nats-server's capability bits, set with JetStream: 1 JetStream enabled,
+        # 2 binary stream snapshots, 4 account NRG (seen from 2.15.1 with -js: 7).
+        flags = 7 if s.jetstream is not None else 0
+        info.update({"ver": VERSION, "jetstream": s.jetstream is not None, "flags": flags,
                      "seq": self.seq, "time": monitor.rfc3339(time.time())})
         return info
 

@@ -233,6 +233,9 @@ class MultiRaft:
         self._kick = asyncio.Event()
         self._force_sync = False
         self._peers: dict[int, bool] = {}  # peer -> believed alive
+        # Loop time the tick loop last came back from a stall (ticks late by more
+        # than an interval): peers' silence is measured from here at the earliest.
+        self._resumed_at = float("-inf")
         # ReadIndex contexts: this process's random nonce, then a counter. A
         # leader may still answer a read of an earlier process of this node
         # after a restart; with a counter alone (restarting at 1) that late
@@ -297,9 +300,12 @@ class MultiRaft:
             self.node_log.close()  # flushes what is buffered
         # After a fatal error nothing more is written: close() would flush.
 
-    def add_peer(self, node: int, addr: str) -> None:
-        """Reach node `node` at `addr` from now on (no restart)."""
-        self.transport.add_peer(node, addr)
+    def add_peer(self, node: int, addr: str, direct: str | None = None) -> None:
+        """Reach node `node` at `addr` (or its direct TCP lane at `direct`) from now on."""
+        if direct is None:
+            self.transport.add_peer(node, addr)
+        else:
+            self.transport.add_peer(node, addr, direct)
         self._peers.setdefault(node, True)
 
     def remove_peer(self, node: int) -> None:
@@ -1128,8 +1134,15 @@ class MultiRaft:
         while True:
             next_at += self.tick_interval_s
             await clock.sleep(max(0.0, next_at - clock.now()))
-            if clock.now() - next_at > self.tick_interval_s * 5:
-                next_at = clock.now()  # fell far behind (overloaded): don't burst ticks
+            if clock.now() - next_at > self.tick_interval_s:
+                # The loop was stalled (overloaded machine, a long pass): missed
+                # ticks are dropped, not caught up. A burst of ticks before the
+                # input that queued meanwhile is read would age every group's
+                # election timer, and every peer's silence, by the stall itself
+                # (measured: 1,000 busy groups on a loaded machine lost their
+                # leaders this way). Timeouts count ticks the loop actually ran.
+                next_at = clock.now()
+                self._resumed_at = next_at
             self._on_tick()
 
     def _on_tick(self) -> None:
@@ -1165,14 +1178,18 @@ class MultiRaft:
             self._mark(g.name)
 
     def _check_peers(self) -> None:
+        """A peer is dead after dead_after_s of silence while this loop ran:
+        after a local stall, its beats may be waiting unread in our sockets."""
         now = self.clock.now()
         for peer, alive in self._peers.items():
             try:
                 seen = self.transport.last_seen(peer)
             except KeyError:
                 continue
-            is_alive = seen > 0 and now - seen <= self.dead_after_s
+            is_alive = seen > 0 and now - max(seen, self._resumed_at) <= self.dead_after_s
             if alive and not is_alive:
+                log.warning("multiraft %d: node %d silent for %.2fs: waking the groups it leads",
+                            self.node_id, peer, now - seen)
                 self._wake_led_by(peer)
             self._peers[peer] = is_alive
 
@@ -1241,7 +1258,9 @@ def create(
     from raft.transport_grpc import GrpcTransport  # grpc is heavy: only when wanted
 
     tls = kw.pop("tls", None)
+    direct = kw.pop("direct", None)  # node -> direct TCP lane address (raft/tcp_lane.py)
     node_log = NodeLog(f"{dir}/wal", disk=kw.pop("disk", None), **kw.pop("log_options", {}))
     mr = MultiRaft(node_id, node_log, snap_dir=f"{dir}/snap", **kw)
-    mr.bind_transport(GrpcTransport(node_id, listen, peers, tls=tls, **mr.transport_callbacks()))
+    mr.bind_transport(GrpcTransport(node_id, listen, peers, tls=tls, direct=direct,
+                                    **mr.transport_callbacks()))
     return mr

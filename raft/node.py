@@ -313,7 +313,8 @@ async def run(args: argparse.Namespace) -> None:
 
     mr = create(args.id, args.dir, args.listen, peers, tick_interval_s=args.tick,
                 snapshot_every=args.snapshot_every, on_fatal=on_fatal,
-                log_options={"segment_bytes": args.segment_bytes})
+                log_options={"segment_bytes": args.segment_bytes},
+                direct=parse_peers(args.direct) if args.direct else None)
     sms = {}
     store = LmdbStore(os.path.join(args.dir, "sm")) if args.sm == "full" else None
     for k in range(args.groups):
@@ -349,6 +350,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--segment-bytes", type=int, default=64 << 20)
     ap.add_argument("--tick", type=float, default=0.1)
     ap.add_argument("--uvloop", action="store_true")
+    ap.add_argument("--direct", default="",
+                    help="id=host:port,... direct TCP lanes (raft/tcp_lane.py) instead of gRPC")
     args = ap.parse_args(argv)
     logging.basicConfig(level=os.environ.get("JETRAFT_LOG", "WARNING"))
     if args.uvloop:

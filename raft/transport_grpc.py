@@ -20,6 +20,12 @@ the stream's proven peer, a local-only type, a SNAP outside the Snapshot
 RPC, or a type this version does not know is dropped (counted in
 `dropped_in`), without ending the stream.
 
+With `direct` addresses (opt-in), both lanes to a peer that has one run over
+plain TCP (`raft/tcp_lane.py`: the same Batches, hello and checks, without
+gRPC aio's thread hops, which cost most of a low-load commit); a batch for
+an idle direct lane is written to its socket at once instead of going through
+the writer task. Snapshots stay on gRPC.
+
 Snapshots use their own `Snapshot` RPC on a separate channel (own TCP
 connection), streamed in chunks with every write awaited, so a large transfer
 never delays heartbeats on the Raft stream.
@@ -46,6 +52,7 @@ import grpc
 
 from proto import cluster_pb2 as pb
 from proto import cluster_pb2_grpc as pb_grpc
+from raft import tcp_lane
 from raft.codec import decode_wire, encode_batch, message_from_pb, message_size, message_to_pb
 from raft.types import Message, MsgType
 
@@ -120,6 +127,7 @@ class _Link:
     snap_channel: grpc.aio.Channel | None = None
     tasks: set[asyncio.Task[Any]] = field(default_factory=set)  # writers, dialers, acceptors
     removed: bool = False
+    direct: str | None = None  # the peer's direct TCP lane address, if it has one
 
     @property
     def stream(self) -> Any:
@@ -144,11 +152,15 @@ class GrpcTransport:
         priority_groups: frozenset[str] = PRIORITY_GROUPS,
         server: grpc.aio.Server | None = None,
         channel_factory: Callable[[str, bool], grpc.aio.Channel] | None = None,
+        direct: dict[int, str] | None = None,
     ) -> None:
         """`server`: a running gRPC server owned by someone else (the node's
         cluster port, node/cluster/) to register the Raft service on instead of
         listening on `listen_addr`. `channel_factory(addr, separate)` makes the
-        dialing channels (the cluster's TLS and authorization) instead of `tls`."""
+        dialing channels (the cluster's TLS and authorization) instead of `tls`.
+        `direct`: node id -> address of its direct TCP lane (this node's entry
+        is where it listens); peers listed there are reached over TCP, the
+        others over gRPC streams."""
         self.node_id = node_id
         self.listen_addr = listen_addr
         self.port = 0
@@ -161,10 +173,13 @@ class GrpcTransport:
         self._chunk = chunk_bytes
         self._queue_bytes = queue_bytes
         self._priority_groups = priority_groups
+        self._direct = dict(direct or {})
+        self._direct_server: asyncio.Server | None = None
+        self._ssl: tuple[Any, Any] | None = None  # (server, client) contexts of the direct lane
         self._links: dict[int, _Link] = {}
         for p, a in peers.items():
             if p != node_id:
-                self._links[p] = _Link(p, a)
+                self._links[p] = _Link(p, a, direct=self._direct.get(p))
         self._started = False
         self._tasks: set[asyncio.Task[Any]] = set()
         self._server: grpc.aio.Server | None = None
@@ -179,6 +194,7 @@ class GrpcTransport:
     # ---- lifecycle ---------------------------------------------------------
 
     async def start(self) -> None:
+        await self._start_direct()
         if self._shared_server is not None:
             pb_grpc.add_ClusterServicer_to_server(_Servicer(self), self._shared_server)
             self._started = True
@@ -200,23 +216,35 @@ class GrpcTransport:
         for link in self._links.values():
             self._start_link(link)
 
+    async def _start_direct(self) -> None:
+        mine = self._direct.get(self.node_id)
+        if mine is None:
+            return
+        if self._tls:
+            self._ssl = tcp_lane.contexts(*self._tls)
+        host, port = tcp_lane.split_addr(mine)
+        self._direct_server = await asyncio.start_server(
+            self._accept_direct, host, port, ssl=self._ssl[0] if self._ssl else None,
+            limit=1 << 20)
+
     def _start_link(self, link: _Link) -> None:
         for lane in link.lanes:
             link.tasks.add(self._spawn(self._writer(link, lane)))
             if self.node_id < link.peer:
                 link.tasks.add(self._spawn(self._dial_loop(link, lane)))
 
-    def add_peer(self, node: int, addr: str) -> None:
-        """Start talking to `node` at `addr` (runtime membership). Changing
-        the address of a known peer replaces its connection."""
+    def add_peer(self, node: int, addr: str, direct: str | None = None) -> None:
+        """Start talking to `node` at `addr` (runtime membership), over its
+        direct lane at `direct` if given. Changing the address of a known
+        peer replaces its connection."""
         if node == self.node_id:
             return
         old = self._links.get(node)
         if old is not None:
-            if old.addr == addr:
+            if old.addr == addr and old.direct == direct:
                 return
             self.remove_peer(node)
-        link = _Link(node, addr)
+        link = _Link(node, addr, direct=direct)
         self._links[node] = link
         if self._started and not self._closing:
             self._start_link(link)
@@ -233,7 +261,7 @@ class GrpcTransport:
         for lane in link.lanes:
             stream = lane.stream
             self._detach(link, lane, stream)
-            if isinstance(stream, grpc.aio.Call):
+            if isinstance(stream, (grpc.aio.Call, tcp_lane.TcpStream)):
                 stream.cancel()
         self._spawn(self._close_channels(link))
 
@@ -250,6 +278,8 @@ class GrpcTransport:
         for t in list(self._tasks):
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._direct_server is not None:
+            self._direct_server.close()
         if self._server is not None:
             await self._server.stop(grace=0.2)
         for link in self._links.values():
@@ -363,9 +393,26 @@ class GrpcTransport:
             if target.queue and target.queued_bytes + size > self._queue_bytes:
                 self._unreachable(link.peer, groups)
                 continue
+            if not target.queue and self._write_now(link, target, batch, size):
+                continue
             target.queue.append((batch, groups, size))
             target.queued_bytes += size
             target.ready.set()
+
+    def _write_now(self, link: _Link, lane: _Lane, batch: pb.Batch, size: int) -> bool:
+        """A direct lane with nothing queued takes the batch on its socket now
+        (a writer task would first need a loop turn). False: queue it."""
+        stream = lane.stream
+        if not isinstance(stream, tcp_lane.TcpStream):
+            return False
+        if stream.buffered() + size > self._queue_bytes:
+            return False  # a slow peer: the queue's byte bound applies
+        try:
+            stream.write_now(batch)
+        except Exception as exc:  # a dead stream: the writer path reports it
+            log.info("transport: direct write to node %d failed: %r", link.peer, exc)
+            return False
+        return True
 
     @staticmethod
     def _split(msgs: list[Message]) -> list[tuple[list[Message], int]]:
@@ -482,15 +529,26 @@ class GrpcTransport:
             return grpc.aio.secure_channel(link.addr, creds, options=options)
         return grpc.aio.insecure_channel(link.addr, options=options)
 
+    async def _open(self, link: _Link, lane: _Lane) -> Any:
+        """A new Raft stream to the peer for `lane`: a gRPC call, or a
+        direct TCP connection if the peer has a direct address."""
+        if link.direct is not None:
+            ctx = self._ssl[1] if self._ssl else None
+            async with asyncio.timeout(HANDSHAKE_TIMEOUT):
+                return await tcp_lane.dial(link.direct, ctx, self.tls_name(link.peer),
+                                           MAX_GRPC_MESSAGE)
+        if lane.channel is None:
+            # The bulk lane has its own TCP connection: a full socket
+            # buffer of appends must not hold heartbeats back.
+            lane.channel = self._channel(link, separate=lane.kind != LANE_PRIORITY)
+        return pb_grpc.ClusterStub(lane.channel).Raft(wait_for_ready=True)
+
     async def _dial_loop(self, link: _Link, lane: _Lane) -> None:
         backoff = BACKOFF_MIN
         while not self._closing:
-            if lane.channel is None:
-                # The bulk lane has its own TCP connection: a full socket
-                # buffer of appends must not hold heartbeats back.
-                lane.channel = self._channel(link, separate=lane.kind != LANE_PRIORITY)
-            call = pb_grpc.ClusterStub(lane.channel).Raft(wait_for_ready=True)
+            call = None
             try:
+                call = await self._open(link, lane)
                 hello = pb.Batch(from_node=self.node_id, to_node=link.peer, hello=True,
                                  lane=lane.kind)
                 async with asyncio.timeout(HANDSHAKE_TIMEOUT):
@@ -501,13 +559,14 @@ class GrpcTransport:
                 self._attach(lane, link, call)
                 backoff = BACKOFF_MIN
                 await self._read_loop(link, call.read)
-            except (grpc.aio.AioRpcError, TimeoutError, ConnectionError) as exc:
+            except (grpc.aio.AioRpcError, TimeoutError, OSError) as exc:
                 log.debug("transport: node %d -> %d: %r", self.node_id, link.peer, exc)
             except Exception:  # keep redialing whatever happened
                 log.exception("transport: node %d -> %d: stream failed", self.node_id, link.peer)
             finally:
-                self._detach(link, lane, call)
-                call.cancel()
+                if call is not None:
+                    self._detach(link, lane, call)
+                    call.cancel()
             await asyncio.sleep(backoff * (0.5 + random.random()))
             backoff = min(backoff * 2, BACKOFF_MAX)
 
@@ -544,6 +603,48 @@ class GrpcTransport:
         finally:
             link.tasks.discard(me)
             self._detach(link, lane, context)
+
+    async def _accept_direct(self, reader: asyncio.StreamReader,
+                             writer: asyncio.StreamWriter) -> None:
+        """A peer dialed our direct lane: the same hello and identity checks
+        as `_accept`, then the same read loop."""
+        tcp_lane.tune(writer)
+        stream = tcp_lane.TcpStream(reader, writer, MAX_GRPC_MESSAGE)
+        try:
+            try:
+                async with asyncio.timeout(HANDSHAKE_TIMEOUT):
+                    hello = await stream.read()
+            except TimeoutError:
+                return
+            if hello is grpc.aio.EOF:
+                return
+            link = self._links.get(hello.from_node)
+            if (not hello.hello or hello.to_node != self.node_id or link is None
+                    or link.direct is None or hello.lane not in (LANE_PRIORITY, LANE_BULK)):
+                log.warning("transport: refused a direct stream (unknown peer, node or lane)")
+                return
+            if self._tls and self.tls_name(hello.from_node).encode() not in stream.peer_names():
+                log.warning("transport: refused a direct stream claiming node %d: certificate "
+                            "does not name %s", hello.from_node, self.tls_name(hello.from_node))
+                return
+            lane = link.lanes[hello.lane]
+            stream.write_now(pb.Batch(from_node=self.node_id, to_node=link.peer, hello=True,
+                                      lane=lane.kind))
+            self._attach(lane, link, stream)  # a redial replaces an older stream
+            me = asyncio.current_task()
+            if me is not None:  # remove_peer and stop end this connection
+                link.tasks.add(me)
+                self._tasks.add(me)
+            try:
+                await self._read_loop(link, stream.read)
+            finally:
+                link.tasks.discard(me)
+                self._tasks.discard(me)
+                self._detach(link, lane, stream)
+        except Exception:  # one bad connection must not disturb the others
+            log.exception("transport: direct stream failed")
+        finally:
+            stream.cancel()
 
     # ---- snapshots ----------------------------------------------------------------
 

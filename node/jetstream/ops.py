@@ -246,14 +246,16 @@ def decode(entry: bytes) -> Op:
         raise EntryFormatError(f"entry of {len(entry)} bytes is shorter than its header")
     code, now_ns = _HEAD.unpack_from(entry)
     body = memoryview(entry)[_HEAD.size:]
+    # A plain int lookup (EntryOp is an IntEnum): constructing the enum member cost as much
+    # as decoding a small message.
+    decoder = _DECODERS.get(code)
+    if decoder is None:
+        raise EntryFormatError(f"unknown entry op {code}")
     try:
-        kind = EntryOp(code)
-    except ValueError as exc:
-        raise EntryFormatError(f"unknown entry op {code}") from exc
-    try:
-        return _DECODERS[kind](now_ns, body)
+        return decoder(now_ns, body)
     except UnicodeDecodeError as exc:
-        raise EntryFormatError(f"{kind.name} entry has a subject that is not UTF-8") from exc
+        raise EntryFormatError(
+            f"{EntryOp(code).name} entry has a subject that is not UTF-8") from exc
 
 
 def _fixed(body: memoryview, layout: struct.Struct, what: str) -> tuple[int, ...]:

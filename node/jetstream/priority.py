@@ -17,6 +17,7 @@ Leader-only state, as in nats-server (a new leader starts unpinned). What a pull
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -77,18 +78,20 @@ class PriorityGroups:
         pin = self.pins.get(req.group)
         return pin is None or req.pin_id == pin.pin_id
 
-    def pin_for(self, req: Any, now_ns: int, new_id: str) -> tuple[str, bool]:
+    def pin_for(self, req: Any, now_ns: int, new_id: Callable[[], str]) -> tuple[str, bool]:
         """(the Nats-Pin-Id a message for `req` carries, whether the pin is new) — "" for
-        overflow consumers."""
+        overflow consumers. `new_id()` makes the id of a new pin: called only then (a
+        random id per delivered message cost ~5 % of a fetch's server CPU)."""
         if self.policy != "pinned_client" or not self.active:
             return "", False
         pin = self.pins.get(req.group)
         if pin is not None:
             pin.seen_ns = now_ns
             return pin.pin_id, False
-        self.pins[req.group] = Pin(new_id, now_ns, now_ns)
-        req.pin_id = new_id
-        return new_id, True
+        pin_id = new_id()
+        self.pins[req.group] = Pin(pin_id, now_ns, now_ns)
+        req.pin_id = pin_id
+        return pin_id, True
 
     def unpin(self, group: str) -> bool:
         return self.pins.pop(group, None) is not None

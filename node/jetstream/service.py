@@ -78,7 +78,7 @@ from node.jetstream.stream import Effect, Reply, Republish, Stored, rfc3339
 from node.subject import subject_matches
 from raft.multigroup import MultiRaft, NotLeader, ProposalDropped
 from raft.snapfile import SnapshotFileError
-from raft.storage import NodeLog
+from raft.storage import ARCHIVE_DIR, NodeLog
 
 META_GROUP = "$js"
 NODE_ID = 1
@@ -190,6 +190,7 @@ class _Pull:
         self.pause_seen = ""  # a pause_until seen in effect: its end is advised once
         self.pin_headers: dict[str, str] = {}  # request reply -> Nats-Pin-Id it is served
         self.pacer: Pacer | None = None  # replay original / rate_limit_bps (pacing.py)
+        self.round: asyncio.Future[None] | None = None  # a delivery round not sent yet
 
     def wants(self) -> bool:
         return bool(self.push or self.queue.waiting)
@@ -243,7 +244,8 @@ class JetStreamService:
                            sealer=sealed and sealed.lmdb, files=sealed and sealed.files,
                            tokens=sealed and sealed.tokens)
         raft_dir = os.path.join(self.store_dir, "raft")
-        node_log = NodeLog(os.path.join(raft_dir, "wal"), sealer=sealed and sealed.wal)
+        node_log = _node_log(os.path.join(raft_dir, "wal"),
+                             self.server.options.jetstream.audit_archive, sealed and sealed.wal)
         cluster = getattr(self.server, "cluster", None)
         if cluster is not None:
             self.jsc = ClusterJS(self, cluster)
@@ -557,6 +559,8 @@ class JetStreamService:
                    payload: bytes) -> None:
             self._on_publish(name, subject, reply, hdr, payload)
 
+        # Message tracing (node/msgtrace.py) reports a stream capture as a `js` event.
+        on_msg.trace_stream = jsaccount.name_of(name)  # type: ignore[attr-defined]
         try:
             client = self._client(name)  # the stream's account's subjects, nobody else's
         except KeyError:
@@ -581,6 +585,17 @@ class JetStreamService:
     async def _propose(self, sm: StreamMachine, op: ops.Op) -> int:
         assert self.mr is not None
         return await self.mr.propose(sm.group, ops.encode(op))
+
+    def _propose_future(self, sm: StreamMachine, op: ops.Op) -> asyncio.Future[int]:
+        """`_propose` as a plain future (no Task per proposal: a fetch proposes one entry
+        per delivered message); a refused proposal is a future holding its error."""
+        assert self.mr is not None
+        try:
+            return self.mr.propose_nowait(sm.group, ops.encode(op))
+        except Exception as exc:  # noqa: BLE001 - as the coroutine would raise it to gather
+            fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+            fut.set_exception(exc)
+            return fut
 
     # ------------------------------------------------------------------ publish path
 
@@ -1265,8 +1280,11 @@ class JetStreamService:
 
     async def _h_consumer_info(self, call: api.Call, subject: str, reply: str, body: bytes
                                ) -> dict[str, Any]:
-        return self._consumer_info("consumer_info_response", self._stream(self._key(call)),
-                                   call.consumer)
+        sm = self._stream(self._key(call))
+        pull = self.pulls.get((sm.name, call.consumer))
+        if pull is not None and pull.round is not None:
+            await asyncio.wait((pull.round,))  # a delivery round's messages leave first
+        return self._consumer_info("consumer_info_response", sm, call.consumer)
 
     async def _h_consumer_delete(self, call: api.Call, subject: str, reply: str, body: bytes
                                  ) -> dict[str, Any]:
@@ -1360,6 +1378,8 @@ class JetStreamService:
         if pull.pumping:
             pull.again = True  # the running pump looks again before it stops
             return
+        if not pull.wants():
+            return  # nothing to serve (each ack lands here): no Task for an idle pump
         pull.pumping = True
         self._spawn(self._run_pump(stream, name, pull))
 
@@ -1461,11 +1481,19 @@ class JetStreamService:
         if pull.pacer is not None and sends and not await self._pace(stream, name, pull,
                                                                      sends[0][0]):
             return False
-        results = await asyncio.gather(*(self._propose(sm, e) for e in entries),
-                                       return_exceptions=True)
-        indexes = [r for i, (e, r) in enumerate(zip(entries, results, strict=True))
-                   if isinstance(e, ops.ConsumerDelivered) and i not in skips]
-        self._send_deliveries(sm, name, sends, indexes, pull, pending_at_plan)
+        # Between the apply (delivered state moved) and the send, a CONSUMER.INFO would
+        # report these messages as no longer pending before the client has them (nats-py's
+        # KV watcher then ends its initial values early): it waits for `pull.round`.
+        pull.round = asyncio.get_running_loop().create_future()
+        try:
+            results = await asyncio.gather(*(self._propose_future(sm, e) for e in entries),
+                                           return_exceptions=True)
+            indexes = [r for i, (e, r) in enumerate(zip(entries, results, strict=True))
+                       if isinstance(e, ops.ConsumerDelivered) and i not in skips]
+            self._send_deliveries(sm, name, sends, indexes, pull, pending_at_plan)
+        finally:
+            done, pull.round = pull.round, None
+            done.set_result(None)
         return True
 
     async def _pace(self, stream: str, name: str, pull: _Pull, msg: Any) -> bool:
@@ -1488,7 +1516,7 @@ class JetStreamService:
 
     def _pin(self, stream: str, name: str, pull: _Pull, req: Any, now: int) -> None:
         """A pinned_client group's delivery carries the pin id; the first one pins."""
-        pin, new = pull.queue.priority.pin_for(req, now, backup.nuid())
+        pin, new = pull.queue.priority.pin_for(req, now, backup.nuid)
         if not pin:
             return
         pull.pin_headers[req.reply] = pin
@@ -1560,16 +1588,25 @@ class JetStreamService:
         if kind == AckKind.ACK:
             self._ack_sample(sm, info)
         op = ops.ConsumerAck(time.time_ns(), info.consumer, kind, info.sseq, delay)
-        self._spawn(self._ack(sm, info, op, reply, body, wants_next))
+        self._propose_future(sm, op).add_done_callback(
+            lambda f: self._ack_applied(sm, info, op, reply, body, wants_next, f))
 
-    async def _ack(self, sm: StreamMachine, info: AckInfo, op: ops.ConsumerAck,
-                   reply: str | None, body: bytes, wants_next: bool = False) -> bool:
+    def _ack_applied(self, sm: StreamMachine, info: AckInfo, op: ops.ConsumerAck,
+                     reply: str | None, body: bytes, wants_next: bool,
+                     fut: asyncio.Future[int]) -> bool:
+        """After the ack's entry applied (or was refused): True if it is recorded. A client
+        ack runs this as its proposal's done-callback: no Task per acked message."""
         name = info.consumer
-        try:
-            index = await self._propose(sm, op)
-        except (ProposalDropped, KeyError, NotLeader) as exc:
+        if fut.cancelled():
+            return False
+        exc = fut.exception()
+        if isinstance(exc, (ProposalDropped, KeyError, NotLeader)):
             self.log.warn(f"JetStream ack on {sm.name}/{name} not recorded: {exc!r}")
             return False
+        if exc is not None:
+            self.log.error(f"JetStream ack on {sm.name}/{name} failed: {exc!r}")
+            return False
+        index = fut.result()
         if reply and wants_next:  # +NXT: the reply subject receives the next messages
             if name in sm.stream.consumers:
                 self._next_request(sm.name, name, reply, next_request(body))
@@ -1861,6 +1898,14 @@ def _expiry_due(sm: StreamMachine, now: int) -> bool:
         first = store.first_seq()
         msg = store.load(first) if first else None
         return msg is not None and msg.ts_ns <= now - max_age
+
+
+def _node_log(wal_dir: str, archive: bool, sealer: Any) -> NodeLog:
+    """The node's WAL. With `jetstream { audit_archive: true }` compaction keeps the obsolete
+    segments in wal/archive (read by `jetraft audit`). JETRAFT_WAL_SEGMENT_BYTES lowers the
+    segment size in tests, so that compaction retires segments after a few hundred entries."""
+    size = int(os.environ.get("JETRAFT_WAL_SEGMENT_BYTES", str(64 << 20)))
+    return NodeLog(wal_dir, size, archive_dir=ARCHIVE_DIR if archive else None, sealer=sealer)
 
 
 def _snapshot_every() -> int:

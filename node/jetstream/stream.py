@@ -568,7 +568,9 @@ class Stream:
                 return self._pub_error(op.reply, err)
             data = json.dumps({"val": str(total)}, separators=(",", ":")).encode()
         seq = self._next_seq()
-        previous_of_subject = self.store.last_for_subject(subject)
+        # the subject's previous seq: only a republish header names it (a cursor read)
+        previous_of_subject = (self.store.last_for_subject(subject)
+                               if self.cfg.get("republish") else 0)
         self._put(StoredMsg(seq, subject, hdr, data, op.now_ns))
         self.last_seq, self.last_ts = seq, op.now_ns
         msg_id = h.get(op.hdr, h.MSG_ID) or ""

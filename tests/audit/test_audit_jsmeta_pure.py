@@ -73,3 +73,19 @@ def test_unreadable_entries_are_refused() -> None:
         pass
     else:
         raise AssertionError("unknown op accepted")
+
+
+def test_seen_peers_are_folded_and_compared() -> None:
+    cat = _fold([*LOG, {"op": "seen", "peer": 22}, {"op": "seen", "peer": 11},
+                 {"op": "seen", "peer": 22}])
+    streams, removed = _clustered_belief()
+    assert compare(streams, removed, cat, [11, 22]) == []
+    assert compare(streams, removed, cat, None) == []  # a layout without `seen`
+    assert compare(streams, removed, cat, [22]) == [
+        "seen peers [22] differ from the replayed meta log [11, 22]"]
+    try:
+        Catalogue().apply(2, b'{"op": "seen"}')
+    except BadEntry:
+        pass
+    else:
+        raise AssertionError("seen without a peer accepted")

@@ -206,6 +206,25 @@ def test_ack_lines():
             parse_line(bad, 7)
 
 
+def test_jetstream_ack_lines_name_a_stream(tmp_path):
+    from audit.acked import StreamAck, check_file, parse_any, parse_numbered, stream_acks
+
+    a = parse_any('{"stream": "K", "seq": 4, "data": "p0-1"}', 3)
+    assert a == StreamAck(3, "K", digest_of(b"p0-1"), 4, False)
+    assert isinstance(parse_any('{"group": "g0", "data": "w1"}', 1), type(parse_line(
+        '{"group": "g0", "data": "w1"}', 1)))
+    for bad in ('{"stream": "K", "seq": 0, "data": "x"}', '{"stream": "K"}'):
+        with pytest.raises(AckFileError, match="line 9"):
+            parse_any(bad, 9)
+    path = tmp_path / "acked.jsonl"
+    path.write_text('{"group": "g0", "data": "w1"}\n\n{"stream": "K", "data": "x"}\n')
+    assert check_file(str(path)) == 2
+    assert [s.line for s in stream_acks(str(path))] == [3]
+    # The Spark join takes the group lines only: the stream hook checks the others.
+    assert parse_numbered(('{"stream": "K", "data": "x"}', 2)) is None
+    assert parse_numbered(('{"group": "g0", "data": "w1"}', 0))[:2] == (1, "g0")
+
+
 def test_node_dirs_find_the_wal_and_refuse_two(tmp_path):
     from audit.layout import LayoutError, node_dirs
 

@@ -33,6 +33,10 @@ async def test_fault_run(tmp_path: Path, nodes: int, fault: str) -> None:
     why = applicable(fault, nodes, use_net)
     if why:
         pytest.skip(why)
+    from chaos.audit import available
+
+    # Each run ends with the audit over every node's data when pyspark and Java are here.
     report = await execute(RunConfig(workdir=tmp_path, nodes=nodes, fault=fault,
-                                     duration=60.0, net="netns" if use_net else "loopback"))
+                                     duration=60.0, net="netns" if use_net else "loopback",
+                                     audit=available()[0]))
     assert report["ok"], (tmp_path / "report.md").read_text()

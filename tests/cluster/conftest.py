@@ -9,6 +9,7 @@ import pytest
 
 import node.cluster.local
 from node.cluster.local import LocalCluster
+from tests.cluster.audithelp import spark_or_none, stop_active
 from tests.cluster.jshelp import JsCluster
 from tests.ports import free_port
 
@@ -49,3 +50,13 @@ def js3(tmp_path: Path) -> Iterator[JsCluster]:
         yield c
     finally:
         c.stop()
+
+
+@pytest.fixture(scope="session")
+def audit_spark() -> Iterator[object]:
+    """One Spark session (local mode) for the audits the cluster tests run at their end;
+    None without pyspark/Java (those tests then skip only the audit step)."""
+    s = spark_or_none()
+    yield s
+    if s is not None:
+        stop_active()

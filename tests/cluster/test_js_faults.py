@@ -3,7 +3,12 @@ comparing what the publishers saw acknowledged with what EVERY replica finally h
 from each node's own store through DIRECT.GET, which every replica serves itself).
 
 Default run: one kill -9 of the stream leader while two publishers (connected to the other
-nodes) publish with Nats-Msg-Id and retry until acknowledged. JETRAFT_LONG=1: more rounds."""
+nodes) publish with Nats-Msg-Id and retry until acknowledged. JETRAFT_LONG=1: more rounds.
+
+After each fault test the nodes stop (SIGTERM) and the audit (`jetraft audit`, issue 10) runs
+over the three data directories with the acked-writes file of every PubAck the clients got:
+no violation, every acked message committed once at its seq (skipped without pyspark/Java).
+One Spark session serves the test run (conftest `audit_spark`)."""
 
 from __future__ import annotations
 
@@ -16,10 +21,23 @@ from typing import Any
 import nats
 import pytest
 
+from tests.cluster.audithelp import assert_clean, audit_cluster, write_acked
 from tests.cluster.jshelp import JsCluster, api, connect, errors_in_logs, until
+
+pytestmark = pytest.mark.timeout(600)  # the audit at the end of each test runs Spark jobs
 
 ROUNDS = 3 if os.environ.get("JETRAFT_LONG") else 1
 PER_PUBLISHER = 150
+
+
+def audit_after(spark, cluster: JsCluster, acked: list[tuple[str, str, int]], tmp: Any) -> None:
+    """Stop the nodes, audit their data directories with the acked writes: no violation."""
+    if spark is None:
+        return
+    path = write_acked(tmp / "acked.jsonl", acked)
+    report = audit_cluster(spark, cluster, path)
+    assert_clean(report)
+    assert report["stats"]["replayed_groups"], report["stats"]
 
 
 async def publisher(nc: nats.NATS, pid: int, count: int, acked: list[tuple[str, int]],
@@ -68,7 +86,8 @@ async def last_seq_here(node: Any, stream: str = "K", subject: str = "k") -> int
         await nc.close()
 
 
-async def test_kill_9_of_the_stream_leader_while_publishing(js3: JsCluster) -> None:
+async def test_kill_9_of_the_stream_leader_while_publishing(js3: JsCluster, audit_spark,
+                                                            tmp_path) -> None:
     admin = await connect(js3.nodes[0])
     js = admin.jetstream(timeout=10)
     await js.add_stream(name="K", subjects=["k"], num_replicas=3, allow_direct=True)
@@ -115,13 +134,18 @@ async def test_kill_9_of_the_stream_leader_while_publishing(js3: JsCluster) -> N
     assert r["state"]["messages"] == len(stored) == top
     await nc.close()
     assert errors_in_logs(js3) == []
+    audit_after(audit_spark, js3, [("K", d, seq) for d, seq in acked], tmp_path)
 
 
 async def _at_least(node: Any, seq: int) -> bool:
-    return await last_seq_here(node) >= seq
+    try:
+        return await last_seq_here(node) >= seq
+    except (nats.errors.NoRespondersError, nats.errors.TimeoutError):
+        return False  # the replica is still opening its group after a restart or a heal
 
 
-async def test_meta_leader_killed_during_stream_creation(js3: JsCluster) -> None:
+async def test_meta_leader_killed_during_stream_creation(js3: JsCluster, audit_spark,
+                                                        tmp_path) -> None:
     """Creates in flight while the meta leader is killed: every create that was answered
     with success survives (on every node, after the restart), a retried create succeeds
     (identical config), and every stream takes publishes."""
@@ -152,15 +176,18 @@ async def test_meta_leader_killed_during_stream_creation(js3: JsCluster) -> None
                 r = await until(lambda c=c, name=name: _found(c, name), timeout=20)
                 assert r["config"]["name"] == name, (n.name, r)
         await c.close()
+    acked = []
     for name in names:  # a retry converges (identical config: success, did_create)
         r = await until(lambda name=name: create(name), timeout=30)
         assert r
-        ack = json.loads((await nc.request(name.lower(), b"x", timeout=5)).data)
+        ack = json.loads((await nc.request(name.lower(), name.encode(), timeout=5)).data)
         assert ack["stream"] == name and ack["seq"] >= 1
+        acked.append((name, name, ack["seq"]))
     r = await api(nc, "STREAM.NAMES")
     assert sorted(r["streams"]) == names
     await nc.close()
     assert errors_in_logs(js3) == []
+    audit_after(audit_spark, js3, acked, tmp_path)
 
 
 async def _found(nc: nats.NATS, name: str) -> dict[str, Any] | None:
@@ -188,7 +215,7 @@ async def _check_replicas(js3: JsCluster, acked: list[tuple[str, int]]) -> None:
 
 @pytest.mark.skipif(not os.environ.get("JETRAFT_LONG"), reason="long tier: JETRAFT_LONG=1")
 @pytest.mark.parametrize("fault", ["kill_follower", "sigstop_leader"])
-async def test_fault_while_publishing(js3: JsCluster, fault: str) -> None:
+async def test_fault_while_publishing(js3: JsCluster, fault: str, audit_spark, tmp_path) -> None:
     admin = await connect(js3.nodes[0])
     js = admin.jetstream(timeout=10)
     await js.add_stream(name="K", subjects=["k"], num_replicas=3, allow_direct=True)
@@ -223,9 +250,10 @@ async def test_fault_while_publishing(js3: JsCluster, fault: str) -> None:
     assert len(acked) == 2 * PER_PUBLISHER
     await _check_replicas(js3, acked)
     assert errors_in_logs(js3) == []
+    audit_after(audit_spark, js3, [("K", d, seq) for d, seq in acked], tmp_path)
 
 
-async def test_kill_9_of_every_node_then_restart(js3: JsCluster) -> None:
+async def test_kill_9_of_every_node_then_restart(js3: JsCluster, audit_spark, tmp_path) -> None:
     """All three nodes killed at once: after the restart every stream, message and consumer
     acknowledged before is back on every replica (no stream forgotten)."""
     nc = await connect(js3.nodes[1])
@@ -257,3 +285,5 @@ async def test_kill_9_of_every_node_then_restart(js3: JsCluster) -> None:
     assert (await js.publish("k", b"after")).seq == 101
     await nc.close()
     assert errors_in_logs(js3) == []
+    audit_after(audit_spark, js3, [("K", d, seq) for d, seq in acked] + [("K", "after", 101)],
+                tmp_path)

@@ -11,11 +11,15 @@ import signal
 import time
 from typing import Any
 
+import pytest
+
 from tests.cluster.jshelp import JsCluster, connect, until
-from tests.cluster.test_js_faults import last_seq_here, replica_contents
+from tests.cluster.test_js_faults import audit_after, last_seq_here, replica_contents
 
 
-async def test_wiped_node_rejoins_only_as_a_new_peer(js3: JsCluster) -> None:
+@pytest.mark.timeout(600)  # the audit at the end runs Spark jobs
+async def test_wiped_node_rejoins_only_as_a_new_peer(js3: JsCluster, audit_spark,
+                                                     tmp_path) -> None:
     n1, _, n3 = js3.nodes
     nc = await connect(n1)
     js = nc.jetstream(timeout=10)
@@ -65,6 +69,11 @@ async def test_wiped_node_rejoins_only_as_a_new_peer(js3: JsCluster) -> None:
     await until(lambda: _holds(n3, 102), timeout=30)
     assert (await replica_contents(n3, 102, "W"))[100:] == ["after", "again"]
     await nc.close()
+    # The audit over every node's data (n3's is its third life: a new peer, caught up by
+    # snapshot): no violation, every acked message committed once at its seq.
+    acked = [("W", f"m{i:03d}", i + 1) for i in range(100)] + [("W", "after", 101),
+                                                               ("W", "again", 102)]
+    audit_after(audit_spark, js3, acked, tmp_path)
 
 
 async def _holds(node: Any, seq: int) -> bool:

@@ -229,6 +229,8 @@ def test_jetstream_block() -> None:
     ).jetstream
     assert (js.store_dir, js.max_mem, js.max_file) == ("/data", 10**9, 10 * 1024**3)
     assert (js.sync_interval, js.unique_tag) == ("2m", "az")
+    assert not js.audit_archive
+    assert options("jetstream { audit_archive: true }\n").jetstream.audit_archive
 
 
 def test_cluster_block() -> None:

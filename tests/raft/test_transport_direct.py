@@ -1,0 +1,158 @@
+"""The direct TCP lane (raft/tcp_lane.py): same batches, hello and checks as gRPC.
+
+Real sockets, real TLS (openssl-made PKI), real MultiRaft nodes with their WALs."""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from pathlib import Path
+
+import grpc
+import pytest
+
+from raft import tcp_lane
+from raft.codec import encode_batch
+from raft.transport_grpc import LANE_BULK, LANE_PRIORITY, GrpcTransport
+from raft.types import LOCAL_MSG_TYPES, Entry, Message, MsgType
+from tests.ports import free_port
+from tests.raft import test_mtls_identity
+from tests.raft.test_mtls_identity import Inbox, tls, until
+from tests.raft.test_multigroup import Cluster
+
+pytestmark = pytest.mark.timeout(120)
+pki = test_mtls_identity.pki  # the module-scoped PKI fixture
+
+
+def _app(frm: int, to: int, index: int, group: str = "g") -> Message:
+    return Message(MsgType.APP, group, frm, to, term=2, log_term=2, index=index - 1,
+                   entries=[Entry(2, index, data=b"x")])
+
+
+def _addrs(ids) -> dict[int, str]:
+    return {i: f"127.0.0.1:{free_port()}" for i in ids}
+
+
+async def test_direct_lanes_carry_batches_in_order_and_other_peers_stay_on_grpc():
+    peers, direct = _addrs((1, 2, 3)), _addrs((1, 2))  # node 3 has no direct lane
+    inboxes = {i: Inbox() for i in (1, 2, 3)}
+    ts = {i: GrpcTransport(i, peers[i], peers, inboxes[i], direct=direct) for i in (1, 2, 3)}
+    try:
+        for t in ts.values():
+            await t.start()
+        for t in ts.values():
+            await t.wait_connected(20)
+        lanes = ts[1]._links[2].lanes
+        assert all(isinstance(lane.stream, tcp_lane.TcpStream) for lane in lanes)
+        assert not any(isinstance(lane.stream, tcp_lane.TcpStream)
+                       for lane in ts[1]._links[3].lanes)
+        for k in range(1, 201):  # bulk (entries) and priority (heartbeats) interleaved
+            ts[1].send_now([_app(1, 2, k), _app(1, 3, k),
+                            Message(MsgType.HEARTBEAT, "h", 1, 2, term=2, commit=k)])
+        await until(lambda: len(inboxes[2].msgs) == 400 and len(inboxes[3].msgs) == 200)
+        apps = [m.entries[0].index for m in inboxes[2].msgs if m.type == MsgType.APP]
+        beats = [m.commit for m in inboxes[2].msgs if m.type == MsgType.HEARTBEAT]
+        assert apps == list(range(1, 201)) and beats == list(range(1, 201))
+        assert [m.entries[0].index for m in inboxes[3].msgs] == list(range(1, 201))
+        # A peer restart: the lane is redialed and carries traffic again.
+        await ts[2].stop()
+        ts[2] = GrpcTransport(2, peers[2], peers, inboxes[2], direct=direct)
+        await ts[2].start()
+        await ts[1].wait_connected(20)
+        ts[1].send_now([_app(1, 2, 201)])
+        await until(lambda: any(m.type == MsgType.APP and m.entries[0].index == 201
+                                for m in inboxes[2].msgs))
+    finally:
+        for t in ts.values():
+            await t.stop()
+
+
+async def test_direct_lane_drops_forged_local_and_unknown_messages_stream_stays():
+    peers, direct = _addrs((2, 3)), _addrs((2, 3))
+    inbox = Inbox()
+    b = GrpcTransport(2, peers[2], peers, inbox, direct=direct)
+    try:
+        await b.start()
+        s = await tcp_lane.dial(direct[2], None, None, 1 << 20)  # node 3 by its hello
+        await s.write(tcp_lane.pb.Batch(from_node=3, to_node=2, hello=True, lane=LANE_BULK))
+        assert (await s.read()).hello
+        forged_vote = Message(MsgType.VOTE, "g", 1, 2, term=9, index=100, log_term=9)
+        local = [Message(t, "g", 3, 2, term=2, index=5) for t in sorted(LOCAL_MSG_TYPES)]
+        batch = encode_batch(3, 2, [forged_vote, *local, _app(3, 2, 1)])
+        batch.messages.add(type=99, group="g", frm=3, to=2, term=2)  # a newer version's type
+        await s.write(batch)
+        await s.write(encode_batch(1, 2, [_app(1, 2, 1)]))  # a header claiming node 1
+        await s.write(encode_batch(3, 2, [_app(3, 2, 2)]))  # the stream survived
+        await until(lambda: len(inbox.msgs) >= 2)
+        await asyncio.sleep(0.2)
+        assert [(m.type, m.frm, m.entries[0].index) for m in inbox.msgs] == [
+            (MsgType.APP, 3, 1), (MsgType.APP, 3, 2)]
+        assert b.dropped_in == 1 + len(local) + 1 + 2
+        s.cancel()
+        # An unknown node, a wrong receiver and an unknown lane are refused.
+        for hello in (dict(from_node=7, to_node=2), dict(from_node=3, to_node=5),
+                      dict(from_node=3, to_node=2, lane=9)):
+            s = await tcp_lane.dial(direct[2], None, None, 1 << 20)
+            await s.write(tcp_lane.pb.Batch(hello=True, **hello))
+            assert await s.read() is grpc.aio.EOF
+            s.cancel()
+    finally:
+        await b.stop()
+
+
+async def test_direct_lane_mtls_binds_the_node_to_its_certificate(pki: Path):
+    peers, direct = _addrs((1, 2)), _addrs((1, 2))
+    inbox = Inbox()
+    a = GrpcTransport(1, peers[1], peers, Inbox(), tls=tls(pki, "node-1"), direct=direct)
+    b = GrpcTransport(2, peers[2], peers, inbox, tls=tls(pki, "node-2"), direct=direct)
+    try:
+        await b.start()
+        await a.start()
+        await a.wait_connected(20)
+        assert isinstance(a._links[2].lanes[LANE_PRIORITY].stream, tcp_lane.TcpStream)
+        a.send([_app(1, 2, 1)])
+        await until(lambda: len(inbox.msgs) == 1)
+        # node 3's valid certificate cannot speak as node 1
+        _, client = tcp_lane.contexts(*tls(pki, "node-3"))
+        s = await tcp_lane.dial(direct[2], client, "node-2", 1 << 20)
+        await s.write(tcp_lane.pb.Batch(from_node=1, to_node=2, hello=True))
+        assert await s.read() is grpc.aio.EOF
+        s.cancel()
+        # no client certificate: the TLS handshake fails (the acceptor requires one)
+        bare = ssl.create_default_context(cafile=str(pki / "ca.pem"))
+        with pytest.raises((ssl.SSLError, ConnectionError)):
+            s = await tcp_lane.dial(direct[2], bare, "node-2", 1 << 20)
+            await s.write(tcp_lane.pb.Batch(from_node=1, to_node=2, hello=True))
+            if await s.read() is grpc.aio.EOF:
+                raise ConnectionError("refused after the handshake")
+        # the dialer checks the acceptor's name: node 2 is not node 1
+        _, client1 = tcp_lane.contexts(*tls(pki, "node-1"))
+        with pytest.raises(ssl.SSLCertVerificationError):
+            await tcp_lane.dial(direct[2], client1, "node-1", 1 << 20)
+        assert len(inbox.msgs) == 1
+    finally:
+        await a.stop()
+        await b.stop()
+
+
+async def test_raft_groups_commit_over_direct_lanes_and_survive_a_leader_restart(tmp_path):
+    c = Cluster(tmp_path, direct=_addrs((1, 2, 3)))
+    try:
+        for nid in (1, 2, 3):
+            await c.start(nid, ["a", "b"])
+        for k in range(30):
+            await c.propose("a", b"a%d" % k)
+            await c.propose("b", b"b%d" % k)
+        leader = await c.leader_of("a")
+        assert isinstance(leader.transport._links[next(iter(leader.transport._links))]
+                          .lanes[LANE_BULK].stream, tcp_lane.TcpStream)
+        await c.until(lambda: all(len(c.sms[n]["a"].entries) == 30 for n in c.nodes))
+        old = leader.node_id
+        await c.stop(old)
+        await c.propose("a", b"after")
+        await c.start(old, ["a", "b"])
+        await c.until(lambda: all(c.sms[n]["a"].datas()[-1:] == [b"after"] for n in c.nodes))
+        assert all(c.sms[n]["a"].datas() == [b"a%d" % k for k in range(30)] + [b"after"]
+                   for n in c.nodes)
+    finally:
+        await c.close()

@@ -1,0 +1,114 @@
+"""node/msgtrace.py: which headers start a trace, and the documents it builds."""
+
+from __future__ import annotations
+
+from node import msgtrace
+
+HDR = b"NATS/1.0\r\nNats-Trace-Dest: trace.a\r\nX: 1\r\nX: 2\r\n\r\n"
+
+
+def test_header_map_keeps_keys_and_repeated_values() -> None:
+    assert msgtrace.parse_headers(HDR) == {"Nats-Trace-Dest": ["trace.a"], "X": ["1", "2"]}
+
+
+def test_start_reads_destination_and_size() -> None:
+    mt = msgtrace.start(HDR, 5)
+    assert mt is not None and mt.dest == "trace.a" and not mt.only
+    assert mt.msgsize == len(HDR) + 5
+
+
+def test_no_trace_without_an_exact_literal_destination() -> None:
+    assert msgtrace.start(b"NATS/1.0\r\nnats-trace-dest: t\r\n\r\n", 0) is None
+    assert msgtrace.start(b"NATS/1.0\r\nNats-Trace-Dest: t.*\r\n\r\n", 0) is None
+    assert msgtrace.start(b"NATS/1.0\r\nNats-Trace-Dest: a b\r\n\r\n", 0) is None
+    assert msgtrace.start(b"NATS/1.0\r\nX-Nats-Trace-Dest: t\r\n\r\n", 0) is None
+
+
+def test_trace_only_values() -> None:
+    for value, only in [("1", True), ("true", True), ("TRUE", True), ("on", True),
+                        ("t", False), ("yes", False), ("0", False), ("false", False)]:
+        hdr = f"NATS/1.0\r\nNats-Trace-Dest: t\r\nNats-Trace-Only: {value}\r\n\r\n".encode()
+        mt = msgtrace.start(hdr, 0)
+        assert mt is not None and mt.only is only, value
+
+
+def test_disabled_headers_replace_only_the_destination() -> None:
+    out = msgtrace.disabled_headers(HDR)
+    assert msgtrace.parse_headers(out) == {"Nats-Trace-Dest": ["trace disabled"],
+                                           "X": ["1", "2"]}
+    assert out.endswith(b"\r\n\r\n")
+
+
+def test_document_shape() -> None:
+    mt = msgtrace.start(HDR, 0)
+    assert mt is not None
+    mt.ingress("Client", 7, "", "A", "s")
+    mt.mapping("m")
+    mt.service_import("B", "m", "n")
+    mt.stream_export("C", "p.s")
+    mt.egress("JetStream", 3, "x", "s.>", "q", msgtrace.NO_ECHO)
+    mt.jetstream("S", "s")
+    doc = mt.document({"id": "N"})
+    events = [{k: v for k, v in e.items() if k != "ts"} for e in doc["events"]]
+    assert events == [
+        {"type": "in", "kind": 0, "cid": 7, "acc": "A", "subj": "s"},
+        {"type": "sm", "to": "m"},
+        {"type": "si", "acc": "B", "from": "m", "to": "n"},
+        {"type": "se", "acc": "C", "to": "p.s"},
+        {"type": "eg", "kind": 5, "cid": 3, "name": "x", "sub": "s.>", "queue": "q",
+         "error": msgtrace.NO_ECHO},
+        {"type": "js", "stream": "S", "subject": "s"},
+    ]
+    assert doc["request"] == {"header": {"Nats-Trace-Dest": ["trace.a"], "X": ["1", "2"]},
+                              "msgsize": len(HDR)}
+    assert all(e["ts"].endswith("Z") for e in doc["events"])
+
+
+def test_account_trace_needs_a_sampled_traceparent() -> None:
+    from node.accountconf import MsgTraceConfig
+
+    conf = MsgTraceConfig("acc.t", 100)
+    parent = b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-"
+    for flags, traced in [(b"01", True), (b"03", True), (b"00", False), (b"zz", False)]:
+        hdr = b"NATS/1.0\r\nTRACEPARENT: " + parent + flags + b"\r\n\r\n"
+        mt = msgtrace.start(hdr, 0, conf)
+        assert (mt is not None) is traced, flags
+        assert mt is None or (mt.dest == "acc.t" and not mt.only)
+    assert msgtrace.start(b"NATS/1.0\r\ntraceparent: " + parent + b"01\r\n\r\n", 0) is None
+
+
+def test_account_trace_sampling() -> None:
+    import random
+
+    from node.accountconf import MsgTraceConfig
+
+    hdr = (b"NATS/1.0\r\ntraceparent: "
+           b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01\r\n\r\n")
+    rng = random.Random(7)
+    hits = sum(msgtrace.start(hdr, 0, MsgTraceConfig("t", 25), rng) is not None
+               for _ in range(2000))
+    assert 400 < hits < 600  # 25% of 2,000, well inside 5 sigma
+
+
+def test_jwt_allow_trace_claims() -> None:
+    """nats-jwt's `allow_trace` on a service export and on a stream import."""
+    from node.accountconf import ServiceExport, StreamImport
+    from node.resolver import _jwt_export, _jwt_import
+
+    export = _jwt_export({"type": "service", "subject": "svc.>", "allow_trace": True})
+    assert isinstance(export, ServiceExport) and export.allow_trace
+    plain = _jwt_export({"type": "service", "subject": "svc.>"})
+    assert isinstance(plain, ServiceExport) and not plain.allow_trace
+    imp = _jwt_import({"type": "stream", "subject": "n.>", "account": "A" * 56,
+                       "allow_trace": True})
+    assert isinstance(imp, StreamImport) and imp.allow_trace
+
+
+def test_jwt_account_trace_claim() -> None:
+    from node.accountconf import MsgTraceConfig
+    from node.resolver import _jwt_trace
+
+    assert _jwt_trace({"dest": "t.acc", "sampling": 30}) == MsgTraceConfig("t.acc", 30)
+    assert _jwt_trace({"dest": "t.acc"}) == MsgTraceConfig("t.acc", 100)
+    for bad in [None, "t", {"dest": "t.*"}, {"dest": "t", "sampling": 101}, {"sampling": 5}]:
+        assert _jwt_trace(bad) is None
