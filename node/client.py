@@ -440,9 +440,13 @@ class Client(asyncio.Protocol):
 
     def _update_fast(self) -> None:
         """PUBs skip every per-message check only when none can apply, and only
-        in the account the client is in now (a CONNECT may move it mid-read)."""
+        in the account the client is in now (a CONNECT may move it mid-read).
+        Never while a CONNECT's check runs off the loop (`_held`): what follows
+        that CONNECT in the read must wait for its outcome, and the fast path
+        would publish it at once under the previous login."""
         fast = (self.connected and not self.closed and not self.verbose
-                and not self.pedantic and self.perms is None and not self.tracing)
+                and not self.pedantic and self.perms is None and not self.tracing
+                and self._held is None)
         self.fast_account = self.account if fast else None
 
     # ------------------------------------------------------------------ authentication
@@ -659,6 +663,7 @@ class Client(asyncio.Protocol):
             self._auth_done(options, None)
             return
         self._held = []
+        self._update_fast()  # the rest of this read goes to _on_pub, which holds it
         pause = getattr(self.transport, "pause_reading", None)
         if pause is not None:
             pause()

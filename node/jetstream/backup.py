@@ -26,6 +26,7 @@ from node.jetstream import (
     cluster_meta,
     consumer_config,
     gojson,
+    jsaccount,
     ops,
     replies,
     requests,
@@ -46,7 +47,7 @@ async def snapshot_request(svc: Any, call: api.Call, reply: str, body: bytes
     the deliver subject (snapshot.py has the byte format)."""
     if requests.is_empty_request(body):
         raise ApiError.of("JSBadRequestErr")
-    sm = svc._stream(call.stream)
+    sm = svc._stream(svc._key(call))
     try:
         req = gojson.decode(body, snapshot.SNAPSHOT_REQUEST)
     except gojson.GoJsonError as exc:
@@ -63,7 +64,7 @@ async def snapshot_request(svc: Any, call: api.Call, reply: str, body: bytes
             for n, c in sorted(sm.stream.consumers.items())]
         header = {"config": cfg, "consumers": consumers, "last_seq": sm.stream.last_seq,
                   "last_ts": sm.stream.last_ts}
-    client = svc._requester(reply)
+    client = svc._requester(reply, call.account)
     svc._spawn(_send_snapshot(svc, sm, deliver, header, req.get("chunk_size") or 0,
                                     state, client))
     return {"type": snapshot.SNAPSHOT_TYPE, "config": level_only(cfg), "state": state}
@@ -73,12 +74,14 @@ async def _send_snapshot(svc: Any, sm: Any, deliver: str, header: dict[str, Any]
                          client: dict[str, Any]) -> None:
     """Chunks with an ack reply (`$JS.SNAPSHOT.ACK.<stream>.<id>.<size>.<n>`) except the
     last, then an empty message; waits a little while more than the window is unacked,
-    as nats-server does."""
+    as nats-server does. Everything goes through the stream's account's client."""
     start = svc._now()
-    svc._advise(advisories.snapshot_event("snapshot_create", sm.name, *svc._stamp(),
-                                           state=state, client=client))
+    account, name = jsaccount.split(sm.name)
+    own = svc._client(sm.name)
+    svc._advise(advisories.snapshot_event("snapshot_create", name, *svc._stamp(),
+                                           state=state, client=client), account)
     token = nuid()
-    ack_prefix = snapshot.ack_subject(sm.name, token)
+    ack_prefix = snapshot.ack_subject(name, token)
     out = [0]
 
     def on_ack(_sub: Any, subject: str, *_: Any) -> None:
@@ -87,7 +90,7 @@ async def _send_snapshot(svc: Any, sm: Any, deliver: str, header: dict[str, Any]
         except ValueError:
             pass
 
-    ack_sub = svc.client.subscribe_internal(ack_prefix + ".>", on_ack)
+    ack_sub = own.subscribe_internal(ack_prefix + ".>", on_ack)
     try:
         chunks = snapshot.SnapshotWriter(header).chunks(
             _snapshot_msgs(sm, header["last_seq"]), chunk_size or snapshot.DEFAULT_CHUNK)
@@ -99,15 +102,15 @@ async def _send_snapshot(svc: Any, sm: Any, deliver: str, header: dict[str, Any]
             if out[0] > snapshot.WINDOW:
                 await asyncio.sleep(0.01)
             ack = f"{ack_prefix}.{len(chunk)}.{index}" if ahead is not None else None
-            svc.client.publish(deliver, ack, chunk)
+            own.publish(deliver, ack, chunk)
             out[0] += len(chunk)
             await asyncio.sleep(0)
-        svc.client.publish(deliver, None, b"")
+        own.publish(deliver, None, b"")
         event_id, end = svc._stamp()
-        svc._advise(advisories.snapshot_event("snapshot_complete", sm.name, event_id, end,
-                                               start=start, end=end, client=client))
+        svc._advise(advisories.snapshot_event("snapshot_complete", name, event_id, end,
+                                               start=start, end=end, client=client), account)
     finally:
-        svc.client.remove_sub(ack_sub)
+        own.remove_sub(ack_sub)
 
 def _snapshot_msgs(sm: Any, last: int) -> Any:
     """The stream's messages up to `last`, read 1,000 at a time under the machine's lock
@@ -134,11 +137,13 @@ async def restore_request(svc: Any, call: api.Call, reply: str, body: bytes
     try:
         if requests.is_empty_request(body):
             raise ApiError.of("JSBadRequestErr")
-        if call.stream in svc.streams:
+        if svc._key(call) in svc.streams:
             raise ApiError.of("JSStreamNameExistRestoreFailedErr")
     except ApiError as err:
         return {**replies.error_reply("stream_restore_response", err),
                 "deliver_subject": ""}
+    key = svc._key(call)
+    own = svc._client(key)  # the chunks come in, and the answer goes out, in the account
     deliver = snapshot.restore_subject(call.stream, nuid())
     # the file name holds no client text (a subject token may hold a path separator)
     path = os.path.join(svc.store_dir, f"restore-{secrets.token_hex(8)}")
@@ -149,15 +154,15 @@ async def restore_request(svc: Any, call: api.Call, reply: str, body: bytes
     assert svc.loop is not None
     loop = svc.loop
     state: dict[str, Any] = {"sub": None, "timer": None, "bytes": 0}
-    client = svc._requester(reply)
+    client = svc._requester(reply, call.account)
     start = svc._now()
     svc._advise(advisories.snapshot_event("restore_create", call.stream, *svc._stamp(),
-                                           client=client))
+                                           client=client), call.account)
 
     def give_up() -> None:
         """No chunk for RESTORE_IDLE_S: drop the partial upload (nats-server stalls it)."""
         raw_sink.close()
-        svc.client.remove_sub(state["sub"])
+        own.remove_sub(state["sub"])
         with contextlib.suppress(OSError):
             os.unlink(path)
         svc.log.warn(f"JetStream restore of {call.stream!r} stalled: dropped")
@@ -169,26 +174,27 @@ async def restore_request(svc: Any, call: api.Call, reply: str, body: bytes
             sink.write(data)
             state["bytes"] += len(data)
             if chunk_reply:
-                svc.client.publish(chunk_reply, None, b"")
+                own.publish(chunk_reply, None, b"")
             state["timer"] = loop.call_later(RESTORE_IDLE_S, give_up)
             return
         if sink is not raw_sink:
             sink.close()  # the last sealed chunk
         raw_sink.close()
-        svc.client.remove_sub(state["sub"])
-        svc._spawn(_finish_restore(svc, call.stream, path, chunk_reply, {
+        own.remove_sub(state["sub"])
+        svc._spawn(_finish_restore(svc, key, path, chunk_reply, {
             "start": start, "bytes": state["bytes"], "client": client}))
 
-    state["sub"] = svc.client.subscribe_internal(deliver, on_chunk)
+    state["sub"] = own.subscribe_internal(deliver, on_chunk)
     state["timer"] = loop.call_later(RESTORE_IDLE_S, give_up)
     return {"type": snapshot.RESTORE_TYPE, "deliver_subject": deliver}
 
-async def _finish_restore(svc: Any, name: str, path: str, reply: str | None,
+async def _finish_restore(svc: Any, key: str, path: str, reply: str | None,
                           done: dict[str, Any]) -> None:
     kind = "stream_create_response"
+    account, name = jsaccount.split(key)
     try:
-        out = await _restore_from(svc, name, path)
-        svc._advise(advisories.stream_action("create", name, *svc._stamp()))
+        out = await _restore_from(svc, key, path)
+        svc._advise(advisories.stream_action("create", name, *svc._stamp()), account)
     except ApiError as err:
         out = replies.error_reply(kind, err)
     except (snapshot.SnapshotError, OSError, ValueError, KeyError) as exc:
@@ -200,13 +206,15 @@ async def _finish_restore(svc: Any, name: str, path: str, reply: str | None,
     event_id, end = svc._stamp()
     svc._advise(advisories.snapshot_event(
         "restore_complete", name, event_id, end, start=done["start"], end=end,
-        bytes=done["bytes"], client=done["client"]))
+        bytes=done["bytes"], client=done["client"]), account)
     if reply:
-        svc.client.publish(reply, None, _dumps(out))
+        svc._client(key).publish(reply, None, _dumps(out))
 
-async def _restore_from(svc: Any, name: str, path: str) -> dict[str, Any]:
+async def _restore_from(svc: Any, key: str, path: str) -> dict[str, Any]:
     """Check the whole file first (a damaged backup restores nothing), then create the
-    stream through the catalogue and propose its messages and consumers as entries."""
+    stream (`key`: in its account) through the catalogue, within the account's limits,
+    and propose its messages and consumers as entries."""
+    account, name = jsaccount.split(key)
     codec = svc.env.files if svc.env is not None else None
     reader = snapshot.SnapshotReader()
     with open(path, "rb") as raw:
@@ -220,16 +228,18 @@ async def _restore_from(svc: Any, name: str, path: str) -> dict[str, Any]:
     if cfg["name"] != name:
         raise ApiError.of("JSStreamRestoreErrF", err="snapshot is of another stream")
     async with svc._meta_lock:
-        if name in svc.streams:
+        if key in svc.streams:
             raise ApiError.of("JSStreamNameExistRestoreFailedErr")
-        stored, _created = stream_config.check_create(name, cfg, False, svc._configs())
+        configs = svc._configs(account)
+        stored, _created = stream_config.check_create(name, cfg, False, configs)
+        svc.check_limits(account, stored, configs, creating=True)
         now = time.time_ns()
         assert svc.mr is not None
-        await svc.mr.propose(svc.meta_group, _dumps({
-            "op": "create", "name": name, "config": stream_config.to_wire(stored),
-            "created_ns": now, "group": cluster_meta.group_for(name, now)}))
-        await svc._open_stream(name)
-    sm = svc._stream(name)
+        entry = cluster_meta.create(key, stream_config.to_wire(stored), now, [])
+        del entry["peers"]  # as the single-node STREAM.CREATE writes it
+        await svc.mr.propose(svc.meta_group, _dumps(entry))
+        await svc._open_stream(key)
+    sm = svc._stream(key)
     reader = snapshot.SnapshotReader()
     last_ts = 0
     with open(path, "rb") as raw:
@@ -250,7 +260,7 @@ async def _restore_from(svc: Any, name: str, path: str) -> dict[str, Any]:
                                                    _dumps(c["config"])))
         await svc._propose(sm, ops.ConsumerState(time.time_ns(), c["name"],
                                                   c["state"].encode()))
-    svc._start_push(name)
+    svc._start_push(key)
     info = svc._stream_reply("stream_create_response", sm)
     return {"type": info["type"], "config": info["config"], "created": info["created"],
             "state": info["state"], "ts": info["ts"]}

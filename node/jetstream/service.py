@@ -96,7 +96,6 @@ UNHEARD_GRACE_NS = 2_000_000_000
 PULL_TICK_S = 0.1      # pull-request expiries (408) and redeliveries are looked at this often
 _NAME_CHARS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
 # Served in the global account only for now (see _answer)
-_GLOBAL_ONLY = frozenset({"STREAM.SNAPSHOT", "STREAM.RESTORE"})
 _PAGED = {"total": 0, "offset": 0, "limit": 0}
 # the fields nats-server's 10039 replies carry besides the error (checked, 2.15.1)
 _NOT_ENABLED_EXTRA: dict[str, dict[str, Any]] = {
@@ -835,12 +834,6 @@ class JetStreamService:
                 return forwarded
         handler = getattr(self, "_h_" + call.op.replace(".", "_").lower())
         try:
-            if call.account != jsaccount.GLOBAL and call.op in _GLOBAL_ONLY:
-                # they read or write streams through the global account's client and
-                # API (backup.py, sourcing_wire.py): refused elsewhere rather than let
-                # them reach another account's streams
-                raise ApiError.of("JSStreamGeneralErrorF",
-                                  err=f"{call.op} is served in the global account only")
             out = await handler(call, subject, reply, body)
         except ApiError as err:
             out = replies.error_reply(_kind(call.op), err)
@@ -918,21 +911,6 @@ class JetStreamService:
         others = {n: c for n, c in configs.items() if n != cfg["name"]}
         jsaccount.check_stream(limits, cfg, others, creating)
 
-    @staticmethod
-    def _check_sourcing(call: api.Call, body: bytes) -> None:
-        """Mirrors and sources read their origins through the global account's client and
-        API (sourcing_wire.py): another account's stream may not have them yet, rather than
-        read the global account's streams."""
-        if call.account == jsaccount.GLOBAL:
-            return
-        try:
-            req = json.loads(body or b"{}")
-        except ValueError:
-            return  # the config parser answers that
-        if isinstance(req, dict) and (req.get("mirror") or req.get("sources")):
-            raise ApiError.of("JSStreamGeneralErrorF",
-                              err="mirrors and sources are served in the global account only")
-
     def _stream_reply(self, kind: str, sm: StreamMachine, did_create: bool = False
                       ) -> dict[str, Any]:
         with sm.lock:
@@ -943,7 +921,6 @@ class JetStreamService:
 
     async def _h_stream_create(self, call: api.Call, subject: str, reply: str, body: bytes
                                ) -> dict[str, Any]:
-        self._check_sourcing(call, body)
         if self.jsc is not None:
             return await self.jsc.create_stream(call.stream, body, call.account)
         cfg, pedantic = stream_config.parse_request(body)
@@ -967,7 +944,6 @@ class JetStreamService:
 
     async def _h_stream_update(self, call: api.Call, subject: str, reply: str, body: bytes
                                ) -> dict[str, Any]:
-        self._check_sourcing(call, body)
         if self.jsc is not None:
             out = await self.jsc.update_stream(call.stream, body, call.account)
             self._advise(advisories.stream_action("modify", call.stream, *self._stamp()),
@@ -1075,14 +1051,13 @@ class JetStreamService:
                             ) -> None:
         sm = self.streams.get(self._key(call))
         if sm is None or not sm.stream.cfg.get("allow_direct"):
-            # `mirror_direct` answers for it (mirrors live in the global account only)
-            sm = self.sourcing.direct_mirror(call.stream) \
-                if call.account == jsaccount.GLOBAL else None
-        if sm is None and self.jsc is not None and reply and call.account == jsaccount.GLOBAL:
+            # a `mirror_direct` mirror of it in the same account answers for it
+            sm = self.sourcing.direct_mirror(self._key(call))
+        if sm is None and self.jsc is not None and reply:
             # (reply "": already forwarded) nats-server's mirror answers in the origin's
             # direct-get queue group cluster wide: a node hosting a `mirror_direct` mirror
             # of it answers.
-            frames = await self.sourcing.direct_mirror_elsewhere(call.stream, subject, body)
+            frames = await self.sourcing.direct_mirror_elsewhere(self._key(call), subject, body)
             if frames:
                 return frames
         if sm is None:
@@ -1190,9 +1165,7 @@ class JetStreamService:
     async def _h_consumer_create(self, call: api.Call, subject: str, reply: str, body: bytes
                                  ) -> dict[str, Any]:
         if self.sourcing.is_direct(body):  # a mirror's / source's origin consumer
-            if call.account != jsaccount.GLOBAL:
-                raise ApiError.of("JSStreamNotFoundErr")  # mirrors: global account only
-            return await self.sourcing.create_direct(call.stream, body)
+            return await self.sourcing.create_direct(self._key(call), body)
         req = consumer_config.parse_request(body)
         k = self._key(call)
         sm = self.streams.get(k)
@@ -1316,8 +1289,7 @@ class JetStreamService:
     async def _h_consumer_delete(self, call: api.Call, subject: str, reply: str, body: bytes
                                  ) -> dict[str, Any]:
         sm = self._stream(self._key(call))
-        if call.account == jsaccount.GLOBAL and \
-                self.sourcing.delete_direct(call.stream, call.consumer):
+        if self.sourcing.delete_direct(self._key(call), call.consumer):
             return {"type": replies.TYPE_PREFIX + "consumer_delete_response", "success": True}
         if call.consumer not in sm.stream.consumers:
             raise ApiError.of("JSConsumerNotFoundErr")

@@ -18,6 +18,11 @@ different nodes (the cluster forwards the `$JS.API` request to the origin's lead
   seq, timestamp, pending), asks for flow control every FC_EVERY messages, sends idle
   heartbeats, and ends when nobody listens on its deliver subject for its inactive
   threshold, on CONSUMER.DELETE, or when the origin goes.
+
+Accounts: origin and target are in the same account (the config's origin name is looked up
+in the target's account). Streams are named by their registry key (jsaccount.py) here;
+subjects carry bare names. Each account has its own sourcing client, so requests,
+deliveries and flow control stay inside the account.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ import secrets
 import time
 from typing import Any
 
-from node.jetstream import ops, sourcing
+from node.jetstream import jsaccount, ops, sourcing
 from node.jetstream.consumer import StreamView
 from node.jetstream.errors import ApiError
 from node.jetstream.replies import TYPE_PREFIX
@@ -80,6 +85,8 @@ class SourceLink:
         self.key = key
         self.src = src
         self.mirror = key == sourcing.MIRROR_KEY
+        self.account = jsaccount.account_of(target)
+        self.origin = jsaccount.key(self.account, src["name"])  # same account as the target
         self.lag = 0
         self.last_heard = 0       # time.monotonic_ns() of the last delivery or heartbeat
         self.error: dict[str, Any] | None = None
@@ -124,11 +131,11 @@ class SourceLink:
         if not self.wire.leads(sm):
             raise _Restart  # only the target's leader sources; a follower waits its turn
         with sm.lock:
-            done = sourcing.resume_after(sm.store, self.key, self.wire.identity(self.src["name"]))
+            done = sourcing.resume_after(sm.store, self.key, self.wire.identity(self.origin))
         name = ("JS_MIRROR_" if self.mirror else "JS_SRC_") + _token()
         deliver = ("$JS.M." if self.mirror else "$JS.S.") + _token()
         inbox: asyncio.Queue[tuple[str, str | None, bytes | None, bytes]] = asyncio.Queue()
-        client = self.wire.client
+        client = self.wire.client_for(self.account)
 
         def on_msg(_sub: Any, subject: str, reply: str | None, hdr: bytes | None,
                    data: bytes) -> None:
@@ -139,7 +146,8 @@ class SourceLink:
             body = sourcing.consumer_request(self.src, name, deliver, done, self.mirror,
                                              HEARTBEAT_NS)
             reply = await self.wire.request(
-                f"$JS.API.CONSUMER.CREATE.{self.src['name']}.{name}", json.dumps(body).encode())
+                client, f"$JS.API.CONSUMER.CREATE.{self.src['name']}.{name}",
+                json.dumps(body).encode())
             if "error" in reply:
                 self.error = reply["error"]
                 raise _Restart
@@ -159,7 +167,7 @@ class SourceLink:
     async def _consume(self, inbox: asyncio.Queue[Any]) -> None:
         svc = self.wire.svc
         expected = 1  # the next delivery sequence
-        ident = self.wire.identity(self.src["name"])
+        ident = self.wire.identity(self.origin)
         stall_s = STALL_BEATS * HEARTBEAT_NS / 1e9
         while True:
             try:
@@ -209,7 +217,7 @@ class SourceLink:
                 if stored_to < msgs[-1].origin_seq:
                     raise _Restart  # refused (a full `discard: new` target): retry later
             for answer in answers:  # what came before is committed: the origin may go on
-                self.wire.client.publish(answer, None, b"")
+                self.wire.client_for(self.account).publish(answer, None, b"")
 
 
 class DirectReader:
@@ -217,7 +225,9 @@ class DirectReader:
 
     def __init__(self, wire: SourcingWire, origin: str, name: str, cfg: dict[str, Any]) -> None:
         self.wire = wire
-        self.origin = origin
+        self.origin = origin  # the registry key
+        self.client = wire.client_for(jsaccount.account_of(origin))
+        self.wire_name = jsaccount.name_of(origin)  # what subjects carry
         self.name = name
         self.deliver: str = cfg["deliver_subject"]
         subjects = list(cfg.get("filter_subjects") or [])
@@ -242,15 +252,15 @@ class DirectReader:
             self.next_seq = sourcing.start_seq(self.cfg, StreamView(sm.store, self.filters))
             if self.next_seq == 0:
                 self.next_seq = sm.stream.last_seq + 1
-        prefix = f"$JS.FC.{self.origin}.{self.name}."
-        self.fc_sub = self.wire.client.subscribe_internal(prefix + "*", self._on_fc)
+        prefix = f"$JS.FC.{self.wire_name}.{self.name}."
+        self.fc_sub = self.client.subscribe_internal(prefix + "*", self._on_fc)
         self.task = asyncio.ensure_future(self._run())
 
     def stop(self) -> None:
         if self.task is not None:
             self.task.cancel()
         if self.fc_sub is not None:
-            self.wire.client.remove_sub(self.fc_sub)
+            self.client.remove_sub(self.fc_sub)
             self.fc_sub = None
 
     def _on_fc(self, _sub: Any, subject: str, *_: Any) -> None:
@@ -265,7 +275,7 @@ class DirectReader:
             if self.wire.readers.get(self.name) is self:  # not a successor of the same name
                 self.wire.readers.pop(self.name)
             if self.fc_sub is not None:
-                self.wire.client.remove_sub(self.fc_sub)
+                self.client.remove_sub(self.fc_sub)
                 self.fc_sub = None
 
     async def _loop(self) -> None:
@@ -279,10 +289,10 @@ class DirectReader:
                 # The origin's leadership moved: a direct consumer lives on the leader
                 # (nats-server's too). Tell the link now, rather than after its stall
                 # timeout; it creates the consumer again, which reaches the new leader.
-                self.wire.client.publish(self.deliver, None, b"", _GONE)
+                self.client.publish(self.deliver, None, b"", _GONE)
                 return
             now = time.monotonic_ns()
-            if not self.wire.has_interest(self.deliver):
+            if not self.client.account.has_interest(self.deliver):
                 if now - quiet_since > self.inactive_ns:
                     return
                 await asyncio.sleep(0.1)
@@ -339,7 +349,7 @@ class DirectReader:
             return out, sm.stream.last_seq, more
 
     def _send(self, batch: list[Any], last: int, more: bool) -> None:
-        client = self.wire.client
+        client = self.client
         for i, msg in enumerate(batch):
             self.dseq += 1
             self.last_sseq = msg.seq
@@ -348,14 +358,14 @@ class DirectReader:
             # interior deletes (unfiltered) or by what this read saw (filtered).
             pending = max(0, last - msg.seq) if not self.filters else \
                 len(batch) - i - 1 + (1 if more else 0)
-            ack = (f"$JS.ACK.{self.origin}.{self.name}.1.{msg.seq}.{self.dseq}."
+            ack = (f"$JS.ACK.{self.wire_name}.{self.name}.1.{msg.seq}.{self.dseq}."
                    f"{msg.ts_ns}.{pending}")
             client.account.deliver_as(client, self.deliver, msg.subject, ack, msg.hdr or None,
                                       msg.data)
             self.since_fc += 1
             if self.since_fc >= FC_EVERY and self.cfg.get("flow_control"):
                 self.since_fc = 0
-                self.fc_reply = f"$JS.FC.{self.origin}.{self.name}.{_token(10)}"
+                self.fc_reply = f"$JS.FC.{self.wire_name}.{self.name}.{_token(10)}"
                 self.fc_answered.clear()
                 client.publish(self.deliver, self.fc_reply, b"", _FC_REQUEST)
                 return  # the rest is read again once the target answered
@@ -363,7 +373,7 @@ class DirectReader:
     def _heartbeat(self) -> None:
         hdr = (f"NATS/1.0 100 Idle Heartbeat\r\nNats-Last-Consumer: {self.dseq}\r\n"
                f"Nats-Last-Stream: {self.last_sseq}\r\n\r\n").encode()
-        self.wire.client.publish(self.deliver, None, b"", hdr)
+        self.client.publish(self.deliver, None, b"", hdr)
 
 
 class SourcingWire:
@@ -371,7 +381,8 @@ class SourcingWire:
 
     def __init__(self, svc: Any) -> None:
         self.svc = svc
-        self.client: Any = None
+        self.client: Any = None  # the global account's; others in `clients`, made on use
+        self.clients: dict[str, Any] = {}
         self.links: dict[str, dict[str, SourceLink]] = {}
         self.readers: dict[str, DirectReader] = {}
         self._replies: dict[str, asyncio.Future[bytes]] = {}
@@ -382,14 +393,24 @@ class SourcingWire:
     def start(self) -> None:
         from node.jetstream.service import _jetstream_kind
 
-        self.client = self.svc.server.internal_client(_jetstream_kind(), "jetstream-sourcing")
-        # Unlike the API client, its subscriptions (a link's deliver subject, a reader's
-        # flow-control subjects, request inboxes) must be heard cluster-wide: an origin's
-        # leader and a target's leader may be different nodes. All are unique tokens.
-        self.client.local_only = False
-        self.client.subscribe_internal(self._reply_prefix + "*", self._on_reply)
+        self._kind = _jetstream_kind()
+        self.client = self.client_for(jsaccount.GLOBAL)
         for name in list(self.svc.streams):
             self.sync(name)
+
+    def client_for(self, account: str) -> Any:
+        """The sourcing client of `account` (made on first use): origin and target of a
+        mirror or source are in one account, and so are its requests and deliveries."""
+        client = self.clients.get(account)
+        if client is None:
+            client = self.svc.server.internal_client(self._kind, "jetstream-sourcing", account)
+            # Unlike the API client, its subscriptions (a link's deliver subject, a reader's
+            # flow-control subjects, request inboxes) must be heard cluster-wide: an origin's
+            # leader and a target's leader may be different nodes. All are unique tokens.
+            client.local_only = False
+            client.subscribe_internal(self._reply_prefix + "*", self._on_reply)
+            self.clients[account] = client
+        return client
 
     def stop(self) -> None:
         for links in self.links.values():
@@ -443,23 +464,19 @@ class SourcingWire:
         if fut is not None and not fut.done():
             fut.set_result(data)
 
-    async def request(self, subject: str, body: bytes) -> dict[str, Any]:
+    async def request(self, client: Any, subject: str, body: bytes) -> dict[str, Any]:
+        """A `$JS.API` request in `client`'s account."""
         inbox = self._reply_prefix + _token(10)
         fut: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
         self._replies[inbox] = fut
         try:
-            self.client.publish(subject, inbox, body)
+            client.publish(subject, inbox, body)
             raw = await asyncio.wait_for(fut, REQUEST_TIMEOUT_S)
         except TimeoutError:
             raise _Restart from None
         finally:
             self._replies.pop(inbox, None)
         return json.loads(raw)
-
-    def has_interest(self, subject: str) -> bool:
-        """Someone listens on `subject`: here, or (clustered) on a peer, where the target's
-        leader may run its link."""
-        return bool(self.client.account.has_interest(subject))
 
     def leads(self, sm: Any) -> bool:
         """This node leads `sm`'s group (one node: always, once elected)."""
@@ -470,8 +487,7 @@ class SourcingWire:
 
     def identity(self, origin: str) -> str:
         """The origin's incarnation, from the replicated catalogue (the origin need not be
-        hosted on this node). NOTE for jsacct: a lookup of the origin's catalogue entry by
-        name; if streams become keyed per account, this is the one place to adapt."""
+        hosted on this node); `origin` is its registry key, as the catalogue's."""
         meta = self.svc.meta
         entry = meta.streams.get(origin) if meta is not None else None
         if entry is not None and entry.get("group"):
@@ -525,7 +541,8 @@ class SourcingWire:
         reader = DirectReader(self, origin, name, cfg)
         reader.start(sm)
         self.readers[name] = reader
-        return {"type": TYPE_PREFIX + "consumer_create_response", "stream_name": origin,
+        return {"type": TYPE_PREFIX + "consumer_create_response",
+                "stream_name": jsaccount.name_of(origin),
                 "name": name, "config": cfg,
                 "delivered": {"consumer_seq": 0, "stream_seq": reader.next_seq - 1}}
 
@@ -538,12 +555,14 @@ class SourcingWire:
         return True
 
     def direct_mirror(self, origin: str) -> Any:
-        """A mirror of `origin` with `mirror_direct`: it answers
-        DIRECT.GET for its origin, as nats-server's mirrors join the origin's direct-get
-        queue group (so gets keep working while the origin is gone)."""
+        """A mirror of `origin` (a registry key) with `mirror_direct`, in its account: it
+        answers DIRECT.GET for its origin, as nats-server's mirrors join the origin's
+        direct-get queue group (so gets keep working while the origin is gone)."""
+        account, name = jsaccount.split(origin)
         for sm in self.svc.streams.values():
             cfg = sm.stream.cfg
-            if cfg.get("mirror_direct") and (cfg.get("mirror") or {}).get("name") == origin:
+            if cfg.get("mirror_direct") and (cfg.get("mirror") or {}).get("name") == name \
+                    and jsaccount.account_of(sm.name) == account:
                 return sm
         return None
 
@@ -557,16 +576,18 @@ class SourcingWire:
             return []
         from node.jetstream.cluster import MAX_HOPS, frames_from_wire
 
+        account, name = jsaccount.split(origin)
         for a in meta.streams.values():
             cfg = a["config"]
-            if not cfg.get("mirror_direct") or (cfg.get("mirror") or {}).get("name") != origin:
+            if not cfg.get("mirror_direct") or (cfg.get("mirror") or {}).get("name") != name \
+                    or a.get("account", jsaccount.GLOBAL) != account:
                 continue
             for peer in a.get("peers") or []:
                 if peer == self.svc.node_id or not jsc.is_up(peer):
                     continue
                 try:
                     raw = await jsc.cluster.request(peer, "js.api", json.dumps({
-                        "subject": subject, "reply": "", "hops": MAX_HOPS,
+                        "subject": subject, "reply": "", "hops": MAX_HOPS, "account": account,
                         "body": base64.b64encode(body).decode()}).encode(), REQUEST_TIMEOUT_S)
                 except Exception:  # noqa: BLE001 (that peer cannot answer: try another)
                     continue

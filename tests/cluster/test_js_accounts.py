@@ -8,6 +8,7 @@ test (the second create becomes the first stream's, and B sees A's messages)."""
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -85,7 +86,9 @@ async def test_two_accounts_same_stream_name_on_three_nodes(js3acc: JsCluster) -
         # deleting B's stream leaves A's
         assert (await api(b2, "STREAM.DELETE.S"))["success"] is True
         assert (await api(a2, "STREAM.INFO.S"))["state"]["messages"] == 3
-        assert (await api(b1, "STREAM.INFO.S"))["error"]["err_code"] == 10059
+        async def b_gone() -> bool:  # node 1 applies the meta group's delete a moment later
+            return (await api(b1, "STREAM.INFO.S")).get("error", {}).get("err_code") == 10059
+        await until(b_gone)
         # the account travels in the meta entries: a node restarted replays them
         js3acc.stop_node(n2)
         js3acc.start_node(n2)
@@ -105,4 +108,47 @@ async def test_two_accounts_same_stream_name_on_three_nodes(js3acc: JsCluster) -
         for nc in (a0, b1, a2, b2):
             if not nc.is_closed:
                 await nc.close()
+    assert not [e for e in errors_in_logs(js3acc) if "Traceback" in e]
+
+
+async def test_mirror_and_source_in_an_account_on_three_nodes(js3acc: JsCluster) -> None:
+    """Account A's R3 mirror and R1 source of its R3 origin `O`, created through different
+    nodes (the target's leader asks the origin's leader over the routes, in account A),
+    while account B has its own `O` on the same subjects: only A's messages are copied."""
+    n0, n1, n2 = js3acc.nodes
+    a0 = await connect(n0, user="a", password="p")
+    a1 = await connect(n1, user="a", password="p")
+    a2 = await connect(n2, user="a", password="p")
+    b1 = await connect(n1, user="b", password="p")
+    try:
+        made = await api(b1, "STREAM.CREATE.O", {"name": "O", "subjects": ["o.>"]})
+        assert "error" not in made, made
+        for i in range(2):
+            await b1.request("o.b", f"b{i}".encode(), timeout=10)
+        made = await api(a0, "STREAM.CREATE.O", {"name": "O", "subjects": ["o.>"],
+                                                 "num_replicas": 3})
+        assert "error" not in made, made
+        made = await api(a1, "STREAM.CREATE.M", {"name": "M", "mirror": {"name": "O"},
+                                                 "num_replicas": 3})
+        assert "error" not in made, made
+        made = await api(a2, "STREAM.CREATE.S", {"name": "S", "subjects": ["s.>"],
+                                                 "sources": [{"name": "O"}]})
+        assert "error" not in made, made
+        for i in range(5):
+            ack = await (a0, a1, a2)[i % 3].request("o.a", f"a{i}".encode(), timeout=10)
+            assert b'"seq":%d' % (i + 1) in ack.data
+
+        async def copied() -> bool:
+            m = await api(a0, "STREAM.INFO.M")
+            s = await api(a1, "STREAM.INFO.S")
+            return m["state"]["messages"] == 5 and s["state"]["messages"] == 5
+        await until(copied, timeout=30)
+        for name in ("M", "S"):
+            got = [(await api(a2, f"STREAM.MSG.GET.{name}", {"seq": q}))["message"]["data"]
+                   for q in range(1, 6)]
+            assert [base64.b64decode(d) for d in got] == [f"a{i}".encode() for i in range(5)]
+        assert (await api(b1, "STREAM.INFO.O"))["state"]["messages"] == 2
+    finally:
+        for nc in (a0, a1, a2, b1):
+            await nc.close()
     assert not [e for e in errors_in_logs(js3acc) if "Traceback" in e]

@@ -577,6 +577,84 @@ async def test_websocket_logins_check_connection_types(servers, impl, user):
         assert got == b"MSG a 1 1\r\nx\r\nPONG\r\n"
 
 
+def one_session(port: int, first: bytes, then: bytes, wait: float = 5.0) -> bytes:
+    """Log in with `first` (if any) and wait for its PONG; then send `then` in ONE
+    write and return what came back (up to PONG or the close)."""
+    sock = socket.create_connection((HOST, port), timeout=10)
+    sock.settimeout(wait)
+    buf = b""
+
+    def until_pong() -> bytes:
+        nonlocal buf
+        while not buf.endswith(b"PONG\r\n"):
+            try:
+                data = sock.recv(65536)
+            except (TimeoutError, ConnectionError):
+                data = b""
+            if not data:
+                buf += b"<EOF>"
+                break
+            buf += data
+        out, buf = buf, b""
+        return out
+
+    try:
+        while b"\r\n" not in buf:
+            buf += sock.recv(65536)
+        buf = buf.split(b"\r\n", 1)[1]  # INFO
+        if first:
+            sock.sendall(first + b"PING\r\n")
+            assert until_pong() == b"PONG\r\n"
+        sock.sendall(then + b"PING\r\n")
+        return until_pong()
+    finally:
+        sock.close()
+
+
+def _login(user: str, password: str) -> bytes:
+    body = {"verbose": False, "pedantic": False, "user": user, "pass": password}
+    return b"CONNECT " + json.dumps(body).encode() + b"\r\n"
+
+
+# Each case: (CONNECT already done, the CONNECT that shares its write with a PUB).
+# u may publish anything (no per-message checks: the fast path), r may not publish x.
+HELD_CASES = {
+    "first-bad-password": (b"", _login("u", "wrong")),
+    "first-denied-user": (b"", _login("r", "pw")),
+    "second-bad-password": (_login("u", "pw"), _login("u", "wrong")),
+    "second-denied-user": (_login("u", "pw"), _login("r", "pw")),
+}
+HELD_OUT = {
+    "first-bad-password": b"-ERR 'Authorization Violation'\r\n<EOF>",
+    "first-denied-user": b"-ERR 'Permissions Violation for Publish to \"x\"'\r\nPONG\r\n",
+    "second-bad-password": b"-ERR 'Authorization Violation'\r\n<EOF>",
+    "second-denied-user": b"-ERR 'Permissions Violation for Publish to \"x\"'\r\nPONG\r\n",
+}
+
+
+@pytest.mark.parametrize("impl", BOTH)
+@pytest.mark.parametrize("case", list(HELD_CASES))
+async def test_pub_in_the_same_read_waits_for_the_connect_check(servers, impl, case):
+    """A PUB read together with a CONNECT whose bcrypt check runs off the loop
+    is judged by that CONNECT's outcome: never published under the login before
+    it (nor before any login). nats-server checks inline, so it is the oracle."""
+    extra = (', {user: r, password: %s, permissions: {publish: {deny: ["x"]}}}'
+             ', {user: admin, password: plain}')
+    hashed = json.dumps(bcrypt.hashpw(b"pw", bcrypt.gensalt(rounds=10)).decode())
+    srv = start(servers, impl, bcrypt_users(extra % hashed))
+    admin = await nats.connect(f"nats://{HOST}:{srv.port}", allow_reconnect=False,
+                               user="admin", password="plain")
+    sub = await admin.subscribe("x")
+    await admin.flush(timeout=5)
+    first, then = HELD_CASES[case]
+    out = await asyncio.to_thread(one_session, srv.port, first, then + b"PUB x 1\r\na\r\n")
+    assert out == HELD_OUT[case]
+    await admin.publish("x", b"end")  # ordered after anything the raw client published
+    seen = (await sub.next_msg(timeout=5)).data
+    await admin.close()
+    assert seen == b"end", f"{case}: the probe got a PUB nats-server would not deliver"
+
+
 # --------------------------------------------------------------------------- pinned_certs
 
 
