@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from nats.errors import NoRespondersError, TimeoutError
 
 from node.cluster.local import LocalNode
 from node.jetstream import crypt
@@ -49,10 +50,20 @@ def crypt3(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[CryptClu
 
 
 async def _publish(node: LocalNode, lo: int, hi: int) -> None:
+    """Each message acked once at its own seq. A stopped peer may have led the stream: until
+    a new leader is elected a publish times out, so it is retried under the same Msg-Id
+    (deduplicated: the ack names the first copy's seq)."""
     nc = await connect(node)
     js = nc.jetstream(timeout=10)
     for i in range(lo, hi):
-        ack = await js.publish("k", f"{MARK}-{i}".encode(), headers={"X-M": MARK})
+        headers = {"X-M": MARK, "Nats-Msg-Id": f"m{i}"}
+        for attempt in range(6):
+            try:
+                ack = await js.publish("k", f"{MARK}-{i}".encode(), headers=headers)
+                break
+            except (TimeoutError, NoRespondersError):
+                if attempt == 5:
+                    raise
         assert ack.seq == i + 1
     await nc.close()
 
