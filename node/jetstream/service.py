@@ -210,6 +210,7 @@ class JetStreamService:
         self.subs: dict[str, list[Any]] = {}
         self._subscribed: dict[str, list[str]] = {}  # the subjects `subs` listen on
         self.pulls: dict[tuple[str, str], _Pull] = {}
+        self.creating: set[tuple[str, str]] = set()  # consumers whose create has not replied
         self.batches: dict[str, BatchCollector] = {}  # open atomic batches, per stream
         self._expiring: set[str] = set()  # streams with an EXPIRE entry in flight
         self.consumer_created: dict[tuple[str, str], int] = {}
@@ -1184,7 +1185,13 @@ class JetStreamService:
             if 0 < cap <= len(existing):
                 raise ApiError.of("JSMaximumConsumersLimitErr")
         wire = consumer_config.to_wire(cfg)
-        if created or existing.get(name) is not cfg:
+        if not (created or existing.get(name) is not cfg):
+            return self._consumer_info("consumer_create_response", sm, name)
+        # Nothing is delivered before the reply's state is read: a push consumer's first
+        # deliveries would lower the reply's num_pending, and nats-py's KV watcher then
+        # ends its initial values before they arrive (nats-server replies first too).
+        self.creating.add((k, name))
+        try:
             with sm.lock:
                 view = StreamView(sm.store, _filters(cfg))
                 start, lps = initial_position(cfg, view, sm.stream.last_seq)
@@ -1199,9 +1206,12 @@ class JetStreamService:
             if old is not None:
                 fresh.queue.waiting = old.queue.waiting
                 fresh.delivered_ns, fresh.acked_ns = old.delivered_ns, old.acked_ns
-            if fresh.push:
-                self._pump(k, name)
-        return self._consumer_info("consumer_create_response", sm, name)
+            info = self._consumer_info("consumer_create_response", sm, name)
+        finally:
+            self.creating.discard((k, name))
+        if fresh.push:
+            self._pump(k, name)
+        return info
 
     _h_consumer_durable_create = _h_consumer_create
 
@@ -1378,8 +1388,8 @@ class JetStreamService:
         if pull.pumping:
             pull.again = True  # the running pump looks again before it stops
             return
-        if not pull.wants():
-            return  # nothing to serve (each ack lands here): no Task for an idle pump
+        if not pull.wants() or (stream, name) in self.creating:
+            return  # nothing to serve (each ack lands here), or its create pumps after
         pull.pumping = True
         self._spawn(self._run_pump(stream, name, pull))
 
