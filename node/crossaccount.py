@@ -92,19 +92,7 @@ class Router:
                 subject = mapped
         count = 0
         if subject.startswith(RESPONSE_PREFIX):
-            route = self._response_route(subject)
-            # A chained import's reply passes back through each exporter's own
-            # response route until it reaches the requester's reply subject.
-            for _ in range(MAX_SERVICE_HOPS):
-                if route is None or not route.reply.startswith(RESPONSE_PREFIX):
-                    break
-                back = self._response_route(route.reply)
-                if back is None:
-                    break
-                route = back
-            if route is not None:
-                count += route.account.deliver_local(publisher, route.reply, None, headers,
-                                                     payload)
+            count += self._respond(publisher, subject, headers, payload)
         count += self._serve(account, publisher, subject, reply, headers, payload)
         count += account.deliver_local(publisher, subject, reply, headers, payload)
         for delivery in self.index.stream_deliveries(account.name, subject):
@@ -181,7 +169,9 @@ class Router:
 
     def _respond(self, publisher: Any, subject: str, headers: bytes | None,
                  payload: bytes) -> int:
-        """A reply on a `_R_.` subject back to the requester (chained hops followed)."""
+        """A reply on a `_R_.` subject back to the requester: a chained import's reply
+        passes back through each exporter's own response route until it reaches the
+        requester's reply subject."""
         route = self._response_route(subject)
         for _ in range(MAX_SERVICE_HOPS):
             if route is None or not route.reply.startswith(RESPONSE_PREFIX):
