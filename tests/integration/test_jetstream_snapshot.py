@@ -133,10 +133,15 @@ async def _script(url: str) -> list[Any]:
                     err["description"].startswith("restore failed: ")))
         out.append(await _api(nc, "STREAM.INFO.G"))
         await asyncio.sleep(0.3)
-        # the advisories: snapshot create/complete, restore create/complete (the restored
-        # stream's create between them); their keys, not their times or sizes
-        out.append([(subject, body["type"], sorted(body), sorted(body.get("client", {})))
-                    for subject, body in events])
+        # the advisories: snapshot create/complete, restore create/complete and the restored
+        # stream's create; their keys, not their times or sizes. nats-server sends the
+        # restored stream's create from another goroutine than its restore complete, so
+        # the two arrive in either order there: each stream's restore events are compared
+        # in order, the create advisories apart from them.
+        seen = [(subject, body["type"], sorted(body), sorted(body.get("client", {})))
+                for subject, body in events]
+        created = [e for e in seen if e[0].startswith("$JS.EVENT.ADVISORY.STREAM.CREATED.")]
+        out.append(([e for e in seen if e not in created], created))
     finally:
         await nc.close()
     return out
