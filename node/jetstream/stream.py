@@ -450,6 +450,8 @@ class Stream:
             raise ApiError.of("JSStreamMessageExceedsMaximumErr")
         if len(op.hdr) > MAX_HEADER_BYTES:
             raise ApiError.of("JSStreamHeaderExceedsMaximumErr")
+        if not op.hdr:  # most publishes: no header check below can refuse them
+            return self._check_headerless(op)
         self._check_key_sizes(op.subject, op.hdr)
         self._check_counter(op)
         expected_stream = h.get(op.hdr, h.EXPECTED_STREAM)
@@ -468,6 +470,15 @@ class Stream:
         ttl = self._check_ttl(op.hdr)
         self._check_discard_new(op)
         return rollup, ttl
+
+    def _check_headerless(self, op: ops.StreamMsg) -> tuple[str, int]:
+        """`_check_msg`'s remaining checks for a message without headers, in the same order:
+        no expected-* header, msg id, rollup or TTL to look at."""
+        self._check_key_sizes(op.subject, b"")
+        if self.cfg.get("allow_msg_counter"):
+            raise ApiError.of("JSMessageIncrMissingErr")  # a counter needs its Nats-Incr
+        self._check_discard_new(op)
+        return "", 0
 
     def _check_counter(self, op: ops.StreamMsg) -> None:
         """Counter streams (`allow_msg_counter`): every message is an empty-payload
