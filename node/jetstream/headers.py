@@ -20,15 +20,28 @@ _UNIT_NS = {"ns": 1, "us": 1_000, "µs": 1_000, "ms": 1_000_000, "s": 1_000_000_
             "m": 60_000_000_000, "h": 3_600_000_000_000}
 
 
+# The block `get` parsed last and its first values: an applied message asks for ten or more
+# headers of the same block, and splitting it again for each cost more than the rest of the
+# checks. The cached block itself is held, so an identity match is the same bytes object.
+_last: tuple[bytes, dict[bytes, bytes]] = (b"", {})
+
+
 def get(hdr: bytes, key: str) -> str | None:
     """The first value of `key` (exact, case-sensitive match as nats-server's lookup), or None."""
+    global _last
     if not hdr:
         return None
-    needle = key.encode() + b":"
-    for line in hdr.split(b"\r\n")[1:]:
-        if line.startswith(needle):
-            return line[len(needle):].strip().decode(errors="replace")
-    return None
+    held, first = _last
+    if held is not hdr:
+        first = {}
+        for line in hdr.split(b"\r\n")[1:]:
+            name, colon, _ = line.partition(b":")
+            if colon and name not in first:
+                first[name] = line
+        _last = (hdr, first)
+    name = key.encode()
+    line = first.get(name)
+    return None if line is None else line[len(name) + 1:].strip().decode(errors="replace")
 
 
 def build(pairs: list[tuple[str, str]]) -> bytes:

@@ -44,6 +44,7 @@ _U64 = struct.Struct("<Q")
 _CONSUMER_CFG = "consumer:"  # store meta key prefix of a consumer's config JSON
 _MAX_KEY = 511  # LMDB's key size limit (the default build)
 _CONSUMER_CREATED = "consumer-created:"  # ... of its creation time (the creating entry's clock)
+_EMPTY = (0, 1 << 64)  # Stream._head of a stream without messages: nothing ever too old
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +122,14 @@ class Stream:
         # `created`, the same after a restart); absent for consumers older than the record
         self.consumer_created: dict[str, int] = {}
         self._dirty: set[str] = set()
+        # (last_seq, last_ts, last_msg_id) as the last committed batch of THIS object wrote
+        # them (None: not yet): a batch that leaves them unchanged (acks, deliveries) does
+        # not put them again. Written in full by the first batch, as before.
+        self._saved: tuple[int, int, str] | None = None
+        # (seq, ts_ns) of the first stored message, or _EMPTY, or None (unknown): max_age
+        # expiry looks at it on every entry, and it changes only when that message goes.
+        self._head: tuple[int, int] | None = None
+        self._ack_prefix: tuple[str, str, str] = ("", "", "")  # name, domain -> PubAck head
         for name in store.consumers():  # consumers created by CONSUMER_UPSERT entries
             raw = store.get_meta(_CONSUMER_CFG + name)
             if raw:
@@ -144,11 +153,15 @@ class Stream:
         raw = self.store.get_meta(key)
         return _U64.unpack(raw)[0] if raw else 0
 
-    def _save_progress(self) -> None:
+    def _save_progress(self, saved: tuple[int, int, str] | None) -> tuple[int, int, str]:
+        """Put the progress in the open batch; `saved`: what the store already holds."""
         self.store.put_meta("applied", _U64.pack(self.applied))
-        self.store.put_meta("last_seq", _U64.pack(self.last_seq))
-        self.store.put_meta("last_ts", _U64.pack(max(self.last_ts, 0)))
-        self.store.put_meta("last_msg_id", self.last_msg_id.encode())
+        progress = (self.last_seq, max(self.last_ts, 0), self.last_msg_id)
+        if progress != saved:
+            self.store.put_meta("last_seq", _U64.pack(progress[0]))
+            self.store.put_meta("last_ts", _U64.pack(progress[1]))
+            self.store.put_meta("last_msg_id", progress[2].encode())
+        return progress
 
     # -- applying --------------------------------------------------------------------------
 
@@ -159,6 +172,7 @@ class Stream:
         `applied` were applied before a restart and are skipped. `on_entry(index, effects)`
         sees each entry's own effects (the node matches results to their proposals)."""
         effects: list[Effect] = []
+        saved, self._saved = self._saved, None  # known again only once the batch commits
         with self.store.batch():
             for index, data in entries:
                 if index <= self.applied:
@@ -168,11 +182,12 @@ class Stream:
                     on_entry(index, produced)
                 effects.extend(produced)
                 self.applied = index
-            self._save_progress()
+            progress = self._save_progress(saved)
             for name in sorted(self._dirty):
                 if name in self.consumers:
                     self.store.put_consumer(name, self.consumers[name].state.encode())
             self._dirty.clear()
+        self._saved = progress
         return effects
 
     def apply(self, op: ops.Op) -> list[Effect]:
@@ -390,11 +405,15 @@ class Stream:
                  total: int | None = None) -> list[Effect]:
         if not reply or self.cfg["no_ack"]:
             return []
-        name = json.dumps(self.cfg["name"])
-        domain = f',"domain":{json.dumps(self.domain)}' if self.domain else ""
+        name, domain, head = self._ack_prefix
+        if name != self.cfg["name"] or domain != self.domain:
+            name, domain = self.cfg["name"], self.domain
+            in_domain = f',"domain":{json.dumps(domain)}' if domain else ""
+            head = f'{{"stream":{json.dumps(name)}{in_domain},"seq":'
+            self._ack_prefix = (name, domain, head)
         dup = ',"duplicate": true' if duplicate else ""
         val = f',"val":"{total}"' if total is not None else ""
-        return [Reply(reply, f'{{"stream":{name}{domain},"seq":{seq}{dup}{val}}}'.encode())]
+        return [Reply(reply, f'{head}{seq}{dup}{val}}}'.encode())]
 
     def _apply_msg(self, op: ops.StreamMsg) -> list[Effect]:
         effects: list[Effect] = list(self._expire(op.now_ns))
@@ -431,6 +450,8 @@ class Stream:
             raise ApiError.of("JSStreamMessageExceedsMaximumErr")
         if len(op.hdr) > MAX_HEADER_BYTES:
             raise ApiError.of("JSStreamHeaderExceedsMaximumErr")
+        if not op.hdr:  # most publishes: no header check below can refuse them
+            return self._check_headerless(op)
         self._check_key_sizes(op.subject, op.hdr)
         self._check_counter(op)
         expected_stream = h.get(op.hdr, h.EXPECTED_STREAM)
@@ -449,6 +470,15 @@ class Stream:
         ttl = self._check_ttl(op.hdr)
         self._check_discard_new(op)
         return rollup, ttl
+
+    def _check_headerless(self, op: ops.StreamMsg) -> tuple[str, int]:
+        """`_check_msg`'s remaining checks for a message without headers, in the same order:
+        no expected-* header, msg id, rollup or TTL to look at."""
+        self._check_key_sizes(op.subject, b"")
+        if self.cfg.get("allow_msg_counter"):
+            raise ApiError.of("JSMessageIncrMissingErr")  # a counter needs its Nats-Incr
+        self._check_discard_new(op)
+        return "", 0
 
     def _check_counter(self, op: ops.StreamMsg) -> None:
         """Counter streams (`allow_msg_counter`): every message is an empty-payload
@@ -591,6 +621,8 @@ class Stream:
 
     def _put(self, msg: StoredMsg) -> None:
         self.store.store(msg)
+        if self._head is _EMPTY:  # sequences only grow: a stored message is first only here
+            self._head = (msg.seq, msg.ts_ns)
         for consumer in self.consumers.values():
             consumer.on_stored(msg.seq, msg.subject)
 
@@ -609,6 +641,8 @@ class Stream:
             if self._remove(at):
                 removed.append(at)
                 count -= 1
+                if count <= keep:
+                    break  # no need to look for the next one
             at = self.store.first_for_subject(subject, at + 1)
         return removed
 
@@ -616,6 +650,8 @@ class Stream:
         msg = self.store.remove(seq)
         if msg is None:
             return False
+        if self._head is not None and seq <= self._head[0]:
+            self._head = None  # the first message went: look again when needed
         for consumer in self.consumers.values():
             consumer.on_removed(seq, msg.subject)
         ttl = h.get(msg.hdr, h.TTL)
@@ -665,10 +701,12 @@ class Stream:
                 aged.append(msg)
             self.store.remove_ttl(_expires, seq)
         max_age = self.cfg["max_age"]
-        if max_age > 0:
+        if max_age > 0 and (self._head is None or self._head[1] <= now_ns - max_age):
+            self._head = _EMPTY
             for seq in self.store.seqs():
                 msg = self.store.load(seq)
                 if msg is None or msg.ts_ns > now_ns - max_age:
+                    self._head = None if msg is None else (seq, msg.ts_ns)
                     break
                 self._remove(seq)
                 aged.append(msg)

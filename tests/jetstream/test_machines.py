@@ -54,7 +54,7 @@ def test_snapshot_names_only_the_committed_index(tmp_path: Path) -> None:
     sm.apply_batch([(2, _msg(2)), (3, _msg(3))])
     inside, release = threading.Event(), threading.Event()
 
-    def slow() -> None:  # the last step inside the write transaction, before its commit
+    def slow(_saved: Any) -> None:  # the last step inside the write transaction
         inside.set()
         release.wait(10)
         raise RuntimeError("crash before the commit")  # the write transaction aborts

@@ -234,6 +234,31 @@ class _Borrowed:
         return None
 
 
+class _Batch:
+    """One open write transaction and the counters it has not written back yet.
+
+    A stored message changes three counters (the stream's messages and bytes, its subject's
+    count): read-modify-writes that cost more than the message's own two puts. Inside a
+    batch they are read once, kept here, and put once when the batch commits. Their keys
+    and values end up exactly as if every message had written them (a counter touched in
+    the batch is written even when its net change is zero), so a store does not depend on
+    where the batch boundaries fell (the audit replays with other boundaries)."""
+
+    __slots__ = ("txn", "msgs", "bytes", "counts", "dirty")
+
+    def __init__(self, txn: Any) -> None:
+        self.txn = txn
+        self.msgs: int | None = None  # None: not touched in this batch
+        self.bytes = 0
+        # js_subjcount key -> [count, value tail]: b"" in the clear; encrypted, the sealed
+        # subject (None until sealed), kept from the stored value as the old code kept it
+        self.counts: dict[bytes, list[Any]] = {}
+        self.dirty: set[bytes] = set()
+
+
+_INF = 1 << 64  # above every u64 key time: "no entry in this index"
+
+
 class LmdbStore:
     def __init__(self, node_env: NodeEnv, name: str, sizer: Sizer = file_size) -> None:
         raw = name.encode()
@@ -241,46 +266,86 @@ class LmdbStore:
         self.sizer = sizer
         self._env = node_env.env
         self._db = node_env.dbs
+        self._msgs_db = node_env.dbs["js_msgs"]
+        self._subj_db = node_env.dbs["js_subj"]
+        self._count_db = node_env.dbs["js_subjcount"]
+        self._meta_db = node_env.dbs["js_meta"]
         self._sealer = node_env.sealer
         self._tokens = node_env.tokens
         self._prefix = len(raw).to_bytes(2, "big") + raw
-        # The open batch txn belongs to the thread that opened it: applies may run in a
+        self._msgs_key = self._prefix + b"\x00msgs"
+        self._bytes_key = self._prefix + b"\x00bytes"
+        # The open batch belongs to the thread that opened it: applies may run in a
         # worker thread while the event loop serves reads from its own read txns.
         self._local = threading.local()
+        # Lower bounds of the earliest key time in js_ttl and js_dedup_ts (None: unknown;
+        # _INF: empty). Every applied entry asks for due TTLs and prunes the dedup window:
+        # below these bounds the answer is "nothing" without opening a cursor. Only the
+        # applying thread uses them; an aborted batch or a replaced stream resets them.
+        self._ttl_floor: int | None = None
+        self._dedup_floor: int | None = None
+
+    def _batch_now(self) -> _Batch | None:
+        return getattr(self._local, "batch", None)
 
     @property
     def _txn(self) -> Any:
-        return getattr(self._local, "txn", None)
-
-    @_txn.setter
-    def _txn(self, txn: Any) -> None:
-        self._local.txn = txn
+        b = getattr(self._local, "batch", None)
+        return None if b is None else b.txn
 
     # -- transactions ----------------------------------------------------------------------
 
     @contextmanager
     def batch(self) -> Iterator[None]:
-        if self._txn is not None:  # nested: the outer batch commits
+        if getattr(self._local, "batch", None) is not None:  # nested: the outer one commits
             yield
             return
-        with self._env.begin(write=True) as txn:
-            self._txn = txn
-            try:
-                yield
-            finally:
-                self._txn = None
+        txn = self._env.begin(write=True)
+        b = self._local.batch = _Batch(txn)
+        try:
+            yield
+            self._write_back(b)
+        except BaseException:
+            txn.abort()
+            self._forget_floors()  # the aborted batch may have moved them
+            raise
+        else:
+            txn.commit()
+        finally:
+            self._local.batch = None
+
+    def _forget_floors(self) -> None:
+        self._ttl_floor = self._dedup_floor = None
+
+    def _write_back(self, b: _Batch) -> None:
+        """Put the counters the batch kept in memory (before the commit)."""
+        self._write_counts(b)
+        if b.msgs is not None:
+            assert b.msgs >= 0 and b.bytes >= 0, (self.name, b.msgs, b.bytes)
+            b.txn.put(self._msgs_key, _U64.pack(b.msgs), db=self._meta_db)
+            b.txn.put(self._bytes_key, _U64.pack(b.bytes), db=self._meta_db)
+
+    def _write_counts(self, b: _Batch) -> None:
+        for key in b.dirty:
+            count, tail = b.counts[key]
+            assert count >= 0, (self.name, key, count)
+            if count:
+                b.txn.put(key, _U64.pack(count) + tail, db=self._count_db)
+            else:
+                b.txn.delete(key, db=self._count_db)
+        b.dirty.clear()
 
     # `with self._write() as txn`: the open batch's txn, else a txn of its own (LMDB's
     # Transaction is a context manager: commit, or abort on an exception). Not generator
-    # context managers: an applied message makes ~10 of these calls, and a generator's
+    # context managers: an applied message makes several of these calls, and a generator's
     # set-up and tear-down cost more than the LMDB work of most of them.
     def _write(self) -> Any:
-        txn = getattr(self._local, "txn", None)
-        return _Borrowed(txn) if txn is not None else self._env.begin(write=True)
+        b = getattr(self._local, "batch", None)
+        return _Borrowed(b.txn) if b is not None else self._env.begin(write=True)
 
     def _read(self) -> Any:
-        txn = getattr(self._local, "txn", None)
-        return _Borrowed(txn) if txn is not None else self._env.begin()
+        b = getattr(self._local, "batch", None)
+        return _Borrowed(b.txn) if b is not None else self._env.begin()
 
     # -- keys ------------------------------------------------------------------------------
 
@@ -299,33 +364,60 @@ class LmdbStore:
         return self._prefix + self._skey(subject) + b"\x00" + seq.to_bytes(8, "big")
 
     def _counter(self, txn: Any, key: str) -> int:
-        raw = txn.get(self._prefix + key.encode(), db=self._db["js_meta"])
+        raw = txn.get(self._prefix + key.encode(), db=self._meta_db)
         return _U64.unpack(raw)[0] if raw else 0
 
-    def _add(self, txn: Any, key: str, delta: int) -> None:
-        value = self._counter(txn, key) + delta
-        assert value >= 0, (key, value)
-        txn.put(self._prefix + key.encode(), _U64.pack(value), db=self._db["js_meta"])
+    # -- counters kept by the batch --------------------------------------------------------
+
+    def _totals(self, b: _Batch, msgs: int, size: int) -> None:
+        if b.msgs is None:
+            raw = b.txn.get(self._msgs_key, db=self._meta_db)
+            b.msgs = _U64.unpack(raw)[0] if raw else 0
+            raw = b.txn.get(self._bytes_key, db=self._meta_db)
+            b.bytes = _U64.unpack(raw)[0] if raw else 0
+        b.msgs += msgs
+        b.bytes += size
+
+    def _count_entry(self, b: _Batch, key: bytes) -> list[Any]:
+        entry = b.counts.get(key)
+        if entry is None:
+            raw = b.txn.get(key, db=self._count_db)
+            if raw is None:
+                entry = [0, b"" if self._tokens is None else None]
+            else:
+                entry = [_U64.unpack_from(raw)[0], bytes(raw[8:])]
+            b.counts[key] = entry
+        return entry
+
+    def _bump(self, b: _Batch, key: bytes, subject: str, delta: int) -> None:
+        entry = self._count_entry(b, key)
+        entry[0] += delta
+        if entry[1] is None:
+            # Encrypted: the count is followed by the sealed subject (subjects() lists it),
+            # sealed once when the subject first appears and kept as is after that.
+            entry[1] = self._seal("js_subjcount", key, subject.encode())
+        b.dirty.add(key)
 
     # -- messages --------------------------------------------------------------------------
 
     def store(self, msg: StoredMsg) -> None:
-        record = self._seal("js_msgs", self._msg_key(msg.seq), encode_record(msg))
-        with self._write() as txn:
-            added = txn.put(self._msg_key(msg.seq), record, db=self._db["js_msgs"],
-                            overwrite=False)
-            assert added, f"seq {msg.seq} stored twice"
-            txn.put(self._subj_key(msg.subject, msg.seq), b"", db=self._db["js_subj"])
-            count_key = self._prefix + self._skey(msg.subject)
-            raw = txn.get(count_key, db=self._db["js_subjcount"])
-            count = (_U64.unpack_from(raw)[0] if raw else 0) + 1
-            # Encrypted: the count is followed by the sealed subject (subjects() lists it),
-            # sealed once when the subject first appears and kept as is after that.
-            name = b"" if self._tokens is None else bytes(raw[8:]) if raw else \
-                self._seal("js_subjcount", count_key, msg.subject.encode())
-            txn.put(count_key, _U64.pack(count) + name, db=self._db["js_subjcount"])
-            self._add(txn, "\x00msgs", 1)
-            self._add(txn, "\x00bytes", self.sizer(msg.subject, msg.hdr, msg.data))
+        b = getattr(self._local, "batch", None)
+        if b is None:
+            with self.batch():
+                self.store(msg)
+            return
+        seq = msg.seq.to_bytes(8, "big")
+        key = self._prefix + seq
+        record = encode_record(msg)
+        if self._sealer is not None:
+            record = self._seal("js_msgs", key, record)
+        txn = b.txn
+        added = txn.put(key, record, db=self._msgs_db, overwrite=False)
+        assert added, f"seq {msg.seq} stored twice"
+        head = self._prefix + self._skey(msg.subject)
+        txn.put(head + b"\x00" + seq, b"", db=self._subj_db)
+        self._bump(b, head, msg.subject, 1)
+        self._totals(b, 1, self.sizer(msg.subject, msg.hdr, msg.data))
 
     def load(self, seq: int) -> StoredMsg | None:
         with self._read() as txn:
@@ -333,24 +425,21 @@ class LmdbStore:
             return None if raw is None else self._decode(seq, raw)
 
     def remove(self, seq: int) -> StoredMsg | None:
-        with self._write() as txn:
-            raw = txn.get(self._msg_key(seq), db=self._db["js_msgs"])
-            if raw is None:
-                return None
-            msg = self._decode(seq, raw)
-            txn.delete(self._msg_key(seq), db=self._db["js_msgs"])
-            txn.delete(self._subj_key(msg.subject, seq), db=self._db["js_subj"])
-            count_key = self._prefix + self._skey(msg.subject)
-            raw = txn.get(count_key, db=self._db["js_subjcount"])
-            count = _U64.unpack_from(raw)[0] - 1
-            if count:
-                txn.put(count_key, _U64.pack(count) + bytes(raw[8:]),
-                        db=self._db["js_subjcount"])
-            else:
-                txn.delete(count_key, db=self._db["js_subjcount"])
-            self._add(txn, "\x00msgs", -1)
-            self._add(txn, "\x00bytes", -self.sizer(msg.subject, msg.hdr, msg.data))
-            return msg
+        b = getattr(self._local, "batch", None)
+        if b is None:
+            with self.batch():
+                return self.remove(seq)
+        txn, key = b.txn, self._msg_key(seq)
+        raw = txn.get(key, db=self._msgs_db)
+        if raw is None:
+            return None
+        msg = self._decode(seq, raw)
+        txn.delete(key, db=self._msgs_db)
+        head = self._prefix + self._skey(msg.subject)
+        txn.delete(head + b"\x00" + seq.to_bytes(8, "big"), db=self._subj_db)
+        self._bump(b, head, msg.subject, -1)
+        self._totals(b, -1, -self.sizer(msg.subject, msg.hdr, msg.data))
+        return msg
 
     def _seal(self, db: str, key: bytes, value: bytes) -> bytes:
         if self._sealer is None:
@@ -418,10 +507,16 @@ class LmdbStore:
             key = self._msg_key(chunk[-1])
 
     def msgs(self) -> int:
+        b = getattr(self._local, "batch", None)
+        if b is not None and b.msgs is not None:
+            return b.msgs
         with self._read() as txn:
             return self._counter(txn, "\x00msgs")
 
     def bytes(self) -> int:
+        b = getattr(self._local, "batch", None)
+        if b is not None and b.msgs is not None:
+            return b.bytes
         with self._read() as txn:
             return self._counter(txn, "\x00bytes")
 
@@ -449,11 +544,17 @@ class LmdbStore:
             return int.from_bytes(key[len(head):], "big") if key.startswith(head) else 0
 
     def subject_count(self, subject: str) -> int:
+        b = getattr(self._local, "batch", None)
+        if b is not None:
+            return self._count_entry(b, self._prefix + self._skey(subject))[0]
         with self._read() as txn:
             raw = txn.get(self._prefix + self._skey(subject), db=self._db["js_subjcount"])
             return _U64.unpack_from(raw)[0] if raw else 0
 
     def subjects(self) -> Iterator[tuple[str, int]]:
+        b = getattr(self._local, "batch", None)
+        if b is not None:
+            self._write_counts(b)  # the walk below reads js_subjcount itself
         if self._tokens is not None:
             # Keys are tokens: open each sealed name; sorted, so callers see subject order
             # as in the clear store (this holds one list of the stream's subjects).
@@ -489,6 +590,8 @@ class LmdbStore:
     def add_ttl(self, expires_ns: int, seq: int) -> None:
         with self._write() as txn:
             txn.put(self._ttl_key(expires_ns, seq), b"", db=self._db["js_ttl"])
+        if self._ttl_floor is not None:
+            self._ttl_floor = min(self._ttl_floor, max(expires_ns, 0))
 
     def remove_ttl(self, expires_ns: int, seq: int) -> None:
         with self._write() as txn:
@@ -496,18 +599,23 @@ class LmdbStore:
 
     def due_ttls(self, now_ns: int, limit: int) -> list[tuple[int, int]]:
         out: list[tuple[int, int]] = []
+        if self._ttl_floor is not None and now_ns < self._ttl_floor:
+            return out  # the earliest expiry in the index is later
+        earliest = _INF
         with self._read() as txn:
             cur = txn.cursor(db=self._db["js_ttl"])
-            if not cur.set_range(self._prefix):
-                return out
-            for key in cur.iternext(keys=True, values=False):
-                if not key.startswith(self._prefix) or len(out) >= limit:
-                    break
-                rest = key[len(self._prefix):]
-                expires, seq = int.from_bytes(rest[:8], "big"), int.from_bytes(rest[8:], "big")
-                if expires > now_ns:
-                    break
-                out.append((expires, seq))
+            if cur.set_range(self._prefix):
+                for key in cur.iternext(keys=True, values=False):
+                    if not key.startswith(self._prefix) or len(out) >= limit:
+                        break
+                    rest = key[len(self._prefix):]
+                    expires = int.from_bytes(rest[:8], "big")
+                    earliest = min(earliest, expires)
+                    if expires > now_ns:
+                        break
+                    out.append((expires, int.from_bytes(rest[8:], "big")))
+        # Removing keys keeps a lower bound true; add_ttl lowers it.
+        self._ttl_floor = earliest
         return out
 
     def put_dedup(self, msg_id: str, seq: int, ts_ns: int) -> None:
@@ -519,6 +627,8 @@ class LmdbStore:
                 txn.delete(self._dedup_ts_key(old_ts, msg_id), db=self._db["js_dedup_ts"])
             txn.put(key, struct.pack("<Qq", seq, ts_ns), db=self._db["js_dedup"])
             txn.put(self._dedup_ts_key(ts_ns, msg_id), b"", db=self._db["js_dedup_ts"])
+        if self._dedup_floor is not None:
+            self._dedup_floor = min(self._dedup_floor, max(ts_ns, 0))
 
     def _dedup_ts_key(self, ts_ns: int, msg_id: str) -> bytes:
         return self._prefix + max(ts_ns, 0).to_bytes(8, "big") + self._mkey(msg_id)
@@ -529,22 +639,28 @@ class LmdbStore:
             return None if raw is None else struct.unpack("<Qq", raw)
 
     def prune_dedup(self, before_ns: int, limit: int) -> int:
+        if self._dedup_floor is not None and before_ns <= self._dedup_floor:
+            return 0  # the oldest remembered id is inside the window
         pruned = 0
+        earliest: int | None = _INF
         with self._write() as txn:
             cur = txn.cursor(db=self._db["js_dedup_ts"])
-            if not cur.set_range(self._prefix):
-                return 0
-            while pruned < limit:
-                key = cur.key()
-                if not key.startswith(self._prefix):
-                    break
-                rest = key[len(self._prefix):]
-                if int.from_bytes(rest[:8], "big") >= before_ns:
-                    break
-                txn.delete(self._prefix + rest[8:], db=self._db["js_dedup"])
-                pruned += 1
-                if not cur.delete():
-                    break
+            if cur.set_range(self._prefix):
+                while True:
+                    key = cur.key()
+                    if not key.startswith(self._prefix):
+                        break
+                    rest = key[len(self._prefix):]
+                    earliest = int.from_bytes(rest[:8], "big")
+                    if earliest >= before_ns or pruned >= limit:
+                        break
+                    txn.delete(self._prefix + rest[8:], db=self._db["js_dedup"])
+                    pruned += 1
+                    earliest = _INF
+                    if not cur.delete():
+                        earliest = None  # cannot happen (the cursor is on a key); unknown
+                        break
+        self._dedup_floor = earliest
         return pruned
 
     def put_meta(self, key: str, value: bytes) -> None:
@@ -587,6 +703,10 @@ class LmdbStore:
     def drop(self) -> None:
         """Delete every key of this stream in every database (stream deleted, or its group
         starts again from the empty state). One write transaction: all or nothing."""
+        self._forget_floors()
+        b = getattr(self._local, "batch", None)
+        if b is not None:  # counters kept by the batch describe keys about to go
+            b.msgs, b.counts, b.dirty = None, {}, set()
         with self._write() as txn:
             for db in self._db.values():
                 cur = txn.cursor(db=db)
@@ -640,6 +760,7 @@ def _sealed(db: str, short_key: bytes) -> bool:
 def load_image(store: LmdbStore, f: Any) -> None:
     """Replace `store`'s stream by the image in `f` (after its magic): one write
     transaction, so a crash leaves the old state or the new one, never a mix."""
+    store._forget_floors()
     with store._env.begin(write=True) as txn:
         for db in store._db.values():
             cur = txn.cursor(db=db)

@@ -29,6 +29,9 @@ class MemStore:
         self._meta: dict[str, bytes] = {}
         self._consumers: dict[str, bytes] = {}
         self._ttls: set[tuple[int, int]] = set()
+        # A lower bound of the earliest expiry in _ttls (None: unknown): every applied entry
+        # asks for due TTLs, and scanning the whole set each time made applies O(n).
+        self._ttl_floor: int | None = None
         self._dedup: dict[str, tuple[int, int]] = {}
 
     @contextmanager
@@ -94,11 +97,16 @@ class MemStore:
 
     def add_ttl(self, expires_ns: int, seq: int) -> None:
         self._ttls.add((expires_ns, seq))
+        if self._ttl_floor is not None:
+            self._ttl_floor = min(self._ttl_floor, expires_ns)
 
     def remove_ttl(self, expires_ns: int, seq: int) -> None:
         self._ttls.discard((expires_ns, seq))
 
     def due_ttls(self, now_ns: int, limit: int) -> list[tuple[int, int]]:
+        if not self._ttls or (self._ttl_floor is not None and now_ns < self._ttl_floor):
+            return []
+        self._ttl_floor = min(t[0] for t in self._ttls)  # removals keep it a lower bound
         return sorted(t for t in self._ttls if t[0] <= now_ns)[:limit]
 
     def put_dedup(self, msg_id: str, seq: int, ts_ns: int) -> None:
@@ -109,13 +117,16 @@ class MemStore:
         return self._dedup.get(msg_id)
 
     def prune_dedup(self, before_ns: int, limit: int) -> int:
-        pruned = 0
-        for msg_id, (_seq, ts_ns) in list(self._dedup.items())[:limit]:
-            if ts_ns >= before_ns:
+        # Oldest first (put_dedup keeps the dict in ts order): only what goes is visited,
+        # not a copy of the whole window per applied entry.
+        gone = []
+        for msg_id, (_seq, ts_ns) in self._dedup.items():
+            if ts_ns >= before_ns or len(gone) >= limit:
                 break
+            gone.append(msg_id)
+        for msg_id in gone:
             del self._dedup[msg_id]
-            pruned += 1
-        return pruned
+        return len(gone)
 
     def put_meta(self, key: str, value: bytes) -> None:
         self._meta[key] = value
