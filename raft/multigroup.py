@@ -32,7 +32,12 @@ State machine protocol (duck-typed; see `StateMachine`): `apply(index,
 data)` in log order on every member (leader no-ops, which are empty, are not
 passed; empty proposals are refused), `snapshot_to(path) -> index`,
 `restore_from(path)`, `on_leader_change(leader_id, term)` (leader_id 0 =
-leadership lost), and optionally `on_conf_change(index, ConfChange)`. After
+leadership lost), and optionally `on_conf_change(index, ConfChange)`.
+A durable state machine may write only a marker in `snapshot_to` (its
+store is the state) and set `exports_images`: a member that needs the
+snapshot then gets `export_to(path) -> index`, an image taken when it is
+needed, at an index at or past the snapshot's; `restore_from` takes it and
+`apply` skips the entries it already holds. After
 a restart the driver restores the last snapshot and re-applies the committed
 entries after it.
 """
@@ -147,6 +152,7 @@ class DriverStats:
     snapshots_discarded: int = 0  # images dropped (raced a membership change or an install)
     restores_skipped: int = 0  # restarts where the state machine already held the snapshot
     snapshot_bytes_sent: int = 0
+    images_exported: int = 0  # catch-up images exported for a transfer (exports_images)
     snapshot_bytes_received: int = 0
     ticks: int = 0
     wakes_for_dead_peer: int = 0
@@ -670,19 +676,47 @@ class MultiRaft:
         stored = g.snap if g is not None else None
         if stored is None or stored.meta.index != want:
             raise RuntimeError(f"{msg.group}: no snapshot data at index {want}")
+        if stored.path is not None and getattr(g.sm, "exports_images", False):
+            async for piece in self._exported(g, stored.meta):
+                yield piece
+            return
         yield snapfile.encode_head(stored.meta, stored.size, stored.crc)
         if stored.path is None:
             return
+        async for piece in self._file_chunks(stored.path, stored.size):
+            yield piece
+
+    async def _file_chunks(self, path: str, size: int) -> AsyncIterator[bytes]:
         # A newer snapshot may delete the file once it is open: the fd keeps it
         # readable. (Deleted before that: the transfer fails and Raft retries.)
-        fd = self.disk.open(stored.path)
+        fd = self.disk.open(path)
         try:
-            pieces = snapfile.read_chunks(fd, stored.size, disk=self.disk)
+            pieces = snapfile.read_chunks(fd, size, disk=self.disk)
             async for piece in iterate_in(self.io_executor, pieces):
                 self.stats.snapshot_bytes_sent += len(piece)
                 yield piece
         finally:
             self.disk.close(fd)
+
+    async def _exported(self, g: _Group, meta: SnapshotMeta) -> AsyncIterator[bytes]:
+        """A state machine whose snapshot files are only markers (its store is
+        durable; compaction needed no image) exports a catch-up image now, for
+        this one transfer: written to a temporary file in the io thread (never
+        held in memory), streamed in chunks, deleted. It holds the state at
+        the store's applied index, at or past `meta.index`; the entries in
+        between are committed, and the receiver skips those its image holds."""
+        path = snapfile.new_export(self.snap_dir, g.name, disk=self.disk)
+        try:
+            index, size, crc = await self.io_executor.run(_write_export, g.sm, path, self.disk)
+            if index < meta.index:
+                raise RuntimeError(f"{g.name}: exported image holds index {index}, "
+                                   f"older than the snapshot at {meta.index}")
+            self.stats.images_exported += 1
+            yield snapfile.encode_head(meta, size, crc)
+            async for piece in self._file_chunks(path, size):
+                yield piece
+        finally:
+            snapfile.discard(path, disk=self.disk)
 
     # ---- the ready loop ------------------------------------------------------------------
 
@@ -1098,8 +1132,11 @@ class MultiRaft:
         the group removed) or a membership change applied after `start` is in
         it, so `conf` would be wrong (the next trigger takes a new image)."""
         core = g.core
-        if index > core.applied:
-            raise RuntimeError(f"{g.name}: image holds index {index}, applied {core.applied}")
+        # A member that installed a leader's exported image may hold entries
+        # past its own applied index (the export was taken at the leader's
+        # applied index, past the snapshot it stood for): its state covers at
+        # least core.applied, which is what the snapshot may name.
+        index = min(index, core.applied)
         # The state machine counts only entries it was given: no-ops and
         # membership changes between its index and `start` do not change the
         # state, so the image is also the state at `start`.
@@ -1248,6 +1285,17 @@ def _write_image(sm: Any, part: str, disk: Disk) -> tuple[int, int, int]:
     if not isinstance(index, int):
         raise TypeError("snapshot_to() must return the applied index of the image")
     size, crc = snapfile.seal(part, disk=disk)
+    return index, size, crc
+
+
+def _write_export(sm: Any, path: str, disk: Disk) -> tuple[int, int, int]:
+    """In a worker thread: the state machine exports a catch-up image, then
+    it is checksummed (not fsynced: it is sent, then deleted). Returns
+    (index, size, crc)."""
+    index = sm.export_to(path)
+    if not isinstance(index, int):
+        raise TypeError("export_to() must return the applied index of the image")
+    size, crc = snapfile.checksum(path, disk=disk)
     return index, size, crc
 
 
