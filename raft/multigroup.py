@@ -706,8 +706,9 @@ class MultiRaft:
         the store's applied index, at or past `meta.index`; the entries in
         between are committed, and the receiver skips those its image holds."""
         path = snapfile.new_export(self.snap_dir, g.name, disk=self.disk)
+        writing = asyncio.ensure_future(self.io_executor.run(_write_export, g.sm, path, self.disk))
         try:
-            index, size, crc = await self.io_executor.run(_write_export, g.sm, path, self.disk)
+            index, size, crc = await asyncio.shield(writing)
             if index < meta.index:
                 raise RuntimeError(f"{g.name}: exported image holds index {index}, "
                                    f"older than the snapshot at {meta.index}")
@@ -716,7 +717,10 @@ class MultiRaft:
             async for piece in self._file_chunks(path, size):
                 yield piece
         finally:
-            snapfile.discard(path, disk=self.disk)
+            if writing.done():
+                snapfile.discard(path, disk=self.disk)
+            else:  # the transfer ended early: the thread still writes; delete it after
+                writing.add_done_callback(lambda t: _discard_export(t, path, self.disk))
 
     # ---- the ready loop ------------------------------------------------------------------
 
@@ -1297,6 +1301,14 @@ def _write_export(sm: Any, path: str, disk: Disk) -> tuple[int, int, int]:
         raise TypeError("export_to() must return the applied index of the image")
     size, crc = snapfile.checksum(path, disk=disk)
     return index, size, crc
+
+
+def _discard_export(task: asyncio.Future[Any], path: str, disk: Disk) -> None:
+    """Done callback: delete an export whose transfer ended before it was written
+    (its outcome is read, so a failure is not reported as never retrieved)."""
+    if not task.cancelled():
+        task.exception()
+    snapfile.discard(path, disk=disk)
 
 
 def create(
