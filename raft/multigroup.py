@@ -152,7 +152,7 @@ class DriverStats:
     snapshots_discarded: int = 0  # images dropped (raced a membership change or an install)
     restores_skipped: int = 0  # restarts where the state machine already held the snapshot
     snapshot_bytes_sent: int = 0
-    images_exported: int = 0  # catch-up images exported for a transfer (exports_images)
+    images_exported: int = 0  # catch-up images exported (exports_images; shared by transfers)
     snapshot_bytes_received: int = 0
     ticks: int = 0
     wakes_for_dead_peer: int = 0
@@ -260,6 +260,7 @@ class MultiRaft:
         self._apply_idle.set()
         # What is in flight, for `activity()` (crash tests aim kills with it).
         self._receiving = 0  # snapshot streams being received
+        self._exports: dict[str, _Export] = {}  # group -> catch-up image in use (exports_images)
         self._sync_roll = False  # the drain pass's sync writes a segment roll
         self._synced_top = 0  # newest segment at the previous drain-pass sync
         # Fail-stop: the first fatal error, and who to tell (the process exits).
@@ -705,22 +706,40 @@ class MultiRaft:
         held in memory), streamed in chunks, deleted. It holds the state at
         the store's applied index, at or past `meta.index`; the entries in
         between are committed, and the receiver skips those its image holds."""
-        path = snapfile.new_export(self.snap_dir, g.name, disk=self.disk)
-        writing = asyncio.ensure_future(self.io_executor.run(_write_export, g.sm, path, self.disk))
+        ex = self._export_for(g, meta)
+        ex.users += 1
         try:
-            index, size, crc = await asyncio.shield(writing)
+            index, size, crc = await asyncio.shield(ex.writing)
             if index < meta.index:
                 raise RuntimeError(f"{g.name}: exported image holds index {index}, "
                                    f"older than the snapshot at {meta.index}")
-            self.stats.images_exported += 1
             yield snapfile.encode_head(meta, size, crc)
-            async for piece in self._file_chunks(path, size):
+            async for piece in self._file_chunks(ex.path, size):
                 yield piece
         finally:
-            if writing.done():
-                snapfile.discard(path, disk=self.disk)
-            else:  # the transfer ended early: the thread still writes; delete it after
-                writing.add_done_callback(lambda t: _discard_export(t, path, self.disk))
+            ex.users -= 1
+            if not ex.users:
+                if self._exports.get(g.name) is ex:
+                    del self._exports[g.name]
+                if ex.writing.done():
+                    _discard_export(ex.writing, ex.path, self.disk)
+                else:  # the transfer ended early: the thread still writes; delete it after
+                    ex.writing.add_done_callback(
+                        lambda t: _discard_export(t, ex.path, self.disk))
+
+    def _export_for(self, g: _Group, meta: SnapshotMeta) -> _Export:
+        """The export in use by another transfer of the group (two members joining at
+        once share one image) if it can stand for `meta`, else a new one."""
+        ex = self._exports.get(g.name)
+        if ex is not None and ex.group is g and not (
+                ex.writing.done() and (ex.writing.cancelled() or ex.writing.exception()
+                                       or ex.writing.result()[0] < meta.index)):
+            return ex
+        path = snapfile.new_export(self.snap_dir, g.name, disk=self.disk)
+        writing = asyncio.ensure_future(self.io_executor.run(_write_export, g.sm, path, self.disk))
+        ex = self._exports[g.name] = _Export(g, path, writing)
+        self.stats.images_exported += 1
+        return ex
 
     # ---- the ready loop ------------------------------------------------------------------
 
@@ -1301,6 +1320,16 @@ def _write_export(sm: Any, path: str, disk: Disk) -> tuple[int, int, int]:
         raise TypeError("export_to() must return the applied index of the image")
     size, crc = snapfile.checksum(path, disk=disk)
     return index, size, crc
+
+
+@dataclass
+class _Export:
+    """A catch-up image being written or sent; deleted when its last transfer ends."""
+
+    group: Any  # the _Group it was taken of (a re-created group does not share it)
+    path: str
+    writing: asyncio.Future[tuple[int, int, int]]  # -> (index, size, crc)
+    users: int = 0
 
 
 def _discard_export(task: asyncio.Future[Any], path: str, disk: Disk) -> None:

@@ -13,7 +13,7 @@ import pytest
 from raft import multigroup, snapfile
 from raft.multigroup import MultiRaft, NotLeader, ProposalDropped
 from raft.node import CountSM, LmdbSM
-from raft.types import ConfState, SnapshotMeta
+from raft.types import ConfState, Message, MsgType, Snapshot, SnapshotMeta
 from tests.ports import free_port
 
 pytestmark = pytest.mark.timeout(180)
@@ -285,13 +285,23 @@ async def test_marker_compaction_exports_an_image_only_for_a_member_that_needs_i
             await c.propose("big", b"after-%d" % k)
         lsm = c.sms[leader.node_id]["big"]
         assert getattr(lsm, "exported", 0) == 0, "no member needed an image yet"
+        # Two transfers at once (two members joining) share one export.
+        msg = Message(MsgType.SNAP, "big", frm=leader.node_id, to=3, snapshot=Snapshot(stored.meta))
+
+        async def pull() -> bytes:
+            return b"".join([piece async for piece in leader.snapshot_source(msg)])
+
+        one, two = await asyncio.gather(pull(), pull())
+        assert one == two and len(one) > 160 * (16 << 10)
+        assert lsm.exported == 1 and leader.stats.images_exported == 1
+        snap_dir = tmp_path / f"n{leader.node_id}" / "snap"
+        assert not [n for n in os.listdir(snap_dir) if n.endswith(".export")]
         n3 = await c.start(3)
         await until(lambda: c.sms[3]["big"].applied >= lsm.applied)
-        assert lsm.exported >= 1 and leader.stats.images_exported >= 1
+        assert lsm.exported >= 2 and leader.stats.images_exported >= 2
         assert n3.stats.snapshots_installed >= 1
         assert n3.stats.snapshot_bytes_received > 160 * (16 << 10)
         assert c.sms[3]["big"].entries() == lsm.entries()
-        snap_dir = tmp_path / f"n{leader.node_id}" / "snap"
         assert not [n for n in os.listdir(snap_dir) if n.endswith(".export")]
         # Node 3 compacts on its own (a marker over the installed image), restarts from it.
         await c.propose("big", b"last")
