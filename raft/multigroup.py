@@ -26,7 +26,9 @@
   itself to a file in a worker thread (`snapshot_to`), the driver commits it
   (`raft/snapfile.py`) and compacts the log behind it; lagging or new members
   receive it streamed from disk in chunks, and the receiver writes it to
-  disk in chunks. No image is ever held whole in memory.
+  disk in chunks. No image is ever held whole in memory. A durable state
+  machine may snapshot a mere marker and export an image only when a
+  member needs one (`exports_images`, below).
 
 State machine protocol (duck-typed; see `StateMachine`): `apply(index,
 data)` in log order on every member (leader no-ops, which are empty, are not
