@@ -26,13 +26,20 @@
   itself to a file in a worker thread (`snapshot_to`), the driver commits it
   (`raft/snapfile.py`) and compacts the log behind it; lagging or new members
   receive it streamed from disk in chunks, and the receiver writes it to
-  disk in chunks. No image is ever held whole in memory.
+  disk in chunks. No image is ever held whole in memory. A durable state
+  machine may snapshot a mere marker and export an image only when a
+  member needs one (`exports_images`, below).
 
 State machine protocol (duck-typed; see `StateMachine`): `apply(index,
 data)` in log order on every member (leader no-ops, which are empty, are not
 passed; empty proposals are refused), `snapshot_to(path) -> index`,
 `restore_from(path)`, `on_leader_change(leader_id, term)` (leader_id 0 =
-leadership lost), and optionally `on_conf_change(index, ConfChange)`. After
+leadership lost), and optionally `on_conf_change(index, ConfChange)`.
+A durable state machine may write only a marker in `snapshot_to` (its
+store is the state) and set `exports_images`: a member that needs the
+snapshot then gets `export_to(path) -> index`, an image taken when it is
+needed, at an index at or past the snapshot's; `restore_from` takes it and
+`apply` skips the entries it already holds. After
 a restart the driver restores the last snapshot and re-applies the committed
 entries after it.
 """
@@ -147,6 +154,7 @@ class DriverStats:
     snapshots_discarded: int = 0  # images dropped (raced a membership change or an install)
     restores_skipped: int = 0  # restarts where the state machine already held the snapshot
     snapshot_bytes_sent: int = 0
+    images_exported: int = 0  # catch-up images exported (exports_images; shared by transfers)
     snapshot_bytes_received: int = 0
     ticks: int = 0
     wakes_for_dead_peer: int = 0
@@ -254,6 +262,7 @@ class MultiRaft:
         self._apply_idle.set()
         # What is in flight, for `activity()` (crash tests aim kills with it).
         self._receiving = 0  # snapshot streams being received
+        self._exports: dict[str, _Export] = {}  # group -> catch-up image in use (exports_images)
         self._sync_roll = False  # the drain pass's sync writes a segment roll
         self._synced_top = 0  # newest segment at the previous drain-pass sync
         # Fail-stop: the first fatal error, and who to tell (the process exits).
@@ -670,19 +679,69 @@ class MultiRaft:
         stored = g.snap if g is not None else None
         if stored is None or stored.meta.index != want:
             raise RuntimeError(f"{msg.group}: no snapshot data at index {want}")
+        if stored.path is not None and getattr(g.sm, "exports_images", False):
+            async for piece in self._exported(g, stored.meta):
+                yield piece
+            return
         yield snapfile.encode_head(stored.meta, stored.size, stored.crc)
         if stored.path is None:
             return
+        async for piece in self._file_chunks(stored.path, stored.size):
+            yield piece
+
+    async def _file_chunks(self, path: str, size: int) -> AsyncIterator[bytes]:
         # A newer snapshot may delete the file once it is open: the fd keeps it
         # readable. (Deleted before that: the transfer fails and Raft retries.)
-        fd = self.disk.open(stored.path)
+        fd = self.disk.open(path)
         try:
-            pieces = snapfile.read_chunks(fd, stored.size, disk=self.disk)
+            pieces = snapfile.read_chunks(fd, size, disk=self.disk)
             async for piece in iterate_in(self.io_executor, pieces):
                 self.stats.snapshot_bytes_sent += len(piece)
                 yield piece
         finally:
             self.disk.close(fd)
+
+    async def _exported(self, g: _Group, meta: SnapshotMeta) -> AsyncIterator[bytes]:
+        """A state machine whose snapshot files are only markers (its store is
+        durable; compaction needed no image) exports a catch-up image now, for
+        this one transfer: written to a temporary file in the io thread (never
+        held in memory), streamed in chunks, deleted. It holds the state at
+        the store's applied index, at or past `meta.index`; the entries in
+        between are committed, and the receiver skips those its image holds."""
+        ex = self._export_for(g, meta)
+        ex.users += 1
+        try:
+            index, size, crc = await asyncio.shield(ex.writing)
+            if index < meta.index:
+                raise RuntimeError(f"{g.name}: exported image holds index {index}, "
+                                   f"older than the snapshot at {meta.index}")
+            yield snapfile.encode_head(meta, size, crc)
+            async for piece in self._file_chunks(ex.path, size):
+                yield piece
+        finally:
+            ex.users -= 1
+            if not ex.users:
+                if self._exports.get(g.name) is ex:
+                    del self._exports[g.name]
+                if ex.writing.done():
+                    _discard_export(ex.writing, ex.path, self.disk)
+                else:  # the transfer ended early: the thread still writes; delete it after
+                    ex.writing.add_done_callback(
+                        lambda t: _discard_export(t, ex.path, self.disk))
+
+    def _export_for(self, g: _Group, meta: SnapshotMeta) -> _Export:
+        """The export in use by another transfer of the group (two members joining at
+        once share one image) if it can stand for `meta`, else a new one."""
+        ex = self._exports.get(g.name)
+        if ex is not None and ex.group is g and not (
+                ex.writing.done() and (ex.writing.cancelled() or ex.writing.exception()
+                                       or ex.writing.result()[0] < meta.index)):
+            return ex
+        path = snapfile.new_export(self.snap_dir, g.name, disk=self.disk)
+        writing = asyncio.ensure_future(self.io_executor.run(_write_export, g.sm, path, self.disk))
+        ex = self._exports[g.name] = _Export(g, path, writing)
+        self.stats.images_exported += 1
+        return ex
 
     # ---- the ready loop ------------------------------------------------------------------
 
@@ -1098,8 +1157,11 @@ class MultiRaft:
         the group removed) or a membership change applied after `start` is in
         it, so `conf` would be wrong (the next trigger takes a new image)."""
         core = g.core
-        if index > core.applied:
-            raise RuntimeError(f"{g.name}: image holds index {index}, applied {core.applied}")
+        # A member that installed a leader's exported image may hold entries
+        # past its own applied index (the export was taken at the leader's
+        # applied index, past the snapshot it stood for): its state covers at
+        # least core.applied, which is what the snapshot may name.
+        index = min(index, core.applied)
         # The state machine counts only entries it was given: no-ops and
         # membership changes between its index and `start` do not change the
         # state, so the image is also the state at `start`.
@@ -1249,6 +1311,35 @@ def _write_image(sm: Any, part: str, disk: Disk) -> tuple[int, int, int]:
         raise TypeError("snapshot_to() must return the applied index of the image")
     size, crc = snapfile.seal(part, disk=disk)
     return index, size, crc
+
+
+def _write_export(sm: Any, path: str, disk: Disk) -> tuple[int, int, int]:
+    """In a worker thread: the state machine exports a catch-up image, then
+    it is checksummed (not fsynced: it is sent, then deleted). Returns
+    (index, size, crc)."""
+    index = sm.export_to(path)
+    if not isinstance(index, int):
+        raise TypeError("export_to() must return the applied index of the image")
+    size, crc = snapfile.checksum(path, disk=disk)
+    return index, size, crc
+
+
+@dataclass
+class _Export:
+    """A catch-up image being written or sent; deleted when its last transfer ends."""
+
+    group: Any  # the _Group it was taken of (a re-created group does not share it)
+    path: str
+    writing: asyncio.Future[tuple[int, int, int]]  # -> (index, size, crc)
+    users: int = 0
+
+
+def _discard_export(task: asyncio.Future[Any], path: str, disk: Disk) -> None:
+    """Done callback: delete an export whose transfer ended before it was written
+    (its outcome is read, so a failure is not reported as never retrieved)."""
+    if not task.cancelled():
+        task.exception()
+    snapfile.discard(path, disk=disk)
 
 
 def create(

@@ -14,6 +14,9 @@ Files in `dir`, `<g>` the hex of the group id:
   then u32 crc32 of everything before it.
 * `<g>.pending` -- same format: a received snapshot staged (`stage`) while
   the WAL record that describes it is not yet known durable.
+* `<g>.<nonce>.export` -- a catch-up image a state machine exported for one
+  transfer to a lagging member (`new_export`); deleted once sent, never
+  trusted, never named by a meta file.
 
 The head (also the first bytes of a streamed snapshot, so the receiver can
 check what it got end to end):
@@ -51,6 +54,7 @@ _MAGIC = b"JRS2"
 _HEAD = struct.Struct("<4sQQHHQI")
 _U16 = struct.Struct("<H")
 _CRC = struct.Struct("<I")
+_LEFTOVERS = (".part", ".data", ".export")  # unnamed files a crash (or a removal) leaves
 
 
 class SnapshotFileError(Exception):
@@ -85,6 +89,12 @@ def new_part(dir: str, group: str, disk: Disk = OS_DISK) -> str:
     return os.path.join(dir, f"{_prefix(group)}.{secrets.token_hex(6)}.part")
 
 
+def new_export(dir: str, group: str, disk: Disk = OS_DISK) -> str:
+    """A fresh path for a catch-up image exported for one transfer."""
+    disk.makedirs(dir)
+    return os.path.join(dir, f"{_prefix(group)}.{secrets.token_hex(6)}.export")
+
+
 # ---- head encoding ---------------------------------------------------------------
 
 
@@ -115,13 +125,20 @@ def parse_head(buf: bytes | bytearray) -> tuple[SnapshotMeta, int, int, int] | N
 
 def seal(path: str, disk: Disk = OS_DISK) -> tuple[int, int]:
     """fsync a written image and return its (size, crc32), read in chunks."""
+    return checksum(path, disk, fsync=True)
+
+
+def checksum(path: str, disk: Disk = OS_DISK, fsync: bool = False) -> tuple[int, int]:
+    """(size, crc32) of a written file, read in chunks; no fsync unless asked (an
+    exported image is sent and deleted: the receiver fsyncs its own copy)."""
     crc, size = 0, 0
     fd = disk.open(path)
     try:
         while piece := disk.pread(fd, CHUNK, size):
             crc = zlib.crc32(piece, crc)
             size += len(piece)
-        disk.fsync(fd)
+        if fsync:
+            disk.fsync(fd)
     finally:
         disk.close(fd)
     return size, crc
@@ -273,10 +290,10 @@ def load(dir: str, group: str, verify: bool = True, disk: Disk = OS_DISK,
     _resolve_pending(dir, group, log_index, disk)
     found = _read_meta(disk, _meta_path(dir, group), group)
     if found is None:
-        _remove_files(disk, dir, group, keep=None, suffixes=(".part", ".data"))
+        _remove_files(disk, dir, group, keep=None, suffixes=_LEFTOVERS)
         return None
     stored, data = found
-    _remove_files(disk, dir, group, keep=data, suffixes=(".part", ".data"))
+    _remove_files(disk, dir, group, keep=data, suffixes=_LEFTOVERS)
     if data is not None and verify:
         try:
             got = seal(data, disk)
@@ -293,7 +310,7 @@ def remove(dir: str, group: str, disk: Disk = OS_DISK) -> None:
     discard(_meta_path(dir, group), disk)
     discard(_pending_path(dir, group), disk)
     if disk.exists(dir):
-        _remove_files(disk, dir, group, keep=None, suffixes=(".part", ".data"))
+        _remove_files(disk, dir, group, keep=None, suffixes=_LEFTOVERS)
 
 
 class Receiver:

@@ -15,9 +15,13 @@ in-memory counter, which runs ahead of an open write transaction), then fsyncs t
 including its meta page, and only then names that index; the driver compacts the WAL up to
 it. The image file only records the index: `restore_from` accepts it when LMDB already holds
 that index (a restart) and refuses otherwise, because a single node has nowhere to copy the
-missing state from. Clustered (`full_images`), images are the data: LMDB streams
-(`dump_image`) and memory streams (`dump_mem_image`: at R>1 a memory stream's publish is
-acknowledged once a quorum holds it, so a replica catching up by snapshot needs the messages).
+missing state from. Clustered (`full_images`), compaction of an LMDB stream is the same
+marker (O(1): no image per `snapshot_every` entries, whatever the stream's size); the data
+leaves the node only when a member needs the snapshot: the driver then asks `export_to` for
+a catch-up image (`dump_image`, one read transaction, written to a file) at the store's
+applied index, at or past the marker's, and streams it. A memory stream's snapshots stay
+images (`dump_mem_image`): its state is not durable anywhere else, and at R>1 a publish is
+acknowledged once a quorum holds it, so a restarting or catching-up replica needs them.
 """
 
 from __future__ import annotations
@@ -208,8 +212,9 @@ class StreamMachine:
         self.delivered: dict[int, Delivered] = {}
         self.events: dict[int, list[ConsumerEvent]] = {}  # for the advisories
         self.track = False
-        # Clustered: snapshots are whole images (dump_image), so a member that joins or
-        # lags behind a compaction installs the data; one node only needs a marker.
+        # Clustered: a member that joins or lags behind a compaction installs the data
+        # (LMDB: an image exported when it is needed; memory: the snapshot is the image);
+        # one node only needs a marker.
         self.full_images = False
         # Clustered: told when the group's leader changes (on the event loop).
         self.leader_hook: Callable[[int, int], None] | None = None
@@ -250,10 +255,22 @@ class StreamMachine:
     def applied_index(self) -> int:
         return _committed_applied(self.store)
 
+    @property
+    def exports_images(self) -> bool:
+        """Whether the driver must ask `export_to` for the image a member catches up
+        from (the snapshot files are markers)."""
+        return self.full_images and self.env is not None
+
+    def export_to(self, path: str) -> int:
+        """A catch-up image for a member that needs the snapshot: every key of the stream
+        from ONE read transaction (applies go on meanwhile), at the applied index that
+        transaction held, which is at or past any marker this store named. Not a
+        durability point: it is sent and deleted; the receiver fsyncs its copy."""
+        assert self.env is not None
+        with open(path, "wb") as f:
+            return int(write_file(_files(self.env), f, lambda out: dump_image(self.store, out)))
+
     def snapshot_to(self, path: str) -> int:
-        if self.env is not None and self.full_images:
-            self.env.sync()  # what the image covers is durable here too before compaction
-            return int(_write_file(self.env, path, lambda out: dump_image(self.store, out)))
         if self.env is None and self.full_images:
             # Clustered memory stream: at R>1 a publish is acknowledged once a quorum holds
             # it, so the image must carry the messages (a replica installing a marker would

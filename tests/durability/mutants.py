@@ -29,13 +29,18 @@ WAL_FSYNC = ("raft/disk.py", "        os.fsync(fd)\n\n    def ftruncate",
 
 # name -> [(file, original, mutated), ...]
 MUTANTS: dict[str, list[tuple[str, str, str]]] = {
-    # LMDB with MDB_NOSYNC: commits reach the disk only through env.sync() at snapshots.
-    "lmdb-nosync": [(LMDB, "sync=sync,", "sync=False,")],
-    # ... and compaction no longer syncs LMDB first: the WAL is truncated past what LMDB
-    # holds durably (durability rules 4 and 5 together).
+    # LMDB with MDB_NOSYNC: commits reach the disk only through env.sync() at snapshots
+    # (NodeEnv's `sync=False`: no pin, no meta restore, a plain env.sync() at snapshots.)
+    "lmdb-nosync": [(LMDB, "def __init__(self, path: str, *, sync: bool = True,",
+                     "def __init__(self, path: str, *, sync: bool = False,")],
+    # Compaction no longer syncs LMDB first, and no periodic sync point covers for it: the
+    # WAL is truncated past what LMDB holds durably (durability rule 4; one node and
+    # clustered streams compact through the same marker path).
     "lmdb-nosync-early-truncate": [
-        (LMDB, "sync=sync,", "sync=False,"),
-        (MACH, "        self.env.sync()  # what `index` covers", "        # what `index` covers"),
+        (LMDB, "            if sync_interval:\n                self._syncer",
+         "            if False:\n                self._syncer"),
+        (MACH, "        self.env.sync()  # what the image covers is durable before the WAL",
+         "        # what the image covers is durable before the WAL"),
         (MACH, "            index = _committed_applied(self.store)\n            self.env.sync()",
          "            index = _committed_applied(self.store)"),
     ],

@@ -138,6 +138,15 @@ MUTANTS: list[tuple[str, ...]] = [
      "            index = _committed_applied(self.store)\n            self.env.sync()",
      "            index = self.stream.applied\n            self.env.sync()",
      T + "test_machines.py"),
+    ("wire: clustered catch-up gets a marker, no exported image", J + "machines.py",
+     "        return self.full_images and self.env is not None", "        return False",
+     T + "test_machines.py"),
+    ("wire: clustered compaction dumps the whole stream again", J + "machines.py",
+     "        if self.env is None and self.full_images:",
+     "        if self.env is not None and self.full_images:\n"
+     "            return self.export_to(path)\n"
+     "        if self.env is None and self.full_images:",
+     T + "test_machines.py"),
     ("wire: restore accepts a store that lost the snapshot", J + "machines.py",
      "    if held < want:", "    if False:", T + "test_machines.py"),
     ("wire: catalogue re-applies entries LMDB holds", J + "machines.py",

@@ -46,11 +46,14 @@ def test_applies_in_one_transaction_and_sends_pub_acks(tmp_path: Path) -> None:
     env.close()
 
 
-def test_snapshot_names_only_the_committed_index(tmp_path: Path) -> None:
+@pytest.mark.parametrize("clustered", [False, True])
+def test_snapshot_names_only_the_committed_index(tmp_path: Path, clustered: bool) -> None:
     """An apply is stopped inside its write transaction (after the stream counted the
-    entries, before the commit) while the driver asks for an image from another thread."""
+    entries, before the commit) while the driver asks for an image from another thread.
+    Clustered, compaction takes the same path (a marker; images only for catch-up)."""
     env = NodeEnv(str(tmp_path / "env"))
     sm = _machine(env)
+    sm.full_images = clustered
     sm.apply_batch([(2, _msg(2)), (3, _msg(3))])
     inside, release = threading.Event(), threading.Event()
 
@@ -133,14 +136,19 @@ def test_orphans_are_what_the_catalogue_does_not_name(tmp_path: Path) -> None:
 
 
 def test_full_image_moves_a_stream_to_an_empty_store(tmp_path: Path) -> None:
-    """Clustered snapshots carry the data: a replica with an empty store installs them and
-    holds the same messages, consumers and applied index (catch-up by snapshot)."""
+    """Clustered compaction writes only a marker; the image a replica catches up from is
+    exported when it is needed: a replica with an empty store installs it and holds the same
+    messages, consumers and applied index (catch-up by snapshot)."""
     src_env = NodeEnv(str(tmp_path / "a"))
     src = _machine(src_env)
     src.full_images = True
     src.apply_batch([(i, _msg(i)) for i in range(2, 12)])
+    marker = str(tmp_path / "marker")
+    assert src.snapshot_to(marker) == 11
+    assert os.path.getsize(marker) < 100, "compaction must not dump the stream"
+    assert src.exports_images
     image = str(tmp_path / "image")
-    assert src.snapshot_to(image) == 11
+    assert src.export_to(image) == 11
     dst_env = NodeEnv(str(tmp_path / "b"))
     dst = _machine(dst_env)
     dst.full_images = True
@@ -156,6 +164,27 @@ def test_full_image_moves_a_stream_to_an_empty_store(tmp_path: Path) -> None:
     with pytest.raises(ValueError):
         dst.restore_from(image)
     assert dst.stream.last_seq == 11
+    src_env.close()
+    dst_env.close()
+
+
+def test_export_past_the_snapshot_skips_what_it_holds(tmp_path: Path) -> None:
+    """The export is taken when a member needs the snapshot, at the leader's applied index,
+    past the marker the snapshot names: the replica installs it and then skips the entries
+    between (they are in its image), so no message is stored twice."""
+    src_env, dst_env = NodeEnv(str(tmp_path / "a")), NodeEnv(str(tmp_path / "b"))
+    src, dst = _machine(src_env), _machine(dst_env)
+    src.full_images = dst.full_images = True
+    src.apply_batch([(i, _msg(i)) for i in range(2, 12)])
+    assert src.snapshot_to(str(tmp_path / "marker")) == 11  # the snapshot: index 11
+    src.apply_batch([(i, _msg(i)) for i in range(12, 17)])  # applies go on
+    image = str(tmp_path / "image")
+    assert src.export_to(image) == 16
+    dst.restore_from(image)
+    dst.apply_batch([(i, _msg(i)) for i in range(12, 19)])  # the log after the snapshot
+    assert dst.stream.last_seq == 17 and dst.applied_index() == 18
+    assert [dst.store.load(s).data for s in range(1, 18)] == \
+        [f"m{i}".encode() for i in range(2, 19)]
     src_env.close()
     dst_env.close()
 

@@ -13,7 +13,7 @@ import pytest
 from raft import multigroup, snapfile
 from raft.multigroup import MultiRaft, NotLeader, ProposalDropped
 from raft.node import CountSM, LmdbSM
-from raft.types import ConfState, SnapshotMeta
+from raft.types import ConfState, Message, MsgType, Snapshot, SnapshotMeta
 from tests.ports import free_port
 
 pytestmark = pytest.mark.timeout(180)
@@ -127,9 +127,39 @@ class Probe(LmdbSM):
             self.seen.extend([self.node.stats.snapshot_bytes_received] * len(items))
 
 
+class Exporting(LmdbSM):
+    """A durable machine whose compaction writes only a marker (the store is the state);
+    the image a member catches up from is exported when the driver asks for it."""
+
+    exports_images = True
+    MARK = b"MARK"
+
+    def snapshot_to(self, path: str) -> int:
+        held = self.applied_index()
+        self.store.sync()
+        with open(path, "wb") as f:
+            f.write(self.MARK + held.to_bytes(8, "big"))
+        return held
+
+    def export_to(self, path: str) -> int:
+        self.exported = getattr(self, "exported", 0) + 1
+        return super().snapshot_to(path)
+
+    def restore_from(self, path: str) -> None:
+        with open(path, "rb") as f:
+            head = f.read(12)
+        if head[:4] == self.MARK:  # a restart: the store must hold what the marker names
+            want = int.from_bytes(head[4:], "big")
+            if self.applied_index() < want:
+                raise RuntimeError(f"store holds {self.applied_index()}, marker {want}")
+            return
+        super().restore_from(path)
+
+
 class Nodes:
-    def __init__(self, tmp) -> None:
+    def __init__(self, tmp, big: type[LmdbSM] = LmdbSM) -> None:
         self.tmp = tmp
+        self.big = big
         self.addrs = {i: f"127.0.0.1:{free_port()}" for i in (1, 2, 3)}
         self.nodes: dict[int, MultiRaft] = {}
         self.sms: dict[int, dict[str, LmdbSM]] = {}
@@ -137,7 +167,7 @@ class Nodes:
     async def start(self, nid: int) -> MultiRaft:
         mr = multigroup.create(nid, str(self.tmp / f"n{nid}"), self.addrs[nid], self.addrs,
                                tick_interval_s=0.05, snapshot_every=10**9)
-        sms = {"big": LmdbSM(str(self.tmp / f"n{nid}" / "sm" / "big")),
+        sms = {"big": self.big(str(self.tmp / f"n{nid}" / "sm" / "big")),
                "h": Probe(str(self.tmp / f"n{nid}" / "sm" / "h"))}
         for g, sm in sms.items():
             mr.add_group(g, [1, 2, 3], state_machine=sm)
@@ -229,6 +259,60 @@ async def test_large_snapshot_streams_to_empty_member_with_bounded_memory(tmp_pa
         await c.start(3)
         await until(lambda: c.sms[3]["big"].applied == c.sms[leader.node_id]["big"].applied)
         assert c.sms[3]["big"].entries() == c.sms[leader.node_id]["big"].entries()
+    finally:
+        for nid in list(c.nodes):
+            await c.stop(nid)
+
+
+async def test_marker_compaction_exports_an_image_only_for_a_member_that_needs_it(tmp_path):
+    """Compaction of a durable machine writes a marker (a few bytes, whatever the state);
+    a member that joins after it gets an image exported for that transfer, at the leader's
+    applied index (past the marker), streamed in chunks; the temporary file goes after."""
+    c = Nodes(tmp_path, big=Exporting)
+    try:
+        for nid in (1, 2):
+            await c.start(nid)
+        for _ in range(40):
+            await asyncio.gather(*(c.propose("big", os.urandom(16 << 10)) for _ in range(4)))
+        leader = await c.leader("big")
+        before = leader.stats.snapshots_taken
+        leader.snapshot_now("big")
+        await until(lambda: leader.stats.snapshots_taken > before)
+        stored = leader._groups["big"].snap  # noqa: SLF001 (the committed file)
+        assert stored is not None and stored.size == 12, "compaction dumped the state"
+        assert leader.status("big")["first_index"] > 100
+        for k in range(20):  # past the marker: the export holds these too
+            await c.propose("big", b"after-%d" % k)
+        lsm = c.sms[leader.node_id]["big"]
+        assert getattr(lsm, "exported", 0) == 0, "no member needed an image yet"
+        # Two transfers at once (two members joining) share one export.
+        msg = Message(MsgType.SNAP, "big", frm=leader.node_id, to=3, snapshot=Snapshot(stored.meta))
+
+        async def pull() -> bytes:
+            return b"".join([piece async for piece in leader.snapshot_source(msg)])
+
+        one, two = await asyncio.gather(pull(), pull())
+        assert one == two and len(one) > 160 * (16 << 10)
+        assert lsm.exported == 1 and leader.stats.images_exported == 1
+        snap_dir = tmp_path / f"n{leader.node_id}" / "snap"
+        assert not [n for n in os.listdir(snap_dir) if n.endswith(".export")]
+        n3 = await c.start(3)
+        await until(lambda: c.sms[3]["big"].applied >= lsm.applied)
+        assert lsm.exported >= 2 and leader.stats.images_exported >= 2
+        assert n3.stats.snapshots_installed >= 1
+        assert n3.stats.snapshot_bytes_received > 160 * (16 << 10)
+        assert c.sms[3]["big"].entries() == lsm.entries()
+        assert not [n for n in os.listdir(snap_dir) if n.endswith(".export")]
+        # Node 3 compacts on its own (a marker over the installed image), restarts from it.
+        await c.propose("big", b"last")
+        await until(lambda: c.sms[3]["big"].applied == lsm.applied)
+        taken = n3.stats.snapshots_taken
+        n3.snapshot_now("big")
+        await until(lambda: n3.stats.snapshots_taken > taken)
+        await c.stop(3)
+        await c.start(3)
+        await until(lambda: c.sms[3]["big"].applied == lsm.applied)
+        assert c.sms[3]["big"].entries() == lsm.entries()
     finally:
         for nid in list(c.nodes):
             await c.stop(nid)
