@@ -38,6 +38,11 @@ from node.subject import valid_literal_subject
 TRACE_DEST = "Nats-Trace-Dest"
 TRACE_ONLY = "Nats-Trace-Only"
 TRACE_PARENT = "traceparent"  # W3C trace context, matched in any case
+# Added to each copy a traced message gets over a route: the hop number ("1", "2", ...
+# one per peer; "<hop>.<n>" for a copy of a copy). Its presence is what makes the
+# receiving node trace the copy (node/cluster/service.py).
+TRACE_HOP = "Nats-Trace-Hop"
+TRACE_HOP_MARK = b"\r\n" + TRACE_HOP.encode() + b":"
 # Cheap pre-check on the raw header block before any parsing (a header line
 # always follows a CRLF: the status line comes first).
 TRACE_DEST_MARK = b"\r\n" + TRACE_DEST.encode() + b":"
@@ -71,26 +76,38 @@ def parse_headers(raw: bytes) -> dict[str, list[str]]:
 
 
 def start(headers: bytes, payload_size: int, account_trace: Any = None,
-          rng: random.Random | None = None) -> MsgTrace | None:
+          rng: random.Random | None = None, resample: bool = True) -> MsgTrace | None:
     """The trace a message asks for, or None (no header, or a destination that
     is not a literal subject). `account_trace` (accountconf.MsgTraceConfig, the
     account's `msg_trace`): without `Nats-Trace-Dest`, a W3C `traceparent` header
     (any case) whose flags say sampled is traced there, `sampling` percent of the
-    time; `Nats-Trace-Only` does not apply to it (nats-server delivers it)."""
+    time; `Nats-Trace-Only` does not apply to it (nats-server delivers it).
+    `resample=False` for a copy that came over a route: its origin already
+    sampled it, so every node's document of one message is sent or none is."""
     if TRACE_DEST_MARK in headers:
         header = parse_headers(headers)
         dest = (header.get(TRACE_DEST) or [""])[0]
         if not valid_literal_subject(dest):
             return None
         only = (header.get(TRACE_ONLY) or [""])[0].lower() in _ONLY_VALUES
-        return MsgTrace(dest, only, header, len(headers) + payload_size)
+        mt = MsgTrace(dest, only, header, len(headers) + payload_size)
+    else:
+        mt = _sampled_trace(headers, payload_size, account_trace, rng, resample)
+    if mt is not None:
+        mt.hop = (mt.header.get(TRACE_HOP) or [""])[0]
+    return mt
+
+
+def _sampled_trace(headers: bytes, payload_size: int, account_trace: Any,
+                   rng: random.Random | None, resample: bool) -> MsgTrace | None:
+    """The account's `msg_trace` for a message with a sampled W3C `traceparent`."""
     if account_trace is None or b"raceparent" not in headers.lower():
         return None
     header = parse_headers(headers)
     parent = next((v[0] for k, v in header.items() if k.lower() == TRACE_PARENT), "")
     if not _sampled(parent):
         return None
-    if account_trace.sampling < 100 and \
+    if resample and account_trace.sampling < 100 and \
             (rng or random).randint(1, 100) > account_trace.sampling:
         return None
     return MsgTrace(account_trace.dest, False, header, len(headers) + payload_size)
@@ -105,6 +122,21 @@ def _sampled(traceparent: str) -> bool:
         return bool(int(parts[3], 16) & 1)
     except ValueError:
         return False
+
+
+def with_hop(headers: bytes, hop: str) -> bytes:
+    """`headers` (a complete block, ending in an empty line) with `Nats-Trace-Hop: hop`
+    as its last header, where nats-server puts it (any earlier one removed)."""
+    if TRACE_HOP_MARK in headers:
+        headers = without_hop(headers)
+    return headers[:-2] + TRACE_HOP.encode() + b": " + hop.encode() + b"\r\n\r\n"
+
+
+def without_hop(headers: bytes) -> bytes:
+    """`headers` without `Nats-Trace-Hop`: a copy sent untraced must not make the
+    peer trace it (a publisher may have set the header itself)."""
+    mark = TRACE_HOP.encode() + b":"
+    return b"\r\n".join(line for line in headers.split(b"\r\n") if not line.startswith(mark))
 
 
 def disabled_headers(headers: bytes) -> bytes:
@@ -125,7 +157,8 @@ def _ts() -> str:
 class MsgTrace:
     """The events of one traced message, in the order they happened."""
 
-    __slots__ = ("dest", "only", "header", "msgsize", "events", "account", "strip")
+    __slots__ = ("dest", "only", "header", "msgsize", "events", "account", "strip", "hop",
+                 "hops")
 
     def __init__(self, dest: str, only: bool, header: dict[str, list[str]],
                  msgsize: int) -> None:
@@ -138,6 +171,8 @@ class MsgTrace:
         # While a stream import with a prefix delivers (allow_trace): nats-server names the
         # importer's subscription in the exporter's subject space, without the prefix.
         self.strip = ""
+        self.hop = ""  # the Nats-Trace-Hop this copy came with ("" at the origin)
+        self.hops = 0  # copies sent over routes
 
     def ingress(self, kind: str, cid: int, name: str, account: str, subject: str,
                 error: str | None = None) -> None:
@@ -178,6 +213,19 @@ class MsgTrace:
             ev["error"] = error
         self.events.append(ev)
 
+    def route_egress(self, cid: int, name: str) -> str:
+        """A copy goes to the peer `name` over a route; returns its hop number (the
+        copy's `Nats-Trace-Hop`). The event names no subscription."""
+        self.hops += 1
+        hop = f"{self.hop}.{self.hops}" if self.hop else str(self.hops)
+        ev: dict[str, Any] = {"type": "eg", "ts": _ts(), "kind": KIND_NUMBERS["Router"],
+                              "cid": cid}
+        if name:
+            ev["name"] = name
+        ev["hop"] = hop
+        self.events.append(ev)
+        return hop
+
     def jetstream(self, stream: str, subject: str) -> None:
         """A stream captured the message (stored later, off the publisher's turn: a
         store error is not reported here, unlike nats-server's `error` member)."""
@@ -187,5 +235,9 @@ class MsgTrace:
         """The JSON document published on `dest`."""
         # nats-server's header map is a Go map: JSON with its keys sorted.
         header = dict(sorted(self.header.items()))
-        return {"server": server, "request": {"header": header, "msgsize": self.msgsize},
-                "events": self.events}
+        doc: dict[str, Any] = {"server": server,
+                               "request": {"header": header, "msgsize": self.msgsize}}
+        if self.hops:
+            doc["hops"] = self.hops
+        doc["events"] = self.events
+        return doc
