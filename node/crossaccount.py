@@ -133,7 +133,8 @@ class Router:
                 # The trace goes on in the exporter (its egress events); a trace-only
                 # request opens no response route.
                 count += self._serve(account, publisher, subject, None if mt.only else reply,
-                                     headers, payload)
+                                     self._trace_return(account, mt, headers, service.export),
+                                     payload)
             elif not mt.only:
                 count += self._untraced(self._serve, account, publisher, subject, reply,
                                         msgtrace.disabled_headers(headers), payload)
@@ -156,6 +157,20 @@ class Router:
         if count == 0 and reply and publisher is not None and publisher.no_responders:
             publisher.send_no_responders(subject, reply)
         return count
+
+    def _trace_return(self, account: Account, mt: msgtrace.MsgTrace, headers: bytes,
+                      export: Any) -> bytes:
+        """The exporter's copy of a traced request names, as its trace destination,
+        a fresh `_R_.` subject in the exporter that leads back to the destination in
+        the requester's account, as nats-server does: a node the copy reaches over a
+        route publishes its own document there, in the exporter's account, and it
+        comes back like a reply (through `_respond` / `deliver_response`)."""
+        now = time.monotonic()
+        self._prune(now)
+        ttl = export.response_threshold or DEFAULT_RESPONSE_TTL
+        token = self._new_response_subject()
+        self.responses[token] = ResponseRoute(account, mt.dest, False, now + ttl)
+        return msgtrace.with_dest(headers, token)
 
     @staticmethod
     def _untraced(step: Any, *args: Any) -> int:
@@ -227,11 +242,15 @@ class Router:
         requester's account."""
         now = time.monotonic()
         self._prune(now)
-        token = RESPONSE_PREFIX + secrets.token_urlsafe(12).replace("-", "a").replace("_", "b")
+        token = self._new_response_subject()
         ttl = export.response_threshold or DEFAULT_RESPONSE_TTL
         singleton = export.response_type is ResponseType.SINGLETON
         self.responses[token] = ResponseRoute(requester, reply, singleton, now + ttl)
         return token
+
+    @staticmethod
+    def _new_response_subject() -> str:
+        return RESPONSE_PREFIX + secrets.token_urlsafe(12).replace("-", "a").replace("_", "b")
 
     def _response_route(self, subject: str) -> ResponseRoute | None:
         route = self.responses.get(subject)

@@ -142,11 +142,16 @@ def without_hop(headers: bytes) -> bytes:
 def disabled_headers(headers: bytes) -> bytes:
     """`headers` with the trace destination replaced by `trace disabled`: the copy a
     service import hands the exporter (which may not continue the trace)."""
+    return with_dest(headers, TRACE_DISABLED)
+
+
+def with_dest(headers: bytes, dest: str) -> bytes:
+    """`headers` with the trace destination replaced by `dest`."""
     lines = headers.split(b"\r\n")
     mark = TRACE_DEST.encode() + b":"
     for i, line in enumerate(lines):
         if line.startswith(mark):
-            lines[i] = mark + b" " + TRACE_DISABLED.encode()
+            lines[i] = mark + b" " + dest.encode()
     return b"\r\n".join(lines)
 
 

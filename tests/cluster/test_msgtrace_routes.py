@@ -39,12 +39,12 @@ accounts {
       {user: a, password: a}
       {user: ad, password: ad, permissions: {subscribe: {allow: [">"], deny: ["deny.x"]}}}
     ]
-    exports: [{service: "svc.>"}]
+    exports: [{service: "svc.>"}, {service: "tsvc.>", allow_trace: true}]
     msg_trace: {dest: "trace.acc"}
   }
   B: {
     users: [{user: b, password: b}]
-    imports: [{service: {account: A, subject: "svc.>"}}]
+    imports: [{service: {account: A, subject: "svc.>"}}, {service: {account: A, subject: "tsvc.>"}}]
     mappings: {"m.in": "loc.mapped"}
   }
 }
@@ -54,8 +54,13 @@ accounts {
 SERVER_FIELDS = ("host", "id", "ver", "seq", "time",  # per process / per release
                  "feature_flags")  # nats-server's, Jetraft's $SYS envelope has none
 EVENT_FIELDS = ("ts", "cid")  # timestamps; connection ids count differently
-# nats-server adds Nats-Request-Info to a service-import request (not a tracing matter).
+# nats-server adds Nats-Request-Info to a service-import request (not a tracing matter):
+# removed from delivered headers and from the documents' request headers (and its
+# line's size from their msgsize).
 DELIVERED_HEADERS_IGNORED = ("Nats-Request-Info",)
+# A `_R_.` subject (the trace destination an allow_trace service import gives the
+# exporter's copy) is random: the value becomes RANDOM_R, its size comes off msgsize.
+RANDOM_R = "_R_.<token>"
 
 T = "Nats-Trace-Dest"
 ONLY = "Nats-Trace-Only"
@@ -74,6 +79,7 @@ CASES: list[tuple[str, str, dict[str, str], bool]] = [
     ("a1", "x.r", {T: "trace.a", ONLY: "1"}, True),  # trace-only request: no answer
     ("b1", "m.in", {T: "trace.b"}, False),  # mapped on n1, delivered on n2
     ("b1", "svc.1", {T: "trace.b"}, True),  # service import: the trace stops at `si`
+    ("b1", "tsvc.1", {T: "trace.b"}, True),  # allow_trace: n2's document comes back to B
 ]
 
 
@@ -133,10 +139,27 @@ def clusters(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, lis
 
 def _strip(doc: dict[str, Any]) -> dict[str, Any]:
     out = dict(doc)
+    out["request"] = _request(doc["request"])
     out["server"] = {k: v for k, v in doc["server"].items() if k not in SERVER_FIELDS}
     out["events"] = _unordered_runs(
         [{k: v for k, v in ev.items() if k not in EVENT_FIELDS} for ev in doc["events"]])
     return out
+
+
+def _request(request: dict[str, Any]) -> dict[str, Any]:
+    size = request["msgsize"]
+    header: dict[str, list[str]] = {}
+    for key, values in request["header"].items():
+        if key in DELIVERED_HEADERS_IGNORED:
+            size -= sum(len(f"{key}: {v}\r\n") for v in values)
+            continue
+        header[key] = []
+        for v in values:
+            if v.startswith("_R_."):
+                size -= len(v)
+                v = RANDOM_R
+            header[key].append(v)
+    return {"header": header, "msgsize": size}
 
 
 def _unordered_runs(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -169,7 +192,8 @@ async def _script(urls: list[str]) -> list[dict[str, Any]]:
 
     def deliver(who: str, answer: bool = False) -> Any:
         async def cb(msg: Any) -> None:
-            headers = {k: v for k, v in (msg.headers or {}).items()
+            headers = {k: RANDOM_R if v.startswith("_R_.") else v
+                       for k, v in (msg.headers or {}).items()
                        if k not in DELIVERED_HEADERS_IGNORED}
             got.append((who, msg.subject, headers))
             if answer and msg.reply:
@@ -189,6 +213,7 @@ async def _script(urls: list[str]) -> list[dict[str, Any]]:
     await ad2.subscribe("deny.>", cb=deliver("ad2"))
     await b2.subscribe("loc.>", cb=deliver("b2"))
     await a2.subscribe("svc.>", cb=deliver("a2s", answer=True))
+    await a2.subscribe("tsvc.>", cb=deliver("a2t", answer=True))
     await a2.subscribe("fence.a", cb=fence)
     await b2.subscribe("fence.b", cb=fence)
     for nc in conns.values():
