@@ -278,3 +278,77 @@ async def test_tracing_across_a_route_as_nats_server(clusters: dict[str, list[st
     assert first["traces"][0][1]["hops"] == 1
     assert first["delivered"] == [("a2", "x.1", {T: "trace.a", "Zed": "z",
                                                  "Nats-Trace-Hop": "1"})]
+
+
+async def _queue_script(urls: list[str], n: int = 30) -> dict[str, Any]:
+    """`n` traced messages to a queue group with one member on each node."""
+    a1 = await nats.connect(urls[0], user="a", password="a", name="a1")
+    a2 = await nats.connect(urls[1], user="a", password="a", name="a2")
+    docs: dict[str, list[dict[str, Any]]] = {}
+    got: dict[str, list[str]] = {"a1": [], "a2": []}
+
+    async def on_trace(msg: Any) -> None:
+        doc = json.loads(msg.data)
+        docs.setdefault(doc["events"][0]["subj"], []).append(doc)
+
+    def member(who: str) -> Any:
+        async def cb(msg: Any) -> None:
+            got[who].append(msg.subject)
+        return cb
+
+    await a1.subscribe("trace.q", cb=on_trace)
+    await a1.subscribe("w.*", queue="w", cb=member("a1"))
+    await a2.subscribe("w.*", queue="w", cb=member("a2"))
+    async def fence(msg: Any) -> None:
+        await a2.publish(msg.reply, b"")
+
+    await a2.subscribe("fence.q", cb=fence)
+    await a2.flush()
+    await _until_routed_q(a1)
+    for i in range(n):
+        await a1.publish(f"w.{i}", b"x", headers={T: "trace.q"})
+    await a1.flush()
+    await a1.request("fence.q", b"", timeout=5)
+    await asyncio.sleep(0.05)
+    await a1.close()
+    await a2.close()
+    return {"docs": docs, "got": got}
+
+
+async def _until_routed_q(a1: nats.NATS) -> None:
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            await a1.request("fence.q", b"", timeout=0.5)
+            return
+        except (nats.errors.NoRespondersError, nats.errors.TimeoutError):
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.05)
+
+
+def _served_by(docs: list[dict[str, Any]]) -> str:
+    """Which node's member took the message, read from its documents alone."""
+    by_node = {d["server"]["name"]: [(e["type"], e["kind"], e.get("queue"))
+                                     for e in d["events"][1:]] for d in docs}
+    if by_node == {"n1": [("eg", 0, "w")]}:
+        return "a1"
+    if by_node == {"n1": [("eg", 1, None)], "n2": [("eg", 0, "w")]}:
+        return "a2"
+    raise AssertionError(f"unexpected documents {docs}")
+
+
+async def test_traced_queue_group_served_once_across_the_route(
+        clusters: dict[str, list[str]]) -> None:
+    """A traced message to a group with a member on each node reaches exactly one of
+    them, both members get some, and the documents say which one (a local egress on
+    n1, or a route egress on n1 and a queue egress on n2), as with nats-server."""
+    for name, urls in clusters.items():
+        out = await _queue_script(urls)
+        got, docs = out["got"], out["docs"]
+        assert sorted(got["a1"] + got["a2"]) == sorted(f"w.{i}" for i in range(30)), name
+        assert got["a1"] and got["a2"], (name, got)
+        assert len(docs) == 30, name
+        for subject, ds in docs.items():
+            who = _served_by(ds)
+            assert subject in got[who], (name, subject, who, got)
