@@ -145,12 +145,12 @@ class Router:
                 continue
             mt.stream_export(delivery.account, delivery.subject)
             if delivery.allow_trace:
-                mt.strip = delivery.prefix + "." if delivery.prefix else ""
+                mt.shadow = delivery.source.exporter_subject if delivery.source else None
                 try:
                     count += importer.deliver_local(publisher, delivery.subject, reply, headers,
                                                     payload)
                 finally:
-                    mt.strip = ""
+                    mt.shadow = None
             elif not mt.only:
                 count += self._untraced(importer.deliver_local, publisher, delivery.subject,
                                         reply, headers, payload)

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -162,7 +163,7 @@ def _ts() -> str:
 class MsgTrace:
     """The events of one traced message, in the order they happened."""
 
-    __slots__ = ("dest", "only", "header", "msgsize", "events", "account", "strip", "hop",
+    __slots__ = ("dest", "only", "header", "msgsize", "events", "account", "shadow", "hop",
                  "hops")
 
     def __init__(self, dest: str, only: bool, header: dict[str, list[str]],
@@ -173,9 +174,9 @@ class MsgTrace:
         self.msgsize = msgsize
         self.events: list[dict[str, Any]] = []
         self.account = ""  # the ingress account: egress elsewhere names its account
-        # While a stream import with a prefix delivers (allow_trace): nats-server names the
-        # importer's subscription in the exporter's subject space, without the prefix.
-        self.strip = ""
+        # While a stream import delivers (allow_trace): nats-server names the importer's
+        # subscription in the exporter's subject space (its shadow subscription).
+        self.shadow: Callable[[str], str] | None = None
         self.hop = ""  # the Nats-Trace-Hop this copy came with ("" at the origin)
         self.hops = 0  # copies sent over routes
 
@@ -209,8 +210,8 @@ class MsgTrace:
             ev["name"] = name
         if account and account != self.account:
             ev["acc"] = account
-        if self.strip and sub.startswith(self.strip):
-            sub = sub[len(self.strip):]
+        if self.shadow is not None:
+            sub = self.shadow(sub)
         ev["sub"] = sub
         if queue:
             ev["queue"] = queue
