@@ -44,6 +44,10 @@ TRACE_PARENT = "traceparent"  # W3C trace context, matched in any case
 # receiving node trace the copy (node/cluster/service.py).
 TRACE_HOP = "Nats-Trace-Hop"
 TRACE_HOP_MARK = b"\r\n" + TRACE_HOP.encode() + b":"
+# Added to a route copy that travels in another account than the trace's own (a
+# stream import with allow_trace): the peer sends its document in that account.
+TRACE_ORIGIN = "Nats-Trace-Origin-Account"
+TRACE_ORIGIN_MARK = b"\r\n" + TRACE_ORIGIN.encode() + b":"
 # Cheap pre-check on the raw header block before any parsing (a header line
 # always follows a CRLF: the status line comes first).
 TRACE_DEST_MARK = b"\r\n" + TRACE_DEST.encode() + b":"
@@ -136,8 +140,26 @@ def with_hop(headers: bytes, hop: str) -> bytes:
 def without_hop(headers: bytes) -> bytes:
     """`headers` without `Nats-Trace-Hop`: a copy sent untraced must not make the
     peer trace it (a publisher may have set the header itself)."""
-    mark = TRACE_HOP.encode() + b":"
+    return _without(headers, TRACE_HOP)
+
+
+def _without(headers: bytes, key: str) -> bytes:
+    mark = key.encode() + b":"
     return b"\r\n".join(line for line in headers.split(b"\r\n") if not line.startswith(mark))
+
+
+def route_copy(mt: MsgTrace, account: str, headers: bytes, hop: str) -> bytes:
+    """The headers of a traced message's copy for a peer, sent in `account`: its
+    hop, and the trace's own account when the copy travels in another one and
+    still names the trace's destination (a service import's copy names a `_R_.`
+    subject of its own account instead). A publisher's own origin header never
+    passes."""
+    if TRACE_ORIGIN_MARK in headers:
+        headers = _without(headers, TRACE_ORIGIN)
+    if account != mt.account and not (TRACE_DEST_MARK in headers
+                                      and f"{TRACE_DEST}: {mt.dest}\r\n".encode() not in headers):
+        headers = headers[:-2] + f"{TRACE_ORIGIN}: {mt.account}\r\n\r\n".encode()
+    return with_hop(headers, hop)
 
 
 def disabled_headers(headers: bytes) -> bytes:

@@ -127,7 +127,8 @@ class AccountRoutes:
                 continue
             hop = mt.route_egress(cluster.rid(peer), cluster.peer_name(peer))
             sent += cluster.send_msg({peer: queues}, self.name, subject, reply,
-                                     msgtrace.with_hop(headers, hop), payload, match_subject)
+                                     msgtrace.route_copy(mt, self.name, headers, hop), payload,
+                                     match_subject)
         return sent
 
 
@@ -485,8 +486,13 @@ class Cluster:
                         match: str | None) -> None:
         """A traced copy from a peer (it carries `Nats-Trace-Hop`): this node's own
         trace of it, an ingress from the route and its local egress, published on
-        the trace destination in the message's account."""
-        mt = msgtrace.start(headers, len(payload), account.msg_trace, resample=False)
+        the trace destination in the message's account (or in the trace's own, named
+        by `Nats-Trace-Origin-Account`, when the copy came through a stream import)."""
+        owner = account
+        if msgtrace.TRACE_ORIGIN_MARK in headers:
+            origin = msgtrace.parse_headers(headers).get(msgtrace.TRACE_ORIGIN, [""])[0]
+            owner = self.server.accounts.get(origin) or account
+        mt = msgtrace.start(headers, len(payload), owner.msg_trace, resample=False)
         if mt is None:
             account.deliver_routed(pub, subject, reply, headers, payload, queues, match)
             return
@@ -499,7 +505,7 @@ class Cluster:
             msgtrace.active = None
         system = getattr(self.server, "system", None)
         info = system.server_info() if system is not None else {}
-        account.publish(None, mt.dest, None, None, json.dumps(mt.document(info)).encode())
+        owner.publish(None, mt.dest, None, None, json.dumps(mt.document(info)).encode())
 
     def _deliver_node_frame(self, peer: int, kind: str, subject: str, reply: str | None,
                             headers: bytes | None, payload: bytes, tag: str | None) -> None:

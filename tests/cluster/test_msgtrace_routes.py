@@ -39,12 +39,15 @@ accounts {
       {user: a, password: a}
       {user: ad, password: ad, permissions: {subscribe: {allow: [">"], deny: ["deny.x"]}}}
     ]
-    exports: [{service: "svc.>"}, {service: "tsvc.>", allow_trace: true}]
+    exports: [{service: "svc.>"}, {service: "tsvc.>", allow_trace: true}, {stream: "news.>"}]
     msg_trace: {dest: "trace.acc"}
   }
   B: {
     users: [{user: b, password: b}]
-    imports: [{service: {account: A, subject: "svc.>"}}, {service: {account: A, subject: "tsvc.>"}}]
+    imports: [
+      {service: {account: A, subject: "svc.>"}}, {service: {account: A, subject: "tsvc.>"}}
+      {stream: {account: A, subject: "news.>"}, prefix: "fa", allow_trace: true}
+    ]
     mappings: {"m.in": "loc.mapped"}
   }
 }
@@ -251,10 +254,12 @@ async def _script(urls: list[str]) -> list[dict[str, Any]]:
     return results
 
 
-async def _until_routed(a1: nats.NATS, b1: nats.NATS) -> None:
-    """Until n2's subscriptions are known on n1 (both accounts)."""
+async def _until_routed(a1: nats.NATS | None, b1: nats.NATS) -> None:
+    """Until n2's subscriptions are known on n1 (both accounts, or B's only)."""
     deadline = time.monotonic() + 10
     for nc, subject in ((a1, "fence.a"), (b1, "fence.b")):
+        if nc is None:
+            continue
         while True:
             try:
                 await nc.request(subject, b"", timeout=0.5)
@@ -352,3 +357,63 @@ async def test_traced_queue_group_served_once_across_the_route(
         for subject, ds in docs.items():
             who = _served_by(ds)
             assert subject in got[who], (name, subject, who, got)
+
+
+async def _stream_import_script(urls: list[str]) -> dict[str, Any]:
+    a1 = await nats.connect(urls[0], user="a", password="a", name="a1")
+    b1 = await nats.connect(urls[0], user="b", password="b", name="b1")
+    b2 = await nats.connect(urls[1], user="b", password="b", name="b2")
+    docs: dict[str, list[dict[str, Any]]] = {"A": [], "B": []}
+    got: list[str] = []
+
+    def collect(acc: str) -> Any:
+        async def cb(msg: Any) -> None:
+            docs[acc].append(json.loads(msg.data))
+        return cb
+
+    async def on_news(msg: Any) -> None:
+        got.append(msg.subject)
+
+    async def fence(msg: Any) -> None:
+        await b2.publish(msg.reply, b"")
+
+    await a1.subscribe("trace.>", cb=collect("A"))
+    await b1.subscribe("trace.>", cb=collect("B"))
+    await b2.subscribe("fa.news.>", cb=on_news)
+    await b2.subscribe("fence.b", cb=fence)
+    await b2.flush()
+    await _until_routed(None, b1)
+    await a1.publish("news.1", b"x", headers={T: "trace.a"})
+    await a1.flush()
+    await b1.request("fence.b", b"", timeout=5)
+    await asyncio.sleep(0.3)
+    for nc in (a1, b1, b2):
+        await nc.close()
+    return {"docs": docs, "got": got}
+
+
+async def test_stream_import_trace_across_the_route_stays_in_the_trace_account(
+        clusters: dict[str, list[str]]) -> None:
+    """A traced message that reaches a peer through a stream import with
+    allow_trace: both nodes' documents go to the trace destination in the
+    publisher's account (A), none to the importer's (B), and the importer's
+    subscriber on n2 gets the message once, on both clusters.
+
+    NOT compared, a known difference: nats-server forwards the message in the
+    exporter's account and the peer records the `se` (n1: in, eg route; n2: in
+    with A's subject, se, eg naming the shadow subscription); Jetraft forwards the
+    importer's copy (n1: in, se, eg route; n2: in with B's subject, eg), with
+    `Nats-Trace-Origin-Account: A` on it so that n2 sends its document in A."""
+    for name, urls in clusters.items():
+        out = await _stream_import_script(urls)
+        assert out["got"] == ["fa.news.1"], name
+        assert out["docs"]["B"] == [], name
+        by_node = {d["server"]["name"]: d for d in out["docs"]["A"]}
+        assert sorted(by_node) == ["n1", "n2"], name
+        assert by_node["n1"]["hops"] == 1, name
+        assert {"type": "eg", "kind": 1, "name": "n2", "hop": "1"} in [
+            {k: v for k, v in e.items() if k not in EVENT_FIELDS}
+            for e in by_node["n1"]["events"]], name
+        n2 = by_node["n2"]["events"]
+        assert n2[0]["kind"] == 1 and n2[0]["name"] == "n1", name
+        assert n2[-1]["type"] == "eg" and n2[-1]["name"] == "b2", name

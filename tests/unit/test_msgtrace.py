@@ -148,3 +148,23 @@ def test_routed_account_trace_is_not_sampled_again() -> None:
            b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01\r\nNats-Trace-Hop: 1\r\n\r\n")
     conf = MsgTraceConfig("t", 1)
     assert all(msgtrace.start(hdr, 0, conf, resample=False) is not None for _ in range(50))
+
+
+def test_route_copy_names_the_trace_account_only_when_it_travels_in_another() -> None:
+    mt = msgtrace.start(HDR, 0)
+    assert mt is not None
+    mt.ingress("Client", 1, "", "A", "news.1")
+    same = msgtrace.parse_headers(msgtrace.route_copy(mt, "A", HDR, "1"))
+    assert msgtrace.TRACE_ORIGIN not in same and same["Nats-Trace-Hop"] == ["1"]
+    other = msgtrace.parse_headers(msgtrace.route_copy(mt, "B", HDR, "1"))
+    assert other[msgtrace.TRACE_ORIGIN] == ["A"]
+    # A service import's copy names its own `_R_.` destination: its peer answers there.
+    rewritten = msgtrace.with_dest(HDR, "_R_.tok")
+    assert msgtrace.TRACE_ORIGIN not in msgtrace.parse_headers(
+        msgtrace.route_copy(mt, "B", rewritten, "1"))
+    # A publisher cannot choose the account a peer sends its document in.
+    forged = HDR[:-2] + b"Nats-Trace-Origin-Account: C\r\n\r\n"
+    assert msgtrace.TRACE_ORIGIN not in msgtrace.parse_headers(
+        msgtrace.route_copy(mt, "A", forged, "1"))
+    assert msgtrace.parse_headers(msgtrace.route_copy(mt, "B", forged, "1"))[
+        msgtrace.TRACE_ORIGIN] == ["A"]
