@@ -301,26 +301,31 @@ class Account:
         if not psubs and not (queues and qsubs):
             return count
         msg = Message(subject, reply, headers, payload)
-        mt = msgtrace.active if headers is not None else None
-        for sub in psubs:
-            if sub.dead:
-                continue
-            if mt is not None:
-                if _traced_delivery(mt, sub, publisher, msg, None, self.name):
+        if headers is not None and msgtrace.active is not None:
+            # A traced copy (node/cluster/service.py Cluster._deliver_traced).
+            count += self._deliver_routed_traced(msgtrace.active, result, queues, publisher, msg)
+        else:
+            for sub in psubs:
+                if not sub.dead and sub.client.deliver(sub, msg):
                     count += 1
-            elif sub.client.deliver(sub, msg):
-                count += 1
-        for queue in queues:
-            members = qsubs.get(queue)
-            if not members:
-                continue
-            if mt is not None:
-                if _traced_group_delivery(mt, members, publisher, msg, queue, self.name):
+            for queue in queues:
+                members = qsubs.get(queue)
+                if members and _deliver_to_group(members, None, msg):
                     count += 1
-            elif _deliver_to_group(members, None, msg):
-                count += 1
         if self.expired:
             self.reap()
+        return count
+
+    def _deliver_routed_traced(self, mt: msgtrace.MsgTrace, result: Any, queues: Any,
+                               publisher: Any, msg: Message) -> int:
+        count = 0
+        for sub in result.psubs:
+            if not sub.dead and _traced_delivery(mt, sub, publisher, msg, None, self.name):
+                count += 1
+        for queue in queues:
+            members = result.qsubs.get(queue)
+            if members and _traced_group_delivery(mt, members, publisher, msg, queue, self.name):
+                count += 1
         return count
 
 
