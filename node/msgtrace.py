@@ -98,8 +98,6 @@ def start(headers: bytes, payload_size: int, account_trace: Any = None,
         mt = MsgTrace(dest, only, header, len(headers) + payload_size)
     else:
         mt = _sampled_trace(headers, payload_size, account_trace, rng, resample)
-    if mt is not None:
-        mt.hop = (mt.header.get(TRACE_HOP) or [""])[0]
     return mt
 
 
@@ -131,16 +129,40 @@ def _sampled(traceparent: str) -> bool:
 
 def with_hop(headers: bytes, hop: str) -> bytes:
     """`headers` (a complete block, ending in an empty line) with `Nats-Trace-Hop: hop`
-    as its last header, where nats-server puts it (any earlier one removed)."""
+    as its last header, where nats-server puts it (one the publisher set is
+    replaced where it stands, as nats-server does)."""
+    line = TRACE_HOP.encode() + b": " + hop.encode()
     if TRACE_HOP_MARK in headers:
-        headers = without_hop(headers)
-    return headers[:-2] + TRACE_HOP.encode() + b": " + hop.encode() + b"\r\n\r\n"
+        return _replace(headers, TRACE_HOP, line)
+    return headers[:-2] + line + b"\r\n\r\n"
 
 
 def without_hop(headers: bytes) -> bytes:
     """`headers` without `Nats-Trace-Hop`: a copy sent untraced must not make the
     peer trace it (a publisher may have set the header itself)."""
     return _without(headers, TRACE_HOP)
+
+
+def _replace(headers: bytes, key: str, line: bytes) -> bytes:
+    """The first `key` header replaced by `line`, any later ones dropped."""
+    mark = key.encode() + b":"
+    out: list[bytes] = []
+    for old in headers.split(b"\r\n"):
+        if old.startswith(mark):
+            if line:
+                out.append(line)
+                line = b""
+            continue
+        out.append(old)
+    return b"\r\n".join(out)
+
+
+def origin_disabled(headers: bytes) -> bytes:
+    """A publisher's message that names a trace account itself is not traced:
+    nats-server delivers it with `Nats-Trace-Dest: trace disabled` as its last header."""
+    if TRACE_DEST_MARK in headers:
+        headers = _without(headers, TRACE_DEST)
+    return headers[:-2] + f"{TRACE_DEST}: {TRACE_DISABLED}\r\n\r\n".encode()
 
 
 def _without(headers: bytes, key: str) -> bytes:

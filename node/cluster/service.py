@@ -108,10 +108,16 @@ class AccountRoutes:
         targets = self.remote.targets(self.name, match_subject or subject, done_queues)
         if not targets:
             return 0
-        if headers is not None and msgtrace.TRACE_HOP_MARK in headers:
-            headers = msgtrace.without_hop(headers)  # untraced: the peer must not trace it
+        if headers is not None and msgtrace.TRACE_HOP_MARK in headers \
+                and self._peer_would_trace(headers):
+            headers = msgtrace.without_hop(headers)  # untraced here: the peer must not trace it
         return self.cluster.send_msg(targets, self.name, subject, reply, headers, payload,
                                      match_subject)
+
+    def _peer_would_trace(self, headers: bytes) -> bool:
+        account = self.cluster.server.accounts.get(self.name)
+        trace = account.msg_trace if account is not None else None
+        return msgtrace.start(headers, 0, trace, resample=False) is not None
 
     def forward_traced(self, mt: msgtrace.MsgTrace, subject: str, reply: str | None,
                        headers: bytes, payload: bytes, done_queues: Any,
@@ -496,6 +502,7 @@ class Cluster:
         if mt is None:
             account.deliver_routed(pub, subject, reply, headers, payload, queues, match)
             return
+        mt.hop = mt.header.get(msgtrace.TRACE_HOP, [""])[0]
         mt.ingress(RoutePublisher.kind_name, self.rid(peer), self.peer_name(peer), account.name,
                    subject)
         msgtrace.active = mt

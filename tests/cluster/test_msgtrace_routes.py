@@ -67,6 +67,8 @@ RANDOM_R = "_R_.<token>"
 
 T = "Nats-Trace-Dest"
 ONLY = "Nats-Trace-Only"
+HOP = "Nats-Trace-Hop"
+ORIGIN = "Nats-Trace-Origin-Account"
 PARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"  # sampled
 # (publisher, subject, headers, request?): publishers a1/b1 on n1, a2 on n2.
 CASES: list[tuple[str, str, dict[str, str], bool]] = [
@@ -83,6 +85,13 @@ CASES: list[tuple[str, str, dict[str, str], bool]] = [
     ("b1", "m.in", {T: "trace.b"}, False),  # mapped on n1, delivered on n2
     ("b1", "svc.1", {T: "trace.b"}, True),  # service import: the trace stops at `si`
     ("b1", "tsvc.1", {T: "trace.b"}, True),  # allow_trace: n2's document comes back to B
+    # A hop the publisher sets is not the origin's (hop "1"); the copy's replaces it in place.
+    ("a1", "x.5", {T: "trace.a", HOP: "7"}, False),
+    ("a1", "x.6", {HOP: "7", T: "trace.*"}, False),  # untraced: forwarded as it is
+    # Naming the trace's account is a route's business: untraced, destination disabled.
+    ("a1", "x.7", {T: "trace.a", ORIGIN: "B"}, False),
+    ("a1", "both.3", {T: "trace.a", ORIGIN: "B", ONLY: "true"}, False),  # delivered to nobody
+    ("a1", "x.8", {"traceparent": PARENT, ORIGIN: "A"}, False),
 ]
 
 

@@ -122,7 +122,11 @@ def test_route_copy_carries_its_hop_last() -> None:
     assert msgtrace.parse_headers(msgtrace.with_hop(out, "2"))["Nats-Trace-Hop"] == ["2"]
     assert msgtrace.without_hop(out) == HDR
     mt = msgtrace.start(out, 3)
-    assert mt is not None and mt.hop == "1" and mt.msgsize == len(out) + 3
+    # The origin ignores a publisher's hop (a route's copy sets it: node/cluster/service.py).
+    assert mt is not None and mt.hop == "" and mt.msgsize == len(out) + 3
+    # A publisher's hop is replaced where it stands.
+    own = b"NATS/1.0\r\nNats-Trace-Hop: 7\r\nX: 1\r\n\r\n"
+    assert msgtrace.with_hop(own, "1") == b"NATS/1.0\r\nNats-Trace-Hop: 1\r\nX: 1\r\n\r\n"
 
 
 def test_route_egress_numbers_hops_and_counts_them() -> None:
@@ -138,7 +142,16 @@ def test_route_egress_numbers_hops_and_counts_them() -> None:
         {"type": "eg", "kind": 1, "cid": 8, "name": "n3", "hop": "2"}]
     # A copy of a copy numbers below the hop it came with.
     again = msgtrace.start(msgtrace.with_hop(HDR, "1"), 0)
-    assert again is not None and again.route_egress(1, "n3") == "1.1"
+    assert again is not None
+    again.hop = "1"
+    assert again.route_egress(1, "n3") == "1.1"
+
+
+def test_origin_named_by_a_publisher_disables_the_trace() -> None:
+    out = msgtrace.origin_disabled(HDR)
+    assert out == b"NATS/1.0\r\nX: 1\r\nX: 2\r\nNats-Trace-Dest: trace disabled\r\n\r\n"
+    bare = b"NATS/1.0\r\ntraceparent: x\r\n\r\n"
+    assert msgtrace.origin_disabled(bare).endswith(b"Nats-Trace-Dest: trace disabled\r\n\r\n")
 
 
 def test_routed_account_trace_is_not_sampled_again() -> None:
