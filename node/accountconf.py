@@ -953,6 +953,12 @@ class ImportIndex:
                                       si.allow_trace, si))
         return out, fixed
 
+    def settled(self, account: str, subject: str) -> bool:
+        """Whether both routes of a publish in `account` on `subject` are memoised, so
+        that no random transform takes part and they stay what they are now."""
+        key = (account, subject)
+        return key in self._streams_cache and key in self._services_cache
+
     def service_route(self, importer: str, subject: str) -> ServiceRoute | None:
         """Where a request on `subject` published in `importer` is served, if
         one of its service imports covers it (memoised as stream_deliveries is)."""

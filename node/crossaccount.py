@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 from node import msgtrace
 from node.accountconf import AccountsConfig, ImportIndex, ResponseType
 from node.mapping import MappingTable
+from node.sublist import SubList
 
 if TYPE_CHECKING:
     from node.account import Account
@@ -44,6 +45,8 @@ DEFAULT_RESPONSE_TTL = 120.0
 MAX_PENDING_RESPONSES = 100_000
 # Service imports followed for one request (A -> B -> C ...).
 MAX_SERVICE_HOPS = 8
+# Subjects remembered as reaching nobody (the table is cleared when full).
+QUIET_MAX = 4096
 
 
 @dataclass
@@ -67,6 +70,8 @@ class Router:
         self.cluster = cluster
         self.rng = rng or random.Random()
         self.responses: OrderedDict[str, ResponseRoute] = OrderedDict()
+        # (account, subject) -> SubList.changes when a publish there reached nobody.
+        self._quiet: dict[tuple[Account, str], int] = {}
 
     def needs_router(self, name: str) -> bool:
         """Whether publishes in account `name` need more than its sublist."""
@@ -85,23 +90,45 @@ class Router:
         if headers is not None and msgtrace.active is not None:
             return self._publish_traced(msgtrace.active, account, publisher, subject, reply,
                                         headers, payload)
+        stamp: int | None = SubList.changes
         mappings: MappingTable | None = account.mappings
         if mappings:
+            stamp = None  # a weighted mapping picks at random: nothing is remembered
             mapped = mappings.apply(subject, self.rng, cluster=self.cluster)
             if mapped is not None:
                 subject = mapped
+        if stamp is not None and self._quiet.get((account, subject)) == stamp:
+            count = 0  # nobody listens here or in an importer, and no service import
+        else:
+            count = self._route(account, publisher, subject, reply, headers, payload, stamp)
+        if count == 0 and reply and publisher is not None and publisher.no_responders:
+            publisher.send_no_responders(subject, reply)
+        return count
+
+    def _route(self, account: Account, publisher: Any, subject: str, reply: str | None,
+               headers: bytes | None, payload: bytes, stamp: int | None) -> int:
+        """Steps 2-5 for one subject; with a `stamp` (no mapping took part), a subject
+        that reached nobody is remembered as quiet until any subscription changes."""
         count = 0
         if subject.startswith(RESPONSE_PREFIX):
             count += self._respond(publisher, subject, headers, payload)
+            stamp = None
         count += self._serve(account, publisher, subject, reply, headers, payload)
         count += account.deliver_local(publisher, subject, reply, headers, payload)
+        quiet = stamp is not None and account.routes is None
         for delivery in self.index.stream_deliveries(account.name, subject):
             importer = self.accounts.get(delivery.account)
             if importer is not None:
                 count += importer.deliver_local(publisher, delivery.subject, reply, headers,
                                                 payload)
-        if count == 0 and reply and publisher is not None and publisher.no_responders:
-            publisher.send_no_responders(subject, reply)
+                quiet = quiet and importer.routes is None
+        if count == 0 and quiet and self.index.settled(account.name, subject) \
+                and self.index.service_route(account.name, subject) is None:
+            # Remote interest arrives without a local subscription change: clustered
+            # accounts (routes) are never remembered as quiet.
+            if len(self._quiet) >= QUIET_MAX:
+                self._quiet.clear()
+            self._quiet[(account, subject)] = stamp
         return count
 
     def _publish_traced(self, mt: msgtrace.MsgTrace, account: Account, publisher: Any,

@@ -129,6 +129,10 @@ class _Node:
 
 
 class SubList:
+    # Every insert or remove in any SubList of the process: a validity stamp for caches
+    # that span several sublists (node/crossaccount.py's subjects nobody listens to).
+    changes = 0
+
     def __init__(self, cache_max: int = CACHE_MAX, cache_sweep: int = CACHE_SWEEP) -> None:
         if not 0 <= cache_sweep < cache_max:
             raise ValueError("need 0 <= cache_sweep < cache_max")
@@ -164,6 +168,7 @@ class SubList:
             return
         self._count += 1
         self._inserts += 1
+        SubList.changes += 1
         self._invalidate(subject)
 
     @staticmethod
@@ -186,6 +191,7 @@ class SubList:
         """Un-index `sub`; False if this very object was not inserted."""
         if not self._detach(sub):
             return False
+        SubList.changes += 1
         self._invalidate(sub.subject)
         return True
 
@@ -194,6 +200,7 @@ class SubList:
         cache scan per subscription.  Returns how many were removed."""
         removed = sum(1 for sub in subs if self._detach(sub))
         if removed:
+            SubList.changes += 1
             self._cache.clear()
         return removed
 

@@ -240,8 +240,9 @@ async def test_wrong_passwords_do_not_stall_other_clients(servers, impl):
     hashed = bcrypt.hashpw(b"right", bcrypt.gensalt(rounds=12)).decode()
     srv = start(servers, impl, f"authorization {{ users: [{{user: u, password: "
                                f"{json.dumps(hashed)}}}] }}\n")
+    # a cost-12 check on a busy CI core can outlast nats-py's default 2 s connect timeout
     nc = await nats.connect(f"nats://{HOST}:{srv.port}", user="u", password="right",
-                            allow_reconnect=False)
+                            allow_reconnect=False, connect_timeout=15)
     threads = wrong_password_storm(srv.port, 20)
     worst = 0.0
     while any(t.is_alive() for t in threads):

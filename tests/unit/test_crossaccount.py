@@ -86,3 +86,36 @@ def test_plain_account_needs_no_router() -> None:
     router, _, _, _ = _world()
     assert router.needs_router("A") and router.needs_router("B")
     assert not router.needs_router("$G")
+
+
+STREAMS = """
+accounts {
+  A: { exports: [{stream: "ev.>"}] }
+  B: { imports: [{stream: {account: A, subject: "ev.>"}}] }
+  C: { imports: [{stream: {account: A, subject: "ev.>"}, prefix: "from"}] }
+}
+"""
+
+
+def test_a_subject_that_reached_nobody_reaches_a_later_subscriber() -> None:
+    """A publish that reached nobody is remembered (the cheap path for exporters nobody
+    listens to); any new subscription, in the exporter or in any importer, ends that."""
+    conf = parse_accounts_config(parse_config(STREAMS))
+    accounts = {name: Account(name) for name in conf.accounts}
+    router = Router(conf, accounts)
+    for account in accounts.values():
+        account.router = router
+    for _ in range(2):
+        assert accounts["A"].publish(None, "ev.1", None, None, b"nobody") == 0
+    assert router._quiet  # remembered
+    c = Recorder()
+    accounts["C"].subscribe(Subscription("from.ev.1", None, "1", c))
+    assert accounts["A"].publish(None, "ev.1", None, None, b"c") == 1
+    a = Recorder()
+    sub = Subscription("ev.*", None, "2", a)
+    accounts["A"].subscribe(sub)
+    assert accounts["A"].publish(None, "ev.1", None, None, b"a") == 2
+    accounts["A"].unsubscribe(sub)
+    assert accounts["A"].publish(None, "ev.1", None, None, b"c again") == 1
+    assert [m.payload for m in c.got] == [b"c", b"a", b"c again"]
+    assert [m.payload for m in a.got] == [b"a"]
