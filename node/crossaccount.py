@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from node import msgtrace
-from node.accountconf import AccountsConfig, ImportIndex, ResponseType
+from node.accountconf import AccountsConfig, ImportIndex, ResponseType, ServiceRoute
 from node.mapping import MappingTable
 from node.sublist import SubList
 
@@ -232,20 +232,36 @@ class Router:
         in turn (a chained import), on to C, each hop with its own `_R_.` reply,
         at most MAX_SERVICE_HOPS deep (config cycles are refused at load anyway).
         Each exporter's own subscribers receive the request on its way."""
-        service_route = self.index.service_route
-        service = service_route(account.name, subject)
+        service = self.index.service_route(account.name, subject)
         if service is None:
             return 0  # the usual case, decided before anything is allocated
+        return self._follow(account, publisher, subject, reply, headers, payload, service,
+                            {account.name})
+
+    def _follow(self, account: Account, publisher: Any, subject: str, reply: str | None,
+                headers: bytes | None, payload: bytes, service: ServiceRoute | None,
+                seen: set[str]) -> int:
+        """`_serve`'s walk from `service` on. A traced request gets an `si` event for
+        each further hop of a chain; past an export without `allow_trace` the rest of
+        the chain gets it untraced, with its destination disabled (as nats-server)."""
         count = 0
-        seen = {account.name}
+        mt = msgtrace.active if headers is not None else None
         for hop in range(MAX_SERVICE_HOPS):
             if hop:
-                service = service_route(account.name, subject)
+                service = self.index.service_route(account.name, subject)
             if service is None or service.account in seen:
                 break
             target = self.accounts.get(service.account)
             if target is None:
                 break
+            if hop and mt is not None and headers is not None:
+                mt.service_import(service.account, subject, service.subject)
+                if not service.export.allow_trace:
+                    if mt.only:
+                        break
+                    return count + self._untraced(
+                        self._follow, account, publisher, subject, reply,
+                        msgtrace.disabled_headers(headers), payload, service, seen)
             reply = self._open_response(account, reply, service.export) if reply else None
             subject = service.subject
             seen.add(target.name)
