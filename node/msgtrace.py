@@ -178,8 +178,8 @@ def route_copy(mt: MsgTrace, account: str, headers: bytes, hop: str) -> bytes:
     passes."""
     if TRACE_ORIGIN_MARK in headers:
         headers = _without(headers, TRACE_ORIGIN)
-    if account != mt.account and not (TRACE_DEST_MARK in headers
-                                      and f"{TRACE_DEST}: {mt.dest}\r\n".encode() not in headers):
+    if account != mt.account and (TRACE_DEST_MARK not in headers or (
+            parse_headers(headers).get(TRACE_DEST) or [""])[0] == mt.dest):
         headers = headers[:-2] + f"{TRACE_ORIGIN}: {mt.account}\r\n\r\n".encode()
     return with_hop(headers, hop)
 

@@ -175,6 +175,9 @@ def test_route_copy_names_the_trace_account_only_when_it_travels_in_another() ->
     rewritten = msgtrace.with_dest(HDR, "_R_.tok")
     assert msgtrace.TRACE_ORIGIN not in msgtrace.parse_headers(
         msgtrace.route_copy(mt, "B", rewritten, "1"))
+    tight = b"NATS/1.0\r\nNats-Trace-Dest:trace.a\r\n\r\n"  # no space after the colon
+    assert msgtrace.parse_headers(msgtrace.route_copy(mt, "B", tight, "1"))[
+        msgtrace.TRACE_ORIGIN] == ["A"]
     # A publisher cannot choose the account a peer sends its document in.
     forged = HDR[:-2] + b"Nats-Trace-Origin-Account: C\r\n\r\n"
     assert msgtrace.TRACE_ORIGIN not in msgtrace.parse_headers(
