@@ -212,7 +212,7 @@ class Account:
         decides that once, over every account the message reached)."""
         if headers is not None and msgtrace.active is not None:
             return self._deliver_traced(msgtrace.active, result, publisher, subject, reply,
-                                        headers, payload, answer)
+                                        headers, payload, answer, match_subject)
         psubs, qsubs = result.psubs, result.qsubs
         count = 0
         served: set[str] | tuple = ()
@@ -250,32 +250,38 @@ class Account:
 
     def _deliver_traced(self, mt: msgtrace.MsgTrace, result: Any, publisher: Any,
                         subject: str, reply: str | None, headers: bytes, payload: bytes,
-                        answer: bool) -> int:
+                        answer: bool, match_subject: str | None = None) -> int:
         """`_deliver` for a traced message: one egress event per subscription it
         reaches (with nats-server's error when it may not have it), and no
         delivery at all for a trace-only message, which still counts where it
         would have been delivered (a trace-only request then gets no
-        no-responders, as from nats-server; Router._publish_traced differs). A trace-only
-        message is not forwarded to peers: they would deliver it (tracing
-        across routes is not built)."""
+        no-responders, as from nats-server; Router._publish_traced differs).
+        Peers get their copies through `routes.forward_traced`: one route egress
+        event each, and a `Nats-Trace-Hop` header that makes them trace it too
+        (trace-only copies included: the peer delivers nothing either)."""
         msg = Message(subject, reply, headers, payload)
+        from_route = getattr(publisher, "from_route", False)
+        routes = None if from_route else self.routes
         count = 0
         for sub in result.psubs:
             if not sub.dead and _traced_delivery(mt, sub, publisher, msg, None, self.name):
                 count += 1
+        served: set[str] = set()
+        remote = routes.queue_weights(match_subject or subject) \
+            if routes is not None and result.qsubs else None
         for queue, members in result.qsubs.items():
             n = len(members)
-            start = random.randrange(n) if n > 1 else 0
-            for i in range(n):
-                sub = members[(start + i) % n]
-                if not sub.dead and _traced_delivery(mt, sub, publisher, msg, queue, self.name):
-                    count += 1
-                    break
+            r = remote.get(queue, 0) if remote else 0
+            if r and random.randrange(n + r) >= n:
+                continue  # a peer's member takes it (as in _deliver)
+            if _traced_group_delivery(mt, members, publisher, msg, queue, self.name):
+                count += 1
+                served.add(queue)
         if self.expired:
             self.reap()
-        routes = self.routes
-        if routes is not None and not mt.only and not getattr(publisher, "from_route", False):
-            count += routes.forward(subject, reply, headers, payload, ())
+        if routes is not None:
+            count += routes.forward_traced(mt, subject, reply, headers, payload, served,
+                                           match_subject)
         if count == 0 and answer and reply and publisher is not None and publisher.no_responders:
             publisher.send_no_responders(subject, reply)
         return count
@@ -295,15 +301,31 @@ class Account:
         if not psubs and not (queues and qsubs):
             return count
         msg = Message(subject, reply, headers, payload)
-        for sub in psubs:
-            if not sub.dead and sub.client.deliver(sub, msg):
-                count += 1
-        for queue in queues:
-            members = qsubs.get(queue)
-            if members and _deliver_to_group(members, None, msg):
-                count += 1
+        if headers is not None and msgtrace.active is not None:
+            # A traced copy (node/cluster/service.py Cluster._deliver_traced).
+            count += self._deliver_routed_traced(msgtrace.active, result, queues, publisher, msg)
+        else:
+            for sub in psubs:
+                if not sub.dead and sub.client.deliver(sub, msg):
+                    count += 1
+            for queue in queues:
+                members = qsubs.get(queue)
+                if members and _deliver_to_group(members, None, msg):
+                    count += 1
         if self.expired:
             self.reap()
+        return count
+
+    def _deliver_routed_traced(self, mt: msgtrace.MsgTrace, result: Any, queues: Any,
+                               publisher: Any, msg: Message) -> int:
+        count = 0
+        for sub in result.psubs:
+            if not sub.dead and _traced_delivery(mt, sub, publisher, msg, None, self.name):
+                count += 1
+        for queue in queues:
+            members = result.qsubs.get(queue)
+            if members and _traced_group_delivery(mt, members, publisher, msg, queue, self.name):
+                count += 1
         return count
 
 
@@ -318,6 +340,18 @@ def _deliver_to_group(members: list, skip: Any, msg: Message) -> bool:
         if sub.dead or sub.client is skip:
             continue
         if sub.client.deliver(sub, msg):
+            return True
+    return False
+
+
+def _traced_group_delivery(mt: msgtrace.MsgTrace, members: list, publisher: Any,
+                           msg: Message, queue: str, account: str) -> bool:
+    """One member of a queue group, traced; the next one when it may not have it."""
+    n = len(members)
+    start = random.randrange(n) if n > 1 else 0
+    for i in range(n):
+        sub = members[(start + i) % n]
+        if not sub.dead and _traced_delivery(mt, sub, publisher, msg, queue, account):
             return True
     return False
 

@@ -166,6 +166,21 @@ class StreamImport:
             return untokenize(self.transform.dest)  # "swapped.$2.$1" is "swapped.*.*"
         return self.to or self.subject
 
+    def exporter_subject(self, local: str) -> str:
+        """A subscription's subject in the importer, as the exporter sees it (the
+        subject of nats-server's shadow subscription, which a traced egress names)."""
+        if self.prefix:
+            head = self.prefix + SEP
+            return local[len(head):] if local.startswith(head) else local
+        if not self.to:
+            return local
+        if local == self.local_subject:
+            return self.subject
+        if self.transform is not None:
+            back = reverse_transform(self.transform).apply(local)
+            return local if back is None else back
+        return self.subject  # a literal remap
+
 
 @dataclass
 class ServiceImport:
@@ -876,7 +891,8 @@ class StreamDelivery:
     account: str
     subject: str
     allow_trace: bool = False  # the import lets a trace continue into `account`
-    prefix: str = ""  # the import's prefix (a traced egress names the subscription without it)
+    # The import (a traced egress names the subscription in the exporter's subjects).
+    source: StreamImport | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -934,7 +950,7 @@ class ImportIndex:
                 continue
             fixed = fixed and si.transform is None
             out.append(StreamDelivery(importer, _stream_local_subject(si, subject),
-                                      si.allow_trace, si.prefix))
+                                      si.allow_trace, si))
         return out, fixed
 
     def settled(self, account: str, subject: str) -> bool:

@@ -733,8 +733,14 @@ class Client(asyncio.Protocol):
                                     or self.account.msg_trace is not None):
             mt = msgtrace.start(headers, len(payload), self.account.msg_trace)
             if mt is not None:
-                self._on_traced_pub(mt, subject, reply, headers, payload)
-                return
+                if msgtrace.TRACE_ORIGIN_MARK not in headers:
+                    self._on_traced_pub(mt, subject, reply, headers, payload)
+                    return
+                # Only a route names the trace's account: from a publisher, nats-server
+                # traces nothing and disables the destination (trace-only: delivers nothing).
+                if mt.only:
+                    return
+                headers = msgtrace.origin_disabled(headers)
         if perms is not None and not perms.can_publish(subject, time.monotonic()):
             self.send_err(pub_violation(subject))
             return

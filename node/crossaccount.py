@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from node import msgtrace
-from node.accountconf import AccountsConfig, ImportIndex, ResponseType
+from node.accountconf import AccountsConfig, ImportIndex, ResponseType, ServiceRoute
 from node.mapping import MappingTable
 from node.sublist import SubList
 
@@ -160,7 +160,8 @@ class Router:
                 # The trace goes on in the exporter (its egress events); a trace-only
                 # request opens no response route.
                 count += self._serve(account, publisher, subject, None if mt.only else reply,
-                                     headers, payload)
+                                     self._trace_return(account, mt, headers, service.export),
+                                     payload)
             elif not mt.only:
                 count += self._untraced(self._serve, account, publisher, subject, reply,
                                         msgtrace.disabled_headers(headers), payload)
@@ -171,18 +172,32 @@ class Router:
                 continue
             mt.stream_export(delivery.account, delivery.subject)
             if delivery.allow_trace:
-                mt.strip = delivery.prefix + "." if delivery.prefix else ""
+                mt.shadow = delivery.source.exporter_subject if delivery.source else None
                 try:
                     count += importer.deliver_local(publisher, delivery.subject, reply, headers,
                                                     payload)
                 finally:
-                    mt.strip = ""
+                    mt.shadow = None
             elif not mt.only:
                 count += self._untraced(importer.deliver_local, publisher, delivery.subject,
                                         reply, headers, payload)
         if count == 0 and reply and publisher is not None and publisher.no_responders:
             publisher.send_no_responders(subject, reply)
         return count
+
+    def _trace_return(self, account: Account, mt: msgtrace.MsgTrace, headers: bytes,
+                      export: Any) -> bytes:
+        """The exporter's copy of a traced request names, as its trace destination,
+        a fresh `_R_.` subject in the exporter that leads back to the destination in
+        the requester's account, as nats-server does: a node the copy reaches over a
+        route publishes its own document there, in the exporter's account, and it
+        comes back like a reply (through `_respond` / `deliver_response`)."""
+        now = time.monotonic()
+        self._prune(now)
+        ttl = export.response_threshold or DEFAULT_RESPONSE_TTL
+        token = self._new_response_subject()
+        self.responses[token] = ResponseRoute(account, mt.dest, False, now + ttl)
+        return msgtrace.with_dest(headers, token)
 
     @staticmethod
     def _untraced(step: Any, *args: Any) -> int:
@@ -217,20 +232,36 @@ class Router:
         in turn (a chained import), on to C, each hop with its own `_R_.` reply,
         at most MAX_SERVICE_HOPS deep (config cycles are refused at load anyway).
         Each exporter's own subscribers receive the request on its way."""
-        service_route = self.index.service_route
-        service = service_route(account.name, subject)
+        service = self.index.service_route(account.name, subject)
         if service is None:
             return 0  # the usual case, decided before anything is allocated
+        return self._follow(account, publisher, subject, reply, headers, payload, service,
+                            {account.name})
+
+    def _follow(self, account: Account, publisher: Any, subject: str, reply: str | None,
+                headers: bytes | None, payload: bytes, service: ServiceRoute | None,
+                seen: set[str]) -> int:
+        """`_serve`'s walk from `service` on. A traced request gets an `si` event for
+        each further hop of a chain; past an export without `allow_trace` the rest of
+        the chain gets it untraced, with its destination disabled (as nats-server)."""
         count = 0
-        seen = {account.name}
+        mt = msgtrace.active if headers is not None else None
         for hop in range(MAX_SERVICE_HOPS):
             if hop:
-                service = service_route(account.name, subject)
+                service = self.index.service_route(account.name, subject)
             if service is None or service.account in seen:
                 break
             target = self.accounts.get(service.account)
             if target is None:
                 break
+            if hop and mt is not None and headers is not None:
+                mt.service_import(service.account, subject, service.subject)
+                if not service.export.allow_trace:
+                    if mt.only:
+                        break
+                    return count + self._untraced(
+                        self._follow, account, publisher, subject, reply,
+                        msgtrace.disabled_headers(headers), payload, service, seen)
             reply = self._open_response(account, reply, service.export) if reply else None
             subject = service.subject
             seen.add(target.name)
@@ -254,11 +285,15 @@ class Router:
         requester's account."""
         now = time.monotonic()
         self._prune(now)
-        token = RESPONSE_PREFIX + secrets.token_urlsafe(12).replace("-", "a").replace("_", "b")
+        token = self._new_response_subject()
         ttl = export.response_threshold or DEFAULT_RESPONSE_TTL
         singleton = export.response_type is ResponseType.SINGLETON
         self.responses[token] = ResponseRoute(requester, reply, singleton, now + ttl)
         return token
+
+    @staticmethod
+    def _new_response_subject() -> str:
+        return RESPONSE_PREFIX + secrets.token_urlsafe(12).replace("-", "a").replace("_", "b")
 
     def _response_route(self, subject: str) -> ResponseRoute | None:
         route = self.responses.get(subject)

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -38,6 +39,15 @@ from node.subject import valid_literal_subject
 TRACE_DEST = "Nats-Trace-Dest"
 TRACE_ONLY = "Nats-Trace-Only"
 TRACE_PARENT = "traceparent"  # W3C trace context, matched in any case
+# Added to each copy a traced message gets over a route: the hop number ("1", "2", ...
+# one per peer; "<hop>.<n>" for a copy of a copy). Its presence is what makes the
+# receiving node trace the copy (node/cluster/service.py).
+TRACE_HOP = "Nats-Trace-Hop"
+TRACE_HOP_MARK = b"\r\n" + TRACE_HOP.encode() + b":"
+# Added to a route copy that travels in another account than the trace's own (a
+# stream import with allow_trace): the peer sends its document in that account.
+TRACE_ORIGIN = "Nats-Trace-Origin-Account"
+TRACE_ORIGIN_MARK = b"\r\n" + TRACE_ORIGIN.encode() + b":"
 # Cheap pre-check on the raw header block before any parsing (a header line
 # always follows a CRLF: the status line comes first).
 TRACE_DEST_MARK = b"\r\n" + TRACE_DEST.encode() + b":"
@@ -71,26 +81,36 @@ def parse_headers(raw: bytes) -> dict[str, list[str]]:
 
 
 def start(headers: bytes, payload_size: int, account_trace: Any = None,
-          rng: random.Random | None = None) -> MsgTrace | None:
+          rng: random.Random | None = None, resample: bool = True) -> MsgTrace | None:
     """The trace a message asks for, or None (no header, or a destination that
     is not a literal subject). `account_trace` (accountconf.MsgTraceConfig, the
     account's `msg_trace`): without `Nats-Trace-Dest`, a W3C `traceparent` header
     (any case) whose flags say sampled is traced there, `sampling` percent of the
-    time; `Nats-Trace-Only` does not apply to it (nats-server delivers it)."""
+    time; `Nats-Trace-Only` does not apply to it (nats-server delivers it).
+    `resample=False` for a copy that came over a route: its origin already
+    sampled it, so every node's document of one message is sent or none is."""
     if TRACE_DEST_MARK in headers:
         header = parse_headers(headers)
         dest = (header.get(TRACE_DEST) or [""])[0]
         if not valid_literal_subject(dest):
             return None
         only = (header.get(TRACE_ONLY) or [""])[0].lower() in _ONLY_VALUES
-        return MsgTrace(dest, only, header, len(headers) + payload_size)
+        mt = MsgTrace(dest, only, header, len(headers) + payload_size)
+    else:
+        mt = _sampled_trace(headers, payload_size, account_trace, rng, resample)
+    return mt
+
+
+def _sampled_trace(headers: bytes, payload_size: int, account_trace: Any,
+                   rng: random.Random | None, resample: bool) -> MsgTrace | None:
+    """The account's `msg_trace` for a message with a sampled W3C `traceparent`."""
     if account_trace is None or b"raceparent" not in headers.lower():
         return None
     header = parse_headers(headers)
     parent = next((v[0] for k, v in header.items() if k.lower() == TRACE_PARENT), "")
     if not _sampled(parent):
         return None
-    if account_trace.sampling < 100 and \
+    if resample and account_trace.sampling < 100 and \
             (rng or random).randint(1, 100) > account_trace.sampling:
         return None
     return MsgTrace(account_trace.dest, False, header, len(headers) + payload_size)
@@ -107,14 +127,76 @@ def _sampled(traceparent: str) -> bool:
         return False
 
 
+def with_hop(headers: bytes, hop: str) -> bytes:
+    """`headers` (a complete block, ending in an empty line) with `Nats-Trace-Hop: hop`
+    as its last header, where nats-server puts it (one the publisher set is
+    replaced where it stands, as nats-server does)."""
+    line = TRACE_HOP.encode() + b": " + hop.encode()
+    if TRACE_HOP_MARK in headers:
+        return _replace(headers, TRACE_HOP, line)
+    return headers[:-2] + line + b"\r\n\r\n"
+
+
+def without_hop(headers: bytes) -> bytes:
+    """`headers` without `Nats-Trace-Hop`: a copy sent untraced must not make the
+    peer trace it (a publisher may have set the header itself)."""
+    return _without(headers, TRACE_HOP)
+
+
+def _replace(headers: bytes, key: str, line: bytes) -> bytes:
+    """The first `key` header replaced by `line`, any later ones dropped."""
+    mark = key.encode() + b":"
+    out: list[bytes] = []
+    for old in headers.split(b"\r\n"):
+        if old.startswith(mark):
+            if line:
+                out.append(line)
+                line = b""
+            continue
+        out.append(old)
+    return b"\r\n".join(out)
+
+
+def origin_disabled(headers: bytes) -> bytes:
+    """A publisher's message that names a trace account itself is not traced:
+    nats-server delivers it with `Nats-Trace-Dest: trace disabled` as its last header."""
+    if TRACE_DEST_MARK in headers:
+        headers = _without(headers, TRACE_DEST)
+    return headers[:-2] + f"{TRACE_DEST}: {TRACE_DISABLED}\r\n\r\n".encode()
+
+
+def _without(headers: bytes, key: str) -> bytes:
+    mark = key.encode() + b":"
+    return b"\r\n".join(line for line in headers.split(b"\r\n") if not line.startswith(mark))
+
+
+def route_copy(mt: MsgTrace, account: str, headers: bytes, hop: str) -> bytes:
+    """The headers of a traced message's copy for a peer, sent in `account`: its
+    hop, and the trace's own account when the copy travels in another one and
+    still names the trace's destination (a service import's copy names a `_R_.`
+    subject of its own account instead). A publisher's own origin header never
+    passes."""
+    if TRACE_ORIGIN_MARK in headers:
+        headers = _without(headers, TRACE_ORIGIN)
+    if account != mt.account and (TRACE_DEST_MARK not in headers or (
+            parse_headers(headers).get(TRACE_DEST) or [""])[0] == mt.dest):
+        headers = headers[:-2] + f"{TRACE_ORIGIN}: {mt.account}\r\n\r\n".encode()
+    return with_hop(headers, hop)
+
+
 def disabled_headers(headers: bytes) -> bytes:
     """`headers` with the trace destination replaced by `trace disabled`: the copy a
     service import hands the exporter (which may not continue the trace)."""
+    return with_dest(headers, TRACE_DISABLED)
+
+
+def with_dest(headers: bytes, dest: str) -> bytes:
+    """`headers` with the trace destination replaced by `dest`."""
     lines = headers.split(b"\r\n")
     mark = TRACE_DEST.encode() + b":"
     for i, line in enumerate(lines):
         if line.startswith(mark):
-            lines[i] = mark + b" " + TRACE_DISABLED.encode()
+            lines[i] = mark + b" " + dest.encode()
     return b"\r\n".join(lines)
 
 
@@ -125,7 +207,8 @@ def _ts() -> str:
 class MsgTrace:
     """The events of one traced message, in the order they happened."""
 
-    __slots__ = ("dest", "only", "header", "msgsize", "events", "account", "strip")
+    __slots__ = ("dest", "only", "header", "msgsize", "events", "account", "shadow", "hop",
+                 "hops")
 
     def __init__(self, dest: str, only: bool, header: dict[str, list[str]],
                  msgsize: int) -> None:
@@ -135,9 +218,11 @@ class MsgTrace:
         self.msgsize = msgsize
         self.events: list[dict[str, Any]] = []
         self.account = ""  # the ingress account: egress elsewhere names its account
-        # While a stream import with a prefix delivers (allow_trace): nats-server names the
-        # importer's subscription in the exporter's subject space, without the prefix.
-        self.strip = ""
+        # While a stream import delivers (allow_trace): nats-server names the importer's
+        # subscription in the exporter's subject space (its shadow subscription).
+        self.shadow: Callable[[str], str] | None = None
+        self.hop = ""  # the Nats-Trace-Hop this copy came with ("" at the origin)
+        self.hops = 0  # copies sent over routes
 
     def ingress(self, kind: str, cid: int, name: str, account: str, subject: str,
                 error: str | None = None) -> None:
@@ -169,14 +254,27 @@ class MsgTrace:
             ev["name"] = name
         if account and account != self.account:
             ev["acc"] = account
-        if self.strip and sub.startswith(self.strip):
-            sub = sub[len(self.strip):]
+        if self.shadow is not None:
+            sub = self.shadow(sub)
         ev["sub"] = sub
         if queue:
             ev["queue"] = queue
         if error:
             ev["error"] = error
         self.events.append(ev)
+
+    def route_egress(self, cid: int, name: str) -> str:
+        """A copy goes to the peer `name` over a route; returns its hop number (the
+        copy's `Nats-Trace-Hop`). The event names no subscription."""
+        self.hops += 1
+        hop = f"{self.hop}.{self.hops}" if self.hop else str(self.hops)
+        ev: dict[str, Any] = {"type": "eg", "ts": _ts(), "kind": KIND_NUMBERS["Router"],
+                              "cid": cid}
+        if name:
+            ev["name"] = name
+        ev["hop"] = hop
+        self.events.append(ev)
+        return hop
 
     def jetstream(self, stream: str, subject: str) -> None:
         """A stream captured the message (stored later, off the publisher's turn: a
@@ -187,5 +285,9 @@ class MsgTrace:
         """The JSON document published on `dest`."""
         # nats-server's header map is a Go map: JSON with its keys sorted.
         header = dict(sorted(self.header.items()))
-        return {"server": server, "request": {"header": header, "msgsize": self.msgsize},
-                "events": self.events}
+        doc: dict[str, Any] = {"server": server,
+                               "request": {"header": header, "msgsize": self.msgsize}}
+        if self.hops:
+            doc["hops"] = self.hops
+        doc["events"] = self.events
+        return doc

@@ -13,6 +13,7 @@ link fails. See docs/architecture.md, "A core message across nodes".
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import random
 import socket
@@ -22,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
+from node import msgtrace
 from node.cluster import frames, identity
 from node.cluster.interest import Change, LocalInterest, RemoteInterest
 from node.cluster.link import Link
@@ -106,8 +108,34 @@ class AccountRoutes:
         targets = self.remote.targets(self.name, match_subject or subject, done_queues)
         if not targets:
             return 0
+        if headers is not None and msgtrace.TRACE_HOP_MARK in headers \
+                and self._peer_would_trace(headers):
+            headers = msgtrace.without_hop(headers)  # untraced here: the peer must not trace it
         return self.cluster.send_msg(targets, self.name, subject, reply, headers, payload,
                                      match_subject)
+
+    def _peer_would_trace(self, headers: bytes) -> bool:
+        account = self.cluster.server.accounts.get(self.name)
+        trace = account.msg_trace if account is not None else None
+        return msgtrace.start(headers, 0, trace, resample=False) is not None
+
+    def forward_traced(self, mt: msgtrace.MsgTrace, subject: str, reply: str | None,
+                       headers: bytes, payload: bytes, done_queues: Any,
+                       match_subject: str | None = None) -> int:
+        """`forward` for a traced message: each peer's copy is a route egress event
+        of `mt` and carries its hop number in `Nats-Trace-Hop`, so that the peer
+        traces it and sends its own document (as nats-server's routes do)."""
+        targets = self.remote.targets(self.name, match_subject or subject, done_queues)
+        sent = 0
+        cluster = self.cluster
+        for peer, queues in targets.items():
+            if peer not in cluster.links:
+                continue
+            hop = mt.route_egress(cluster.rid(peer), cluster.peer_name(peer))
+            sent += cluster.send_msg({peer: queues}, self.name, subject, reply,
+                                     msgtrace.route_copy(mt, self.name, headers, hop), payload,
+                                     match_subject)
+        return sent
 
 
 class Cluster:
@@ -205,6 +233,10 @@ class Cluster:
     def rid(self, peer: int) -> int:
         """A small stable number per peer for /routez."""
         return self._rids.setdefault(peer, len(self._rids) + 1)
+
+    def peer_name(self, peer: int) -> str:
+        member = self.table.members.get(peer) if self.table is not None else None
+        return member.name if member is not None else ""
 
     def expected_size(self) -> int:
         """Nodes the configuration names: the distinct route addresses that are
@@ -446,10 +478,41 @@ class Cluster:
             link.in_msgs += 1
             link.in_bytes += len(payload)
         try:
-            account.deliver_routed(pub, subject, reply, headers, payload, queues, match)
+            if headers is not None and msgtrace.TRACE_HOP_MARK in headers:
+                self._deliver_traced(peer, account, pub, subject, reply, headers, payload,
+                                     queues, match)
+            else:
+                account.deliver_routed(pub, subject, reply, headers, payload, queues, match)
         except Exception as err:  # noqa: BLE001 - one bad message must not end the route
             self.bad_ops += 1
             self.log.error(f"route message from {peer:016x} on {subject!r} failed: {err!r}")
+
+    def _deliver_traced(self, peer: int, account: Account, pub: RoutePublisher, subject: str,
+                        reply: str | None, headers: bytes, payload: bytes, queues: list[str],
+                        match: str | None) -> None:
+        """A traced copy from a peer (it carries `Nats-Trace-Hop`): this node's own
+        trace of it, an ingress from the route and its local egress, published on
+        the trace destination in the message's account (or in the trace's own, named
+        by `Nats-Trace-Origin-Account`, when the copy came through a stream import)."""
+        owner = account
+        if msgtrace.TRACE_ORIGIN_MARK in headers:
+            origin = msgtrace.parse_headers(headers).get(msgtrace.TRACE_ORIGIN, [""])[0]
+            owner = self.server.accounts.get(origin) or account
+        mt = msgtrace.start(headers, len(payload), owner.msg_trace, resample=False)
+        if mt is None:
+            account.deliver_routed(pub, subject, reply, headers, payload, queues, match)
+            return
+        mt.hop = mt.header.get(msgtrace.TRACE_HOP, [""])[0]
+        mt.ingress(RoutePublisher.kind_name, self.rid(peer), self.peer_name(peer), account.name,
+                   subject)
+        msgtrace.active = mt
+        try:
+            account.deliver_routed(pub, subject, reply, headers, payload, queues, match)
+        finally:
+            msgtrace.active = None
+        system = getattr(self.server, "system", None)
+        info = system.server_info() if system is not None else {}
+        owner.publish(None, mt.dest, None, None, json.dumps(mt.document(info)).encode())
 
     def _deliver_node_frame(self, peer: int, kind: str, subject: str, reply: str | None,
                             headers: bytes | None, payload: bytes, tag: str | None) -> None:

@@ -121,8 +121,9 @@ async def _run(url: str, cases: list[tuple[str, str, dict[str, str], bool]] = CA
 
     def deliver(who: str) -> Any:
         async def cb(msg: Any) -> None:
-            headers = {k: v for k, v in (msg.headers or {}).items()
-                       if k not in ignored}
+            # A `_R_.` subject (an allow_trace service import's trace destination) is random.
+            headers = {k: "_R_.<token>" if v.startswith("_R_.") else v
+                       for k, v in (msg.headers or {}).items() if k not in ignored}
             got.append((who, msg.subject, headers))
             if msg.reply:
                 await conns[who].publish(msg.reply, b"ok")
@@ -257,10 +258,8 @@ ALLOW_CASES: list[tuple[str, str, dict[str, str], bool]] = [
 
 def test_allow_trace_follows_imports_as_nats_server(servers: Any) -> None:
     assert CONFIG_ALLOW.count("allow_trace") == 2
-    # nats-server sets the exporter's copy of Nats-Trace-Dest to the request's _R_ reply
-    # subject (random); Jetraft leaves it as published: not compared.
-    ignored = (*DELIVERED_HEADERS_IGNORED, T)
-    got = {name: asyncio.run(_run(proc.url, ALLOW_CASES, ignored))
+    # The exporter's copy names a `_R_.` subject as its trace destination, on both.
+    got = {name: asyncio.run(_run(proc.url, ALLOW_CASES))
            for name, proc in servers.both(CONFIG_ALLOW).items()}
     assert got["jetraft"] == got["nats-server"]
     news = got["jetraft"][0]["traces"][0][1]["events"]
@@ -320,3 +319,80 @@ def test_msg_trace_config_refused_where_nats_server_refuses_it() -> None:
         conf = parse_accounts_config(parse_config(f"accounts {{ A: {{ {entry} }} }}\n"))
         trace = conf.accounts["A"].msg_trace
         assert (trace.dest if trace else None) == dest
+
+
+CHAIN = """
+accounts {
+  C: { users: [{user: c, password: c}], exports: [{service: "svc.>", allow_trace: ALLOW_C}] }
+  B: { users: [{user: b, password: b}], exports: [{service: "svc.>", allow_trace: ALLOW_B}],
+       imports: [{service: {account: C, subject: "svc.>"}}] }
+  A: { users: [{user: a, password: a}], imports: [{service: {account: B, subject: "svc.>"}}] }
+}
+"""
+
+
+async def _run_chain(url: str) -> dict[str, Any]:
+    conns = {u: await nats.connect(url, user=u, password=u, name=u) for u in "abc"}
+    docs: list[dict[str, Any]] = []
+    got: list[tuple[str, str, dict[str, str]]] = []
+
+    async def on_trace(msg: Any) -> None:
+        docs.append(json.loads(msg.data))
+
+    def serve(who: str, answer: bool) -> Any:
+        async def cb(msg: Any) -> None:
+            got.append((who, msg.subject, {
+                k: "_R_.<token>" if v.startswith("_R_.") else v
+                for k, v in (msg.headers or {}).items() if k not in DELIVERED_HEADERS_IGNORED}))
+            if answer:
+                await conns[who].publish(msg.reply, b"ok")
+        return cb
+
+    await conns["a"].subscribe("trace.>", cb=on_trace)
+    await conns["b"].subscribe("svc.>", cb=serve("b", False))
+    await conns["c"].subscribe("svc.>", cb=serve("c", True))
+    for nc in conns.values():
+        await nc.flush()
+    await asyncio.sleep(0.2)  # nats-server's import interest settles asynchronously
+    out: dict[str, Any] = {}
+    for only in (False, True):
+        docs.clear()
+        got.clear()
+        headers = {T: "trace.a", **({ONLY: "true"} if only else {})}
+        try:
+            reply = (await conns["a"].request("svc.1", b"", headers=headers, timeout=0.5)).data
+        except nats.errors.NoRespondersError:
+            reply = b"no responders"
+        except nats.errors.TimeoutError:
+            reply = b"timeout"
+        for nc in conns.values():
+            await nc.flush()
+        await asyncio.sleep(0.15)
+        events = [[{k: v for k, v in e.items() if k not in EVENT_FIELDS} for e in d["events"]]
+                  for d in docs]
+        for evs in events:  # an egress in an account comes after the `si` that led there
+            for i, e in enumerate(evs):
+                if e["type"] == "eg" and "acc" in e:
+                    assert {"type": "si", "acc": e["acc"]}.items() <= \
+                        next(x for x in evs[:i] if x.get("acc") == e["acc"]).items()
+        out[f"only={only}"] = {
+            "reply": reply.decode(), "delivered": sorted(got, key=repr),
+            # nats-server walks a chain in Go map order: after `in`, compared as a set.
+            "events": [[evs[0], *sorted(evs[1:], key=lambda e: json.dumps(e, sort_keys=True))]
+                       for evs in events]}
+    for nc in conns.values():
+        await nc.close()
+    return out
+
+
+@pytest.mark.parametrize("allow_b,allow_c", [("true", "true"), ("true", "false"),
+                                             ("false", "true")])
+def test_chained_service_imports_traced_as_nats_server(servers: Any, allow_b: str,
+                                                       allow_c: str) -> None:
+    """A -> B -> C service imports: one `si` per hop the trace reaches, egress in each
+    account it may follow, `trace disabled` past an export without allow_trace."""
+    config = CHAIN.replace("ALLOW_B", allow_b).replace("ALLOW_C", allow_c)
+    got = {name: asyncio.run(_run_chain(proc.url)) for name, proc in servers.both(config).items()}
+    assert got["jetraft"] == got["nats-server"]
+    traced = got["nats-server"]["only=False"]["events"][0]
+    assert [e["type"] for e in traced].count("si") == (2 if allow_b == "true" else 1)

@@ -112,3 +112,75 @@ def test_jwt_account_trace_claim() -> None:
     assert _jwt_trace({"dest": "t.acc"}) == MsgTraceConfig("t.acc", 100)
     for bad in [None, "t", {"dest": "t.*"}, {"dest": "t", "sampling": 101}, {"sampling": 5}]:
         assert _jwt_trace(bad) is None
+
+
+def test_route_copy_carries_its_hop_last() -> None:
+    out = msgtrace.with_hop(HDR, "1")
+    assert out == HDR[:-2] + b"Nats-Trace-Hop: 1\r\n\r\n"  # where nats-server appends it
+    # A hop the publisher set itself is replaced, never doubled.
+    assert msgtrace.with_hop(out, "2").count(b"Nats-Trace-Hop") == 1
+    assert msgtrace.parse_headers(msgtrace.with_hop(out, "2"))["Nats-Trace-Hop"] == ["2"]
+    assert msgtrace.without_hop(out) == HDR
+    mt = msgtrace.start(out, 3)
+    # The origin ignores a publisher's hop (a route's copy sets it: node/cluster/service.py).
+    assert mt is not None and mt.hop == "" and mt.msgsize == len(out) + 3
+    # A publisher's hop is replaced where it stands.
+    own = b"NATS/1.0\r\nNats-Trace-Hop: 7\r\nX: 1\r\n\r\n"
+    assert msgtrace.with_hop(own, "1") == b"NATS/1.0\r\nNats-Trace-Hop: 1\r\nX: 1\r\n\r\n"
+
+
+def test_route_egress_numbers_hops_and_counts_them() -> None:
+    mt = msgtrace.start(HDR, 0)
+    assert mt is not None
+    assert "hops" not in mt.document({})  # no route egress: no `hops`
+    assert mt.route_egress(7, "n2") == "1"
+    assert mt.route_egress(8, "n3") == "2"
+    doc = mt.document({})
+    assert list(doc) == ["server", "request", "hops", "events"] and doc["hops"] == 2
+    assert [{k: v for k, v in e.items() if k != "ts"} for e in doc["events"]] == [
+        {"type": "eg", "kind": 1, "cid": 7, "name": "n2", "hop": "1"},
+        {"type": "eg", "kind": 1, "cid": 8, "name": "n3", "hop": "2"}]
+    # A copy of a copy numbers below the hop it came with.
+    again = msgtrace.start(msgtrace.with_hop(HDR, "1"), 0)
+    assert again is not None
+    again.hop = "1"
+    assert again.route_egress(1, "n3") == "1.1"
+
+
+def test_origin_named_by_a_publisher_disables_the_trace() -> None:
+    out = msgtrace.origin_disabled(HDR)
+    assert out == b"NATS/1.0\r\nX: 1\r\nX: 2\r\nNats-Trace-Dest: trace disabled\r\n\r\n"
+    bare = b"NATS/1.0\r\ntraceparent: x\r\n\r\n"
+    assert msgtrace.origin_disabled(bare).endswith(b"Nats-Trace-Dest: trace disabled\r\n\r\n")
+
+
+def test_routed_account_trace_is_not_sampled_again() -> None:
+    from node.accountconf import MsgTraceConfig
+
+    hdr = (b"NATS/1.0\r\ntraceparent: "
+           b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01\r\nNats-Trace-Hop: 1\r\n\r\n")
+    conf = MsgTraceConfig("t", 1)
+    assert all(msgtrace.start(hdr, 0, conf, resample=False) is not None for _ in range(50))
+
+
+def test_route_copy_names_the_trace_account_only_when_it_travels_in_another() -> None:
+    mt = msgtrace.start(HDR, 0)
+    assert mt is not None
+    mt.ingress("Client", 1, "", "A", "news.1")
+    same = msgtrace.parse_headers(msgtrace.route_copy(mt, "A", HDR, "1"))
+    assert msgtrace.TRACE_ORIGIN not in same and same["Nats-Trace-Hop"] == ["1"]
+    other = msgtrace.parse_headers(msgtrace.route_copy(mt, "B", HDR, "1"))
+    assert other[msgtrace.TRACE_ORIGIN] == ["A"]
+    # A service import's copy names its own `_R_.` destination: its peer answers there.
+    rewritten = msgtrace.with_dest(HDR, "_R_.tok")
+    assert msgtrace.TRACE_ORIGIN not in msgtrace.parse_headers(
+        msgtrace.route_copy(mt, "B", rewritten, "1"))
+    tight = b"NATS/1.0\r\nNats-Trace-Dest:trace.a\r\n\r\n"  # no space after the colon
+    assert msgtrace.parse_headers(msgtrace.route_copy(mt, "B", tight, "1"))[
+        msgtrace.TRACE_ORIGIN] == ["A"]
+    # A publisher cannot choose the account a peer sends its document in.
+    forged = HDR[:-2] + b"Nats-Trace-Origin-Account: C\r\n\r\n"
+    assert msgtrace.TRACE_ORIGIN not in msgtrace.parse_headers(
+        msgtrace.route_copy(mt, "A", forged, "1"))
+    assert msgtrace.parse_headers(msgtrace.route_copy(mt, "B", forged, "1"))[
+        msgtrace.TRACE_ORIGIN] == ["A"]
