@@ -206,6 +206,9 @@ class JetStreamLimits:
     max_bytes_required: bool = False
     memory_max_stream_bytes: int = UNLIMITED
     store_max_stream_bytes: int = UNLIMITED
+    # JWT `tiered_limits`: tier name ("R1", "R3") -> that tier's limits, used instead of the
+    # flat ones above when not empty (node/jetstream/jsaccount.py picks the tier)
+    tiers: dict[str, JetStreamLimits] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

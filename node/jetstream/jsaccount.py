@@ -15,10 +15,20 @@ test_jetstream_accounts_diff.py):
   takes the stricter of it and the stream's own `max_consumers`);
 * publish: the account's stored bytes of that storage type plus the new record's size must
   stay within `max_mem`/`max_file`, else 10002 "resource limits exceeded for account".
+
+Tiered limits (an account JWT's `tiered_limits`, as `nsc edit account --js-tier` writes them):
+the account has one set of limits per tier instead of one flat set, and a stream's replicas
+pick its tier ("R1", "R3"; nats-server's `tierName`). Every check above then counts only the
+streams of that tier: its stream count, its reservations, its stored bytes. A stream whose
+tier the account lacks is refused with 10120 (`JSNoLimitsErr`). Flat limits are the tier ""
+that every stream falls in. In a tier, a stream's bytes count once however many replicas
+hold it (nats-server scales the tier's limit by the replicas); in the flat tier an R3
+stream's bytes count three times, as nats-server sums its replicas' usage there.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +37,7 @@ from node.jetstream.errors import ApiError
 GLOBAL = "$G"
 SEP = "/"
 UNLIMITED = -1
+FLAT = ""  # the tier of an account with flat (untiered) limits: every stream is in it
 
 
 def key(account: str, name: str) -> str:
@@ -77,7 +88,63 @@ def from_config(js: Any) -> Limits:
                   bool(js.max_bytes_required))
 
 
-def limits_for(accounts_conf: Any, account: str, operator_mode: bool) -> Limits | None:
+def tier_name(replicas: int) -> str:
+    """The tier a stream of `replicas` replicas falls in when the account is tiered."""
+    return f"R{max(replicas, 1)}"
+
+
+def replicas_of(cfg: Mapping[str, Any]) -> int:
+    return max(int(cfg.get("num_replicas") or 1), 1)
+
+
+@dataclass(frozen=True)
+class Tiers:
+    """An account's JetStream limits: one flat set (the tier FLAT) or one set per tier."""
+
+    limits: Mapping[str, Limits]
+
+    @property
+    def tiered(self) -> bool:
+        return FLAT not in self.limits
+
+    def select(self, replicas: int) -> tuple[str, Limits]:
+        """(tier, its limits) for a stream of `replicas` replicas; raises 10120 when the
+        account has neither flat limits nor that tier (nats-server's selectLimits)."""
+        if not self.tiered:
+            return FLAT, self.limits[FLAT]
+        tier = tier_name(replicas)
+        if tier not in self.limits:
+            raise ApiError.of("JSNoLimitsErr")
+        return tier, self.limits[tier]
+
+    def tier_of(self, cfg: Mapping[str, Any]) -> str:
+        return tier_name(replicas_of(cfg)) if self.tiered else FLAT
+
+    def flat(self) -> Limits:
+        """What INFO shows at the top: the flat limits, all zero when tiered."""
+        return self.limits.get(FLAT) or _ZERO
+
+    def reservation(self, memory: bool) -> int:
+        """The bytes the account's limits reserve of one storage type (-1: none), as
+        `/jsz` shows them: the sum of the tiers' positive limits."""
+        values = [lim.max_memory if memory else lim.max_storage for lim in self.limits.values()]
+        if not self.tiered:
+            return values[0]
+        return sum(v for v in values if v > 0) if any(v >= 0 for v in values) else UNLIMITED
+
+
+_ZERO = Limits(0, 0, 0, 0, 0, 0, 0, False)
+UNLIMITED_TIERS = Tiers({FLAT: Limits()})
+
+
+def tiers_from_config(js: Any) -> Tiers:
+    """An `accountconf.JetStreamLimits` (config block or account JWT) as Tiers."""
+    if js.tiers:
+        return Tiers({name: from_config(t) for name, t in js.tiers.items()})
+    return Tiers({FLAT: from_config(js)})
+
+
+def limits_for(accounts_conf: Any, account: str, operator_mode: bool) -> Tiers | None:
     """The account's limits, None when JetStream is not enabled for it.
 
     nats-server's rule: with no accounts configured (and no operator), the global account
@@ -87,20 +154,25 @@ def limits_for(accounts_conf: Any, account: str, operator_mode: bool) -> Limits 
     system = getattr(accounts_conf, "system_account", "$SYS")
     configured.pop(system, None)
     if account == GLOBAL:
-        return Limits() if not configured and not operator_mode else None
+        return UNLIMITED_TIERS if not configured and not operator_mode else None
     acc = configured.get(account)
     if acc is None or not acc.jetstream.enabled:
         return None
-    return from_config(acc.jetstream)
+    return tiers_from_config(acc.jetstream)
 
 
 # ---------------------------------------------------------------------------- checks
 
 
-def check_stream(limits: Limits, cfg: dict[str, Any], others: dict[str, dict[str, Any]],
+def check_stream(tiers: Tiers, cfg: dict[str, Any], others: dict[str, dict[str, Any]],
                  creating: bool) -> None:
     """Raise nats-server's error when the account cannot take the stream `cfg`. `others`:
-    the account's other streams' configs (by name, this one left out)."""
+    the account's other streams' configs (by name, this one left out); only those in the
+    tier `cfg`'s replicas pick count."""
+    tier, limits = tiers.select(replicas_of(cfg))
+    others = {n: c for n, c in others.items() if tiers.tier_of(c) == tier}
+    if creating and limits.max_streams > 0 and len(others) >= limits.max_streams:
+        raise ApiError.of("JSMaximumStreamsLimitErr")
     memory = cfg.get("storage") == "memory"
     max_bytes = int(cfg.get("max_bytes") or -1)
     if max_bytes <= 0 and limits.max_bytes_required:
@@ -108,17 +180,13 @@ def check_stream(limits: Limits, cfg: dict[str, Any], others: dict[str, dict[str
     per_stream = limits.memory_max_stream_bytes if memory else limits.storage_max_stream_bytes
     if max_bytes > 0 and 0 < per_stream < max_bytes:
         raise ApiError.of("JSStreamMaxStreamBytesExceeded")
-    if creating and limits.max_streams > 0 and len(others) >= limits.max_streams:
-        raise ApiError.of("JSMaximumStreamsLimitErr")
     stream_consumers = int(cfg.get("max_consumers") or -1)
     if stream_consumers > 0 and 0 < limits.max_consumers < stream_consumers:
         raise ApiError.of("JSMaximumConsumersLimitErr")
     limit = limits.max_memory if memory else limits.max_storage
     if limit < 0:
         return
-    reserved = sum(int(c.get("max_bytes") or 0) for c in others.values()
-                   if (c.get("storage") == "memory") == memory and int(c.get("max_bytes") or 0) > 0)
-    if reserved + (max_bytes if max_bytes > 0 else 1) > limit:
+    if reserved(list(others.values()), memory) + (max_bytes if max_bytes > 0 else 1) > limit:
         raise ApiError.of("JSMemoryResourcesExceededErr" if memory
                           else "JSStorageResourcesExceededErr")
 
@@ -138,6 +206,9 @@ def reserved(cfgs: list[dict[str, Any]], memory: bool) -> int:
 
 
 def publish_exceeds(limits: Limits, memory: bool, used: int, size: int) -> bool:
-    """Whether storing a record of `size` bytes takes the account past its limit."""
+    """Whether storing a record of `size` bytes takes the account's tier past its limit.
+    nats-server holds the tier's total to its per-stream maximum as well."""
     limit = limits.max_memory if memory else limits.max_storage
-    return limit >= 0 and used + size > limit
+    per_stream = limits.memory_max_stream_bytes if memory else limits.storage_max_stream_bytes
+    total = used + size
+    return (0 < per_stream < total) or (limit >= 0 and total > limit)

@@ -218,7 +218,7 @@ class JetStreamService:
         # Every account's own internal client (its `$JS.API`, acks, stream subjects) and its
         # JetStream limits (None: JetStream not enabled for it), jsaccount.py
         self.clients: dict[str, Any] = {}
-        self.limits: dict[str, jsaccount.Limits | None] = {}
+        self.limits: dict[str, jsaccount.Tiers | None] = {}
         self.loop: asyncio.AbstractEventLoop | None = None
         self._meta_lock = asyncio.Lock()
         self._opening: dict[str, asyncio.Future[None]] = {}
@@ -356,7 +356,7 @@ class JetStreamService:
             self.server.refresh_operator_account(account)
         return self.clients.get(account) or self.account_added(account)
 
-    def _limits_of(self, account: str) -> jsaccount.Limits | None:
+    def _limits_of(self, account: str) -> jsaccount.Tiers | None:
         if account not in self.limits:
             try:
                 self._client(jsaccount.key(account, "_"))
@@ -632,28 +632,40 @@ class JetStreamService:
         return fut
 
     def _over_account_limit(self, sm: StreamMachine, op: ops.StreamMsg) -> bool:
-        """nats-server refuses a publish that takes the account's stored bytes of that
-        storage type past its `max_mem` / `max_file` (10002, jsaccount.py); True: refused
-        (and answered). A check before the proposal, as nats-server's: entries in flight
-        are not counted."""
+        """nats-server refuses a publish that takes the stored bytes of the stream's tier
+        and storage type past the tier's `max_mem` / `max_file` (10002, jsaccount.py), or
+        finds no tier for the stream (10120); True: refused (and answered). A check
+        before the proposal, as nats-server's: entries in flight are not counted."""
         account = jsaccount.account_of(sm.name)
-        limits = self.limits.get(account)
-        if limits is None or (limits.max_memory < 0 and limits.max_storage < 0):
+        tiers = self.limits.get(account)
+        if tiers is None:
+            return False
+        try:
+            tier, limits = tiers.select(jsaccount.replicas_of(sm.stream.cfg))
+        except ApiError as exc:
+            return self._refuse_publish(sm, op, exc)
+        if (limits.max_memory < 0 and limits.max_storage < 0
+                and limits.memory_max_stream_bytes <= 0
+                and limits.storage_max_stream_bytes <= 0):
             return False
         size = (memory_size if sm.memory else file_size)(op.subject, op.hdr, op.data)
         used = 0
         for k, other in self.streams.items():
-            if other.memory == sm.memory and jsaccount.account_of(k) == account:
+            if (other.memory == sm.memory and jsaccount.account_of(k) == account
+                    and tiers.tier_of(other.stream.cfg) == tier):
                 with other.lock:
-                    used += other.store.bytes()
+                    used += other.store.bytes() * _weight(tier, other.stream.cfg)
+        size *= _weight(tier, sm.stream.cfg)
         if not jsaccount.publish_exceeds(limits, sm.memory, used, size):
             return False
         self.log.warn(f"JetStream {'memory' if sm.memory else 'storage'} resource limits "
                       f"exceeded for account: {account!r}")
+        return self._refuse_publish(sm, op, ApiError.of("JSAccountResourcesExceededErr"))
+
+    def _refuse_publish(self, sm: StreamMachine, op: ops.StreamMsg, err: ApiError) -> bool:
         if op.reply:
-            err = ApiError.of("JSAccountResourcesExceededErr").to_dict()
-            self._reply(sm.name, op.reply, _dumps({**err, "stream": sm.stream.cfg["name"],
-                                                   "seq": 0}))
+            self._reply(sm.name, op.reply, _dumps({**err.to_dict(),
+                                                   "stream": sm.stream.cfg["name"], "seq": 0}))
         return True
 
     def _reply(self, stream_key: str, subject: str, payload: bytes, hdr: bytes | None = None
@@ -879,38 +891,50 @@ class JetStreamService:
         return rfc3339(time.time_ns())
 
     async def _h_info(self, call: api.Call, *_: Any) -> dict[str, Any]:
-        storage = memory = consumers = 0
+        tiers = self.limits.get(call.account) or jsaccount.UNLIMITED_TIERS
+        usage: dict[str, dict[str, int]] = {}  # tier -> its figures
         for k, sm in self.streams.items():
             if _acc(k) != call.account:
                 continue
             with sm.lock:
                 size = sm.store.bytes()
-                consumers += len(sm.stream.consumers)
-            if sm.memory:
-                memory += size
-            else:
-                storage += size
+                consumers = len(sm.stream.consumers)
+            u = usage.setdefault(tiers.tier_of(sm.stream.cfg), _tier_usage())
+            u["memory" if sm.memory else "storage"] += size
+            u["consumers"] += consumers
         # clustered: the account's streams, hosted here or not
-        cfgs = list(self._configs(call.account).values())
-        limits = self.limits.get(call.account) or jsaccount.Limits()
-        total, errors = self.api_counts.get(call.account, (0, 0))
-        return {"type": replies.TYPE_PREFIX + "account_info_response", "memory": memory,
-                "storage": storage,
-                "reserved_memory": jsaccount.reserved(cfgs, memory=True),
-                "reserved_storage": jsaccount.reserved(cfgs, memory=False),
-                "streams": len(cfgs), "consumers": consumers,
-                "limits": limits.to_info(),
-                "api": {"level": api.API_LEVEL, "total": total, "errors": errors}}
+        for cfg in self._configs(call.account).values():
+            u = usage.setdefault(tiers.tier_of(cfg), _tier_usage())
+            u["streams"] += 1
+            memory = cfg.get("storage") == "memory"
+            u["reserved_memory" if memory else "reserved_storage"] += \
+                jsaccount.reserved([cfg], memory)
+        total = _tier_usage()
+        for u in usage.values():
+            for field_, value in u.items():
+                total[field_] += value
+        api_total, errors = self.api_counts.get(call.account, (0, 0))
+        out: dict[str, Any] = {"type": replies.TYPE_PREFIX + "account_info_response",
+                               **total, "limits": tiers.flat().to_info(),
+                               "api": {"level": api.API_LEVEL, "total": api_total,
+                                       "errors": errors}}
+        if tiers.tiered:
+            # nats-server lists every tier with limits, and any tier still holding streams
+            out["tiers"] = {t: {**usage.get(t, _tier_usage()),
+                                "limits": (tiers.limits.get(t) or jsaccount.Limits(
+                                    0, 0, 0, 0, 0, 0, 0, False)).to_info()}
+                            for t in sorted(set(tiers.limits) | set(usage))}
+        return out
 
     def check_limits(self, account: str, cfg: dict[str, Any],
                      configs: dict[str, stream_config.Config], creating: bool) -> None:
         """The account's JetStream limits allow the stream `cfg` (jsaccount.py), or raise
         nats-server's error; `configs`: the account's streams by name."""
-        limits = self._limits_of(account)
-        if limits is None:
+        tiers = self._limits_of(account)
+        if tiers is None:
             raise ApiError.of("JSNotEnabledForAccountErr")
         others = {n: c for n, c in configs.items() if n != cfg["name"]}
-        jsaccount.check_stream(limits, cfg, others, creating)
+        jsaccount.check_stream(tiers, cfg, others, creating)
 
     def _stream_reply(self, kind: str, sm: StreamMachine, did_create: bool = False
                       ) -> dict[str, Any]:
@@ -1180,7 +1204,8 @@ class JetStreamService:
         assert sm is not None
         if created:
             # the stream's max_consumers, or the account's when stricter (nats-server)
-            limits = self.limits.get(call.account) or jsaccount.Limits()
+            tiers = self.limits.get(call.account) or jsaccount.UNLIMITED_TIERS
+            _tier, limits = tiers.select(jsaccount.replicas_of(sm.stream.cfg))
             cap = jsaccount.consumer_cap(limits, int(sm.stream.cfg.get("max_consumers") or -1))
             if 0 < cap <= len(existing):
                 raise ApiError.of("JSMaximumConsumersLimitErr")
@@ -1823,6 +1848,18 @@ class JetStreamService:
         self.consumer_created.pop((sm.name, name), None)
         self._advise(advisories.consumer_action("delete", _name(sm.name), name,
                                                 *self._stamp()), _acc(sm.name))
+
+
+def _tier_usage() -> dict[str, int]:
+    """One tier's figures in `$JS.API.INFO`, in nats-server's key order."""
+    return dict.fromkeys(("memory", "storage", "reserved_memory", "reserved_storage",
+                          "streams", "consumers"), 0)
+
+
+def _weight(tier: str, cfg: dict[str, Any]) -> int:
+    """How many times a stream's bytes count against its tier: once in a tier (nats-server
+    scales the tier's limit by its replicas), once per replica in the flat tier."""
+    return jsaccount.replicas_of(cfg) if tier == jsaccount.FLAT else 1
 
 
 _name = jsaccount.name_of  # a stream key's stream name (what goes on the wire)
