@@ -649,18 +649,27 @@ class JetStreamService:
                 and limits.storage_max_stream_bytes <= 0):
             return False
         size = (memory_size if sm.memory else file_size)(op.subject, op.hdr, op.data)
-        used = 0
-        for k, other in self.streams.items():
-            if (other.memory == sm.memory and jsaccount.account_of(k) == account
-                    and tiers.tier_of(other.stream.cfg) == tier):
-                with other.lock:
-                    used += other.store.bytes() * _weight(tier, other.stream.cfg)
+        # the account's streams of this tier and storage type, wherever they are led
+        used = sum(self._stream_bytes(k) * _weight(tier, cfg)
+                   for k, cfg in self._configs_all().items()
+                   if jsaccount.account_of(k) == account and tiers.tier_of(cfg) == tier
+                   and (cfg.get("storage") == "memory") == sm.memory)
         size *= _weight(tier, sm.stream.cfg)
         if not jsaccount.publish_exceeds(limits, sm.memory, used, size):
             return False
         self.log.warn(f"JetStream {'memory' if sm.memory else 'storage'} resource limits "
                       f"exceeded for account: {account!r}")
         return self._refuse_publish(sm, op, ApiError.of("JSAccountResourcesExceededErr"))
+
+    def _stream_bytes(self, key: str) -> int:
+        """A stream's stored bytes: clustered, as reported by its leader (usage.py)."""
+        if self.jsc is not None:
+            return int(self.jsc.stream_bytes(key))
+        sm = self.streams.get(key)
+        if sm is None:
+            return 0
+        with sm.lock:
+            return int(sm.store.bytes())
 
     def _refuse_publish(self, sm: StreamMachine, op: ops.StreamMsg, err: ApiError) -> bool:
         if op.reply:
