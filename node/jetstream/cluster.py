@@ -140,11 +140,17 @@ class ClusterJS:
             rounds += 1
             if led == last and rounds % 8:
                 continue
-            last, payload = led, usage.encode(led)
-            for m in self.cluster.members().values():
-                if m.peer_id != self.self_id:
-                    self.cluster.send_frame(m.peer_id, "js.usage", "", None, None, payload,
-                                            "")
+            last = led
+            try:
+                self._send_usage(usage.encode(led))
+            except Exception as exc:  # noqa: BLE001 (the next round tries again)
+                self.log.warn(f"JetStream usage report: {exc!r}")
+
+    def _send_usage(self, payload: bytes) -> None:
+        for m in self.cluster.members().values():
+            if m.peer_id != self.self_id:
+                self.cluster.send_frame(m.peer_id, "js.usage", "usage", None, None, payload,
+                                        "")
 
     def _led_bytes(self) -> dict[str, int]:
         out: dict[str, int] = {}

@@ -903,19 +903,21 @@ class JetStreamService:
         tiers = self.limits.get(call.account) or jsaccount.UNLIMITED_TIERS
         usage: dict[str, dict[str, int]] = {}  # tier -> its figures
         for k, sm in self.streams.items():
+            if _acc(k) == call.account:
+                with sm.lock:
+                    consumers = len(sm.stream.consumers)
+                usage.setdefault(tiers.tier_of(sm.stream.cfg), _tier_usage())["consumers"] += \
+                    consumers
+        # clustered: the account's streams, hosted here or not; their bytes as their leaders
+        # report them, once per replica (nats-server adds up every node's usage)
+        for k, cfg in self._configs_all().items():
             if _acc(k) != call.account:
                 continue
-            with sm.lock:
-                size = sm.store.bytes()
-                consumers = len(sm.stream.consumers)
-            u = usage.setdefault(tiers.tier_of(sm.stream.cfg), _tier_usage())
-            u["memory" if sm.memory else "storage"] += size
-            u["consumers"] += consumers
-        # clustered: the account's streams, hosted here or not
-        for cfg in self._configs(call.account).values():
             u = usage.setdefault(tiers.tier_of(cfg), _tier_usage())
             u["streams"] += 1
             memory = cfg.get("storage") == "memory"
+            u["memory" if memory else "storage"] += \
+                self._stream_bytes(k) * jsaccount.replicas_of(cfg)
             u["reserved_memory" if memory else "reserved_storage"] += \
                 jsaccount.reserved([cfg], memory)
         total = _tier_usage()
