@@ -28,7 +28,7 @@ stream's bytes count three times, as nats-server sums its replicas' usage there.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -199,7 +199,7 @@ def consumer_cap(limits: Limits, stream_max: int) -> int:
     return stream_max
 
 
-def reserved(cfgs: list[dict[str, Any]], memory: bool) -> int:
+def reserved(cfgs: Iterable[Mapping[str, Any]], memory: bool) -> int:
     """The bytes the streams reserve (their `max_bytes`) in one storage type."""
     return sum(int(c.get("max_bytes") or 0) for c in cfgs
                if (c.get("storage") == "memory") == memory and int(c.get("max_bytes") or 0) > 0)
@@ -212,3 +212,51 @@ def publish_exceeds(limits: Limits, memory: bool, used: int, size: int) -> bool:
     per_stream = limits.memory_max_stream_bytes if memory else limits.storage_max_stream_bytes
     total = used + size
     return (0 < per_stream < total) or (limit >= 0 and total > limit)
+
+
+# ---------------------------------------------------------------------------- the server
+# The node's own `jetstream { max_mem, max_file }` (-1: not set, nothing checked; nats-server
+# then takes 75% of the RAM and the free disk, which Jetraft does not estimate). Checked
+# against nats-server 2.15 (tests/integration/test_jetstream_reservations_diff.py):
+# * standalone, when accounts get JetStream: the sum of every account's positive
+#   `max_mem` / `max_file` (all tiers) must fit in the server's, else 10028 / 10047 (a
+#   configured account stops the server at start: [FTL]);
+# * standalone, stream create: the sum of every account's streams' `max_bytes` (1 for a
+#   stream without) plus the new one's must fit, else 10028 / 10047;
+# * publish: once the node's stored bytes of that storage type are past the server's
+#   limit, 10023 "insufficient resources" (503) (the check is before the record is added,
+#   so the last record accepted may pass it, as in nats-server).
+
+
+def limits_reservation(tiers: Iterable[Tiers], memory: bool) -> int:
+    """What accounts' limits reserve of the server: their tiers' positive limits."""
+    return sum(v for t in tiers for lim in t.limits.values()
+               if (v := lim.max_memory if memory else lim.max_storage) > 0)
+
+
+def server_admits_accounts(max_mem: int, max_file: int, tiers: list[Tiers]) -> str | None:
+    """None, or the error name when the accounts' limits overflow the server's."""
+    if 0 <= max_mem < limits_reservation(tiers, memory=True):
+        return "JSMemoryResourcesExceededErr"
+    if 0 <= max_file < limits_reservation(tiers, memory=False):
+        return "JSStorageResourcesExceededErr"
+    return None
+
+
+def check_server_stream(max_mem: int, max_file: int, cfg: Mapping[str, Any],
+                        others: Iterable[Mapping[str, Any]]) -> None:
+    """Raise 10028 / 10047 when the stream's `max_bytes` does not fit in what the server
+    has left after the other streams' (of every account) reservations."""
+    memory = cfg.get("storage") == "memory"
+    limit = max_mem if memory else max_file
+    if limit < 0:
+        return
+    max_bytes = int(cfg.get("max_bytes") or -1)
+    if reserved(list(others), memory) + (max_bytes if max_bytes > 0 else 1) > limit:
+        raise ApiError.of("JSMemoryResourcesExceededErr" if memory
+                          else "JSStorageResourcesExceededErr")
+
+
+def server_full(limit: int, used: int) -> bool:
+    """Whether the node's stored bytes of one storage type are past its limit."""
+    return 0 <= limit < used

@@ -63,7 +63,7 @@ from node.jetstream.consumer import (
     parse_ack_body,
     parse_ack_subject,
 )
-from node.jetstream.errors import ApiError
+from node.jetstream.errors import ApiError, StartRefused
 from node.jetstream.machines import META_STORE, MetaMachine, StoreLostError, StreamMachine
 from node.jetstream.pacing import Pacer
 from node.jetstream.placement import Placement, pick_leader
@@ -219,6 +219,8 @@ class JetStreamService:
         # JetStream limits (None: JetStream not enabled for it), jsaccount.py
         self.clients: dict[str, Any] = {}
         self.limits: dict[str, jsaccount.Tiers | None] = {}
+        # accounts refused JetStream: their limits overflow the server's (`_reserve`)
+        self.refused: dict[str, ApiError] = {}
         self.loop: asyncio.AbstractEventLoop | None = None
         self._meta_lock = asyncio.Lock()
         self._opening: dict[str, asyncio.Future[None]] = {}
@@ -273,6 +275,10 @@ class JetStreamService:
         self.client = self.account_added(jsaccount.GLOBAL)
         for account in list(self.server.accounts):
             self.account_added(account)
+        if self.refused and self.server.options.operator is None:
+            err = next(iter(self.refused.values()))
+            raise StartRefused("Can't start JetStream: Error enabling jetstream on configured "
+                             f"accounts: {err}")
         for name in list(self.streams):
             if _acc(name) not in self.server.accounts:
                 # its account left the config: kept on disk, served again once it is back
@@ -329,6 +335,7 @@ class JetStreamService:
         opts = self.server.options
         self.limits[account] = jsaccount.limits_for(opts.accounts, account,
                                                     opts.operator is not None)
+        self._reserve(account)
         client = self.clients.get(account)
         if client is not None:
             return client
@@ -342,6 +349,24 @@ class JetStreamService:
         client.account.interest_listeners.append(self._on_interest)
         self.clients[account] = client
         return client
+
+    def _reserve(self, account: str) -> None:
+        """Standalone, nats-server gives an account JetStream only while all accounts'
+        limits fit in the server's `max_mem` / `max_file` (jsaccount.py); one that does
+        not fit has none (a configured one stops the node at start: `start`)."""
+        tiers = self.limits.get(account)
+        if self.jsc is not None or tiers is None:
+            return
+        o = self.server.options.jetstream
+        others = [t for a, t in self.limits.items() if t is not None and a != account]
+        err = jsaccount.server_admits_accounts(o.max_mem, o.max_file, [*others, tiers])
+        if err is None:
+            self.refused.pop(account, None)
+            return
+        self.limits[account] = None
+        self.refused[account] = ApiError.of(err)
+        self.log.error(f"Error configuring jetstream for account [{account}]: "
+                       f"{self.refused[account]}")
 
     def _client(self, stream_key: str) -> Any:
         """The internal client of the stream's account (never another account's). Raises
@@ -647,7 +672,7 @@ class JetStreamService:
         if (limits.max_memory < 0 and limits.max_storage < 0
                 and limits.memory_max_stream_bytes <= 0
                 and limits.storage_max_stream_bytes <= 0):
-            return False
+            return self._over_server_limit(sm, op)
         size = (memory_size if sm.memory else file_size)(op.subject, op.hdr, op.data)
         # the account's streams of this tier and storage type, wherever they are led
         used = sum(self._stream_bytes(k) * _weight(tier, cfg)
@@ -656,10 +681,28 @@ class JetStreamService:
                    and (cfg.get("storage") == "memory") == sm.memory)
         size *= _weight(tier, sm.stream.cfg)
         if not jsaccount.publish_exceeds(limits, sm.memory, used, size):
-            return False
+            return self._over_server_limit(sm, op)
         self.log.warn(f"JetStream {'memory' if sm.memory else 'storage'} resource limits "
                       f"exceeded for account: {account!r}")
         return self._refuse_publish(sm, op, ApiError.of("JSAccountResourcesExceededErr"))
+
+    def _over_server_limit(self, sm: StreamMachine, op: ops.StreamMsg) -> bool:
+        """The node's own stored bytes of the stream's storage type past its `max_mem` /
+        `max_file`: nats-server answers 10023 (jsaccount.py); True: refused."""
+        o = self.server.options.jetstream
+        limit = o.max_mem if sm.memory else o.max_file
+        if limit < 0:
+            return False
+        used = 0
+        for other in list(self.streams.values()):
+            if other.memory == sm.memory:
+                with other.lock:
+                    used += other.store.bytes()
+        if not jsaccount.server_full(limit, used):
+            return False
+        self.log.error(f"JetStream {'memory' if sm.memory else 'file'} resource limits "
+                       "exceeded for server")
+        return self._refuse_publish(sm, op, ApiError.of("JSInsufficientResourcesErr"))
 
     def _stream_bytes(self, key: str) -> int:
         """A stream's stored bytes: clustered, as reported by its leader (usage.py)."""
@@ -946,6 +989,13 @@ class JetStreamService:
             raise ApiError.of("JSNotEnabledForAccountErr")
         others = {n: c for n, c in configs.items() if n != cfg["name"]}
         jsaccount.check_stream(tiers, cfg, others, creating)
+        if creating and self.jsc is None:
+            # standalone, nats-server also holds every account's streams' reservations to
+            # the server's own limits
+            o = self.server.options.jetstream
+            key = jsaccount.key(account, cfg["name"])
+            jsaccount.check_server_stream(o.max_mem, o.max_file, cfg, [
+                c for k, c in self._configs_all().items() if k != key])
 
     def _stream_reply(self, kind: str, sm: StreamMachine, did_create: bool = False
                       ) -> dict[str, Any]:
