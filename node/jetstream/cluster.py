@@ -137,6 +137,7 @@ class ClusterJS:
             if not self.meta_started:
                 continue
             led = self._led_bytes()
+            self.usage.forget(set(self.usage.reports) - set(self.catalogue().streams))
             rounds += 1
             if led == last and rounds % 8:
                 continue
