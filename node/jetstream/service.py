@@ -676,7 +676,7 @@ class JetStreamService:
         size = (memory_size if sm.memory else file_size)(op.subject, op.hdr, op.data)
         # the account's streams of this tier and storage type, wherever they are led
         used = sum(self._stream_bytes(k) * _weight(tier, cfg)
-                   for k, cfg in self._configs_all().items()
+                   for k, cfg in self._stored_configs()
                    if jsaccount.account_of(k) == account and tiers.tier_of(cfg) == tier
                    and (cfg.get("storage") == "memory") == sm.memory)
         size *= _weight(tier, sm.stream.cfg)
@@ -703,6 +703,13 @@ class JetStreamService:
         self.log.error(f"JetStream {'memory' if sm.memory else 'file'} resource limits "
                        "exceeded for server")
         return self._refuse_publish(sm, op, ApiError.of("JSInsufficientResourcesErr"))
+
+    def _stored_configs(self) -> list[tuple[str, dict[str, Any]]]:
+        """Every stream's config as held (clustered: the catalogue's wire form), uncopied:
+        the publish path reads only its storage, replicas and max_bytes."""
+        if self.jsc is not None:
+            return [(k, a["config"]) for k, a in list(self.jsc.catalogue().streams.items())]
+        return [(k, sm.stream.cfg) for k, sm in list(self.streams.items())]
 
     def _stream_bytes(self, key: str) -> int:
         """A stream's stored bytes: clustered, as reported by its leader (usage.py)."""
