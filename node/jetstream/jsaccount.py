@@ -221,8 +221,8 @@ def publish_exceeds(limits: Limits, memory: bool, used: int, size: int) -> bool:
 # * standalone, when accounts get JetStream: the sum of every account's positive
 #   `max_mem` / `max_file` (all tiers) must fit in the server's, else 10028 / 10047 (a
 #   configured account stops the server at start: [FTL]);
-# * standalone, stream create: the sum of every account's streams' `max_bytes` (1 for a
-#   stream without) plus the new one's must fit, else 10028 / 10047;
+# * standalone, stream create and update: the other streams' `max_bytes` (every account's)
+#   plus this one's (1 when unset) must fit, else 10028 / 10047;
 # * publish: once the node's stored bytes of that storage type are past the server's
 #   limit, 10023 "insufficient resources" (503) (the check is before the record is added,
 #   so the last record accepted may pass it, as in nats-server).

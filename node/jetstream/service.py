@@ -996,9 +996,9 @@ class JetStreamService:
             raise ApiError.of("JSNotEnabledForAccountErr")
         others = {n: c for n, c in configs.items() if n != cfg["name"]}
         jsaccount.check_stream(tiers, cfg, others, creating)
-        if creating and self.jsc is None:
+        if self.jsc is None:
             # standalone, nats-server also holds every account's streams' reservations to
-            # the server's own limits
+            # the server's own limits (at create and update)
             o = self.server.options.jetstream
             key = jsaccount.key(account, cfg["name"])
             jsaccount.check_server_stream(o.max_mem, o.max_file, cfg, [

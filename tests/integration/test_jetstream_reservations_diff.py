@@ -4,8 +4,8 @@ reserve it, against nats-server 2.15 (standalone).
 * The configured accounts' limits together may not exceed the server's: nats-server stops
   at start with [FTL] "Can't start JetStream: Error enabling jetstream on configured
   accounts: insufficient storage resources available (10047)"; so must Jetraft.
-* Stream creates in every account share the server's limits through their `max_bytes`
-  (10047 file, 10028 memory), and a publish once the node's stored bytes are past
+* Stream creates and updates in every account share the server's limits through their
+  `max_bytes` (10047 file, 10028 memory), and a publish once the node's stored bytes are past
   `max_file` is refused with 10023 "insufficient resources".
 
 Mutation (docs/notes/tiered.md): `server_admits_accounts` returning None lets Jetraft start
@@ -41,6 +41,9 @@ async def _script(srv: ServerProc) -> list[Any]:
                      _stream("T", ["t"], max_bytes=3000), _stream("U", ["u"]),
                      _stream("M", ["m"], storage="memory", max_bytes=3000)):
             steps.append(await _req(c, f"$JS.API.STREAM.CREATE.{body['name']}", body))
+        for max_bytes in (10_000, 10_001, 8000):  # an update's reservation: 10047 past it
+            steps.append(await _req(c, "$JS.API.STREAM.UPDATE.S",
+                                    _stream("S", ["s"], max_bytes=max_bytes)))
         for _ in range(12):  # ~1031 bytes a record: the 11th finds 10310 > 10000 stored
             steps.append(await _req(c, "u", b"x" * 1000))
         steps.append(await _req(c, "$JS.API.INFO"))
@@ -54,8 +57,8 @@ async def test_server_reservations_like_nats_server(servers: Servers, tmp_path: 
     ours = await _script(servers.jetraft(CONF % (tmp_path / "ours", 4000)))
     assert_same_steps(ours, theirs, ALLOWED)
     codes = [s.get("error", {}).get("err_code") for s in ours]
-    assert codes[:5] == [10047, None, 10047, None, 10028]
-    assert codes[5:15] == [None] * 10 and codes[15:17] == [10023, 10023]
+    assert codes[:8] == [10047, None, 10047, None, 10028, None, 10047, None]
+    assert codes[8:18] == [None] * 10 and codes[18:20] == [10023, 10023]
 
 
 async def _exit_line(argv: list[str], tmp: Path) -> tuple[int, str]:
