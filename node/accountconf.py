@@ -234,6 +234,9 @@ class AccountConfig:
     limits: AccountLimits = field(default_factory=AccountLimits)
     jetstream: JetStreamLimits = field(default_factory=JetStreamLimits)
     msg_trace: MsgTraceConfig | None = None
+    # An account JWT's `name` (the account itself is named by its public key): what /jsz
+    # shows as the account's name, as nats-server does
+    name_tag: str = ""
     # Where the users were written, for duplicate-user errors.
     users_where: Any = field(default=None, repr=False, compare=False)
 

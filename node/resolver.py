@@ -441,6 +441,7 @@ def account_config_from_claims(claims: AccountClaims) -> AccountConfig:
     imports still have to be authorised against the exporter's exports
     (`stream_export_for` / `service_export_for`) when both are known."""
     acc = AccountConfig(claims.key)
+    acc.name_tag = claims.claims.name or ""
     for e in claims.exports:
         export = _jwt_export(e)
         if isinstance(export, StreamExport):

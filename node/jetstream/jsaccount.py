@@ -125,12 +125,12 @@ class Tiers:
         return self.limits.get(FLAT) or _ZERO
 
     def reservation(self, memory: bool) -> int:
-        """The bytes the account's limits reserve of one storage type (-1: none), as
-        `/jsz` shows them: the sum of the tiers' positive limits."""
-        values = [lim.max_memory if memory else lim.max_storage for lim in self.limits.values()]
-        if not self.tiered:
-            return values[0]
-        return sum(v for v in values if v > 0) if any(v >= 0 for v in values) else UNLIMITED
+        """What `/jsz` shows as the account's reservation of one storage type: the flat
+        limit (-1: none); 0 when tiered (nats-server 2.15 shows no tier's there)."""
+        if self.tiered:
+            return 0
+        lim = self.limits[FLAT]
+        return lim.max_memory if memory else lim.max_storage
 
 
 _ZERO = Limits(0, 0, 0, 0, 0, 0, 0, False)

@@ -9,6 +9,8 @@ its `tiers` included."""
 
 from __future__ import annotations
 
+import json
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +83,9 @@ async def _script(srv: ServerProc, t_creds: Path, u_creds: Path) -> list[Any]:
         await req(u, "$JS.API.STREAM.CREATE.S", _stream("S", ["s.>"], num_replicas=3,
                                                         max_bytes=1000))
         await req(u, "$JS.API.INFO")
+        # /jsz: the tiered accounts' reservations
+        with urllib.request.urlopen(f"{srv.http}/jsz?accounts=true", timeout=5) as resp:
+            steps.append(json.loads(resp.read()))
     finally:
         await t.close()
         await u.close()
