@@ -122,7 +122,7 @@ class Tiers:
 
     def flat(self) -> Limits:
         """What INFO shows at the top: the flat limits, all zero when tiered."""
-        return self.limits.get(FLAT) or _ZERO
+        return self.limits.get(FLAT) or ZERO
 
     def reservation(self, memory: bool) -> int:
         """What `/jsz` shows as the account's reservation of one storage type: the flat
@@ -133,7 +133,7 @@ class Tiers:
         return lim.max_memory if memory else lim.max_storage
 
 
-_ZERO = Limits(0, 0, 0, 0, 0, 0, 0, False)
+ZERO = Limits(0, 0, 0, 0, 0, 0, 0, False)  # INFO for limits not set (tiered: the top level)
 UNLIMITED_TIERS = Tiers({FLAT: Limits()})
 
 

@@ -982,8 +982,7 @@ class JetStreamService:
         if tiers.tiered:
             # nats-server lists every tier with limits, and any tier still holding streams
             out["tiers"] = {t: {**usage.get(t, _tier_usage()),
-                                "limits": (tiers.limits.get(t) or jsaccount.Limits(
-                                    0, 0, 0, 0, 0, 0, 0, False)).to_info()}
+                                "limits": tiers.limits.get(t, jsaccount.ZERO).to_info()}
                             for t in sorted(set(tiers.limits) | set(usage))}
         return out
 
