@@ -221,6 +221,9 @@ class JetStreamLimits:
     max_bytes_required: bool = False
     memory_max_stream_bytes: int = UNLIMITED
     store_max_stream_bytes: int = UNLIMITED
+    # JWT `tiered_limits`: tier name ("R1", "R3") -> that tier's limits, used instead of the
+    # flat ones above when not empty (node/jetstream/jsaccount.py picks the tier)
+    tiers: dict[str, JetStreamLimits] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -246,6 +249,9 @@ class AccountConfig:
     limits: AccountLimits = field(default_factory=AccountLimits)
     jetstream: JetStreamLimits = field(default_factory=JetStreamLimits)
     msg_trace: MsgTraceConfig | None = None
+    # An account JWT's `name` (the account itself is named by its public key): what /jsz
+    # shows as the account's name, as nats-server does
+    name_tag: str = ""
     # Where the users were written, for duplicate-user errors.
     users_where: Any = field(default=None, repr=False, compare=False)
 
@@ -443,10 +449,14 @@ _JS_KEYS = {"max_memory": "max_mem", "max_mem": "max_mem", "mem": "max_mem",
             "streams": "max_streams", "max_consumers": "max_consumers",
             "consumers": "max_consumers", "max_ack_pending": "max_ack_pending",
             "memory_max_stream_bytes": "memory_max_stream_bytes",
-            "store_max_stream_bytes": "store_max_stream_bytes"}
+            "mem_max_stream_bytes": "memory_max_stream_bytes",
+            "store_max_stream_bytes": "store_max_stream_bytes",
+            "disk_max_stream_bytes": "store_max_stream_bytes"}
 _JS_SIZES = frozenset({"max_mem", "max_file", "memory_max_stream_bytes", "store_max_stream_bytes"})
-_JS_IGNORED = frozenset({"cluster_traffic", "max_bytes_required", "max_stream_bytes",
-                         "mem_max_stream_bytes", "disk_max_stream_bytes"})
+# nats-server's aliases above are limits it enforces: none may be read and then ignored.
+# `cluster_traffic` picks the account that carries a clustered JetStream's Raft traffic,
+# not a limit; Jetraft's Raft runs on its own transport (node/cluster).
+_JS_IGNORED = frozenset({"cluster_traffic"})
 
 
 def _jetstream(f: _Field) -> JetStreamLimits:
@@ -464,7 +474,7 @@ def _jetstream(f: _Field) -> JetStreamLimits:
         attr = _JS_KEYS.get(sub.key)
         if attr:
             setattr(js, attr, _size(sub) if attr in _JS_SIZES else _int(sub))
-        elif sub.key == "max_bytes_required":
+        elif sub.key in ("max_bytes_required", "max_stream_bytes"):
             js.max_bytes_required = _bool(sub)
         elif sub.key not in _JS_IGNORED and not _used_as_var(f.value, sub):
             raise sub.fail(f'unknown field "{sub.name}"')

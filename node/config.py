@@ -802,14 +802,19 @@ _JS_HANDLERS: dict[str, Handler] = {
     "audit_archive": _setter("audit_archive", _bool),  # jetraft's: keep old WAL segments
 }
 _JS_UNSUPPORTED = frozenset({
-    "domain", "max_outstanding_catchup", "max_buffered_size", "max_buffered_msgs",
-    "request_queue_limit", "limits", "strict", "tpm", "extension_hint", "max_ack_pending",
-    "max_ha_assets", "max_request_batch", "duplicate_window", "max_catchup",
+    "domain", "max_outstanding_catchup", "strict", "tpm", "extension_hint", "max_catchup",
 })
 
 # Key rotation (a previous key to re-encrypt from) is not built: refused ([FTL]) rather than
-# started with a store the node could not read.
-_JS_UNENFORCED = frozenset({"prev_key", "prev_ek", "prev_encryption_key"})
+# started with a store the node could not read. The server-wide JetStream limits nats-server
+# enforces (the `limits {}` block: max_ack_pending, max_request_batch, max_ha_assets,
+# duplicate_window; the API request queue and clustered proposal buffers) are not built
+# either: a limit the operator set but Jetraft would not hold fails closed too.
+_JS_UNENFORCED = frozenset({
+    "prev_key", "prev_ek", "prev_encryption_key",
+    "limits", "max_ack_pending", "max_request_batch", "max_ha_assets", "duplicate_window",
+    "max_buffered_msgs", "max_buffered_size", "request_queue_limit",
+})
 
 
 def _cipher(f: _Field) -> str:

@@ -331,10 +331,44 @@ class AccountJWTLimits:
     streams: int = UNLIMITED
     consumer: int = UNLIMITED
     max_ack_pending: int = UNLIMITED
+    mem_max_stream_bytes: int = 0  # 0: none
+    disk_max_stream_bytes: int = 0
+    max_bytes_required: bool = False
+    # `tiered_limits`: tier name ("R1", "R3") -> that tier's JetStream limits; a JWT with
+    # tiers carries no flat JetStream limits (nats-jwt refuses both at once)
+    tiered: dict[str, JetStreamJWTLimits] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class JetStreamJWTLimits:
+    """One tier of `tiered_limits`, with nats-jwt's field names; an absent field is 0."""
+
+    mem_storage: int = 0
+    disk_storage: int = 0
+    streams: int = 0
+    consumer: int = 0
+    max_ack_pending: int = 0
+    mem_max_stream_bytes: int = 0
+    disk_max_stream_bytes: int = 0
+    max_bytes_required: bool = False
 
 
 _LIMIT_INTS = ("subs", "conn", "leaf", "payload", "data", "imports", "exports", "mem_storage",
-               "disk_storage", "streams", "consumer", "max_ack_pending")
+               "disk_storage", "streams", "consumer", "max_ack_pending", "mem_max_stream_bytes",
+               "disk_max_stream_bytes")
+_JS_TIER_INTS = ("mem_storage", "disk_storage", "streams", "consumer", "max_ack_pending",
+                 "mem_max_stream_bytes", "disk_max_stream_bytes")
+
+
+def _tiered_limits(value: Any) -> dict[str, JetStreamJWTLimits]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or not all(isinstance(v, dict) for v in value.values()):
+        raise JWTError("tiered_limits must map tier names to limits")
+    return {name: JetStreamJWTLimits(
+        **{k: _get(tier, k, int, 0) for k in _JS_TIER_INTS},
+        max_bytes_required=_get(tier, "max_bytes_required", bool, False))
+        for name, tier in value.items()}
 
 
 def _account_limits(d: Any) -> AccountJWTLimits:
@@ -344,6 +378,8 @@ def _account_limits(d: Any) -> AccountJWTLimits:
                               for k in _LIMIT_INTS}
     values["wildcards"] = _get(d, "wildcards", bool, True)
     values["disallow_bearer"] = _get(d, "disallow_bearer", bool, False)
+    values["max_bytes_required"] = _get(d, "max_bytes_required", bool, False)
+    values["tiered"] = _tiered_limits(d.get("tiered_limits"))
     return AccountJWTLimits(**values)
 
 

@@ -441,6 +441,7 @@ def account_config_from_claims(claims: AccountClaims) -> AccountConfig:
     imports still have to be authorised against the exporter's exports
     (`stream_export_for` / `service_export_for`) when both are known."""
     acc = AccountConfig(claims.key)
+    acc.name_tag = claims.claims.name or ""
     for e in claims.exports:
         export = _jwt_export(e)
         if isinstance(export, StreamExport):
@@ -466,12 +467,36 @@ def account_config_from_claims(claims: AccountClaims) -> AccountConfig:
     acc.default_permissions = claims.default_permissions
     lim = claims.limits
     acc.limits = AccountLimits(lim.conn, lim.subs, lim.payload, lim.leaf)
-    acc.jetstream = JetStreamLimits(
-        enabled=lim.mem_storage != 0 or lim.disk_storage != 0, max_mem=lim.mem_storage,
-        max_file=lim.disk_storage, max_streams=lim.streams, max_consumers=lim.consumer,
-        max_ack_pending=lim.max_ack_pending)
+    acc.jetstream = _jwt_jetstream(lim)
     acc.msg_trace = _jwt_trace(claims.claims.nats.get("trace"))
     return acc
+
+
+def _unset(value: int) -> int:
+    """nats-server reads a JWT's 0 max_ack_pending / max stream bytes as "no limit"."""
+    return value if value != 0 else -1
+
+
+def _jwt_js_limits(lim: Any, enabled: bool) -> JetStreamLimits:
+    return JetStreamLimits(
+        enabled=enabled, max_mem=lim.mem_storage, max_file=lim.disk_storage,
+        max_streams=lim.streams, max_consumers=lim.consumer,
+        max_ack_pending=_unset(lim.max_ack_pending),
+        max_bytes_required=lim.max_bytes_required,
+        memory_max_stream_bytes=_unset(lim.mem_max_stream_bytes),
+        store_max_stream_bytes=_unset(lim.disk_max_stream_bytes))
+
+
+def _jwt_jetstream(lim: Any) -> JetStreamLimits:
+    """The account JWT's JetStream limits. Flat limits with storage win over
+    `tiered_limits` (nats-server's order); otherwise any tier with storage enables
+    JetStream and the account has only its tiers (a stream's replicas pick one)."""
+    if lim.mem_storage != 0 or lim.disk_storage != 0 or not lim.tiered:
+        return _jwt_js_limits(lim, lim.mem_storage != 0 or lim.disk_storage != 0)
+    enabled = any(t.mem_storage != 0 or t.disk_storage != 0 for t in lim.tiered.values())
+    js = JetStreamLimits(enabled=enabled)
+    js.tiers = {name: _jwt_js_limits(t, True) for name, t in lim.tiered.items()}
+    return js
 
 
 def _jwt_trace(trace: Any) -> MsgTraceConfig | None:

@@ -405,6 +405,10 @@ class Server:
         try:
             await service.start()
         except Exception as err:
+            from node.jetstream.errors import StartRefused
+
+            if isinstance(err, StartRefused):
+                raise
             raise ValueError(f"JetStream could not start: {err!r}") from err
         self.services.insert(0, service)  # stopped first: its last fsyncs while clients wait
         self.jetstream = service

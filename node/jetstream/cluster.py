@@ -32,7 +32,7 @@ import json
 import time
 from typing import Any
 
-from node.jetstream import api, cluster_meta, jsaccount, placement, replies
+from node.jetstream import api, cluster_meta, jsaccount, placement, replies, usage
 from node.jetstream import config as stream_config
 from node.jetstream.errors import ApiError
 from node.jetstream.placement import Candidate, Placement
@@ -96,6 +96,8 @@ class ClusterJS:
         self.synced_rev: dict[str, int] = {}  # group -> newest config revision written
         self.in_line: dict[str, tuple[Any, ...]] = {}  # group -> assignment key found in line
         self._duty_task: asyncio.Task[Any] | None = None
+        self._usage_task: asyncio.Task[Any] | None = None
+        self.usage = usage.UsageBook()  # other nodes' streams' bytes (account limits)
 
     # ------------------------------------------------------------------ wiring
 
@@ -111,14 +113,67 @@ class ClusterJS:
             self.cluster.handle(kind, fn)
         self.cluster.handle_frames("js.pub", self._on_pub_frame)
         self.cluster.handle_frames("js.ack", self._on_ack_frame)
+        self.cluster.handle_frames("js.usage", self._on_usage_frame)
         self._sync_peers()
         self.cluster.on_members(lambda _m: self._sync_peers())
         self.svc._spawn(self._start_meta())
         self._duty_task = asyncio.ensure_future(self._duties())
+        self._usage_task = asyncio.ensure_future(self._report_usage())
 
     async def stop(self) -> None:
-        if self._duty_task is not None:
-            self._duty_task.cancel()
+        for task in (self._duty_task, self._usage_task):
+            if task is not None:
+                task.cancel()
+
+    # ------------------------------------------------------------------ usage (usage.py)
+
+    async def _report_usage(self) -> None:
+        """Every INTERVAL: the bytes of the streams this node leads, to every other node
+        (when they changed, and every few seconds anyway for a node that just came)."""
+        last: dict[str, int] = {}
+        rounds = 0
+        while True:
+            await asyncio.sleep(usage.INTERVAL)
+            if not self.meta_started:
+                continue
+            led = self._led_bytes()
+            self.usage.forget(set(self.usage.reports) - set(self.catalogue().streams))
+            rounds += 1
+            if led == last and rounds % 8:
+                continue
+            last = led
+            try:
+                self._send_usage(usage.encode(led))
+            except Exception as exc:  # noqa: BLE001 (the next round tries again)
+                self.log.warn(f"JetStream usage report: {exc!r}")
+
+    def _send_usage(self, payload: bytes) -> None:
+        for m in self.cluster.members().values():
+            if m.peer_id != self.self_id:
+                self.cluster.send_frame(m.peer_id, "js.usage", "usage", None, None, payload,
+                                        "")
+
+    def _led_bytes(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for key, sm in list(self.svc.streams.items()):
+            if self.leads(key):
+                with sm.lock:
+                    out[key] = sm.store.bytes()
+        return out
+
+    def _on_usage_frame(self, _peer: int, _subject: str, _reply: str | None,
+                        _hdr: bytes | None, data: bytes, _tag: str) -> None:
+        self.usage.receive(usage.decode(data), time.monotonic())
+
+    def stream_bytes(self, key: str) -> int:
+        """A stream's bytes as this node best knows them, wherever it is led."""
+        sm = self.svc.streams.get(key)
+        local = None
+        if sm is not None:
+            with sm.lock:
+                local = sm.store.bytes()
+        return self.usage.bytes_of(key, time.monotonic(),
+                                   local if self.leads(key) else None, local)
 
     def _sync_peers(self) -> None:
         mr = self.svc.mr

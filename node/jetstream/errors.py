@@ -71,3 +71,7 @@ class ApiError(Exception):
 def invalid_config(text: str) -> ApiError:
     """The config validation error (10052) with nats-server's free-form text."""
     return ApiError.of("JSStreamInvalidConfigF", err=text)
+
+
+class StartRefused(ValueError):
+    """JetStream refuses to start, in nats-server's own [FTL] words (logged verbatim)."""

@@ -123,12 +123,13 @@ def _account_detail(svc: Any, name: str, query: dict[str, str], want_streams: bo
     """One account's entry: its usage, its limits where nats-server shows the reservations
     (the unsigned -1 when it has none), its own API counters."""
     memory, storage, *_ = _totals(svc, name)
-    limits = svc.limits[name]
+    tiers = svc.limits[name]
+    reserved = [tiers.reservation(memory=m) for m in (True, False)]
     total, errors = svc.api_counts.get(name, (0, 0))
     account: dict[str, Any] = {
-        "name": name, "id": name, "memory": memory, "storage": storage,
-        "reserved_memory": limits.max_memory if limits.max_memory >= 0 else NO_RESERVATION,
-        "reserved_storage": limits.max_storage if limits.max_storage >= 0 else NO_RESERVATION,
+        "name": _name_tag(svc, name), "id": name, "memory": memory, "storage": storage,
+        "reserved_memory": reserved[0] if reserved[0] >= 0 else NO_RESERVATION,
+        "reserved_storage": reserved[1] if reserved[1] >= 0 else NO_RESERVATION,
         "accounts": 0, "ha_assets": 0, "api": {"level": 0, "total": total, "errors": errors}}
     if want_streams:
         details = [_stream_detail(svc, sm, _flag(query, "consumers"), _flag(query, "config"))
@@ -137,6 +138,12 @@ def _account_detail(svc: Any, name: str, query: dict[str, str], want_streams: bo
         if details:
             account["stream_detail"] = details
     return account
+
+
+def _name_tag(svc: Any, name: str) -> str:
+    """An operator-mode account's JWT name (its id is the public key), else its name."""
+    conf = getattr(svc.server.options.accounts, "accounts", {}).get(name)
+    return getattr(conf, "name_tag", "") or name
 
 
 def _sync_interval(value: Any) -> int:

@@ -63,7 +63,7 @@ from node.jetstream.consumer import (
     parse_ack_body,
     parse_ack_subject,
 )
-from node.jetstream.errors import ApiError
+from node.jetstream.errors import ApiError, StartRefused
 from node.jetstream.machines import META_STORE, MetaMachine, StoreLostError, StreamMachine
 from node.jetstream.pacing import Pacer
 from node.jetstream.placement import Placement, pick_leader
@@ -218,7 +218,9 @@ class JetStreamService:
         # Every account's own internal client (its `$JS.API`, acks, stream subjects) and its
         # JetStream limits (None: JetStream not enabled for it), jsaccount.py
         self.clients: dict[str, Any] = {}
-        self.limits: dict[str, jsaccount.Limits | None] = {}
+        self.limits: dict[str, jsaccount.Tiers | None] = {}
+        # accounts refused JetStream: their limits overflow the server's (`_reserve`)
+        self.refused: dict[str, ApiError] = {}
         self.loop: asyncio.AbstractEventLoop | None = None
         self._meta_lock = asyncio.Lock()
         self._opening: dict[str, asyncio.Future[None]] = {}
@@ -273,6 +275,10 @@ class JetStreamService:
         self.client = self.account_added(jsaccount.GLOBAL)
         for account in list(self.server.accounts):
             self.account_added(account)
+        if self.refused and self.server.options.operator is None:
+            err = next(iter(self.refused.values()))
+            raise StartRefused("Can't start JetStream: Error enabling jetstream on configured "
+                             f"accounts: {err}")
         for name in list(self.streams):
             if _acc(name) not in self.server.accounts:
                 # its account left the config: kept on disk, served again once it is back
@@ -329,6 +335,7 @@ class JetStreamService:
         opts = self.server.options
         self.limits[account] = jsaccount.limits_for(opts.accounts, account,
                                                     opts.operator is not None)
+        self._reserve(account)
         client = self.clients.get(account)
         if client is not None:
             return client
@@ -343,6 +350,24 @@ class JetStreamService:
         self.clients[account] = client
         return client
 
+    def _reserve(self, account: str) -> None:
+        """Standalone, nats-server gives an account JetStream only while all accounts'
+        limits fit in the server's `max_mem` / `max_file` (jsaccount.py); one that does
+        not fit has none (a configured one stops the node at start: `start`)."""
+        tiers = self.limits.get(account)
+        if self.jsc is not None or tiers is None:
+            return
+        o = self.server.options.jetstream
+        others = [t for a, t in self.limits.items() if t is not None and a != account]
+        err = jsaccount.server_admits_accounts(o.max_mem, o.max_file, [*others, tiers])
+        if err is None:
+            self.refused.pop(account, None)
+            return
+        self.limits[account] = None
+        self.refused[account] = ApiError.of(err)
+        self.log.error(f"Error configuring jetstream for account [{account}]: "
+                       f"{self.refused[account]}")
+
     def _client(self, stream_key: str) -> Any:
         """The internal client of the stream's account (never another account's). Raises
         KeyError for an account this node cannot know."""
@@ -356,7 +381,7 @@ class JetStreamService:
             self.server.refresh_operator_account(account)
         return self.clients.get(account) or self.account_added(account)
 
-    def _limits_of(self, account: str) -> jsaccount.Limits | None:
+    def _limits_of(self, account: str) -> jsaccount.Tiers | None:
         if account not in self.limits:
             try:
                 self._client(jsaccount.key(account, "_"))
@@ -632,28 +657,74 @@ class JetStreamService:
         return fut
 
     def _over_account_limit(self, sm: StreamMachine, op: ops.StreamMsg) -> bool:
-        """nats-server refuses a publish that takes the account's stored bytes of that
-        storage type past its `max_mem` / `max_file` (10002, jsaccount.py); True: refused
-        (and answered). A check before the proposal, as nats-server's: entries in flight
-        are not counted."""
+        """nats-server refuses a publish that takes the stored bytes of the stream's tier
+        and storage type past the tier's `max_mem` / `max_file` (10002, jsaccount.py), or
+        finds no tier for the stream (10120); True: refused (and answered). A check
+        before the proposal, as nats-server's: entries in flight are not counted."""
         account = jsaccount.account_of(sm.name)
-        limits = self.limits.get(account)
-        if limits is None or (limits.max_memory < 0 and limits.max_storage < 0):
+        tiers = self.limits.get(account)
+        if tiers is None:
             return False
+        try:
+            tier, limits = tiers.select(jsaccount.replicas_of(sm.stream.cfg))
+        except ApiError as exc:
+            return self._refuse_publish(sm, op, exc)
+        if (limits.max_memory < 0 and limits.max_storage < 0
+                and limits.memory_max_stream_bytes <= 0
+                and limits.storage_max_stream_bytes <= 0):
+            return self._over_server_limit(sm, op)
         size = (memory_size if sm.memory else file_size)(op.subject, op.hdr, op.data)
-        used = 0
-        for k, other in self.streams.items():
-            if other.memory == sm.memory and jsaccount.account_of(k) == account:
-                with other.lock:
-                    used += other.store.bytes()
+        # the account's streams of this tier and storage type, wherever they are led
+        used = sum(self._stream_bytes(k) * _weight(tier, cfg)
+                   for k, cfg in self._stored_configs()
+                   if jsaccount.account_of(k) == account and tiers.tier_of(cfg) == tier
+                   and (cfg.get("storage") == "memory") == sm.memory)
+        size *= _weight(tier, sm.stream.cfg)
         if not jsaccount.publish_exceeds(limits, sm.memory, used, size):
-            return False
+            return self._over_server_limit(sm, op)
         self.log.warn(f"JetStream {'memory' if sm.memory else 'storage'} resource limits "
                       f"exceeded for account: {account!r}")
+        return self._refuse_publish(sm, op, ApiError.of("JSAccountResourcesExceededErr"))
+
+    def _over_server_limit(self, sm: StreamMachine, op: ops.StreamMsg) -> bool:
+        """The node's own stored bytes of the stream's storage type past its `max_mem` /
+        `max_file`: nats-server answers 10023 (jsaccount.py); True: refused."""
+        o = self.server.options.jetstream
+        limit = o.max_mem if sm.memory else o.max_file
+        if limit < 0:
+            return False
+        used = 0
+        for other in list(self.streams.values()):
+            if other.memory == sm.memory:
+                with other.lock:
+                    used += other.store.bytes()
+        if not jsaccount.server_full(limit, used):
+            return False
+        self.log.error(f"JetStream {'memory' if sm.memory else 'file'} resource limits "
+                       "exceeded for server")
+        return self._refuse_publish(sm, op, ApiError.of("JSInsufficientResourcesErr"))
+
+    def _stored_configs(self) -> list[tuple[str, dict[str, Any]]]:
+        """Every stream's config as held (clustered: the catalogue's wire form), uncopied:
+        the publish path reads only its storage, replicas and max_bytes."""
+        if self.jsc is not None:
+            return [(k, a["config"]) for k, a in list(self.jsc.catalogue().streams.items())]
+        return [(k, sm.stream.cfg) for k, sm in list(self.streams.items())]
+
+    def _stream_bytes(self, key: str) -> int:
+        """A stream's stored bytes: clustered, as reported by its leader (usage.py)."""
+        if self.jsc is not None:
+            return int(self.jsc.stream_bytes(key))
+        sm = self.streams.get(key)
+        if sm is None:
+            return 0
+        with sm.lock:
+            return int(sm.store.bytes())
+
+    def _refuse_publish(self, sm: StreamMachine, op: ops.StreamMsg, err: ApiError) -> bool:
         if op.reply:
-            err = ApiError.of("JSAccountResourcesExceededErr").to_dict()
-            self._reply(sm.name, op.reply, _dumps({**err, "stream": sm.stream.cfg["name"],
-                                                   "seq": 0}))
+            self._reply(sm.name, op.reply, _dumps({**err.to_dict(),
+                                                   "stream": sm.stream.cfg["name"], "seq": 0}))
         return True
 
     def _reply(self, stream_key: str, subject: str, payload: bytes, hdr: bytes | None = None
@@ -879,38 +950,58 @@ class JetStreamService:
         return rfc3339(time.time_ns())
 
     async def _h_info(self, call: api.Call, *_: Any) -> dict[str, Any]:
-        storage = memory = consumers = 0
+        tiers = self.limits.get(call.account) or jsaccount.UNLIMITED_TIERS
+        usage: dict[str, dict[str, int]] = {}  # tier -> its figures
         for k, sm in self.streams.items():
+            if _acc(k) == call.account:
+                with sm.lock:
+                    consumers = len(sm.stream.consumers)
+                usage.setdefault(tiers.tier_of(sm.stream.cfg), _tier_usage())["consumers"] += \
+                    consumers
+        # clustered: the account's streams, hosted here or not; their bytes as their leaders
+        # report them, once per replica (nats-server adds up every node's usage)
+        for k, cfg in self._configs_all().items():
             if _acc(k) != call.account:
                 continue
-            with sm.lock:
-                size = sm.store.bytes()
-                consumers += len(sm.stream.consumers)
-            if sm.memory:
-                memory += size
-            else:
-                storage += size
-        # clustered: the account's streams, hosted here or not
-        cfgs = list(self._configs(call.account).values())
-        limits = self.limits.get(call.account) or jsaccount.Limits()
-        total, errors = self.api_counts.get(call.account, (0, 0))
-        return {"type": replies.TYPE_PREFIX + "account_info_response", "memory": memory,
-                "storage": storage,
-                "reserved_memory": jsaccount.reserved(cfgs, memory=True),
-                "reserved_storage": jsaccount.reserved(cfgs, memory=False),
-                "streams": len(cfgs), "consumers": consumers,
-                "limits": limits.to_info(),
-                "api": {"level": api.API_LEVEL, "total": total, "errors": errors}}
+            u = usage.setdefault(tiers.tier_of(cfg), _tier_usage())
+            u["streams"] += 1
+            memory = cfg.get("storage") == "memory"
+            u["memory" if memory else "storage"] += \
+                self._stream_bytes(k) * jsaccount.replicas_of(cfg)
+            u["reserved_memory" if memory else "reserved_storage"] += \
+                jsaccount.reserved([cfg], memory)
+        total = _tier_usage()
+        for u in usage.values():
+            for field_, value in u.items():
+                total[field_] += value
+        api_total, errors = self.api_counts.get(call.account, (0, 0))
+        out: dict[str, Any] = {"type": replies.TYPE_PREFIX + "account_info_response",
+                               **total, "limits": tiers.flat().to_info(),
+                               "api": {"level": api.API_LEVEL, "total": api_total,
+                                       "errors": errors}}
+        if tiers.tiered:
+            # nats-server lists every tier with limits, and any tier still holding streams
+            out["tiers"] = {t: {**usage.get(t, _tier_usage()),
+                                "limits": tiers.limits.get(t, jsaccount.ZERO).to_info()}
+                            for t in sorted(set(tiers.limits) | set(usage))}
+        return out
 
     def check_limits(self, account: str, cfg: dict[str, Any],
                      configs: dict[str, stream_config.Config], creating: bool) -> None:
         """The account's JetStream limits allow the stream `cfg` (jsaccount.py), or raise
         nats-server's error; `configs`: the account's streams by name."""
-        limits = self._limits_of(account)
-        if limits is None:
+        tiers = self._limits_of(account)
+        if tiers is None:
             raise ApiError.of("JSNotEnabledForAccountErr")
         others = {n: c for n, c in configs.items() if n != cfg["name"]}
-        jsaccount.check_stream(limits, cfg, others, creating)
+        jsaccount.check_stream(tiers, cfg, others, creating)
+        if self.jsc is None:
+            # standalone, nats-server also holds every account's streams' reservations to
+            # the server's own limits (at create and update)
+            o = self.server.options.jetstream
+            key = jsaccount.key(account, cfg["name"])
+            jsaccount.check_server_stream(o.max_mem, o.max_file, cfg, [
+                c for k, c in self._configs_all().items() if k != key])
 
     def _stream_reply(self, kind: str, sm: StreamMachine, did_create: bool = False
                       ) -> dict[str, Any]:
@@ -1180,7 +1271,8 @@ class JetStreamService:
         assert sm is not None
         if created:
             # the stream's max_consumers, or the account's when stricter (nats-server)
-            limits = self.limits.get(call.account) or jsaccount.Limits()
+            tiers = self.limits.get(call.account) or jsaccount.UNLIMITED_TIERS
+            _tier, limits = tiers.select(jsaccount.replicas_of(sm.stream.cfg))
             cap = jsaccount.consumer_cap(limits, int(sm.stream.cfg.get("max_consumers") or -1))
             if 0 < cap <= len(existing):
                 raise ApiError.of("JSMaximumConsumersLimitErr")
@@ -1823,6 +1915,18 @@ class JetStreamService:
         self.consumer_created.pop((sm.name, name), None)
         self._advise(advisories.consumer_action("delete", _name(sm.name), name,
                                                 *self._stamp()), _acc(sm.name))
+
+
+def _tier_usage() -> dict[str, int]:
+    """One tier's figures in `$JS.API.INFO`, in nats-server's key order."""
+    return dict.fromkeys(("memory", "storage", "reserved_memory", "reserved_storage",
+                          "streams", "consumers"), 0)
+
+
+def _weight(tier: str, cfg: dict[str, Any]) -> int:
+    """How many times a stream's bytes count against its tier: once in a tier (nats-server
+    scales the tier's limit by its replicas), once per replica in the flat tier."""
+    return jsaccount.replicas_of(cfg) if tier == jsaccount.FLAT else 1
 
 
 _name = jsaccount.name_of  # a stream key's stream name (what goes on the wire)

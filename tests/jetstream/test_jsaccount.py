@@ -39,11 +39,11 @@ def _conf(**accounts: JetStreamLimits) -> AccountsConfig:
 
 
 def test_which_accounts_have_jetstream() -> None:
-    assert jsaccount.limits_for(_conf(), "$G", False) == jsaccount.Limits()
+    assert jsaccount.limits_for(_conf(), "$G", False) == jsaccount.UNLIMITED_TIERS
     assert jsaccount.limits_for(_conf(), "$G", True) is None  # operator mode: no $G
     conf = _conf(A=JetStreamLimits(enabled=True, max_streams=2), C=JetStreamLimits())
     assert jsaccount.limits_for(conf, "$G", False) is None  # accounts exist: $G has none
-    assert jsaccount.limits_for(conf, "A", False).max_streams == 2  # type: ignore[union-attr]
+    assert jsaccount.limits_for(conf, "A", False).flat().max_streams == 2  # type: ignore[union-attr]
     assert jsaccount.limits_for(conf, "C", False) is None
     assert jsaccount.limits_for(conf, "nope", False) is None
     # the system account alone does not count as configured accounts
@@ -56,8 +56,12 @@ def _err(fn: object, *args: object) -> int:
     return info.value.err_code
 
 
+def _flat(**kw: object) -> jsaccount.Tiers:
+    return jsaccount.Tiers({jsaccount.FLAT: jsaccount.Limits(**kw)})  # type: ignore[arg-type]
+
+
 def test_stream_checks() -> None:
-    lim = jsaccount.Limits(max_memory=1000, max_storage=10_000, max_streams=2, max_consumers=3)
+    lim = _flat(max_memory=1000, max_storage=10_000, max_streams=2, max_consumers=3)
     file_s = {"name": "F", "storage": "file", "max_bytes": 6000}
     jsaccount.check_stream(lim, file_s, {}, creating=True)
     others = {"X": {"storage": "file", "max_bytes": 5000}}
@@ -69,7 +73,7 @@ def test_stream_checks() -> None:
     jsaccount.check_stream(lim, {"storage": "file"}, {"X": {}, "Y": {}}, False)  # update
     assert _err(jsaccount.check_stream, lim, {"storage": "file", "max_consumers": 4}, {},
                 True) == 10026
-    req = jsaccount.Limits(max_bytes_required=True, storage_max_stream_bytes=100)
+    req = _flat(max_bytes_required=True, storage_max_stream_bytes=100)
     assert _err(jsaccount.check_stream, req, {"storage": "file"}, {}, True) == 10113
     assert _err(jsaccount.check_stream, req, {"max_bytes": 101}, {}, True) == 10122
 
@@ -83,6 +87,26 @@ def test_consumer_cap_and_publish_limit() -> None:
     assert not jsaccount.publish_exceeds(lim, True, 50, 50)
     assert jsaccount.publish_exceeds(lim, True, 50, 51)
     assert not jsaccount.publish_exceeds(lim, False, 10**12, 1)  # file: no limit
+    # nats-server holds the tier's total to its per-stream maximum too
+    assert jsaccount.publish_exceeds(jsaccount.Limits(storage_max_stream_bytes=10), False, 5, 6)
+
+
+def test_tiers_pick_by_replicas_and_count_apart() -> None:
+    r1 = jsaccount.Limits(max_memory=1000, max_storage=1000, max_streams=1)
+    r3 = jsaccount.Limits(max_streams=2, max_bytes_required=True)
+    tiers = jsaccount.Tiers({"R1": r1, "R3": r3})
+    assert tiers.select(0) == ("R1", r1) and tiers.select(3) == ("R3", r3)
+    assert _err(tiers.select, 5) == 10120  # no R5 tier, no flat limits
+    one = {"S": {"storage": "file", "num_replicas": 1, "max_bytes": 600}}
+    three = {"T": {"storage": "file", "num_replicas": 3, "max_bytes": 10}}
+    # R1 holds one stream: another R1 is refused, an R3 is not (its tier is apart)
+    assert _err(jsaccount.check_stream, tiers, {"storage": "file"}, one, True) == 10027
+    jsaccount.check_stream(tiers, {"num_replicas": 3, "max_bytes": 5}, one, True)
+    assert _err(jsaccount.check_stream, tiers, {"num_replicas": 3}, one, True) == 10113
+    # reservations are per tier: R3's 10 bytes do not count against R1's 1000
+    jsaccount.check_stream(tiers, {"storage": "file", "max_bytes": 1000}, three, True)
+    assert tiers.tier_of({"num_replicas": 3}) == "R3" and not tiers.flat().max_streams
+    assert _flat().tier_of({"num_replicas": 3}) == jsaccount.FLAT
 
 
 def _entries() -> list[dict[str, object]]:
