@@ -799,6 +799,9 @@ _JS_HANDLERS: dict[str, Handler] = {
     "ek": _setter("key", _str),
     "encryption_key": _setter("key", _str),
     "cipher": _setter("cipher", lambda f: _cipher(f)),
+    "prev_key": _setter("prev_key", _str),
+    "prev_ek": _setter("prev_key", _str),
+    "prev_encryption_key": _setter("prev_key", _str),
     "audit_archive": _setter("audit_archive", _bool),  # jetraft's: keep old WAL segments
 }
 _JS_UNSUPPORTED = frozenset({
@@ -807,9 +810,7 @@ _JS_UNSUPPORTED = frozenset({
     "max_ha_assets", "max_request_batch", "duplicate_window", "max_catchup",
 })
 
-# Key rotation (a previous key to re-encrypt from) is not built: refused ([FTL]) rather than
-# started with a store the node could not read.
-_JS_UNENFORCED = frozenset({"prev_key", "prev_ek", "prev_encryption_key"})
+_JS_UNENFORCED: frozenset[str] = frozenset()
 
 
 def _cipher(f: _Field) -> str:
@@ -832,6 +833,11 @@ def _jetstream(opts: Options, f: _Field) -> None:
             # would fail open.
             raise f.fail("jetstream.cipher is set but jetstream.key is not: nothing would "
                          "be encrypted")
+        if js.prev_key is not None and not js.key:
+            # nats-server accepts it and ignores it; a rotation to no key (decrypting the
+            # store) is not built, so the node would not do what this asks.
+            raise f.fail("jetstream.prev_key is set but jetstream.key is not: a store is "
+                         "never converted to unencrypted")
     else:
         _jetstream_flag(js, f)
 

@@ -73,8 +73,8 @@ def _reseal_message(node_dir: Path, group: str, seq: int) -> None:
 
     from node.jetstream.store.base import decode_record, encode_record
 
-    cipher, salt, _, _ = crypt._parse_key_file(str(node_dir / crypt.KEY_FILE))
-    sealer = crypt.StoreCrypt(KEY.encode(), cipher, salt, 0xFFFFFFF0).lmdb
+    own = crypt.open_readonly(str(node_dir), KEY)
+    sealer = crypt.StoreCrypt(own.root, own.cipher, own.salt, 0xFFFFFFF0, own.shared).lmdb
     key = prefix(group) + seq.to_bytes(8, "big")
     aad = b"js_msgs\x00" + key
     env = lmdb.open(str(node_dir / "lmdb"), max_dbs=16)
