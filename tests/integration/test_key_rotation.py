@@ -1,0 +1,199 @@
+"""Key rotation of a store encrypted at rest (`jetstream { key, prev_key }`, docs/jetstream.md
+"Key rotation"), with real node processes, real files and nats-py:
+
+- a store sealed under key A, restarted with `key: B, prev_key: A`, serves everything (messages,
+  last-by-subject and subject counts through the index tokens, dedup hits, the consumer's
+  floor); from then on B alone opens it and A is refused; no marker shows in any file;
+- B without prev_key, or with a wrong prev_key, stops the node ([FTL], a clear message) and
+  changes no byte of the store;
+- kill -9 at every step of the key file's rewrite (the node SIGKILLs itself there): before
+  the rename the old key still opens the store, after it the new one does, and no message
+  is lost either way;
+- a store made by the code before envelope keys (key file v1, commit a611d34's crypt.py)
+  opens, rotates and serves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+import nats
+import pytest
+
+from node.jetstream import crypt
+from tests.integration.conftest import ServerProc, Servers
+from tests.integration.test_jetstream_encryption import (
+    KEY,
+    _check_all,
+    _files,
+    _fill,
+    _grep,
+)
+from tests.ports import free_port
+
+pytest.importorskip("cryptography")
+pytestmark = pytest.mark.timeout(300)
+
+NEW = "9d8c7b6a5f4e3d2c1b0a-rotated-key-7e6d5c4b3a291807"
+ROOT = Path(__file__).resolve().parents[2]
+# The last commit whose crypt.py wrote only key file v1 (before envelope keys).
+V1_COMMIT = "d5f2fab2fd2d6f97a8f7ae5f76fa67c513313b6e"
+
+
+def _config(store: Path, key: str | None, prev: str | None = None,
+            cipher: str = "aes") -> str:
+    parts = [f'store_dir: "{store}"', f"cipher: {cipher}"]
+    if key is not None:
+        parts.append(f'key: "{key}"')
+    if prev is not None:
+        parts.append(f'prev_key: "{prev}"')
+    return "jetstream { " + ", ".join(parts) + " }\n"
+
+
+def _start(servers: Servers, store: Path, key: str | None, prev: str | None = None
+           ) -> ServerProc:
+    return servers.jetraft(config=_config(store, key, prev))
+
+
+def _run(servers: Servers, tmp_path: Path, store: Path, key: str | None,
+         prev: str | None = None, env: dict[str, str] | None = None,
+         timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """A node run that is expected to end by itself (refused, or killed at a crash point)."""
+    conf = tmp_path / f"run-{time.monotonic_ns()}.conf"
+    conf.write_text(_config(store, key, prev))
+    argv = servers.jetraft_argv(free_port(), ["-c", str(conf)])
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})})
+
+
+def _refused(servers: Servers, tmp_path: Path, store: Path, key: str | None,
+             prev: str | None, why: str) -> None:
+    before = _files(store)
+    proc = _run(servers, tmp_path, store, key, prev)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "[FTL]" in out and why in out, out[-2000:]
+    assert "Server is ready" not in out
+    assert _files(store) == before, f"the refused start ({key}, {prev}) changed the store"
+
+
+@pytest.fixture
+def small_snapshots(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("JETRAFT_JS_SNAPSHOT_EVERY", "20")
+
+
+def _sealed_store(servers: Servers, store: Path) -> None:
+    node = _start(servers, store, KEY)
+    asyncio.run(_fill(node.port))
+    assert node.stop() == 0
+    assert list((store / "raft" / "snap").glob("*.data")), "meant to write snapshot files"
+
+
+def test_rotation_keeps_the_store_readable_and_retires_the_old_key(
+        servers: Servers, tmp_path: Path, small_snapshots: None) -> None:
+    store = tmp_path / "store"
+    _sealed_store(servers, store)
+    _refused(servers, tmp_path, store, NEW, None, "give the old one as jetstream.prev_key")
+    _refused(servers, tmp_path, store, NEW, NEW + "x", "neither jetstream.key nor "
+             "jetstream.prev_key opens")
+    node = _start(servers, store, NEW, KEY)
+    assert "re-wrapped under the new jetstream.key" in node.log_text()
+    asyncio.run(_check_all(node.port))
+    assert node.stop() == 0
+    raw = (store / crypt.KEY_FILE).read_bytes()
+    assert raw.startswith(b"JRCRYPT2\n") and KEY.encode() not in raw and NEW.encode() not in raw
+    assert _grep(store) == []
+    # The old key is retired: refused, store untouched.
+    _refused(servers, tmp_path, store, KEY, None, "wrong key")
+    node = _start(servers, store, NEW)  # prev_key no longer needed
+    assert "re-wrapped" not in node.log_text()
+    asyncio.run(_check_all(node.port))
+    assert node.stop() == 0
+
+
+@pytest.mark.parametrize("step", ["written", "synced", "renamed", "dir-synced"])
+def test_kill9_at_each_step_of_the_rotation(servers: Servers, tmp_path: Path,
+                                            small_snapshots: None, step: str) -> None:
+    store = tmp_path / "store"
+    _sealed_store(servers, store)
+    old = (store / crypt.KEY_FILE).read_bytes()
+    proc = _run(servers, tmp_path, store, NEW, KEY, env={crypt.CRASH_ENV: step})
+    assert proc.returncode == -9, (proc.returncode, (proc.stdout + proc.stderr)[-2000:])
+    now = (store / crypt.KEY_FILE).read_bytes()
+    renamed = step in ("renamed", "dir-synced")
+    assert (now != old) == renamed
+    # Either key alone: the one the key file is wrapped under at that moment.
+    node = _start(servers, store, NEW if renamed else KEY)
+    asyncio.run(_check_all(node.port))
+    assert node.stop() == 0
+
+
+def _old_tree(dest: Path) -> Path | None:
+    """The node as it was before envelope keys (git archive of V1_COMMIT), or None when this
+    checkout lacks that commit (a shallow clone)."""
+    archive = dest / "v1.tar"
+    with open(archive, "wb") as out:
+        got = subprocess.run(["git", "-C", str(ROOT), "archive", V1_COMMIT, "node", "raft",
+                              "proto"], stdout=out, stderr=subprocess.PIPE)
+    if got.returncode != 0:
+        return None
+    tree = dest / "v1"
+    with tarfile.open(archive) as tar:
+        tar.extractall(tree, filter="data")
+    return tree
+
+
+def test_a_store_made_before_envelope_keys_opens_and_rotates(
+        servers: Servers, tmp_path: Path, small_snapshots: None) -> None:
+    tree = _old_tree(tmp_path)
+    if tree is None:
+        pytest.skip(f"commit {V1_COMMIT[:7]} is not in this checkout")
+    store = tmp_path / "store"
+    conf = tmp_path / "v1.conf"
+    conf.write_text(_config(store, KEY))
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": str(tree), "JETRAFT_PURE_PYTHON": "1"}
+    old = subprocess.Popen([sys.executable, "-m", "node.cli", "serve", "-a", "127.0.0.1",
+                            "-p", str(port), "-m", str(free_port()), "-c", str(conf)],
+                           cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        asyncio.run(_wait_and_fill(port))
+    finally:
+        old.terminate()
+        old.wait(30)
+    assert (store / crypt.KEY_FILE).read_bytes().startswith(b"JRCRYPT1\n")
+    node = _start(servers, store, KEY)  # as it was: same key, now upgraded to v2
+    asyncio.run(_check_all(node.port))
+    assert node.stop() == 0
+    assert (store / crypt.KEY_FILE).read_bytes().startswith(b"JRCRYPT2\n")
+    node = _start(servers, store, NEW, KEY)
+    asyncio.run(_check_all(node.port))
+    assert node.stop() == 0
+    node = _start(servers, store, NEW)
+    asyncio.run(_check_all(node.port))
+    assert node.stop() == 0
+    assert _grep(store) == []
+    shutil.rmtree(tree)
+
+
+async def _wait_and_fill(port: int) -> None:
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            nc = await nats.connect(f"nats://127.0.0.1:{port}", allow_reconnect=False,
+                                    connect_timeout=1)
+            await nc.jetstream().account_info()
+            await nc.close()
+            break
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.2)
+    await _fill(port)
