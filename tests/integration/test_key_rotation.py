@@ -88,17 +88,28 @@ def small_snapshots(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("JETRAFT_JS_SNAPSHOT_EVERY", "20")
 
 
-def _sealed_store(servers: Servers, store: Path) -> None:
-    node = _start(servers, store, KEY)
-    asyncio.run(_fill(node.port))
-    assert node.stop() == 0
+@pytest.fixture(scope="module")
+def sealed(module_servers: Servers, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A store sealed under KEY (made once; each test works on its own copy): streams,
+    messages with headers and msg ids, an acked consumer, snapshot files."""
+    store = tmp_path_factory.mktemp("sealed") / "store"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("JETRAFT_JS_SNAPSHOT_EVERY", "20")
+        node = _start(module_servers, store, KEY)
+        asyncio.run(_fill(node.port))
+        assert node.stop() == 0
     assert list((store / "raft" / "snap").glob("*.data")), "meant to write snapshot files"
+    return store
+
+
+def _sealed_store(sealed: Path, store: Path) -> None:
+    shutil.copytree(sealed, store)
 
 
 def test_rotation_keeps_the_store_readable_and_retires_the_old_key(
-        servers: Servers, tmp_path: Path, small_snapshots: None) -> None:
+        servers: Servers, tmp_path: Path, small_snapshots: None, sealed: Path) -> None:
     store = tmp_path / "store"
-    _sealed_store(servers, store)
+    _sealed_store(sealed, store)
     _refused(servers, tmp_path, store, NEW, None, "give the old one as jetstream.prev_key")
     _refused(servers, tmp_path, store, NEW, NEW + "x", "neither jetstream.key nor "
              "jetstream.prev_key opens")
@@ -119,9 +130,10 @@ def test_rotation_keeps_the_store_readable_and_retires_the_old_key(
 
 @pytest.mark.parametrize("step", ["written", "synced", "renamed", "dir-synced"])
 def test_kill9_at_each_step_of_the_rotation(servers: Servers, tmp_path: Path,
-                                            small_snapshots: None, step: str) -> None:
+                                            small_snapshots: None, sealed: Path,
+                                            step: str) -> None:
     store = tmp_path / "store"
-    _sealed_store(servers, store)
+    _sealed_store(sealed, store)
     old = (store / crypt.KEY_FILE).read_bytes()
     proc = _run(servers, tmp_path, store, NEW, KEY, env={crypt.CRASH_ENV: step})
     assert proc.returncode == -9, (proc.returncode, (proc.stdout + proc.stderr)[-2000:])
