@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 import nats
+import nats.js.errors
 import pytest
 
 from node.jetstream import crypt
@@ -209,3 +210,48 @@ async def _wait_and_fill(port: int) -> None:
                 raise
             await asyncio.sleep(0.2)
     await _fill(port)
+
+
+async def _serves(port: int, fill: bool = False) -> object:
+    """What a client sees of stream S: its messages, last-by-subject and a dedup hit; or the
+    error that stops it."""
+    nc = await nats.connect(f"nats://127.0.0.1:{port}")
+    js = nc.jetstream()
+    try:
+        if fill:
+            await js.add_stream(name="S", subjects=["s.>"])
+            for i in range(5):
+                await js.publish(f"s.{i}", b"m%d" % i, headers={"Nats-Msg-Id": f"id{i}"})
+        info = await js.stream_info("S")
+        msgs = [(await js.get_msg("S", i + 1)).data for i in range(info.state.messages)]
+        last = (await js.get_msg("S", subject="s.3")).seq
+        dup = (await js.publish("s.0", b"x", headers={"Nats-Msg-Id": "id0"})).duplicate
+        return msgs, last, dup
+    except nats.js.errors.NotFoundError:
+        return "stream not found"
+    finally:
+        await nc.close()
+
+
+@pytest.mark.parametrize("impl", ["nats-server", "jetraft"])
+def test_rotation_as_nats_server_does_it(servers: Servers, tmp_path: Path, impl: str) -> None:
+    """The same rotation on both servers: created under A; `key: B, prev_key: A` serves it;
+    then B alone does. The one difference: the retired key A. nats-server starts and serves
+    the stream as missing (WRN "Error decrypting our stream metafile"); jetraft refuses to
+    start ([FTL], fail closed) and leaves the store as it was."""
+    store = tmp_path / "store"
+    start = servers.nats_server if impl == "nats-server" else servers.jetraft
+    want = ([b"m%d" % i for i in range(5)], 4, True)
+    for key, prev, fill in ((KEY, None, True), (NEW, KEY, False), (NEW, None, False)):
+        node = start(config=_config(store, key, prev))
+        assert asyncio.run(_serves(node.port, fill)) == want, (impl, key, prev)
+        node.stop()
+    if impl == "nats-server":
+        node = start(config=_config(store, KEY, None))
+        assert asyncio.run(_serves(node.port)) == "stream not found"
+        node.stop()
+    else:
+        _refused(servers, tmp_path, store, KEY, None, "wrong key")
+    node = start(config=_config(store, NEW, None))  # nothing was harmed
+    assert asyncio.run(_serves(node.port)) == want
+    node.stop()
