@@ -2,14 +2,19 @@
 "Encryption at rest").
 
 `jetstream { key: ..., cipher: chacha | aes }` names a master key. Nothing is encrypted with it
-directly: every use derives its own key with HKDF-SHA256.
+directly (envelope keys):
 
-* Per store: `<store_dir>/crypt` (the key file, no secret in it) holds a random 32-byte salt,
-  the cipher, a key check and an epoch. The WAL and LMDB keys are HKDF(master, salt, purpose),
-  so two nodes configured with the same key still encrypt with different keys.
+* Per store: `<store_dir>/crypt` (the key file) holds a random 32-byte salt, the cipher, an
+  epoch, and two secrets wrapped (AEAD) under a key derived from the master key: the store's
+  own data secret (WAL and LMDB keys: HKDF(root, salt, purpose)) and the cluster's shared
+  secret (snapshot files, index tokens: they travel between nodes as they are).
+* Key rotation (`prev_key`): the key file opens with `key`, else `prev_key`, and is rewritten
+  wrapped under `key` in one rename; no record, file or token changes.
+* A v1 key file (before envelope keys) has root = shared = the master key: its data reads as
+  the v1 code sealed it, and its first start rewrites the key file as v2.
 * Per file: a snapshot image gets a fresh random salt in its header and its own key
-  HKDF(master, file salt, "file"); any node with the same master key can read it, which is
-  what a Raft snapshot sent to a follower needs.
+  HKDF(shared, file salt, "file"); any node of the cluster can read it, which is what a Raft
+  snapshot sent to a follower needs.
 
 Nonces (96 bits) are never reused under one key:
 
