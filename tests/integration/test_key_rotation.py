@@ -9,8 +9,9 @@
 - kill -9 at every step of the key file's rewrite (the node SIGKILLs itself there): before
   the rename the old key still opens the store, after it the new one does, and no message
   is lost either way;
-- a store made by the code before envelope keys (key file v1, commit a611d34's crypt.py)
-  opens, rotates and serves.
+- a store made by the code before envelope keys (key file v1: the node as of commit d5f2fab,
+  run from a git archive) opens, rotates and serves;
+- the three spellings of prev_key; prev_key without key is a config error.
 """
 
 from __future__ import annotations
@@ -255,3 +256,17 @@ def test_rotation_as_nats_server_does_it(servers: Servers, tmp_path: Path, impl:
     node = start(config=_config(store, NEW, None))  # nothing was harmed
     assert asyncio.run(_serves(node.port)) == want
     node.stop()
+
+
+@pytest.mark.parametrize("name", ["prev_key", "prev_ek", "prev_encryption_key"])
+def test_prev_key_spellings_and_prev_key_without_key(tmp_path: Path, name: str) -> None:
+    from node.config import ConfigError, load_options
+
+    conf = tmp_path / "n.conf"
+    conf.write_text(f'jetstream {{ key: "{NEW}", {name}: "{KEY}" }}\n')
+    js = load_options(str(conf)).jetstream
+    assert (js.key, js.prev_key) == (NEW, KEY)
+    # Without a key: nats-server accepts and ignores it; decrypting a store is not built.
+    conf.write_text(f'jetstream {{ {name}: "{KEY}" }}\n')
+    with pytest.raises(ConfigError, match="prev_key is set but jetstream.key is not"):
+        load_options(str(conf))
