@@ -82,9 +82,10 @@ def _crash_at(servers: Servers, disk: PowerDisk, tmp_path: Path, step: str) -> N
     conf = tmp_path / f"rotate-{step}.conf"
     conf.write_text(_conf(disk, NEW, KEY))
     argv = servers.jetraft_argv(servers.free_port(), ["-c", str(conf)])
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=120,
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=300,
                           env={**os.environ, crypt.CRASH_ENV: step})
-    assert proc.returncode == -signal.SIGKILL, (proc.stdout + proc.stderr)[-2000:]
+    assert proc.returncode == -signal.SIGKILL, (step, proc.returncode,
+                                                (proc.stdout + proc.stderr)[-3000:])
     _cut(disk)
 
 
