@@ -407,7 +407,7 @@ def main(argv: list[str] | None = None, prog: str = "jetraft audit") -> int:
 
 def _keyring(args: argparse.Namespace) -> Keyring | None:
     got = load_key(args.key_file, args.config, args.cipher)
-    return None if got is None else Keyring(*got)
+    return None if got is None else Keyring(got[0], got[1], prev_key=got[2])
 
 
 def _submitted() -> bool:

@@ -45,10 +45,14 @@ class Keyring:
     key: str
     cipher: str | None = None
     stores: dict[str, str] = field(default_factory=dict)
+    # The previous key of a rotation (a config's jetstream.prev_key): tried as the node tries
+    # it, for a store not started since its key changed. A rotated store opens with `key`.
+    prev_key: str | None = None
     _opened: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"key": self.key, "cipher": self.cipher, "stores": self.stores}
+        return {"key": self.key, "cipher": self.cipher, "stores": self.stores,
+                "prev_key": self.prev_key}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state, _opened={})
@@ -58,7 +62,8 @@ class Keyring:
         from node.jetstream.crypt import KeyFileError, open_readonly
 
         try:
-            self._opened[node] = open_readonly(store_dir, self.key, self.cipher)
+            self._opened[node] = open_readonly(store_dir, self.key, self.cipher,
+                                               self.prev_key)
         except KeyFileError as e:
             raise KeyringError(str(e).removesuffix(": refusing to start")) from None
         self.stores[node] = store_dir
@@ -72,22 +77,24 @@ class Keyring:
             from node.jetstream.crypt import open_readonly
 
             opened = self._opened[node] = open_readonly(self.stores[node], self.key,
-                                                        self.cipher)
+                                                        self.cipher, self.prev_key)
         return opened
 
     def tokens(self) -> Any:
-        """The index tokens (subjects, msg ids in LMDB keys): derived from the master key
-        alone, so one for every node."""
+        """The index tokens (subjects, msg ids in LMDB keys): derived from the stores' shared
+        secret (the key they were created with, kept through rotations), one for every node
+        of a cluster."""
         for node in sorted(self.stores):
             return self.crypt(node).tokens
         return None
 
 
 def load_key(key_file: str | None, config: str | None, cipher: str | None
-             ) -> tuple[str, str | None] | None:
-    """(master key, cipher) from the command line: `--key-file` (the key, one line; a
-    trailing newline is not part of it) or `--config` (a node config's jetstream block).
-    None: no key given. Raises KeyringError on an unusable source."""
+             ) -> tuple[str, str | None, str | None] | None:
+    """(master key, cipher, previous key) from the command line: `--key-file` (the key, one
+    line; a trailing newline is not part of it) or `--config` (a node config's jetstream
+    block, its prev_key included). None: no key given. Raises KeyringError on an unusable
+    source."""
     if key_file and config:
         raise KeyringError("give --key-file or --config, not both")
     if cipher is not None:
@@ -97,6 +104,7 @@ def load_key(key_file: str | None, config: str | None, cipher: str | None
         if name is None:
             raise KeyringError(f"Unknown cipher type: \"{cipher}\"")
         cipher = name
+    prev_key = None
     if key_file:
         with open(key_file, encoding="utf-8") as f:
             key = f.read().rstrip("\r\n")
@@ -109,11 +117,11 @@ def load_key(key_file: str | None, config: str | None, cipher: str | None
             raise KeyringError(str(e)) from None
         if not js.key:
             raise KeyringError(f"{config}: no jetstream.key in this config")
-        key, cipher = js.key, cipher or js.cipher
+        key, cipher, prev_key = js.key, cipher or js.cipher, js.prev_key
     else:
         if cipher is not None:
             raise KeyringError("--cipher needs a key (--key-file or --config)")
         return None
     if not key:
         raise KeyringError("the key is empty")
-    return key, cipher
+    return key, cipher, prev_key

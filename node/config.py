@@ -799,19 +799,20 @@ _JS_HANDLERS: dict[str, Handler] = {
     "ek": _setter("key", _str),
     "encryption_key": _setter("key", _str),
     "cipher": _setter("cipher", lambda f: _cipher(f)),
+    "prev_key": _setter("prev_key", _str),
+    "prev_ek": _setter("prev_key", _str),
+    "prev_encryption_key": _setter("prev_key", _str),
     "audit_archive": _setter("audit_archive", _bool),  # jetraft's: keep old WAL segments
 }
 _JS_UNSUPPORTED = frozenset({
     "domain", "max_outstanding_catchup", "strict", "tpm", "extension_hint", "max_catchup",
 })
 
-# Key rotation (a previous key to re-encrypt from) is not built: refused ([FTL]) rather than
-# started with a store the node could not read. The server-wide JetStream limits nats-server
-# enforces (the `limits {}` block: max_ack_pending, max_request_batch, max_ha_assets,
-# duplicate_window; the API request queue and clustered proposal buffers) are not built
-# either: a limit the operator set but Jetraft would not hold fails closed too.
+# The server-wide JetStream limits nats-server enforces (the `limits {}` block:
+# max_ack_pending, max_request_batch, max_ha_assets, duplicate_window; the API request queue
+# and clustered proposal buffers) are not built: a limit the operator set but Jetraft would
+# not hold fails closed ([FTL]).
 _JS_UNENFORCED = frozenset({
-    "prev_key", "prev_ek", "prev_encryption_key",
     "limits", "max_ack_pending", "max_request_batch", "max_ha_assets", "duplicate_window",
     "max_buffered_msgs", "max_buffered_size", "request_queue_limit",
 })
@@ -837,6 +838,11 @@ def _jetstream(opts: Options, f: _Field) -> None:
             # would fail open.
             raise f.fail("jetstream.cipher is set but jetstream.key is not: nothing would "
                          "be encrypted")
+        if js.prev_key is not None and not js.key:
+            # nats-server accepts it and ignores it; a rotation to no key (decrypting the
+            # store) is not built, so the node would not do what this asks.
+            raise f.fail("jetstream.prev_key is set but jetstream.key is not: a store is "
+                         "never converted to unencrypted")
     else:
         _jetstream_flag(js, f)
 

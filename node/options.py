@@ -99,6 +99,9 @@ class JetStreamOptions:
     # cipher ("chacha" or "aes"; None: not given, chacha when a key is).
     key: str | None = None
     cipher: str | None = None
+    # Key rotation: the key the store was sealed under before `key` (prev_key, prev_ek,
+    # prev_encryption_key); tried when `key` does not open the store's key file.
+    prev_key: str | None = None
     # Audit retention (jetraft's own key): compaction moves obsolete WAL segments into
     # <store_dir>/raft/wal/archive instead of deleting them, for `jetraft audit`.
     audit_archive: bool = False

@@ -2,14 +2,19 @@
 "Encryption at rest").
 
 `jetstream { key: ..., cipher: chacha | aes }` names a master key. Nothing is encrypted with it
-directly: every use derives its own key with HKDF-SHA256.
+directly (envelope keys):
 
-* Per store: `<store_dir>/crypt` (the key file, no secret in it) holds a random 32-byte salt,
-  the cipher, a key check and an epoch. The WAL and LMDB keys are HKDF(master, salt, purpose),
-  so two nodes configured with the same key still encrypt with different keys.
+* Per store: `<store_dir>/crypt` (the key file) holds a random 32-byte salt, the cipher, an
+  epoch, and two secrets wrapped (AEAD) under a key derived from the master key: the store's
+  own data secret (WAL and LMDB keys: HKDF(root, salt, purpose)) and the cluster's shared
+  secret (snapshot files, index tokens: they travel between nodes as they are).
+* Key rotation (`prev_key`): the key file opens with `key`, else `prev_key`, and is rewritten
+  wrapped under `key` in one rename; no record, file or token changes.
+* A v1 key file (before envelope keys) has root = shared = the master key: its data reads as
+  the v1 code sealed it, and its first start rewrites the key file as v2.
 * Per file: a snapshot image gets a fresh random salt in its header and its own key
-  HKDF(master, file salt, "file"); any node with the same master key can read it, which is
-  what a Raft snapshot sent to a follower needs.
+  HKDF(shared, file salt, "file"); any node of the cluster can read it, which is what a Raft
+  snapshot sent to a follower needs.
 
 Nonces (96 bits) are never reused under one key:
 
@@ -30,9 +35,11 @@ import hmac
 import itertools
 import os
 import secrets
+import signal
 import struct
 import zlib
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, BinaryIO, TypeVar
 
 T = TypeVar("T")
@@ -42,7 +49,9 @@ NONCE = 12
 TAG = 16
 OVERHEAD = NONCE + TAG
 _KF_MAGIC = b"JRCRYPT1\n"
-_KF = struct.Struct("<B32s32sI")  # cipher id, salt, key check, epoch
+_KF = struct.Struct("<B32s32sI")  # v1: cipher id, salt, key check, epoch
+_KF2_MAGIC = b"JRCRYPT2\n"
+_KF2 = struct.Struct("<B32sI16sH")  # v2: cipher id, salt, epoch, wrap salt, wrapped length
 _CIPHER_IDS = {"chacha": 1, "aes": 2}
 DISPLAY = {"chacha": "ChaCha20-Poly1305", "aes": "AES-GCM"}  # as nats-server logs them
 
@@ -124,18 +133,28 @@ class Sealer:
 
 
 class StoreCrypt:
-    """The opened key file of one store: its record sealers and the file codec."""
+    """The opened key file of one store: its record sealers and the file codec.
 
-    def __init__(self, master: bytes, cipher: str, salt: bytes, epoch: int) -> None:
-        self.master = master
+    `root` is the store's data secret (WAL and LMDB keys), `shared` the secret every node of
+    a cluster holds alike (snapshot files and index tokens travel between nodes). A store
+    made before envelope keys (key file v1) has both equal to the key it was created with,
+    so its data reads as it did; rotation never changes either (docs/jetstream.md "Key
+    rotation")."""
+
+    def __init__(self, root: bytes, cipher: str, salt: bytes, epoch: int,
+                 shared: bytes | None = None) -> None:
+        self.root = root
+        self.shared = root if shared is None else shared
         self.cipher = cipher
+        self.salt = salt
         self.epoch = epoch
+        self.rotated = False  # set by open_store: the key file was re-wrapped at this start
         nonces = Nonces(epoch)
-        self.wal = Sealer(cipher, derive(master, salt, "wal", cipher), nonces)
-        self.lmdb = Sealer(cipher, derive(master, salt, "lmdb", cipher), nonces)
-        self.files = FileCodec(master, cipher)
+        self.wal = Sealer(cipher, derive(root, salt, "wal", cipher), nonces)
+        self.lmdb = Sealer(cipher, derive(root, salt, "lmdb", cipher), nonces)
+        self.files = FileCodec(self.shared, cipher)
         # No store salt: a stream image (keys included) moves between nodes as it is.
-        self.tokens = IndexTokens(derive(master, b"", "index", cipher))
+        self.tokens = IndexTokens(derive(self.shared, b"", "index", cipher))
 
 
 class IndexTokens:
@@ -177,11 +196,31 @@ def _has_data(store_dir: str) -> bool:
     return os.path.exists(os.path.join(store_dir, "lmdb", "data.mdb"))
 
 
-def open_store(store_dir: str, key: str | None, cipher: str) -> StoreCrypt | None:
+@dataclass(frozen=True)
+class KeyFile:
+    """A parsed key file. v1 (before envelope keys): the key check of the creating key.
+    v2: the store's secrets wrapped (AEAD) under a key derived from the configured key;
+    `aad` is everything before `wrapped`, so cipher, salt and epoch are authenticated."""
+
+    version: int
+    cipher: str
+    salt: bytes
+    epoch: int
+    check: bytes = b""
+    wrap_salt: bytes = b""
+    wrapped: bytes = b""
+    aad: bytes = b""
+
+
+def open_store(store_dir: str, key: str | None, cipher: str,
+               prev_key: str | None = None) -> StoreCrypt | None:
     """Check the configured key against the store and raise the epoch, durably, before any
-    record is sealed. Raises KeyFileError (the node stops, nothing on disk changed) for: a
-    wrong key, another cipher, an encrypted store without a key, an unencrypted store with
-    one. A fresh store with a key gets its key file first. None: no encryption."""
+    record is sealed. `key` opens the key file, else `prev_key` (a rotation): the store's
+    secrets are then wrapped under `key` in the same one-rename rewrite that raises the
+    epoch, and no data record changes. Raises KeyFileError (the node stops, nothing on disk
+    changed) for: neither key opens it, another cipher, an encrypted store without a key,
+    an unencrypted store with one. A fresh store with a key gets its key file first.
+    None: no encryption."""
     path = os.path.join(store_dir, KEY_FILE)
     exists = os.path.exists(path)
     if key is None:
@@ -189,43 +228,91 @@ def open_store(store_dir: str, key: str | None, cipher: str) -> StoreCrypt | Non
             raise KeyFileError(f"the store {store_dir} is encrypted at rest, and no "
                                "jetstream.key is configured: refusing to start")
         return None
-    master = key.encode()
     if not exists:
         if _has_data(store_dir):
             raise KeyFileError(f"the store {store_dir} holds unencrypted data and a "
                                "jetstream.key is configured: converting a store is not "
                                "supported; refusing to start")
-        salt, epoch = secrets.token_bytes(32), 0
+        # The shared secret is the cluster's: a node created after a rotation, with the old
+        # key as prev_key, shares it with the nodes created before.
+        root, shared = secrets.token_bytes(32), (prev_key or key).encode()
+        salt, epoch, rotated = secrets.token_bytes(32), 0, False
     else:
-        salt, epoch = _read_key_file(path, master, cipher)
+        kf = _parse_key_file(path)
+        root, shared, rotated = _unlock_for(path, kf, key, prev_key, cipher)
+        salt, epoch = kf.salt, kf.epoch
     if epoch >= 0xFFFFFFFF:
         raise KeyFileError(f"{path}: nonce epochs used up; re-create the store")
-    _write_key_file(path, cipher, salt, _check_value(master, salt, cipher), epoch + 1)
-    return StoreCrypt(master, cipher, salt, epoch + 1)
+    write_key_file(path, key.encode(), cipher, salt, epoch + 1, root, shared)
+    out = StoreCrypt(root, cipher, salt, epoch + 1, shared)
+    out.rotated = rotated
+    return out
 
 
-def _parse_key_file(path: str) -> tuple[str, bytes, bytes, int]:
-    """(cipher, salt, key check, epoch) of a key file; KeyFileError when damaged."""
+def _unlock_for(path: str, kf: KeyFile, key: str, prev_key: str | None,
+                cipher: str | None) -> tuple[bytes, bytes, bool]:
+    """(root, shared, opened by prev_key) of a key file, or KeyFileError (clear text)."""
+    where = os.path.dirname(path)
+    if cipher is not None and kf.cipher != cipher:
+        raise KeyFileError(f"the store {where} is encrypted with cipher {kf.cipher!r}, the "
+                           f"configuration says {cipher!r}: refusing to start")
+    for candidate, rotated in ((key, False), (prev_key, True)):
+        if candidate:
+            secrets_ = _unlock(kf, candidate.encode())
+            if secrets_ is not None:
+                return secrets_[0], secrets_[1], rotated and candidate != key
+    if prev_key:
+        raise KeyFileError(f"neither jetstream.key nor jetstream.prev_key opens the store "
+                           f"{where} (wrong key): refusing to start")
+    raise KeyFileError(f"the configured jetstream.key does not open the store {where} "
+                       "(wrong key; after changing the key, give the old one as "
+                       "jetstream.prev_key): refusing to start")
+
+
+def _unlock(kf: KeyFile, master: bytes) -> tuple[bytes, bytes] | None:
+    """The store's (root, shared) secrets if `master` opens the key file, else None."""
+    if kf.version == 1:
+        ok = hmac.compare_digest(kf.check, _check_value(master, kf.salt, kf.cipher))
+        return (master, master) if ok else None
+    kek = _aead(kf.cipher, derive(master, kf.wrap_salt, "kek", kf.cipher))
+    try:
+        plain = kek.decrypt(bytes(NONCE), kf.wrapped, kf.aad)
+    except _invalid_tag():
+        return None
+    rlen = struct.unpack_from("<H", plain)[0]
+    root = plain[2:2 + rlen]
+    slen = struct.unpack_from("<H", plain, 2 + rlen)[0]
+    return root, plain[4 + rlen:4 + rlen + slen]
+
+
+def _parse_key_file(path: str) -> KeyFile:
+    """The key file, v1 or v2; KeyFileError when damaged (its CRC fails)."""
     with open(path, "rb") as f:
         raw = f.read()
-    body = raw[len(_KF_MAGIC):-4]
-    if (not raw.startswith(_KF_MAGIC) or len(body) != _KF.size
-            or zlib.crc32(raw[:-4]) != struct.unpack("<I", raw[-4:])[0]):
-        raise KeyFileError(f"{path} is damaged: refusing to start")
-    cid, salt, check, epoch = _KF.unpack(body)
-    stored = next((n for n, i in _CIPHER_IDS.items() if i == cid), f"#{cid}")
-    return stored, salt, check, epoch
+    damaged = KeyFileError(f"{path} is damaged: refusing to start")
+    if len(raw) < 4 or zlib.crc32(raw[:-4]) != struct.unpack("<I", raw[-4:])[0]:
+        raise damaged
+    if raw.startswith(_KF_MAGIC):
+        body = raw[len(_KF_MAGIC):-4]
+        if len(body) != _KF.size:
+            raise damaged
+        cid, salt, check, epoch = _KF.unpack(body)
+        return KeyFile(1, _cipher_name(cid), salt, epoch, check=check)
+    if raw.startswith(_KF2_MAGIC):
+        head = raw[:len(_KF2_MAGIC) + _KF2.size]
+        if len(head) != len(_KF2_MAGIC) + _KF2.size:
+            raise damaged
+        cid, salt, epoch, wrap_salt, wlen = _KF2.unpack(head[len(_KF2_MAGIC):])
+        wrapped = raw[len(head):-4]
+        if len(wrapped) != wlen:
+            raise damaged
+        return KeyFile(2, _cipher_name(cid), salt, epoch, wrap_salt=wrap_salt,
+                       wrapped=wrapped, aad=head)
+    raise damaged
 
 
-def _read_key_file(path: str, master: bytes, cipher: str) -> tuple[bytes, int]:
-    stored, salt, check, epoch = _parse_key_file(path)
-    if stored != cipher:
-        raise KeyFileError(f"the store {os.path.dirname(path)} is encrypted with cipher "
-                           f"{stored!r}, the configuration says {cipher!r}: refusing to start")
-    if not hmac.compare_digest(check, _check_value(master, salt, cipher)):
-        raise KeyFileError(f"the configured jetstream.key does not open the store "
-                           f"{os.path.dirname(path)} (wrong key): refusing to start")
-    return salt, epoch
+def _cipher_name(cid: int) -> str:
+    return next((n for n, i in _CIPHER_IDS.items() if i == cid), f"#{cid}")
 
 
 class _NoNonces(Nonces):
@@ -238,37 +325,70 @@ class _NoNonces(Nonces):
         raise RuntimeError("a store opened read-only must not seal")
 
 
-def open_readonly(store_dir: str, key: str, cipher: str | None = None) -> StoreCrypt:
+def open_readonly(store_dir: str, key: str, cipher: str | None = None,
+                  prev_key: str | None = None) -> StoreCrypt:
     """The store's keys for READING (the audit): the key file is checked, never written, and
     the returned sealers refuse to seal. `cipher` None: the one the key file names.
+    `prev_key`: also tried, as the node does (a store not started since its key changed).
     KeyFileError: no key file, a damaged one, a wrong key, or another cipher."""
     path = os.path.join(store_dir, KEY_FILE)
     if not os.path.exists(path):
         raise KeyFileError(f"the store {store_dir} is not encrypted at rest (no {KEY_FILE} "
                            "file)")
-    stored = _parse_key_file(path)[0]
-    salt, epoch = _read_key_file(path, key.encode(), cipher or stored)
-    out = StoreCrypt(key.encode(), cipher or stored, salt, epoch)
+    kf = _parse_key_file(path)
+    root, shared, _ = _unlock_for(path, kf, key, prev_key, cipher)
+    out = StoreCrypt(root, kf.cipher, kf.salt, kf.epoch, shared)
     nonces = _NoNonces()
     out.wal._nonces = nonces
     out.lmdb._nonces = nonces
     return out
 
 
-def _write_key_file(path: str, cipher: str, salt: bytes, check: bytes, epoch: int) -> None:
-    body = _KF_MAGIC + _KF.pack(_CIPHER_IDS[cipher], salt, check, epoch)
-    body += struct.pack("<I", zlib.crc32(body))
+def key_file_bytes(master: bytes, cipher: str, salt: bytes, epoch: int, root: bytes,
+                   shared: bytes) -> bytes:
+    """A v2 key file. The wrapping key is fresh at every write (a new random wrap salt), so
+    its one AEAD nonce is never reused under it."""
+    wrap_salt = secrets.token_bytes(16)
+    plain = (struct.pack("<H", len(root)) + root + struct.pack("<H", len(shared)) + shared)
+    wlen = len(plain) + TAG
+    head = _KF2_MAGIC + _KF2.pack(_CIPHER_IDS[cipher], salt, epoch, wrap_salt, wlen)
+    kek = _aead(cipher, derive(master, wrap_salt, "kek", cipher))
+    body = head + kek.encrypt(bytes(NONCE), plain, head)
+    return body + struct.pack("<I", zlib.crc32(body))
+
+
+def write_key_file(path: str, master: bytes, cipher: str, salt: bytes, epoch: int,
+                   root: bytes, shared: bytes) -> None:
+    """Durably replace the key file: the new bytes in `crypt.tmp`, fsync it, rename it over
+    the key file, fsync the directory. A crash at any point leaves the old file or the new
+    one whole (the rename is atomic), never a mix; the directory fsync makes the new one
+    survive a power loss before anything is sealed under the epoch it names."""
+    body = key_file_bytes(master, cipher, salt, epoch, root, shared)
     tmp = path + ".tmp"
     with open(tmp, "wb") as f:
         f.write(body)
         f.flush()
+        _crash_point("written")
         os.fsync(f.fileno())
+    _crash_point("synced")
     os.replace(tmp, path)
+    _crash_point("renamed")
     dfd = os.open(os.path.dirname(path) or ".", os.O_RDONLY)
     try:
         os.fsync(dfd)
     finally:
         os.close(dfd)
+    _crash_point("dir-synced")
+
+
+# Tests only (tests/integration/test_key_rotation.py): the node kills itself with SIGKILL at
+# the named step of a key file write, i.e. kill -9 at exactly that moment.
+CRASH_ENV = "JETRAFT_TEST_KEYFILE_CRASH"
+
+
+def _crash_point(step: str) -> None:
+    if os.environ.get(CRASH_ENV) == step:
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 # ---- files (snapshot images) ---------------------------------------------------------------

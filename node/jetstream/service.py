@@ -306,9 +306,12 @@ class JetStreamService:
                 raise ValueError("jetstream.key needs the `cryptography` package "
                                  "(a dependency of jetraft): refusing to start") from exc
         cipher = o.cipher or "chacha"
-        sealed = crypt.open_store(self.store_dir, o.key, cipher)
+        sealed = crypt.open_store(self.store_dir, o.key, cipher, o.prev_key)
         if sealed is not None:
             self.log.info(f"  Encryption:      {crypt.DISPLAY[cipher]}")
+        if sealed is not None and sealed.rotated:
+            self.log.info("JetStream store keys re-wrapped under the new jetstream.key "
+                          "(opened with jetstream.prev_key); prev_key can be removed")
         return sealed
 
     async def stop(self) -> None:

@@ -73,8 +73,8 @@ def _reseal_message(node_dir: Path, group: str, seq: int) -> None:
 
     from node.jetstream.store.base import decode_record, encode_record
 
-    cipher, salt, _, _ = crypt._parse_key_file(str(node_dir / crypt.KEY_FILE))
-    sealer = crypt.StoreCrypt(KEY.encode(), cipher, salt, 0xFFFFFFF0).lmdb
+    own = crypt.open_readonly(str(node_dir), KEY)
+    sealer = crypt.StoreCrypt(own.root, own.cipher, own.salt, 0xFFFFFFF0, own.shared).lmdb
     key = prefix(group) + seq.to_bytes(8, "big")
     aad = b"js_msgs\x00" + key
     env = lmdb.open(str(node_dir / "lmdb"), max_dbs=16)
@@ -162,3 +162,31 @@ def test_cli_takes_the_key_from_the_node_config_or_a_key_file(enc_logs, tmp_path
                 "--master", "local[1]")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert (tmp_path / "report" / "report.json").exists()
+
+
+NEW = "audit-rotated-key-6c0f2e9b8d7a1534"
+
+
+def test_a_rotated_store_audits_clean_with_the_new_key(spark, enc_logs, tmp_path):
+    """Key rotation (jetstream.prev_key) re-wraps only the key file: the audit reads a rotated
+    store with the new key, and one not restarted since the key changed with the config's
+    prev_key, in one run (their index tokens are the same: the stores' shared secret)."""
+    from audit.keyring import load_key
+
+    rotated, pending = tmp_path / "rotated", tmp_path / "pending"
+    shutil.copytree(enc_logs, rotated)
+    shutil.copytree(enc_logs, pending)
+    # What the node does at a start with `key: NEW, prev_key: KEY`.
+    assert crypt.open_store(str(rotated), NEW, "aes", prev_key=KEY).rotated
+    with pytest.raises(LayoutError, match="wrong key"):
+        run(None, [str(rotated)], keyring=Keyring(KEY))
+    with pytest.raises(LayoutError, match="wrong key"):
+        run(None, [str(pending)], keyring=Keyring(NEW))
+    conf = tmp_path / "node.conf"
+    conf.write_text(f'jetstream {{ key: "{NEW}", prev_key: "{KEY}", cipher: aes }}\n')
+    key, cipher, prev = load_key(None, str(conf), None)
+    assert (key, cipher, prev) == (NEW, "aes", KEY)
+    report = build(run(spark, [str(rotated), str(pending)],
+                       keyring=Keyring(key, cipher, prev_key=prev)))
+    assert report["findings"] == [], report["findings"]
+    assert report["stats"]["encrypted_nodes"] == ["pending", "rotated"]

@@ -155,3 +155,59 @@ async def test_a_node_with_another_key_fails_on_a_peers_image(
             assert await replica_contents(node, 90) == [f"{MARK}-{i}" for i in range(90)]
     finally:
         c.stop()
+
+
+NEW = "c1uster-rotated-key-0a7d3e58c9f21b64"
+
+
+class RotatingCluster(CryptCluster):
+    """Each node's (key, prev_key) is set per node: a rolling key rotation."""
+
+    keys: dict[str, tuple[str, str | None]]
+
+    def config_for(self, node: LocalNode) -> str:
+        conf = super().config_for(node)
+        key, prev = getattr(self, "keys", {}).get(node.name, (KEY, None))
+        extra = f", prev_key: {json.dumps(prev)}" if prev else ""
+        return conf.replace(f"key: {json.dumps(KEY)}", f"key: {json.dumps(key)}{extra}")
+
+
+async def test_a_rolling_key_rotation_keeps_the_cluster_serving(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nodes rotated one at a time (`key: NEW, prev_key: KEY`) while the others still run
+    under KEY, the stream published to in between. The last node to rotate is the one the
+    leader compacts past: it catches up from a peer's sealed image after its rotation, so
+    the image's key (the stores' shared secret) outlives the configured key. At the end every
+    replica serves every message, and each store opens with NEW and no longer with KEY."""
+    monkeypatch.setenv("JETRAFT_JS_SNAPSHOT_EVERY", "20")
+    c = RotatingCluster(tmp_path / "c", 3)
+    c.keys = {}
+    try:
+        c.start()
+        c.wait_js()
+        nc = await connect(c.nodes[0])
+        js = nc.jetstream(timeout=10)
+        await js.add_stream(name="K", subjects=["k"], num_replicas=3, allow_direct=True)
+        await nc.close()
+        await _publish(c.nodes[0], 0, 20)
+        total = 20
+        for node in c.nodes:
+            c.stop_node(node)
+            other = next(n for n in c.nodes if n is not node)
+            await _publish(other, total, total + 40)  # compacts past the stopped node
+            total += 40
+            c.keys[node.name] = (NEW, KEY)
+            c.start_node(node)
+            c.wait_js()
+            assert "re-wrapped under the new jetstream.key" in node.log_text(), node.name
+        want = [f"{MARK}-{i}" for i in range(total)]
+        for node in c.nodes:
+            await until(lambda node=node: _holds(node, total), timeout=40)
+            assert await replica_contents(node, total) == want, node.name
+    finally:
+        c.stop()
+    for node in c.nodes:
+        store = str(node.dir / "data")
+        assert crypt.open_readonly(store, NEW).cipher == "aes"
+        with pytest.raises(crypt.KeyFileError, match="wrong key"):
+            crypt.open_readonly(store, KEY)

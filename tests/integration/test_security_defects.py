@@ -189,8 +189,6 @@ UNENFORCED = {
     "ws-authorization": 'websocket { listen: "127.0.0.1:-1", no_tls: true, '
                         "authorization { user: a, password: b } }\n",
     "ws-jwt-cookie": 'websocket { listen: "127.0.0.1:-1", no_tls: true, jwt_cookie: c }\n',
-    # key rotation is not built: a previous key the node would ignore fails closed
-    "js-prev-key": 'jetstream { store_dir: {store}, key: "s3cr3t", prev_key: "old" }\n',
     # server-wide JetStream limits nats-server enforces and Jetraft does not (yet)
     "js-limits": "jetstream { store_dir: {store}, limits { max_request_batch: 10 } }\n",
     "js-request-queue": "jetstream { store_dir: {store}, request_queue_limit: 100 }\n",

@@ -177,3 +177,120 @@ def test_lmdb_values_are_sealed_and_a_damaged_one_is_never_served(tmp_path: Path
     with pytest.raises(CorruptRecordError, match="does not decrypt"):
         store.load(2)
     env.close()
+
+
+# ---- key rotation (envelope keys: docs/jetstream.md "Key rotation") -------------------------
+
+NEW = "unit-test-new-key-fedcba9876543210"
+
+
+def _sealed_bits(sc: crypt.StoreCrypt) -> tuple[bytes, bytes, bytes]:
+    """A sealed record, an index token and a sealed file, as a store holds them."""
+    f = io.BytesIO()
+    crypt.write_file(sc.files, f, lambda out: out.write(MARK * 5000))
+    return sc.lmdb.seal(MARK, b"aad"), sc.tokens.subject("orders.1"), f.getvalue()
+
+
+def _readable(sc: crypt.StoreCrypt, bits: tuple[bytes, bytes, bytes]) -> None:
+    record, token, blob = bits
+    assert sc.lmdb.open(record, b"aad") == MARK
+    assert sc.tokens.subject("orders.1") == token  # index lookups keep working
+    assert crypt.read_file(sc.files, io.BytesIO(blob)).read() == MARK * 5000
+
+
+def test_rotation_rewraps_only_the_key_file(tmp_path: Path, cipher: str) -> None:
+    first = crypt.open_store(str(tmp_path), KEY, cipher)
+    assert first is not None and not first.rotated
+    bits = _sealed_bits(first)
+    path = tmp_path / crypt.KEY_FILE
+    raw = path.read_bytes()
+    with pytest.raises(crypt.KeyFileError, match="give the old one as jetstream.prev_key"):
+        crypt.open_store(str(tmp_path), NEW, cipher)
+    with pytest.raises(crypt.KeyFileError, match="neither jetstream.key nor"):
+        crypt.open_store(str(tmp_path), NEW, cipher, prev_key=NEW + "x")
+    assert path.read_bytes() == raw  # refusals write nothing
+    rotated = crypt.open_store(str(tmp_path), NEW, cipher, prev_key=KEY)
+    assert rotated is not None and rotated.rotated and rotated.epoch == first.epoch + 1
+    _readable(rotated, bits)
+    assert KEY.encode() not in path.read_bytes() and NEW.encode() not in path.read_bytes()
+    with pytest.raises(crypt.KeyFileError, match="wrong key"):
+        crypt.open_store(str(tmp_path), KEY, cipher)
+    again = crypt.open_store(str(tmp_path), NEW, cipher, prev_key=KEY)  # prev_key left set
+    assert again is not None and not again.rotated and again.epoch == rotated.epoch + 1
+    _readable(again, bits)
+    ro = crypt.open_readonly(str(tmp_path), NEW)
+    _readable(ro, bits)
+    with pytest.raises(RuntimeError):
+        ro.lmdb.seal(b"x", b"")
+
+
+def _v1_key_file(path: Path, master: bytes, cipher: str, salt: bytes, epoch: int) -> None:
+    """The key file as the code before envelope keys wrote it (docs/jetstream.md)."""
+    body = b"JRCRYPT1\n" + struct.pack("<B32s32sI", {"chacha": 1, "aes": 2}[cipher], salt,
+                                       crypt.derive(master, salt, "key-check", cipher), epoch)
+    path.write_bytes(body + struct.pack("<I", zlib.crc32(body)))
+
+
+def test_a_v1_store_keeps_its_keys_and_rotates(tmp_path: Path, cipher: str) -> None:
+    salt = os.urandom(32)
+    _v1_key_file(tmp_path / crypt.KEY_FILE, KEY.encode(), cipher, salt, 7)
+    # What the v1 code sealed with: every key derived from the configured key itself.
+    bits = _sealed_bits(crypt.StoreCrypt(KEY.encode(), cipher, salt, 7))
+    with pytest.raises(crypt.KeyFileError, match="wrong key"):
+        crypt.open_store(str(tmp_path), NEW, cipher)
+    ro = crypt.open_readonly(str(tmp_path), KEY)  # the audit reads a v1 store as it is
+    _readable(ro, bits)
+    upgraded = crypt.open_store(str(tmp_path), KEY, cipher)
+    assert upgraded is not None and upgraded.epoch == 8
+    assert (tmp_path / crypt.KEY_FILE).read_bytes().startswith(b"JRCRYPT2\n")
+    _readable(upgraded, bits)
+    rotated = crypt.open_store(str(tmp_path), NEW, cipher, prev_key=KEY)
+    assert rotated is not None and rotated.rotated and rotated.epoch == 9
+    _readable(rotated, bits)
+
+
+def test_a_v1_store_rotates_directly(tmp_path: Path) -> None:
+    salt = os.urandom(32)
+    _v1_key_file(tmp_path / crypt.KEY_FILE, KEY.encode(), "aes", salt, 0)
+    bits = _sealed_bits(crypt.StoreCrypt(KEY.encode(), "aes", salt, 0))
+    rotated = crypt.open_store(str(tmp_path), NEW, "aes", prev_key=KEY)
+    assert rotated is not None and rotated.rotated
+    _readable(rotated, bits)
+    _readable(crypt.open_readonly(str(tmp_path), NEW), bits)
+
+
+def test_fresh_stores_have_their_own_data_keys_and_share_the_cluster_secret(
+        tmp_path: Path) -> None:
+    a = _open(tmp_path / "a")
+    b = _open(tmp_path / "b")
+    # A node created after the rotation, told the old key: same tokens and files as its peers.
+    (tmp_path / "c").mkdir()
+    c = crypt.open_store(str(tmp_path / "c"), NEW, "chacha", prev_key=KEY)
+    assert c is not None
+    assert a.root != b.root and len(a.root) == 32
+    record, token, blob = _sealed_bits(a)
+    for other in (b, c):
+        assert other.tokens.subject("orders.1") == token
+        assert crypt.read_file(other.files, io.BytesIO(blob)).read() == MARK * 5000
+        with pytest.raises(crypt.SealError):
+            other.lmdb.open(record, b"aad")
+
+
+def test_a_damaged_key_file_is_refused(tmp_path: Path) -> None:
+    _open(tmp_path)
+    path = tmp_path / crypt.KEY_FILE
+    raw = bytearray(path.read_bytes())
+    raw[20] ^= 1
+    path.write_bytes(bytes(raw))
+    with pytest.raises(crypt.KeyFileError, match="damaged"):
+        crypt.open_store(str(tmp_path), KEY, "chacha")
+    # An epoch lowered on purpose (nonce reuse) with the CRC fixed: the wrap's AAD fails.
+    _open(tmp_path / "b")
+    path = tmp_path / "b" / crypt.KEY_FILE
+    raw = bytearray(path.read_bytes())
+    epoch_at = len(b"JRCRYPT2\n") + 1 + 32
+    raw[epoch_at] ^= 1
+    body = bytes(raw[:-4])
+    path.write_bytes(body + struct.pack("<I", zlib.crc32(body)))
+    with pytest.raises(crypt.KeyFileError, match="wrong key"):
+        crypt.open_store(str(tmp_path / "b"), KEY, "chacha")
