@@ -103,7 +103,7 @@ MUTANTS: list[Mutant] = [
     Mutant(
         "d2-delete-before-compact-synced", "a segment deleted before its COMPACT record is fsynced",
         "storage.py", "doomed, self._doomed = self._doomed, []",
-        "doomed, self._doomed = self._obsolete(), []", fast=True, hint=141),
+        "doomed, self._doomed = self._obsolete(), []", fast=True, hint=2),
     Mutant(
         "d3a-roll-fsync-at-end", "a batch across a segment roll fsyncs every segment at the end",
         "storage.py",
