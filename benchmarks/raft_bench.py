@@ -236,7 +236,13 @@ async def ours(scenario: str, groups: int, size: int = 128, count: int = 0, wind
                 await drive(mr, c.groups, size, max(min(count, 500), groups), window)
                 # In a thread: the leader's loop keeps its heartbeats going.
                 before = await asyncio.to_thread(floor, tmp, size) if window == 1 else None
+                # CPU per commit of each member (leader first; its figure includes the
+                # proposing clients): steadier than latency on a shared, loaded machine.
+                ps = [psutil.Process()] + [psutil.Process(p.pid) for p in c.procs]
+                cpu0 = cpu_times(ps)
                 res = await drive(mr, c.groups, size, count, window)
+                res["cpu_us_per_commit"] = [1e6 * (a - b) / max(1, res["count"])
+                                            for a, b in zip(cpu_times(ps), cpu0, strict=True)]
                 if before is not None:
                     res.update(with_floor(res, before, await asyncio.to_thread(floor, tmp, size)))
             return {"impl": "jetraft-direct" if direct else "jetraft", "scenario": scenario,
@@ -305,6 +311,8 @@ def fmt(r: dict[str, Any] | None) -> str:
         return "error"
     if "rate" in r:
         out = f"{r['rate']:,.0f}/s, p50 {r['p50_ms']:.1f} ms, p99 {r['p99_ms']:.1f} ms"
+        if "cpu_us_per_commit" in r:
+            out += ", CPU/commit " + "/".join(f"{u:.0f}" for u in r["cpu_us_per_commit"]) + " us"
         if "floor_ms" in r:
             out += (f" (floor {r['floor_ms']:.2f} ms = fsync {r['fsync_p50_ms']:.2f} + RTT "
                     f"{r['rtt_p50_ms']:.3f}; p50 = {r['p50_over_floor']:.1f}x floor)")

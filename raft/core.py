@@ -597,18 +597,31 @@ class Raft:
                 self._send_append(nid)
 
     def _heartbeat_round(self) -> None:
-        """The periodic heartbeat, only to followers that got no append since
-        the last round: an append resets a follower's election timer and
-        carries the commit index just as well, so a busy group costs no
-        heartbeats (its node's liveness beat and its appends keep it alive),
-        and a follower whose appends stopped (paused, probing) still gets them."""
+        """The periodic heartbeat, only to followers that got no append for
+        `_quiet_rounds_per_beat()` rounds: an append resets a follower's
+        election timer and carries the commit index just as well, so a busy
+        group costs no heartbeats, not even while a slow commit (longer than a
+        tick) keeps it from appending (its node's liveness beat and its
+        appends keep it alive); a follower whose appends stopped (paused,
+        probing, idle) still gets one several times per election timeout."""
+        every = self._quiet_rounds_per_beat()
         for nid, pr in self.prs.items():
             if nid == self.id:
                 continue
-            if not pr.app_sent:
+            if pr.app_sent:
+                pr.app_sent = False
+                pr.quiet_rounds = 0
+                continue
+            pr.quiet_rounds += 1
+            if pr.quiet_rounds >= every:
+                pr.quiet_rounds = 0
                 commit = min(pr.match, self.log.committed)
                 self.send(Message(MsgType.HEARTBEAT, to=nid, commit=commit))
-            pr.app_sent = False
+
+    def _quiet_rounds_per_beat(self) -> int:
+        """Rounds without an append before a heartbeat: three beats per election
+        timeout (the shortest a follower waits) leave room for two lost ones."""
+        return max(1, self.cfg.election_tick // (3 * self.cfg.heartbeat_tick))
 
     def _bcast_heartbeat(self, ctx: bytes) -> None:
         for nid, pr in self.prs.items():

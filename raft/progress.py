@@ -61,6 +61,7 @@ class Progress:
     recent_active: bool = True
     is_learner: bool = False
     app_sent: bool = False  # an append went out since the last heartbeat round
+    quiet_rounds: int = 0  # heartbeat rounds since its last append or periodic heartbeat
     inflights: Inflights = field(default_factory=lambda: Inflights(256))
 
     def _reset(self, state: ProgressState) -> None:

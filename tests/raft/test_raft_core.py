@@ -713,6 +713,29 @@ def test_busy_group_sends_no_heartbeats_an_idle_follower_still_gets_them() -> No
         assert MsgType.HEARTBEAT not in types_sent(net, since)
         assert MsgType.APP in types_sent(net, since)
     since = len(net.sent)
-    settle(net, 2)  # idle: heartbeats again, and nobody campaigns
-    assert types_sent(net, since).count(MsgType.HEARTBEAT) >= 2
+    settle(net, 6)  # idle: a heartbeat every third round, and nobody campaigns
+    assert types_sent(net, since).count(MsgType.HEARTBEAT) == 4
     assert r.state is StateType.LEADER and net.raft(2).lead == 1 and net.raft(3).lead == 1
+
+
+def test_a_commit_slower_than_a_tick_costs_no_heartbeats() -> None:
+    """Issue 6 (busy groups): a group waiting on a commit that takes longer than
+    a tick sent no append since the last round, yet its followers hold fresh
+    appends: heartbeats resume only after three quiet rounds (election_tick 10
+    // 3), still three per election timeout for an idle or paused follower."""
+    net = Network((1, 2, 3), seed=3)
+    net.elect(1)
+    settle(net, 4)
+    r = net.raft(1)
+    r.propose(b"slow")
+    net.process(1)  # the APPs leave; the answers are late (nothing delivered)
+    since = len(net.sent)
+    for _ in range(3):  # the round that sees the append, then two quiet ones
+        net.tick(1)
+        net.process(1)
+    assert MsgType.HEARTBEAT not in types_sent(net, since)
+    net.tick(1)
+    net.process(1)
+    assert sorted(m.to for m in net.sent[since:] if m.type is MsgType.HEARTBEAT) == [2, 3]
+    net.stabilize()
+    assert r.log.committed == r.log.last_index()

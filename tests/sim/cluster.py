@@ -69,6 +69,7 @@ class RunResult:
     crash_sites: set[str] = field(default_factory=set)
     sites_seen: set[str] = field(default_factory=set)
     segments_deleted: int = 0
+    probes: int = 0  # crash images recovered after a durable segment deletion
     virtual_s: float = 0.0
     violation: Violation | None = None
     error: str | None = None
@@ -167,6 +168,7 @@ class Cluster:
                             tear=rng.choice((0.3, 0.6, 0.9)), flip=rng.choice((0.0, 0.1, 0.3)))
         self.disk.on_crash = self._on_disk_crash
         self.disk.on_eio = self._on_eio
+        self.disk.on_durable_unlink = self._probe_crash_image
         faults = NetFaults(drop=rng.choice((0.0, 0.01, 0.05)), dup=rng.choice((0.0, 0.01, 0.05)),
                            slow=rng.choice((0.0, 0.05, 0.2)))
         self.net = SimNet(self.loop, random.Random(rng.getrandbits(64)), faults)
@@ -349,6 +351,23 @@ class Cluster:
         self._drop(n)
         n.restart_at = self.loop.time() + self.rng.uniform(0.05, 1.5)
         return ctx
+
+    def _probe_crash_image(self, nid: int, dir: str) -> None:
+        """A WAL segment's deletion just became durable: a crash right here must
+        recover. Random crash points reach this moment only by luck (the run of
+        operations between the directory fsync and the next WAL fsync is short),
+        so every such moment is checked directly: recover a copy of the node's
+        durable files with the real NodeLog. The node itself runs on untouched."""
+        if not dir.endswith("/wal"):
+            return
+        self.result.probes += 1
+        image = self.disk.durable_image(nid)
+        try:
+            NodeLog(dir, self.segment_bytes, disk=image)
+        except Exception as e:  # noqa: BLE001 (any failure to recover is the finding)
+            v = Violation(RECOVERY, f"node {nid}: a crash after a segment deletion would not "
+                                    f"restart: {e!r}")
+            self.failure = self.failure or v
 
     def _on_eio(self, nid: int, site: str) -> None:
         if "@raft.storage." in site:

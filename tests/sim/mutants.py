@@ -103,7 +103,7 @@ MUTANTS: list[Mutant] = [
     Mutant(
         "d2-delete-before-compact-synced", "a segment deleted before its COMPACT record is fsynced",
         "storage.py", "doomed, self._doomed = self._doomed, []",
-        "doomed, self._doomed = self._obsolete(), []", fast=True, hint=141),
+        "doomed, self._doomed = self._obsolete(), []", fast=True, hint=2),
     Mutant(
         "d3a-roll-fsync-at-end", "a batch across a segment roll fsyncs every segment at the end",
         "storage.py",
@@ -112,7 +112,7 @@ MUTANTS: list[Mutant] = [
         "                    self.stats.fsyncs += 1",
         "pass\n            for seg in dict.fromkeys(c.seg for c in batch):\n"
         "                self.disk.fsync(self._fds[seg])\n"
-        "                self.stats.fsyncs += 1", hint=109),
+        "                self.stats.fsyncs += 1", hint=7),
     Mutant(
         "d3b-torn-tail-before-empty-segment", "a torn tail followed by empty segments is "
         "called corruption", "storage.py",
@@ -132,7 +132,7 @@ MUTANTS: list[Mutant] = [
         "snapshot below it (found by this simulation)", "storage.py",
         "        self.hole = 0  # whatever its index: nothing before the snapshot is needed "
         "any more",
-        "        if meta.index >= self.hole:\n            self.hole = 0", hint=470),
+        "        if meta.index >= self.hole:\n            self.hole = 0", hint=520),
     Mutant(
         "bug-b-no-snap-dir", "a node with a WAL but no snapshot directory cannot start "
         "(found by this simulation)", "snapfile.py",

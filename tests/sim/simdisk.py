@@ -157,6 +157,10 @@ class SimDisk:
         # cluster mark the node down at once.
         self.on_crash: Callable[[int, str, set[str]], frozenset[str]] | None = None
         self.on_eio: Callable[[int, str], None] | None = None
+        # Called when a directory fsync makes an unlink in it durable (node, dir): the
+        # cluster probes that a crash right there would recover (crash-image probe).
+        self.on_durable_unlink: Callable[[int, str], None] | None = None
+        self._unlinked: set[str] = set()  # directories with unlinks not yet durable
 
     # ---- crash machinery -------------------------------------------------------
 
@@ -202,6 +206,8 @@ class SimDisk:
         self.plans.pop(node, None)
         self.dead.add(node)
         prefix = f"/n{node}"
+        self._unlinked = {p for p in self._unlinked
+                          if p != prefix and not p.startswith(prefix + "/")}
         for fd in [fd for fd, f in self._fds.items() if f.node == node]:
             del self._fds[fd]
         inodes: dict[int, _Inode] = {}
@@ -228,6 +234,24 @@ class SimDisk:
         ino.data = data
         ino.durable = bytes(data)
         ino.ops = []
+
+    def durable_image(self, node: int) -> SimDisk:
+        """A new SimDisk holding what a crash of `node` right now would surely keep
+        (fsynced bytes, durable directory entries; no torn tails): its files only,
+        with its own random stream, so probing it changes nothing here."""
+        img = SimDisk(random.Random(0), tear=0.0, flip=0.0)
+        prefix = f"/n{node}"
+        copies: dict[int, _Inode] = {}
+        for path, d in self._dirs.items():
+            if path != prefix and not path.startswith(prefix + "/"):
+                continue
+            new = img._dirs[path] = _Dir()
+            for name, ino in d.durable.items():
+                c = copies.get(id(ino))
+                if c is None:
+                    c = copies[id(ino)] = _Inode(bytearray(ino.durable), ino.durable)
+                new.entries[name] = new.durable[name] = c
+        return img
 
     def revive(self, node: int) -> None:
         self.dead.discard(node)
@@ -296,12 +320,17 @@ class SimDisk:
             raise FileNotFoundError(2, "no such file", path)
         self._op("unlink", node)
         del d.entries[name]
+        self._unlinked.add(posixpath.dirname(path.rstrip("/")))
 
     def fsync_dir(self, path: str) -> None:
         path = path.rstrip("/")
         self._op("fsync_dir", _node_of(path))
         d = self._dirs[path]
         d.durable = dict(d.entries)
+        if path in self._unlinked:
+            self._unlinked.discard(path)
+            if self.on_durable_unlink is not None:
+                self.on_durable_unlink(_node_of(path), path)
 
     # ---- files (the raft.disk.Disk protocol) -----------------------------------------
 

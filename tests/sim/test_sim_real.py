@@ -13,7 +13,10 @@ matters, or a green run proves little; it reports and asserts:
 * >= 20% change the membership;
 * >= 20% crash inside a segment roll, a compaction or a snapshot install;
 * every storage call site that ran in the campaign was a crash point in
-  some schedule.
+  some schedule;
+* >= 50% probe a crash image after a durable WAL segment deletion (the
+  moment before the next fsync, which random crash points hit about once
+  in a hundred seeds: `d2-delete-before-compact-synced` needed the probe).
 
 A failing seed replays alone: `cluster.run(SEED)` (same result every time).
 """
@@ -41,6 +44,7 @@ def _coverage(results: list[cluster.RunResult]) -> dict[str, float]:
         "membership changed": sum(r.conf_changes > 0 for r in results) / n,
         "crash in roll/compaction/install": sum(
             bool(r.crash_contexts & {"roll", "compaction", "install"}) for r in results) / n,
+        "crash image probed": sum(r.probes > 0 for r in results) / n,
     }
 
 
@@ -69,6 +73,7 @@ def test_seeded_schedules_of_the_real_code_keep_every_invariant() -> None:
     assert cov["snapshot installed"] >= 0.2, cov
     assert cov["membership changed"] >= 0.2, cov
     assert cov["crash in roll/compaction/install"] >= 0.2, cov
+    assert cov["crash image probed"] >= 0.5, cov
     assert not never, f"storage call sites never crashed at: {never}"
 
 
@@ -174,3 +179,24 @@ def test_a_crash_plan_fires_at_its_operation_and_the_node_stays_dead() -> None:
     with pytest.raises(SimCrash):
         d.open("/n1/d/a")
     assert [c.site for c in d.crashes] == ["fsync@sim"]
+
+
+def test_the_durable_image_is_what_a_crash_keeps_and_probes_fire_on_durable_unlinks() -> None:
+    d = _disk(tear=1.0, flip=1.0)
+    fired: list[tuple[int, str]] = []
+    d.on_durable_unlink = lambda node, path: fired.append((node, path))
+    for name in ("a", "b"):
+        fd = d.open(f"/n1/d/{name}", create=True)
+        d.pwrite(fd, b"synced", 0)
+        d.fsync(fd)
+        d.pwrite(fd, b"-tail", 6)
+    d.fsync_dir("/n1/d")
+    d.unlink("/n1/d/a")
+    img = d.durable_image(1)
+    assert img.listdir("/n1/d") == ["a", "b"]  # the unlink is not durable yet
+    assert img.read_file("/n1/d/b") == b"synced"
+    assert fired == []
+    d.fsync_dir("/n1/d")
+    assert fired == [(1, "/n1/d")]
+    assert d.durable_image(1).listdir("/n1/d") == ["b"]
+    assert d.read_file("/n1/d/b") == b"synced-tail"  # the original is untouched
