@@ -100,3 +100,22 @@ def creds(jwt: str, user: Key) -> str:
             "NKEY Seed printed below can be used to sign and prove identity.\n\n"
             f"-----BEGIN USER NKEY SEED-----\n{user.seed.decode()}\n"
             "------END USER NKEY SEED------\n")
+
+
+def preload_config(tmp: Any, op: Key, system: Key, preload: dict[str, str],
+                   users: list[tuple[Key, str]]) -> tuple[str, list[Any]]:
+    """Operator mode with a MEMORY resolver preloaded with `preload`, and one .creds file per
+    (account, name) in `users`, in directory `tmp` (a Path). The config keeps one `%s` for
+    the JetStream store directory."""
+    (tmp / "op.jwt").write_text(operator_jwt(op, system_account=system.public))
+    paths = []
+    for acc, name in users:
+        user = user_key()
+        path = tmp / f"{name}.creds"
+        path.write_text(creds(user_jwt(user, acc), user))
+        paths.append(path)
+    lines = [f"  {k}: {v}" for k, v in preload.items()]
+    config = (f"operator: {tmp / 'op.jwt'}\nsystem_account: {system.public}\n"
+              "resolver: MEMORY\nresolver_preload: {\n" + "\n".join(lines) + "\n}\n"
+              'jetstream { store_dir: "%s" }\n')
+    return config, paths

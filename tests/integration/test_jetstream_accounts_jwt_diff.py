@@ -31,17 +31,7 @@ def _config(tmp: Path) -> tuple[str, Path, Path]:
             "consumer": 1}),
         plain.public: ji.account_jwt(plain, op, name="N"),
     }
-    (tmp / "op.jwt").write_text(ji.operator_jwt(op, system_account=sys_.public))
-    creds = []
-    for acc, name in ((js_acc, "j"), (plain, "n")):
-        user = ji.user_key()
-        path = tmp / f"{name}.creds"
-        path.write_text(ji.creds(ji.user_jwt(user, acc), user))
-        creds.append(path)
-    lines = [f"  {k}: {v}" for k, v in preload.items()]
-    config = (f"operator: {tmp / 'op.jwt'}\nsystem_account: {sys_.public}\n"
-              "resolver: MEMORY\nresolver_preload: {\n" + "\n".join(lines) + "\n}\n"
-              'jetstream { store_dir: "%s" }\n')
+    config, creds = ji.preload_config(tmp, op, sys_, preload, [(js_acc, "j"), (plain, "n")])
     return config, creds[0], creds[1]
 
 

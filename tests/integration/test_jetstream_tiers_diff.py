@@ -40,17 +40,7 @@ def _config(tmp: Path) -> tuple[str, Path, Path]:
         r3only.public: ji.account_jwt(r3only, op, name="U", limits={
             **_BASE, "tiered_limits": {"R3": _R3, "R5": {"disk_storage": 1000}}}),
     }
-    (tmp / "op.jwt").write_text(ji.operator_jwt(op, system_account=sys_.public))
-    creds = []
-    for acc, name in ((tiered, "t"), (r3only, "u")):
-        user = ji.user_key()
-        path = tmp / f"{name}.creds"
-        path.write_text(ji.creds(ji.user_jwt(user, acc), user))
-        creds.append(path)
-    lines = [f"  {k}: {v}" for k, v in preload.items()]
-    config = (f"operator: {tmp / 'op.jwt'}\nsystem_account: {sys_.public}\n"
-              "resolver: MEMORY\nresolver_preload: {\n" + "\n".join(lines) + "\n}\n"
-              'jetstream { store_dir: "%s" }\n')
+    config, creds = ji.preload_config(tmp, op, sys_, preload, [(tiered, "t"), (r3only, "u")])
     return config, creds[0], creds[1]
 
 
