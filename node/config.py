@@ -795,6 +795,7 @@ _JS_HANDLERS: dict[str, Handler] = {
     "sync_interval": _setter("sync_interval", _sync_interval),
     "sync": _setter("sync_interval", _sync_interval),
     "unique_tag": _setter("unique_tag", _str),
+    "domain": _setter("domain", lambda f: _js_domain(f)),
     "key": _setter("key", _str),
     "ek": _setter("key", _str),
     "encryption_key": _setter("key", _str),
@@ -802,7 +803,7 @@ _JS_HANDLERS: dict[str, Handler] = {
     "audit_archive": _setter("audit_archive", _bool),  # jetraft's: keep old WAL segments
 }
 _JS_UNSUPPORTED = frozenset({
-    "domain", "max_outstanding_catchup", "max_buffered_size", "max_buffered_msgs",
+    "max_outstanding_catchup", "max_buffered_size", "max_buffered_msgs",
     "request_queue_limit", "limits", "strict", "tpm", "extension_hint", "max_ack_pending",
     "max_ha_assets", "max_request_batch", "duplicate_window", "max_catchup",
 })
@@ -810,6 +811,16 @@ _JS_UNSUPPORTED = frozenset({
 # Key rotation (a previous key to re-encrypt from) is not built: refused ([FTL]) rather than
 # started with a store the node could not read.
 _JS_UNENFORCED = frozenset({"prev_key", "prev_ek", "prev_encryption_key"})
+
+
+def _js_domain(f: _Field) -> str:
+    from node.jetstream.domain import domain_error  # pure
+
+    name = _str(f)
+    err = domain_error(name)
+    if err is not None:
+        raise f.fail(err)
+    return name
 
 
 def _cipher(f: _Field) -> str:

@@ -28,6 +28,7 @@ from node.claimsservice import ClaimsService
 from node.client import Client, Kind
 from node.config import ConfigError
 from node.crossaccount import Router
+from node.jetstream import domain
 from node.log import Logger
 from node.message import InternalCallback, Subscription
 from node.monitor import start_monitor
@@ -162,7 +163,9 @@ class Server:
 
     def _wire_router(self, conf: AccountsConfig) -> Router | None:
         """A Router for the accounts that need one (others keep the fast path)."""
-        router = Router(conf, self.accounts, self.options.cluster.name or None)
+        js = self.options.jetstream
+        router = Router(conf, self.accounts, self.options.cluster.name or None,
+                        domain_table=domain.mapping_table(js.domain if js.enabled else ""))
         if self.router is not None:
             router.responses = self.router.responses  # requests in flight keep their way back
         used = False
@@ -348,9 +351,11 @@ class Server:
         info["client_id"] = client.cid
         if client.host:
             info["client_ip"] = client.host
+        if self.cluster is not None and self.cluster.name:
+            info["cluster"] = self.cluster.name
+        if self.jetstream is not None and o.jetstream.domain:
+            info["domain"] = o.jetstream.domain  # between cluster and connect_urls, as nats-server
         if self.cluster is not None:
-            if self.cluster.name:
-                info["cluster"] = self.cluster.name
             urls, ws_urls = self.cluster.connect_urls()
             if client.conn_type == CONN_WEBSOCKET:
                 if ws_urls:

@@ -460,6 +460,7 @@ class ClusterJS:
                 self.svc._stream_created(key)
         out = _as_reply(await self.stream_info_from_leader(key))
         out["type"] = replies.TYPE_PREFIX + "stream_create_response"
+        out.pop("domain", None)  # a create reply has none (nats-server 2.15.1)
         out["did_create"] = True  # also for an identical re-create, as nats-server says
         return out
 

@@ -42,6 +42,7 @@ from node.jetstream import (
     consumer_config,
     crypt,
     dirs,
+    domain,
     get,
     jsaccount,
     ops,
@@ -202,6 +203,9 @@ class JetStreamService:
     def __init__(self, server: Any) -> None:
         self.server = server
         self.log = server.log
+        # `jetstream { domain }` (node/jetstream/domain.py): named in PubAcks, stream and account
+        # info and advisories; "" none.
+        self.domain: str = server.options.jetstream.domain
         self.store_dir = os.path.abspath(server.options.jetstream.store_dir)
         self.env: NodeEnv | None = None
         self.mr: MultiRaft | None = None
@@ -241,6 +245,8 @@ class JetStreamService:
         dirs.prepare_store_dir(self.store_dir)  # durable directories (tests/durability)
         backup.sweep_uploads(self.store_dir)
         sealed = self._open_crypt()  # before the first byte is written: a wrong key changes nothing
+        if self.server.options.jetstream.domain:
+            self.log.info(f"  Domain:          {self.server.options.jetstream.domain}")
         self.env = NodeEnv(os.path.join(self.store_dir, "lmdb"), on_fatal=self._on_fatal_threadsafe,
                            sealer=sealed and sealed.lmdb, files=sealed and sealed.files,
                            tokens=sealed and sealed.tokens)
@@ -501,7 +507,7 @@ class JetStreamService:
         group = entry["group"]
         memory = cfg["storage"] == "memory"
         sm = StreamMachine(name, group, cfg, None if memory else self.env,
-                           self._effects_threadsafe, entry["created_ns"])
+                           self._effects_threadsafe, entry["created_ns"], self.domain)
         self.streams[name] = sm
         if self.jsc is not None:
             # The first peers bootstrap the group together; a peer added later (scaling,
@@ -900,6 +906,7 @@ class JetStreamService:
                 "reserved_storage": jsaccount.reserved(cfgs, memory=False),
                 "streams": len(cfgs), "consumers": consumers,
                 "limits": limits.to_info(),
+                **({"domain": self.domain} if self.domain else {}),
                 "api": {"level": api.API_LEVEL, "total": total, "errors": errors}}
 
     def check_limits(self, account: str, cfg: dict[str, Any],
@@ -963,7 +970,9 @@ class JetStreamService:
             self._advise(advisories.stream_action("modify", call.stream, *self._stamp()),
                          call.account)
         # nats-server's update reply carries the live mirror / sources blocks
-        return self.sourcing.info(self._stream_reply("stream_update_response", sm), sm)
+        return domain.with_domain(
+            self.sourcing.info(self._stream_reply("stream_update_response", sm), sm),
+            self.domain)
 
     async def _h_stream_info(self, call: api.Call, subject: str, reply: str, body: bytes
                              ) -> dict[str, Any]:
@@ -981,6 +990,7 @@ class JetStreamService:
                 self.jsc.cluster_info(sm.group)
             at = next((k for k in ("mirror", "sources") if k in out), "ts")
             out = _insert_before(self.sourcing.info(out, sm), at, "cluster", cluster)
+            out = domain.with_domain(out, self.domain)
         return out
 
     async def _h_stream_delete(self, call: api.Call, subject: str, reply: str, body: bytes
@@ -1028,9 +1038,10 @@ class JetStreamService:
         for k, sm in self.streams.items():
             if _acc(k) != call.account:
                 continue
-            full = self.sourcing.info(self._stream_reply("stream_info_response", sm), sm)
-            infos[_name(k)] = {f: full[f] for f in ("created", "state", "mirror", "sources", "ts")
-                               if f in full}
+            full = domain.with_domain(
+                self.sourcing.info(self._stream_reply("stream_info_response", sm), sm),
+                self.domain)
+            infos[_name(k)] = {f: full[f] for f in _LIST_FIELDS if f in full}
         configs = self._configs(call.account)
         if self.jsc is not None:  # the streams this node does not host: from their leaders
             for name in configs:
@@ -1040,8 +1051,7 @@ class JetStreamService:
                             jsaccount.key(call.account, name))
                     except ApiError:
                         continue
-                    infos[name] = {k: full[k] for k in ("created", "state", "mirror", "sources",
-                                                        "ts") if k in full}
+                    infos[name] = {k: full[k] for k in _LIST_FIELDS if k in full}
         return requests.list_reply(configs, body, infos)
 
     async def _h_stream_msg_get(self, call: api.Call, subject: str, reply: str, body: bytes
@@ -1689,8 +1699,11 @@ class JetStreamService:
             self._pump(*names)
 
     def _advise(self, advisory: tuple[str, bytes], account: str = jsaccount.GLOBAL) -> None:
-        """Advisories go out in the account whose stream or request they are about."""
+        """Advisories go out in the account whose stream or request they are about; with a
+        domain, each names it last, as nats-server's advisory structs do."""
         subject, body = advisory
+        if self.domain:
+            body = domain.append_to_event(body, self.domain)
         client = self.clients.get(account)
         if client is not None:
             client.publish(subject, None, body)
@@ -1853,6 +1866,10 @@ def _client_info(client: Any, server: str) -> dict[str, Any]:
                  "rtt": int(client.rtt * 1e9), "server": server, "kind": "Client",
                  "client_type": "nats"})
     return info
+
+
+# A STREAM.LIST item: the stream info's fields but config (listed as stored) and cluster.
+_LIST_FIELDS = ("created", "state", "domain", "mirror", "sources", "ts")
 
 
 def _insert_before(out: dict[str, Any], key: str, new_key: str, value: Any) -> dict[str, Any]:
