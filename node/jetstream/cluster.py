@@ -489,6 +489,7 @@ class ClusterJS:
         await self.sync_stream(name)
         out = _as_reply(await self.stream_info_from_leader(name))
         out["type"] = replies.TYPE_PREFIX + "stream_update_response"
+        out.pop("domain", None)  # clustered, nats-server's update reply has none (2.15.1)
         return out
 
     def stream_leader_hint(self, name: str) -> int:

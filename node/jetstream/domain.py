@@ -87,7 +87,8 @@ def append_to_event(body: bytes, domain: str) -> bytes:
     """An advisory or metric JSON object with `"domain"` as its last field."""
     if not domain or not body.endswith(b"}"):
         return body
-    return body[:-1] + b',"domain":' + json.dumps(domain).encode() + b"}"
+    sep = b"" if body.rstrip(b"}").rstrip().endswith(b"{") else b","
+    return body[:-1] + sep + b'"domain":' + json.dumps(domain).encode() + b"}"
 
 
 def merged(own: MappingTable | None, domain_table: MappingTable) -> MappingTable | None:

@@ -1038,9 +1038,10 @@ class JetStreamService:
         for k, sm in self.streams.items():
             if _acc(k) != call.account:
                 continue
+            # clustered, nats-server's list items carry no domain (2.15.1)
             full = domain.with_domain(
                 self.sourcing.info(self._stream_reply("stream_info_response", sm), sm),
-                self.domain)
+                self.domain if self.jsc is None else "")
             infos[_name(k)] = {f: full[f] for f in _LIST_FIELDS if f in full}
         configs = self._configs(call.account)
         if self.jsc is not None:  # the streams this node does not host: from their leaders
@@ -1051,7 +1052,8 @@ class JetStreamService:
                             jsaccount.key(call.account, name))
                     except ApiError:
                         continue
-                    infos[name] = {k: full[k] for k in _LIST_FIELDS if k in full}
+                    infos[name] = {k: full[k] for k in _LIST_FIELDS
+                                   if k in full and k != "domain"}
         return requests.list_reply(configs, body, infos)
 
     async def _h_stream_msg_get(self, call: api.Call, subject: str, reply: str, body: bytes
