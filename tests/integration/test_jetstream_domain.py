@@ -167,13 +167,13 @@ async def test_domain_as_nats_server(servers: Servers, tmp_path: Path) -> None:
 
 def _start_error(argv: list[str]) -> str:
     """The last line a server prints when it refuses to start (it must exit)."""
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=30)  # a served name: hangs
     assert proc.returncode != 0, (argv, proc.stdout, proc.stderr)
     lines = (proc.stderr + proc.stdout).strip().splitlines()
     return lines[-1] if lines else ""
 
 
-@pytest.mark.parametrize("name", ["a.b", "a*", "b>", "a b", "x\\ty"])
+@pytest.mark.parametrize("name", ["a.b", "x\\ty"])  # one per check; the rest: tests/unit
 def test_invalid_domain_names_as_nats_server(name: str, tmp_path: Path) -> None:
     conf = tmp_path / "d.conf"
     conf.write_text(f'listen: 127.0.0.1:{free_port()}\n'
