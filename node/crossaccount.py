@@ -75,8 +75,9 @@ class Router:
         self.responses: OrderedDict[str, ResponseRoute] = OrderedDict()
 
     def needs_router(self, name: str) -> bool:
-        """Whether publishes in account `name` need more than its sublist."""
-        if self.domain_table or self.conf.mappings_for(name):
+        """Whether publishes in account `name` need more than its sublist (the domain's
+        mappings alone do not: `Account.domain_prefix` routes only what they could map)."""
+        if self.conf.mappings_for(name):
             return True
         acc = self.conf.accounts.get(name)
         if acc is None:
