@@ -6,7 +6,7 @@ with the domain configured, and every reply's whole JSON is compared (times and 
 Store; raw `$JS.hub.API.*` requests (INFO, STREAM.CREATE/UPDATE/INFO/LIST, CONSUMER.*,
 MSG.GET, DIRECT.GET, `$JS.hub.API.$KV.*`); the PubAck's `domain`; what subscribers on
 `$JS.hub.API.>` and `$JS.API.>` see (the prefix is an account mapping: only the mapped subject
-is seen); the advisories' `domain`; an account without JetStream (10039 through the prefix);
+is seen); the advisories' `domain`; an account without JetStream and the system account (10039 through the prefix);
 another domain's prefix (no responders); INFO, /varz and /jsz. Then the start-up errors for
 invalid domain names, next to nats-server's.
 
@@ -44,7 +44,9 @@ jetstream { store_dir: "%s", domain: hub }
 accounts {
   A { users: [{user: a, password: p}], jetstream: enabled }
   B { users: [{user: b, password: p}] }
+  SYS { users: [{user: s, password: p}] }
 }
+system_account: SYS
 """
 
 
@@ -84,6 +86,12 @@ async def _script(srv: ServerProc) -> list[Any]:
         out.append(await _req(nc, "$JS.other.API.INFO"))
         out.append(await _req(nb, "$JS.hub.API.INFO"))
         out.append(await _req(nb, "$JS.hub.API.STREAM.CREATE.X", {"name": "X"}))
+        ns = await nats.connect(f"nats://s:p@127.0.0.1:{srv.port}")
+        try:  # the system account gets the mappings too
+            out.append(await _req(ns, "$JS.hub.API.INFO"))
+            out.append(await _req(ns, "$JS.hub.API.STREAM.CREATE.X", {"name": "X"}))
+        finally:
+            await ns.close()
         plain = await nc.subscribe("$JS.API.>")
         prefixed = await nc.subscribe("$JS.hub.API.>")
         advisories = await nc.subscribe("$JS.EVENT.>")
