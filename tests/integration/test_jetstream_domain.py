@@ -6,9 +6,9 @@ with the domain configured, and every reply's whole JSON is compared (times and 
 Store; raw `$JS.hub.API.*` requests (INFO, STREAM.CREATE/UPDATE/INFO/LIST, CONSUMER.*,
 MSG.GET, DIRECT.GET, `$JS.hub.API.$KV.*`); the PubAck's `domain`; what subscribers on
 `$JS.hub.API.>` and `$JS.API.>` see (the prefix is an account mapping: only the mapped subject
-is seen); the advisories' `domain`; an account without JetStream and the system account (10039 through the prefix);
-another domain's prefix (no responders); INFO, /varz and /jsz. Then the start-up errors for
-invalid domain names, next to nats-server's.
+is seen); the advisories' `domain`; an account without JetStream and the system account
+(10039 through the prefix); another domain's prefix (no responders); INFO, /varz and /jsz.
+Then the start-up errors for invalid domain names, next to nats-server's.
 
 Mutations (docs/notes/domain.md): dropping the domain table from the router
 (`node/server.py` `_wire_router`) fails test_domain_as_nats_server (no responders on the
