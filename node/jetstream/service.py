@@ -807,9 +807,11 @@ class JetStreamService:
         client = self.clients[call.account]
         for hdr, data in frames:
             client.publish(reply, None, data, hdr)
-        if frames and call.op not in advisories.NOT_AUDITED:
+        if frames and (call.op not in advisories.NOT_AUDITED
+                       or (call.op == "STREAM.MSG.GET" and _is_error(frames[-1][1]))):
             # nats-server counts (and audits) a request once it has answered it, and
-            # leaves message reads and pull requests out of both.
+            # leaves message reads and pull requests out of both, but for a STREAM.MSG.GET
+            # that fails (counted as an error and audited, checked 2.15.1).
             data = frames[-1][1]
             self.api_total += 1
             self.api_errors += _is_error(data)
@@ -997,18 +999,36 @@ class JetStreamService:
                                ) -> dict[str, Any]:
         requests.check_stream_delete(body)
         if self.jsc is not None:
+            consumers = self._consumer_names(self._key(call))
             out = await self.jsc.delete_stream(self._key(call))
-            self._advise(advisories.stream_action("delete", call.stream, *self._stamp()),
-                         call.account)
+            if out.get("success"):
+                self._advise_deleted(call, consumers)
             return out
         async with self._meta_lock:
             k = self._stream(self._key(call)).name
+            consumers = self._consumer_names(k)
             assert self.mr is not None
             await self.mr.propose(META_GROUP, _dumps(cluster_meta.delete(k)))
             await self._close_stream(k)
-            self._advise(advisories.stream_action("delete", call.stream, *self._stamp()),
-                         call.account)
+            self._advise_deleted(call, consumers)
         return {"type": replies.TYPE_PREFIX + "stream_delete_response", "success": True}
+
+    def _consumer_names(self, key: str) -> list[str]:
+        """The consumers of a stream hosted here (none known: not hosted on this node)."""
+        sm = self.streams.get(key)
+        if sm is None:
+            return []
+        with sm.lock:
+            return list(sm.stream.consumers)
+
+    def _advise_deleted(self, call: api.Call, consumers: list[str]) -> None:
+        """A deleted stream's advisories: each of its consumers deleted, then the stream, as
+        nats-server sends them (checked, 2.15.1)."""
+        for name in consumers:
+            self._advise(advisories.consumer_action("delete", call.stream, name,
+                                                    *self._stamp()), call.account)
+        self._advise(advisories.stream_action("delete", call.stream, *self._stamp()),
+                     call.account)
 
     async def _h_stream_purge(self, call: api.Call, subject: str, reply: str, body: bytes
                               ) -> dict[str, Any]:

@@ -71,6 +71,11 @@ def _drain(sub: Any) -> list[Any]:
         out.append(msg)
 
 
+def _masked(subject: str) -> str:
+    """A KV watcher's ephemeral consumer name is random."""
+    return re.sub(r"^(\$JS\.API\.CONSUMER\.INFO\.KV_B)\..*", r"\1.*", subject)
+
+
 def _http(srv: ServerProc, path: str) -> Any:
     with urllib.request.urlopen(srv.http + path, timeout=10) as resp:
         return json.loads(resp.read())
@@ -145,13 +150,13 @@ async def _script(srv: ServerProc) -> list[Any]:
         out.append(await _req(nc, "$JS.hub.API.STREAM.DELETE.S"))
         await asyncio.sleep(0.5)
         # (the KV watchers' ephemeral consumer names are random)
-        out.append(sorted({re.sub(r"^(\$JS\.API\.CONSUMER\.INFO\.KV_B)\..*", r"\1.*", m.subject)
-                           for m in _drain(plain)}))
+        out.append(sorted({_masked(m.subject) for m in _drain(plain)}))
         out.append([m.subject for m in _drain(prefixed)])
         seen = [json.loads(m.data) for m in _drain(advisories)]
-        # every kind names the domain (the kinds, not the counts: nats-server also audits a
-        # MSG.GET that found nothing and advises consumers deleted with their stream)
-        out.append(sorted({(a["type"], a.get("domain")) for a in seen}))
+        # every advisory names the domain (one each: a MSG.GET that found nothing is audited,
+        # a deleted stream's consumers are advised deleted)
+        out.append(sorted((a["type"], _masked(a.get("subject", a.get("stream", ""))),
+                           a.get("domain")) for a in seen))
     finally:
         await nc.close()
         await nb.close()
