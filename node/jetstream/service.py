@@ -999,7 +999,7 @@ class JetStreamService:
                                ) -> dict[str, Any]:
         requests.check_stream_delete(body)
         if self.jsc is not None:
-            consumers = self._consumer_names(self._key(call))
+            consumers = await self._consumer_names_anywhere(call)
             out = await self.jsc.delete_stream(self._key(call))
             if out.get("success"):
                 self._advise_deleted(call, consumers)
@@ -1020,6 +1020,24 @@ class JetStreamService:
             return []
         with sm.lock:
             return list(sm.stream.consumers)
+
+    async def _consumer_names_anywhere(self, call: api.Call) -> list[str]:
+        """Clustered: the consumers whose deletion a stream's delete advises. A 2.15.1
+        cluster advises those of an R1 stream only (probed: an R3 stream's consumer got
+        none). From the stream's leader when this node does not host it; [] when nobody
+        answers."""
+        cfg = self._configs(call.account).get(call.stream)
+        if cfg is None or int(cfg.get("num_replicas") or 1) > 1:
+            return []
+        if self._key(call) in self.streams:
+            return self._consumer_names(self._key(call))
+        names = api.Call("CONSUMER.NAMES", call.stream, account=call.account)
+        try:
+            frames = await self._answer(names, f"{api.API_PREFIX}CONSUMER.NAMES.{call.stream}",
+                                        "", b"")
+            return list(json.loads(frames[0][1]).get("consumers") or [])
+        except (IndexError, ValueError, TypeError, AttributeError):
+            return []
 
     def _advise_deleted(self, call: api.Call, consumers: list[str]) -> None:
         """A deleted stream's advisories: each of its consumers deleted, then the stream, as

@@ -107,6 +107,22 @@ async def _script(urls: list[str]) -> list[Any]:
             await m.ack_sync()
         listed = await _req(ncs[2], "$JS.hub.API.STREAM.LIST")
         out.append(sorted((s["config"]["name"], s.get("domain")) for s in listed["streams"]))
+        # deleting streams (R3, and R1 wherever it landed) advises their consumers deleted
+        events = await ncs[0].subscribe("$JS.EVENT.ADVISORY.*.DELETED.>")
+        await _req(ncs[0], "$JS.hub.API.STREAM.CREATE.T", {"name": "T", "subjects": ["t"]})
+        await _req(ncs[0], "$JS.hub.API.CONSUMER.CREATE.T.tc", {
+            "stream_name": "T", "config": {"durable_name": "tc"}})
+        for i, name in ((1, "T"), (2, "S")):
+            out.append(await _req(ncs[i], f"$JS.hub.API.STREAM.DELETE.{name}"))
+        await asyncio.sleep(1.0)
+        seen = []
+        while True:
+            try:
+                m = await events.next_msg(0.2)
+            except Exception:  # noqa: BLE001 (nothing more)
+                break
+            seen.append((m.subject, json.loads(m.data).get("domain")))
+        out.append(sorted(seen))
     finally:
         for nc in ncs:
             await nc.close()
