@@ -71,6 +71,19 @@ def _drain(sub: Any) -> list[Any]:
         out.append(msg)
 
 
+async def _quiet(sub: Any, quiet: float = 1.0, limit: float = 6.0) -> None:
+    """Until `sub` got nothing new for `quiet` seconds (a loaded nats-server sends some
+    advisories well after the reply), at most `limit` seconds."""
+    waited, last = 0.0, -1
+    while waited < limit:
+        size = sub.messages._queue.qsize()  # noqa: SLF001
+        if size == last:
+            return
+        last = size
+        await asyncio.sleep(quiet)
+        waited += quiet
+
+
 def _masked(subject: str) -> str:
     """A KV watcher's ephemeral consumer name is random."""
     return re.sub(r"^(\$JS\.API\.CONSUMER\.INFO\.KV_B)\..*", r"\1.*", subject)
@@ -148,7 +161,7 @@ async def _script(srv: ServerProc) -> list[Any]:
         got = await obs.get("f")
         out.append([got.data[:8], got.info.size, [o.name for o in await obs.list()]])
         out.append(await _req(nc, "$JS.hub.API.STREAM.DELETE.S"))
-        await asyncio.sleep(0.5)
+        await _quiet(advisories)
         # (the KV watchers' ephemeral consumer names are random)
         out.append(sorted({_masked(m.subject) for m in _drain(plain)}))
         out.append([m.subject for m in _drain(prefixed)])
