@@ -795,6 +795,7 @@ _JS_HANDLERS: dict[str, Handler] = {
     "sync_interval": _setter("sync_interval", _sync_interval),
     "sync": _setter("sync_interval", _sync_interval),
     "unique_tag": _setter("unique_tag", _str),
+    "domain": _setter("domain", lambda f: _js_domain(f)),
     "key": _setter("key", _str),
     "ek": _setter("key", _str),
     "encryption_key": _setter("key", _str),
@@ -805,7 +806,7 @@ _JS_HANDLERS: dict[str, Handler] = {
     "audit_archive": _setter("audit_archive", _bool),  # jetraft's: keep old WAL segments
 }
 _JS_UNSUPPORTED = frozenset({
-    "domain", "max_outstanding_catchup", "strict", "tpm", "extension_hint", "max_catchup",
+    "max_outstanding_catchup", "strict", "tpm", "extension_hint", "max_catchup",
 })
 
 # The server-wide JetStream limits nats-server enforces (the `limits {}` block:
@@ -816,6 +817,16 @@ _JS_UNENFORCED = frozenset({
     "limits", "max_ack_pending", "max_request_batch", "max_ha_assets", "duplicate_window",
     "max_buffered_msgs", "max_buffered_size", "request_queue_limit",
 })
+
+
+def _js_domain(f: _Field) -> str:
+    from node.jetstream.domain import domain_error  # pure
+
+    name = _str(f)
+    err = domain_error(name)
+    if err is not None:
+        raise f.fail(err)
+    return name
 
 
 def _cipher(f: _Field) -> str:

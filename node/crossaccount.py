@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from node import msgtrace
 from node.accountconf import AccountsConfig, ImportIndex, ResponseType, ServiceRoute
+from node.jetstream.domain import merged
 from node.mapping import MappingTable
 from node.sublist import SubList
 
@@ -63,8 +64,13 @@ class Router:
     """Cross-account routing for every non-plain account of one server."""
 
     def __init__(self, conf: AccountsConfig, accounts: dict[str, Account],
-                 cluster: str | None = None, rng: random.Random | None = None) -> None:
+                 cluster: str | None = None, rng: random.Random | None = None,
+                 domain_table: MappingTable | None = None) -> None:
         self.conf = conf
+        # The JetStream domain's mappings (node/jetstream/domain.py), which every account
+        # gets after its own; per account, its own table merged with them.
+        self.domain_table = domain_table or MappingTable()
+        self._merged: dict[str, tuple[MappingTable | None, MappingTable | None]] = {}
         self.index = ImportIndex(conf)
         self.accounts = accounts
         self.cluster = cluster
@@ -74,7 +80,8 @@ class Router:
         self._quiet: dict[tuple[Account, str], int] = {}
 
     def needs_router(self, name: str) -> bool:
-        """Whether publishes in account `name` need more than its sublist."""
+        """Whether publishes in account `name` need more than its sublist (the domain's
+        mappings alone do not: `Account.domain_prefix` routes only what they could map)."""
         if self.conf.mappings_for(name):
             return True
         acc = self.conf.accounts.get(name)
@@ -82,6 +89,16 @@ class Router:
             return False
         return bool(acc.stream_imports or acc.service_imports or acc.stream_exports
                     or acc.service_exports)
+
+    def mappings_of(self, account: Account) -> MappingTable | None:
+        """The account's mappings, followed by the domain's (merged once per table)."""
+        own: MappingTable | None = account.mappings
+        if not self.domain_table:
+            return own
+        hit = self._merged.get(account.name)
+        if hit is None or hit[0] is not own:
+            hit = self._merged[account.name] = (own, merged(own, self.domain_table))
+        return hit[1]
 
     # ------------------------------------------------------------------ publish
 
@@ -91,7 +108,7 @@ class Router:
             return self._publish_traced(msgtrace.active, account, publisher, subject, reply,
                                         headers, payload)
         stamp: int | None = SubList.changes
-        mappings: MappingTable | None = account.mappings
+        mappings = self.mappings_of(account)
         if mappings:
             stamp = None  # a weighted mapping picks at random: nothing is remembered
             mapped = mappings.apply(subject, self.rng, cluster=self.cluster)
@@ -142,7 +159,7 @@ class Router:
         crosses no boundary the trace does not follow. A crossing it did not
         make counts for nothing: a trace-only request that only a service
         import would serve gets no-responders, as nats-server answers it."""
-        mappings: MappingTable | None = account.mappings
+        mappings = self.mappings_of(account)
         if mappings:
             mapped = mappings.apply(subject, self.rng, cluster=self.cluster)
             if mapped is not None:

@@ -127,6 +127,8 @@ def varz(server: Server) -> dict[str, Any]:
         v["system_account"] = system
     if o.jetstream.enabled:
         v["jetstream"] = {"config": {"store_dir": o.jetstream.store_dir}}
+        if o.jetstream.domain:
+            v["jetstream"]["config"]["domain"] = o.jetstream.domain
         if o.jetstream.unique_tag:
             v["jetstream"]["config"]["unique_tag"] = o.jetstream.unique_tag
     return v

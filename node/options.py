@@ -95,6 +95,9 @@ class JetStreamOptions:
     max_file: int = -1
     sync_interval: str = "always"  # Jetraft always fsyncs before acking
     unique_tag: str | None = None
+    # JetStream domain (node/jetstream/domain.py): "" none; else `$JS.<domain>.API.>` is mapped
+    # onto `$JS.API.>` in every account, and replies and advisories name it.
+    domain: str = ""
     # Encryption at rest (node/jetstream/crypt.py): the master key as configured, and the
     # cipher ("chacha" or "aes"; None: not given, chacha when a key is).
     key: str | None = None

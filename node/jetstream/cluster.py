@@ -515,6 +515,7 @@ class ClusterJS:
                 self.svc._stream_created(key)
         out = _as_reply(await self.stream_info_from_leader(key))
         out["type"] = replies.TYPE_PREFIX + "stream_create_response"
+        out.pop("domain", None)  # a create reply has none (nats-server 2.15.1)
         out["did_create"] = True  # also for an identical re-create, as nats-server says
         return out
 
@@ -543,6 +544,7 @@ class ClusterJS:
         await self.sync_stream(name)
         out = _as_reply(await self.stream_info_from_leader(name))
         out["type"] = replies.TYPE_PREFIX + "stream_update_response"
+        out.pop("domain", None)  # clustered, nats-server's update reply has none (2.15.1)
         return out
 
     def stream_leader_hint(self, name: str) -> int:

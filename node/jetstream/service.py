@@ -42,6 +42,7 @@ from node.jetstream import (
     consumer_config,
     crypt,
     dirs,
+    domain,
     get,
     jsaccount,
     ops,
@@ -202,6 +203,9 @@ class JetStreamService:
     def __init__(self, server: Any) -> None:
         self.server = server
         self.log = server.log
+        # `jetstream { domain }` (node/jetstream/domain.py): named in PubAcks, stream and account
+        # info and advisories; "" none.
+        self.domain: str = server.options.jetstream.domain
         self.store_dir = os.path.abspath(server.options.jetstream.store_dir)
         self.env: NodeEnv | None = None
         self.mr: MultiRaft | None = None
@@ -243,6 +247,8 @@ class JetStreamService:
         dirs.prepare_store_dir(self.store_dir)  # durable directories (tests/durability)
         backup.sweep_uploads(self.store_dir)
         sealed = self._open_crypt()  # before the first byte is written: a wrong key changes nothing
+        if self.server.options.jetstream.domain:
+            self.log.info(f"  Domain:          {self.server.options.jetstream.domain}")
         self.env = NodeEnv(os.path.join(self.store_dir, "lmdb"), on_fatal=self._on_fatal_threadsafe,
                            sealer=sealed and sealed.lmdb, files=sealed and sealed.files,
                            tokens=sealed and sealed.tokens)
@@ -529,7 +535,7 @@ class JetStreamService:
         group = entry["group"]
         memory = cfg["storage"] == "memory"
         sm = StreamMachine(name, group, cfg, None if memory else self.env,
-                           self._effects_threadsafe, entry["created_ns"])
+                           self._effects_threadsafe, entry["created_ns"], self.domain)
         self.streams[name] = sm
         if self.jsc is not None:
             # The first peers bootstrap the group together; a peer added later (scaling,
@@ -875,9 +881,11 @@ class JetStreamService:
         client = self.clients[call.account]
         for hdr, data in frames:
             client.publish(reply, None, data, hdr)
-        if frames and call.op not in advisories.NOT_AUDITED:
+        if frames and (call.op not in advisories.NOT_AUDITED
+                       or (call.op == "STREAM.MSG.GET" and _is_error(frames[-1][1]))):
             # nats-server counts (and audits) a request once it has answered it, and
-            # leaves message reads and pull requests out of both.
+            # leaves message reads and pull requests out of both, but for a STREAM.MSG.GET
+            # that fails (counted as an error and audited, checked 2.15.1).
             data = frames[-1][1]
             self.api_total += 1
             self.api_errors += _is_error(data)
@@ -980,6 +988,7 @@ class JetStreamService:
         api_total, errors = self.api_counts.get(call.account, (0, 0))
         out: dict[str, Any] = {"type": replies.TYPE_PREFIX + "account_info_response",
                                **total, "limits": tiers.flat().to_info(),
+                               **({"domain": self.domain} if self.domain else {}),
                                "api": {"level": api.API_LEVEL, "total": api_total,
                                        "errors": errors}}
         if tiers.tiered:
@@ -1057,7 +1066,9 @@ class JetStreamService:
             self._advise(advisories.stream_action("modify", call.stream, *self._stamp()),
                          call.account)
         # nats-server's update reply carries the live mirror / sources blocks
-        return self.sourcing.info(self._stream_reply("stream_update_response", sm), sm)
+        return domain.with_domain(
+            self.sourcing.info(self._stream_reply("stream_update_response", sm), sm),
+            self.domain)
 
     async def _h_stream_info(self, call: api.Call, subject: str, reply: str, body: bytes
                              ) -> dict[str, Any]:
@@ -1075,24 +1086,61 @@ class JetStreamService:
                 self.jsc.cluster_info(sm.group)
             at = next((k for k in ("mirror", "sources") if k in out), "ts")
             out = _insert_before(self.sourcing.info(out, sm), at, "cluster", cluster)
+            out = domain.with_domain(out, self.domain)
         return out
 
     async def _h_stream_delete(self, call: api.Call, subject: str, reply: str, body: bytes
                                ) -> dict[str, Any]:
         requests.check_stream_delete(body)
         if self.jsc is not None:
+            consumers = await self._consumer_names_anywhere(call)
             out = await self.jsc.delete_stream(self._key(call))
-            self._advise(advisories.stream_action("delete", call.stream, *self._stamp()),
-                         call.account)
+            if out.get("success"):
+                self._advise_deleted(call, consumers)
             return out
         async with self._meta_lock:
             k = self._stream(self._key(call)).name
+            consumers = self._consumer_names(k)
             assert self.mr is not None
             await self.mr.propose(META_GROUP, _dumps(cluster_meta.delete(k)))
             await self._close_stream(k)
-            self._advise(advisories.stream_action("delete", call.stream, *self._stamp()),
-                         call.account)
+            self._advise_deleted(call, consumers)
         return {"type": replies.TYPE_PREFIX + "stream_delete_response", "success": True}
+
+    def _consumer_names(self, key: str) -> list[str]:
+        """The consumers of a stream hosted here (none known: not hosted on this node)."""
+        sm = self.streams.get(key)
+        if sm is None:
+            return []
+        with sm.lock:
+            return list(sm.stream.consumers)
+
+    async def _consumer_names_anywhere(self, call: api.Call) -> list[str]:
+        """Clustered: the consumers whose deletion a stream's delete advises. A 2.15.1
+        cluster advises those of an R1 stream only (probed: an R3 stream's consumer got
+        none). From the stream's leader when this node does not host it; [] when nobody
+        answers."""
+        cfg = self._configs(call.account).get(call.stream)
+        if cfg is None or int(cfg.get("num_replicas") or 1) > 1:
+            return []
+        if self._key(call) in self.streams:
+            return self._consumer_names(self._key(call))
+        names = api.Call("CONSUMER.NAMES", call.stream, account=call.account)
+        try:
+            frames = await self._answer(names, f"{api.API_PREFIX}CONSUMER.NAMES.{call.stream}",
+                                        "", b"")
+            return list(json.loads(frames[0][1]).get("consumers") or [])
+        except (IndexError, ValueError, TypeError, AttributeError):
+            return []
+
+    def _advise_deleted(self, call: api.Call, consumers: list[str]) -> None:
+        """A deleted stream's advisories: each of its consumers deleted, then the stream, as
+        nats-server sends them (checked, 2.15.1)."""
+        for name in consumers:
+            self._advise(advisories.consumer_action("delete", call.stream, name,
+                                                    *self._stamp()), call.account)
+        self._advise(advisories.stream_action("delete", call.stream, *self._stamp()),
+                     call.account)
 
     async def _h_stream_purge(self, call: api.Call, subject: str, reply: str, body: bytes
                               ) -> dict[str, Any]:
@@ -1122,9 +1170,11 @@ class JetStreamService:
         for k, sm in self.streams.items():
             if _acc(k) != call.account:
                 continue
-            full = self.sourcing.info(self._stream_reply("stream_info_response", sm), sm)
-            infos[_name(k)] = {f: full[f] for f in ("created", "state", "mirror", "sources", "ts")
-                               if f in full}
+            # clustered, nats-server's list items carry no domain (2.15.1)
+            full = domain.with_domain(
+                self.sourcing.info(self._stream_reply("stream_info_response", sm), sm),
+                self.domain if self.jsc is None else "")
+            infos[_name(k)] = {f: full[f] for f in _LIST_FIELDS if f in full}
         configs = self._configs(call.account)
         if self.jsc is not None:  # the streams this node does not host: from their leaders
             for name in configs:
@@ -1134,8 +1184,8 @@ class JetStreamService:
                             jsaccount.key(call.account, name))
                     except ApiError:
                         continue
-                    infos[name] = {k: full[k] for k in ("created", "state", "mirror", "sources",
-                                                        "ts") if k in full}
+                    infos[name] = {k: full[k] for k in _LIST_FIELDS
+                                   if k in full and k != "domain"}
         return requests.list_reply(configs, body, infos)
 
     async def _h_stream_msg_get(self, call: api.Call, subject: str, reply: str, body: bytes
@@ -1784,8 +1834,11 @@ class JetStreamService:
             self._pump(*names)
 
     def _advise(self, advisory: tuple[str, bytes], account: str = jsaccount.GLOBAL) -> None:
-        """Advisories go out in the account whose stream or request they are about."""
+        """Advisories go out in the account whose stream or request they are about; with a
+        domain, each names it last, as nats-server's advisory structs do."""
         subject, body = advisory
+        if self.domain:
+            body = domain.append_to_event(body, self.domain)
         client = self.clients.get(account)
         if client is not None:
             client.publish(subject, None, body)
@@ -1960,6 +2013,10 @@ def _client_info(client: Any, server: str) -> dict[str, Any]:
                  "rtt": int(client.rtt * 1e9), "server": server, "kind": "Client",
                  "client_type": "nats"})
     return info
+
+
+# A STREAM.LIST item: the stream info's fields but config (listed as stored) and cluster.
+_LIST_FIELDS = ("created", "state", "domain", "mirror", "sources", "ts")
 
 
 def _insert_before(out: dict[str, Any], key: str, new_key: str, value: Any) -> dict[str, Any]:
