@@ -95,9 +95,19 @@ async def test_websocket_and_tcp_clients_see_each_other(impl, tmp_path):
             assert b"MSG bar 7 8\r\nfrom-tcp\r\n" in got
             sub = await nc.subscribe("baz")
             await nc.flush(timeout=10)
-            await ws.send(b"PUB baz 6\r\nfrom-w\r\nPING\r\n")
-            await recv_until(ws, b"PONG\r\n")  # the server has routed the PUB
-            msg = await sub.next_msg(timeout=10)
+            # In two full CI runs nats-server 2.15 (only it, and never when run alone) did not
+            # route the websocket client's first PUB to the TCP subscriber; not yet understood.
+            # Jetraft must route the first one; the oracle gets two more tries.
+            tries = 1 if impl == "jetraft" else 3
+            for attempt in range(tries):
+                await ws.send(b"PUB baz 6\r\nfrom-w\r\nPING\r\n")
+                await recv_until(ws, b"PONG\r\n")  # the server has routed the PUB
+                try:
+                    msg = await sub.next_msg(timeout=10 if attempt == tries - 1 else 3)
+                    break
+                except nats.errors.TimeoutError:
+                    if attempt == tries - 1:
+                        raise
             assert msg.data == b"from-w"
         await nc.close()
 
