@@ -2057,7 +2057,8 @@ def _may_expire(sm: StreamMachine) -> bool:
     """Only `max_age` or per-message TTLs expire messages; TTLs need `allow_msg_ttl`, which
     an update cannot turn off (and `subject_delete_marker_ttl` turns on)."""
     cfg = sm.stream.cfg  # replaced whole on update: a consistent read without the lock
-    return cfg["max_age"] > 0 or bool(cfg.get("allow_msg_ttl"))
+    return (cfg["max_age"] > 0 or bool(cfg.get("allow_msg_ttl"))
+            or bool(cfg.get("allow_msg_schedules")))
 
 
 def _expiry_due(sm: StreamMachine, now: int) -> bool:
