@@ -998,6 +998,11 @@ class JetStreamService:
                             for t in sorted(set(tiers.limits) | set(usage))}
         return out
 
+    @property
+    def server_limits(self) -> dict[str, int]:
+        """`jetstream { limits {} }`, read at each request so that a reload applies."""
+        return self.server.options.jetstream.limits
+
     def check_limits(self, account: str, cfg: dict[str, Any],
                      configs: dict[str, stream_config.Config], creating: bool) -> None:
         """The account's JetStream limits allow the stream `cfg` (jsaccount.py), or raise
@@ -1030,7 +1035,8 @@ class JetStreamService:
         cfg, pedantic = stream_config.parse_request(body)
         async with self._meta_lock:
             configs = self._configs(call.account)
-            stored, created = stream_config.check_create(call.stream, cfg, pedantic, configs)
+            stored, created = stream_config.check_create(call.stream, cfg, pedantic, configs,
+                                                         limits=self.server_limits)
             if created:
                 self.check_limits(call.account, stored, configs, creating=True)
                 now = time.time_ns()
@@ -1056,7 +1062,8 @@ class JetStreamService:
         cfg, pedantic = stream_config.parse_request(body)
         async with self._meta_lock:
             configs = self._configs(call.account)
-            stored = stream_config.check_update(call.stream, cfg, pedantic, configs)
+            stored = stream_config.check_update(call.stream, cfg, pedantic, configs,
+                                                limits=self.server_limits)
             self.check_limits(call.account, stored, configs, creating=False)
             sm = self._stream(self._key(call))
             await self._propose(sm, ops.UpdateConfig(
@@ -1320,7 +1327,7 @@ class JetStreamService:
         cfg, name, created = consumer_config.check_create(
             subject, req, stream_cfg, existing,
             name_source=lambda: "".join(secrets.choice(_NAME_CHARS) for _ in range(8)),
-            clustered=self.jsc is not None)
+            clustered=self.jsc is not None, limits=self.server_limits)
         assert sm is not None
         if created:
             # the stream's max_consumers, or the account's when stricter (nats-server)
