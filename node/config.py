@@ -804,9 +804,10 @@ _JS_HANDLERS: dict[str, Handler] = {
     "prev_ek": _setter("prev_key", _str),
     "prev_encryption_key": _setter("prev_key", _str),
     "audit_archive": _setter("audit_archive", _bool),  # jetraft's: keep old WAL segments
+    "strict": _setter("strict", _bool),
 }
 _JS_UNSUPPORTED = frozenset({
-    "max_outstanding_catchup", "strict", "tpm", "extension_hint", "max_catchup",
+    "max_outstanding_catchup", "tpm", "extension_hint", "max_catchup",
 })
 
 # Limits nats-server enforces that Jetraft does not (the API request queue, clustered

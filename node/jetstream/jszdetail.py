@@ -99,7 +99,7 @@ def jsz(server: Any, query: dict[str, str]) -> dict[str, Any]:
         "now": now,
         "config": {"max_memory": o.max_mem, "max_storage": o.max_file,
                    "store_dir": svc.store_dir, "sync_interval": _sync_interval(o.sync_interval),
-                   **({"domain": o.domain} if o.domain else {}), "strict": True},
+                   **({"domain": o.domain} if o.domain else {}), "strict": o.strict},
         "limits": {"default_max_consumers": DEFAULT_MAX_CONSUMERS},
         "streams": streams, "consumers": consumers, "messages": messages, "bytes": size,
     }

@@ -44,6 +44,7 @@ from node.jetstream import (
     dirs,
     domain,
     get,
+    gojson,
     jsaccount,
     ops,
     pause,
@@ -877,7 +878,7 @@ class JetStreamService:
         client.publish(reply, None, _dumps(out))
 
     async def _serve(self, call: api.Call, subject: str, reply: str, body: bytes) -> None:
-        frames = await self._answer(call, subject, reply, body)
+        frames = await self._answer_lenient(call, subject, reply, body)
         client = self.clients[call.account]
         for hdr, data in frames:
             client.publish(reply, None, data, hdr)
@@ -895,6 +896,19 @@ class JetStreamService:
             self._advise(advisories.api_audit(
                 self.server.server_name, self._requester(reply, call.account), subject, body,
                 data, *self._stamp()), call.account)
+
+    async def _answer_lenient(self, call: api.Call, subject: str, reply: str,
+                              body: bytes) -> Frames:
+        """`_answer`; with `strict: false` unknown request fields are logged, not refused
+        (this task's context only: each request is served in a task of its own)."""
+        if self.server.options.jetstream.strict:
+            return await self._answer(call, subject, reply, body)
+        skipped: list[str] = []
+        gojson.LENIENT.set(skipped)
+        frames = await self._answer(call, subject, reply, body)
+        for text in skipped:
+            self.log.warn(f"Invalid JetStream request '{call.account} > {subject}': {text}")
+        return frames
 
     async def _answer(self, call: api.Call, subject: str, reply: str, body: bytes,
                       hops: int = 0) -> Frames:
