@@ -26,7 +26,12 @@
   itself to a file in a worker thread (`snapshot_to`), the driver commits it
   (`raft/snapfile.py`) and compacts the log behind it; lagging or new members
   receive it streamed from disk in chunks, and the receiver writes it to
-  disk in chunks. No image is ever held whole in memory.
+  disk in chunks. No image is ever held whole in memory. With
+  `snapshot_growth` g > 0, a group whose last image is over
+  `SNAPSHOT_FREE_BYTES` also waits until the bytes it applied since reach g
+  times that image's size: a whole-state image (a clustered stream dumps every
+  message) then costs O(1) per applied byte, not O(state) every
+  `snapshot_every` entries.
 
 State machine protocol (duck-typed; see `StateMachine`): `apply(index,
 data)` in log order on every member (leader no-ops, which are empty, are not
@@ -87,6 +92,9 @@ INLINE_APPLY_BYTES = 64 << 10
 # low load the hop to the WAL thread and back (two thread switches, 0.2-1 ms on
 # the shared machine) costs more than the fsync. 0 = always the WAL thread.
 INLINE_SYNC_BYTES = 64 << 10
+# Images up to this size are cheap enough to take every `snapshot_every` entries
+# whatever `snapshot_growth` says (small groups and the tests' small intervals).
+SNAPSHOT_FREE_BYTES = 4 << 20
 _EARLY = frozenset({MsgType.APP, MsgType.HEARTBEAT})  # leader messages that need only the term
 
 
@@ -177,6 +185,9 @@ class _Group:
     # before the apply), so the core re-applies up to it as it re-learns the
     # commit; no image is taken before (it would hold entries not applied here).
     held_at_start: int = 0
+    # Payload bytes committed to this group since its last image began (the
+    # `snapshot_growth` rule compares them with that image's size).
+    bytes_since_image: int = 0
 
 
 class MultiRaft:
@@ -201,6 +212,7 @@ class MultiRaft:
         on_fatal: Any = None,
         inline_apply_entries: int = INLINE_APPLY_ENTRIES,
         inline_sync_bytes: int = INLINE_SYNC_BYTES,
+        snapshot_growth: float = 0.0,
     ) -> None:
         self.node_id = node_id
         # The world, behind interfaces (raft/runtime.py): a simulation passes
@@ -216,6 +228,7 @@ class MultiRaft:
         self.election_tick = election_tick
         self.heartbeat_tick = heartbeat_tick
         self.snapshot_every = snapshot_every
+        self.snapshot_growth = snapshot_growth
         self.snap_dir = snap_dir or node_log.dir.rstrip("/") + ".snap"
         # Snapshot files go through the WAL's Disk (a simulation's SimDisk).
         self.disk: Disk = getattr(node_log, "disk", OS_DISK)
@@ -946,6 +959,7 @@ class MultiRaft:
     def _install(self, g: _Group, meta: SnapshotMeta) -> None:
         """Bookkeeping once a received snapshot is committed and restored."""
         g.installing = False
+        g.bytes_since_image = 0  # the installed image counts as the group's last one
         self.stats.snapshots_installed += 1
         for idx in [i for i in g.pending if i <= meta.index]:
             _, fut = g.pending.pop(idx)
@@ -962,7 +976,9 @@ class MultiRaft:
 
     def _settle(self, g: _Group, rd: Ready) -> None:
         """After the apply: resolve proposals, record conf changes, hand out reads."""
+        n = 0
         for e in rd.committed_entries:
+            n += len(e.data)
             if e.type is EntryType.CONF_CHANGE and g.snapshotting:
                 g.conf_applied.append(e.index)
             p = g.pending.pop(e.index, None)
@@ -971,6 +987,7 @@ class MultiRaft:
                     p[1].set_result(e.index)
                 else:
                     p[1].set_exception(ProposalDropped("overwritten by a new leader"))
+        g.bytes_since_image += n
         self.stats.entries_applied += len(rd.committed_entries)
         for rs in rd.read_states:
             fut = g.reads.pop(rs.context, None)
@@ -1004,8 +1021,17 @@ class MultiRaft:
         if core.has_ready() or g.props:
             self._mark(g.name)
         snap_index = core.log.first_index() - 1
-        if not g.snapshotting and applied - snap_index >= self.snapshot_every:
+        if (not g.snapshotting and applied - snap_index >= self.snapshot_every
+                and self._image_due(g)):
             self._snapshot(g)
+
+    def _image_due(self, g: _Group) -> bool:
+        """The size rule of `snapshot_growth`: a big last image is taken again
+        only once as many bytes (times the growth factor) were applied since."""
+        size = g.snap.size if g.snap is not None else 0
+        if self.snapshot_growth <= 0 or size <= SNAPSHOT_FREE_BYTES:
+            return True
+        return g.bytes_since_image >= self.snapshot_growth * size
 
     def _notice_leader(self, g: _Group) -> None:
         cur = (g.core.lead, g.core.term)
@@ -1049,6 +1075,7 @@ class MultiRaft:
             return  # still re-applying what the state machine held at start
         core = g.core
         g.snapshotting = True
+        g.bytes_since_image = 0
         g.conf_applied = []
         g.snap_task = self._spawn(self._save_and_compact(g, core.applied, core.conf_state))
 

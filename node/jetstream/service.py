@@ -258,7 +258,8 @@ class JetStreamService:
         self.mr = MultiRaft(self.node_id, node_log, _NoPeers() if self.jsc is None else None,
                             tick_interval_s=tick, election_tick=election,
                             snap_dir=os.path.join(raft_dir, "snap"),
-                            on_fatal=self._on_fatal, snapshot_every=_snapshot_every())
+                            on_fatal=self._on_fatal, snapshot_every=_snapshot_every(),
+                            snapshot_growth=0.0 if self.jsc is None else _snapshot_growth())
         if self.jsc is not None:
             self.jsc.bind_transport(self.mr)
         await self.mr.start()
@@ -1916,6 +1917,13 @@ def _node_log(wal_dir: str, archive: bool, sealer: Any) -> NodeLog:
     segment size in tests, so that compaction retires segments after a few hundred entries."""
     size = int(os.environ.get("JETRAFT_WAL_SEGMENT_BYTES", str(64 << 20)))
     return NodeLog(wal_dir, size, archive_dir=ARCHIVE_DIR if archive else None, sealer=sealer)
+
+
+def _snapshot_growth() -> float:
+    """Clustered streams snapshot whole images (every message): a big one is taken again
+    only after as many bytes were applied (raft.multigroup `snapshot_growth`), so a
+    growing stream does not dump itself whole every `_snapshot_every()` entries."""
+    return float(os.environ.get("JETRAFT_JS_SNAPSHOT_GROWTH", "1.0"))
 
 
 def _snapshot_every() -> int:
