@@ -52,6 +52,7 @@ from raft.wal import (
     decode_vote,
     encode,
     encode_conf_state,
+    encode_entries,
     encode_hard_state,
     header_len,
 )
@@ -383,6 +384,50 @@ class NodeLog:
     def append(self, group: str, entries: list[Entry]) -> None:
         """Append entries; an entry at index i supersedes this group's entries >= i."""
         g = self._state(group)
+        if entries and entries[0].index == g.last_index() + 1 > g.snap.index:
+            self._append_run(g, entries)
+            return
+        self._append_each(g, entries)
+
+    def _append_run(self, g: _GroupState, entries: list[Entry]) -> None:
+        """The common case, entries that extend the log: encoded together, buffered
+        as one piece, indexed with one extend per array. The records and where
+        they land are exactly those of `_append_each` (a run that would cross a
+        segment roll is emitted record by record, so rolls fall where they did)."""
+        first = entries[0].index
+        for k, e in enumerate(entries):
+            if e.index != first + k:
+                raise ValueError(f"{g.name}: gap, entry {e.index} after {first + k - 1}")
+        datas = [self._seal(g, e) for e in entries]
+        recs = encode_entries(g.key, [(e.term, e.index, e.type, d)
+                                      for e, d in zip(entries, datas, strict=True)])
+        total = sum(map(len, recs))
+        hlen = header_len(g.key)
+        if self._rolling or self._cur_size - self._seg_base + total - len(recs[-1]) \
+                < self._segment_bytes:
+            seg, off = self._emit(b"".join(recs), count=len(recs))
+            offs = []
+            for r in recs:
+                offs.append(off + hlen)
+                off += len(r)
+            g.terms.extend(e.term for e in entries)
+            g.segs.extend([seg] * len(recs))
+            g.offs.extend(offs)
+            g.lens.extend(map(len, datas))
+            g.types.extend(e.type for e in entries)
+            if seg not in g.pinned:
+                g.pinned[seg] = None
+                self._pins.setdefault(seg, {})[g] = None
+        else:
+            for e, d, r in zip(entries, datas, recs, strict=True):
+                seg, off = self._emit(r)
+                self._put(g, e.term, e.index, e.type, seg, off + hlen, len(d))
+        put = self._cache.put
+        for e in entries:
+            put(g.name, Entry(e.term, e.index, e.type, bytes(e.data)))
+
+    def _append_each(self, g: _GroupState, entries: list[Entry]) -> None:
+        group = g.name
         for e in entries:
             if e.index <= g.snap.index:
                 continue  # already covered by the snapshot
