@@ -27,7 +27,7 @@ import os
 import re
 import struct
 from array import array
-from collections import OrderedDict
+from collections import deque
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -225,33 +225,58 @@ class _GroupState:
 
 
 class _EntryCache:
-    """Recently appended entries, bounded by payload bytes."""
+    """Recently appended entries, bounded by payload bytes. Entries sit in one dict per
+    group; eviction goes by whole runs (as they were put), oldest first, so a run of
+    appends costs one dict store per entry and one queue item, not an ordered-dict
+    move per entry. Evicting a run whose indexes were re-put since may drop the newer
+    entries too: a cache miss (read from the file), never a wrong entry."""
+
+    MAX_RUNS = 1 << 16  # runs remembered; past it the oldest go whatever their bytes
 
     def __init__(self, max_bytes: int) -> None:
         self._max = max_bytes
         self._bytes = 0
-        self._items: OrderedDict[tuple[str, int], Entry] = OrderedDict()
+        self._groups: dict[str, dict[int, Entry]] = {}
+        self._runs: deque[tuple[str, int, int]] = deque()  # (group, lo, hi) in put order
 
     def put(self, group: str, e: Entry) -> None:
-        if len(e.data) > self._max // 4:
-            return  # one huge entry would flush everything useful
-        old = self._items.pop((group, e.index), None)
-        if old is not None:
-            self._bytes -= len(old.data)
-        self._items[(group, e.index)] = e
-        self._bytes += len(e.data)
-        while self._bytes > self._max:
-            _, ev = self._items.popitem(last=False)
-            self._bytes -= len(ev.data)
+        self.put_run(group, [e])
+
+    def put_run(self, group: str, entries: list[Entry]) -> None:
+        limit = self._max // 4  # one huge entry would flush everything useful
+        d = self._groups.get(group)
+        if d is None:
+            d = self._groups[group] = {}
+        added = 0
+        for e in entries:
+            n = len(e.data)
+            if n > limit:
+                continue
+            old = d.get(e.index)
+            if old is not None:
+                added -= len(old.data)
+            d[e.index] = e
+            added += n
+        self._bytes += added
+        self._runs.append((group, entries[0].index, entries[-1].index + 1))
+        while self._runs and (self._bytes > self._max or len(self._runs) > self.MAX_RUNS):
+            self.drop(*self._runs.popleft())
 
     def get(self, group: str, index: int) -> Entry | None:
-        return self._items.get((group, index))
+        d = self._groups.get(group)
+        return None if d is None else d.get(index)
 
     def drop(self, group: str, lo: int, hi: int) -> None:
+        d = self._groups.get(group)
+        if not d:
+            return
+        pop = d.pop
         for i in range(lo, hi):
-            old = self._items.pop((group, i), None)
+            old = pop(i, None)
             if old is not None:
                 self._bytes -= len(old.data)
+        if not d:
+            del self._groups[group]
 
 
 class GroupLog:
@@ -422,9 +447,8 @@ class NodeLog:
             for e, d, r in zip(entries, datas, recs, strict=True):
                 seg, off = self._emit(r)
                 self._put(g, e.term, e.index, e.type, seg, off + hlen, len(d))
-        put = self._cache.put
-        for e in entries:
-            put(g.name, Entry(e.term, e.index, e.type, bytes(e.data)))
+        self._cache.put_run(g.name, [Entry(e.term, e.index, e.type, bytes(e.data))
+                                     for e in entries])
 
     def _append_each(self, g: _GroupState, entries: list[Entry]) -> None:
         group = g.name

@@ -346,3 +346,25 @@ def test_a_run_of_appends_writes_what_single_appends_write(tmp_path):
     with pytest.raises(ValueError, match="gap"):
         a.append("G", [Entry(1, lo, EntryType.NORMAL, b"x"),
                        Entry(1, lo + 2, EntryType.NORMAL, b"y")])
+
+
+@pytest.mark.parametrize("cache_bytes", [0, 300, 1 << 20])
+def test_reads_after_cache_eviction_and_truncation(tmp_path, cache_bytes):
+    """Whether an entry is read from the entry cache (runs evicted oldest first) or from
+    its file, it is the entry last written at that index, also after a conflicting
+    suffix replaced cached entries."""
+    wal = NodeLog(str(tmp_path), cache_bytes=cache_bytes)
+    wal.append("G", ents(1, 11, term=1, size=20))
+    wal.append("H", ents(1, 4, term=1, size=20))
+    wal.append("G", ents(11, 21, term=1, size=20))
+    wal.append("G", ents(6, 9, term=2, size=30))  # supersedes 6..20
+    wal.append("G", ents(9, 12, term=2, size=30))  # a run after the conflict
+    wal.sync()
+    got = wal.group("G").entries(1, 12)
+    assert [(e.index, e.term, len(e.data)) for e in got] == \
+        [(i, 1, 20) for i in range(1, 6)] + [(i, 2, 30) for i in range(6, 12)]
+    assert all(e.data.startswith(f"{e.index}:".encode()) for e in got)
+    assert [e.index for e in wal.group("H").entries(1, 4)] == [1, 2, 3]
+    cache = wal._cache  # bounded, and its byte count is what it holds
+    held = sum(len(e.data) for d in cache._groups.values() for e in d.values())
+    assert held == cache._bytes <= cache_bytes
