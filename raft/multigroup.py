@@ -94,7 +94,7 @@ INLINE_APPLY_BYTES = 64 << 10
 INLINE_SYNC_BYTES = 64 << 10
 # Images up to this size are cheap enough to take every `snapshot_every` entries
 # whatever `snapshot_growth` says (small groups and the tests' small intervals).
-SNAPSHOT_FREE_BYTES = 4 << 20
+SNAPSHOT_FREE_BYTES = 1 << 20
 _EARLY = frozenset({MsgType.APP, MsgType.HEARTBEAT})  # leader messages that need only the term
 
 
