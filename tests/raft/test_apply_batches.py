@@ -290,3 +290,42 @@ async def until_idle(mr: MultiRaft) -> None:
     async with asyncio.timeout(30):
         while any(g.snapshotting for g in mr._groups.values()):
             await asyncio.sleep(0.01)
+
+
+async def test_propose_quiet_reports_exactly_the_proposals_that_fail(tmp_path):
+    """`propose_quiet` keeps no Future: an applied proposal reports nothing, one that
+    cannot commit (here: the node stops with them queued) reports once, in a later loop
+    turn, to `on_error(arg, exc)`; a follower refuses at once with NotLeader."""
+    from raft.multigroup import NotLeader, ProposalDropped
+
+    store = LmdbStore(str(tmp_path / "sm"))
+    mr = await _node(tmp_path)
+    sm = LmdbSM(store, "g")
+    errors: list[tuple[int, Exception]] = []
+    try:
+        mr.add_group("g", [1], state_machine=sm)
+        await mr.start()
+        await mr.wait_leader("g")
+        for k in range(50):
+            mr.propose_quiet("g", b"a%d" % k, lambda arg, exc: errors.append((arg, exc)), k)
+        await mr.propose("g", b"barrier")
+        assert errors == [] and len(sm.entries()) == 51
+        for k in range(50, 80):
+            mr.propose_quiet("g", b"b%d" % k, lambda arg, exc: errors.append((arg, exc)), k)
+        assert errors == []  # never inside the proposing call
+        await mr.stop()
+        await asyncio.sleep(0)
+        applied = {d for _, d in sm.entries()}
+    finally:
+        await mr.stop()
+        store.close()
+    failed = {arg for arg, _ in errors}
+    assert all(isinstance(exc, ProposalDropped) for _, exc in errors)
+    assert len(errors) == len(failed)  # once each
+    for k in range(50, 80):
+        assert (b"b%d" % k in applied) != (k in failed), k  # applied, or reported: not both
+    assert failed, "stopping with proposals queued must report them"
+    mr2 = await _node(tmp_path / "f")
+    mr2.add_group("h", [1, 2], state_machine=LmdbSM(LmdbStore(str(tmp_path / "sm2")), "h"))
+    with pytest.raises(NotLeader):
+        mr2.propose_quiet("h", b"x", lambda *_: None)
