@@ -228,8 +228,11 @@ class _EntryCache:
     """Recently appended entries, bounded by payload bytes. Entries sit in one dict per
     group; eviction goes by whole runs (as they were put), oldest first, so a run of
     appends costs one dict store per entry and one queue item, not an ordered-dict
-    move per entry. Evicting a run whose indexes were re-put since may drop the newer
-    entries too: a cache miss (read from the file), never a wrong entry."""
+    move per entry. Entries are kept as given (no copy) when their data is `bytes`:
+    nothing changes an Entry once it is in the log (the core sets a proposal's term and
+    index before it appends it), and reads hand out the cached objects anyway.
+    Evicting a run whose indexes were re-put since may drop the newer entries too: a
+    cache miss (read from the file), never a wrong entry."""
 
     MAX_RUNS = 1 << 16  # runs remembered; past it the oldest go whatever their bytes
 
@@ -249,6 +252,8 @@ class _EntryCache:
             d = self._groups[group] = {}
         added = 0
         for e in entries:
+            if type(e.data) is not bytes:  # a view into a buffer that may be reused
+                e = Entry(e.term, e.index, e.type, bytes(e.data))
             n = len(e.data)
             if n > limit:
                 continue
@@ -447,8 +452,7 @@ class NodeLog:
             for e, d, r in zip(entries, datas, recs, strict=True):
                 seg, off = self._emit(r)
                 self._put(g, e.term, e.index, e.type, seg, off + hlen, len(d))
-        self._cache.put_run(g.name, [Entry(e.term, e.index, e.type, bytes(e.data))
-                                     for e in entries])
+        self._cache.put_run(g.name, entries)
 
     def _append_each(self, g: _GroupState, entries: list[Entry]) -> None:
         group = g.name

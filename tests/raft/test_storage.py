@@ -368,3 +368,14 @@ def test_reads_after_cache_eviction_and_truncation(tmp_path, cache_bytes):
     cache = wal._cache  # bounded, and its byte count is what it holds
     held = sum(len(e.data) for d in cache._groups.values() for e in d.values())
     assert held == cache._bytes <= cache_bytes
+
+
+def test_an_entry_whose_data_is_a_view_is_cached_as_bytes(tmp_path):
+    """A payload handed over as a view of a buffer the caller reuses (a receive buffer)
+    is copied into the cache: a later read returns what was appended."""
+    wal = NodeLog(str(tmp_path))
+    buf = bytearray(b"first-payload")
+    wal.append("G", [Entry(1, 1, EntryType.NORMAL, memoryview(buf))])
+    buf[:] = b"XXXXXXXXXXXXX"
+    (got,) = wal.group("G").entries(1, 2)
+    assert bytes(got.data) == b"first-payload" and type(got.data) is bytes
