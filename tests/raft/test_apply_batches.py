@@ -329,3 +329,32 @@ async def test_propose_quiet_reports_exactly_the_proposals_that_fail(tmp_path):
     mr2.add_group("h", [1, 2], state_machine=LmdbSM(LmdbStore(str(tmp_path / "sm2")), "h"))
     with pytest.raises(NotLeader):
         mr2.propose_quiet("h", b"x", lambda *_: None)
+
+
+async def test_the_growth_rule_still_lets_old_wal_segments_go(tmp_path, monkeypatch):
+    """With `snapshot_growth` deferring a big group's images, the group is still
+    snapshotted when it pins the oldest WAL segment, so the WAL does not grow without
+    bound (the rule only spaces the images out)."""
+    from raft import multigroup
+
+    monkeypatch.setattr(multigroup, "SNAPSHOT_FREE_BYTES", 2_000)
+    store = LmdbStore(str(tmp_path / "sm"))
+    mr = MultiRaft(1, NodeLog(str(tmp_path / "wal"), segment_bytes=4096), _NoPeers(),
+                   snap_dir=str(tmp_path / "snap"), tick_interval_s=0.01,
+                   snapshot_every=10**9, snapshot_growth=1000.0)
+    sm = LmdbSM(store, "g")
+    try:
+        mr.add_group("g", [1], state_machine=sm)
+        await mr.start()
+        await mr.wait_leader("g")
+        for k in range(800):
+            await mr.propose("g", b"%04d" % k + b"v" * 96)
+        async with asyncio.timeout(30):
+            while mr.status("g")["first_index"] < 700:  # compacted by a pinning snapshot
+                await asyncio.sleep(0.05)
+        await mr.propose("g", b"after")  # obsolete segments go after the next sync
+        assert len(mr.node_log.segments()) <= 3, mr.node_log.segments()
+        assert len(sm.entries()) == 801
+    finally:
+        await mr.stop()
+        store.close()
