@@ -167,6 +167,7 @@ class _Group:
     core: Raft
     sm: Any
     snap: snapfile.Stored | None = None
+    # A proposal's Future, or a _Quiet (propose_quiet) that behaves like one here.
     pending: dict[int, tuple[int, asyncio.Future[int]]] = field(default_factory=dict)
     props: list[tuple[bytes, asyncio.Future[int]]] = field(default_factory=list)
     reads: dict[bytes, asyncio.Future[None]] = field(default_factory=dict)
@@ -533,6 +534,18 @@ class MultiRaft:
         g.props.append((bytes(data), fut))
         self._mark(group)
         return fut
+
+    def propose_quiet(self, group: str, data: bytes, on_error: Any, arg: Any = None) -> None:
+        """A proposal nobody awaits (a publish whose answer is an apply effect): no
+        Future, no done callback per entry. Only a failure is reported, as
+        `on_error(arg, exc)` in a later loop turn, exactly when `propose` would raise."""
+        if not data:
+            raise ValueError("empty proposals are reserved for leader no-ops")
+        g = self._group(group)
+        if g.core.state is not StateType.LEADER:
+            raise NotLeader(g.core.lead)
+        g.props.append((bytes(data), _Quiet(on_error, arg)))
+        self._mark(group)
 
     async def read_index(self, group: str, timeout: float | None = None) -> None:
         """Linearizable read barrier: returns once the local state machine has
@@ -1267,6 +1280,31 @@ class MultiRaft:
 
 async def _run_here(fn: Any, *args: Any) -> Any:
     return fn(*args)
+
+
+class _Quiet:
+    """Stands where a proposal's Future would (`done`, `set_result`, `set_exception`)
+    for `propose_quiet`: a success costs nothing; a failure is handed to the loop."""
+
+    __slots__ = ("on_error", "arg", "_done")
+
+    def __init__(self, on_error: Any, arg: Any) -> None:
+        self.on_error, self.arg, self._done = on_error, arg, False
+
+    def done(self) -> bool:
+        return self._done
+
+    def set_result(self, _index: int) -> None:
+        self._done = True
+
+    def set_exception(self, exc: BaseException) -> None:
+        if not self._done:
+            self._done = True
+            # Never inside the driver's own pass: the callback may propose again.
+            try:
+                asyncio.get_running_loop().call_soon(self.on_error, self.arg, exc)
+            except RuntimeError:  # no loop running (a node torn down): tell it now
+                self.on_error(self.arg, exc)
 
 
 def _fail(fut: asyncio.Future[Any], exc: Exception) -> None:

@@ -643,9 +643,9 @@ class JetStreamService:
         self._accept_publish(name, subject, reply or "", hdr or b"", payload)
 
     def _accept_publish(self, name: str, subject: str, reply: str, hdr: bytes, payload: bytes
-                        ) -> asyncio.Future[Any] | None:
-        """A publish this node (the stream's leader) proposes; the future ends once it is
-        applied (or refused). None: nothing proposed for it yet (an open atomic batch)."""
+                        ) -> None:
+        """A publish this node (the stream's leader) proposes. Its PubAck is an apply
+        effect; a refusal (or an unknown outcome) is logged by `_not_acked`."""
         sm = self.streams.get(name)
         if sm is None:
             return None
@@ -655,16 +655,14 @@ class JetStreamService:
         if BatchCollector.is_batch(op):
             self._batch_message(sm, op)
             return None
-        # No task per publish (the PubAck is an apply effect): the proposal's future
-        # reports a failure, and a forwarded publish waits on it (cluster.py).
+        # No task nor Future per publish (the PubAck is an apply effect): the driver
+        # reports only a failure.
         assert self.mr is not None
         try:
-            fut = self.mr.propose_nowait(sm.group, ops.encode(op))
+            self.mr.propose_quiet(sm.group, ops.encode(op), self._not_acked, sm)
         except (ProposalDropped, KeyError, NotLeader) as exc:
             self._not_acked(sm, exc)
-            return None
-        fut.add_done_callback(lambda f: self._published(sm, f))
-        return fut
+        return None
 
     def _over_account_limit(self, sm: StreamMachine, op: ops.StreamMsg) -> bool:
         """nats-server refuses a publish that takes the stored bytes of the stream's tier
@@ -744,10 +742,6 @@ class JetStreamService:
         if self.jsc is not None and self.jsc.answer_token(subject, payload):
             return
         self._client(stream_key).publish(subject, None, payload, hdr)
-
-    def _published(self, sm: StreamMachine, fut: asyncio.Future[int]) -> None:
-        if not fut.cancelled() and fut.exception() is not None:
-            self._not_acked(sm, fut.exception())
 
     def _not_acked(self, sm: StreamMachine, exc: BaseException | None) -> None:
         # Not stored (or outcome unknown): no PubAck; the client's request times out and
