@@ -35,15 +35,16 @@ from tests.sim.sweep import torn_roll_recovery_sweep
 
 SEEDS = int(os.environ.get("SIM_SEEDS", "200"))
 FIRST = int(os.environ.get("SIM_FIRST_SEED", "0"))
-# Seeds are independent and each replays alone (`cluster.run(SEED)`): they run in forked
-# worker processes, one per core (CI has two), each result exactly as in one process.
+# Seeds are independent and each replays alone (`cluster.run(SEED)`, the same result under
+# any PYTHONHASHSEED): they run in worker processes, one per core (CI has two). Spawned, not
+# forked: a fork copies whatever locks the other threads of this process hold (Spark's).
 WORKERS = int(os.environ.get("SIM_WORKERS", str(min(2, os.cpu_count() or 1))))
 
 
 def _run_seeds(seeds: range) -> list[cluster.RunResult]:
     if WORKERS <= 1:
         return [cluster.run(seed) for seed in seeds]
-    with multiprocessing.get_context("fork").Pool(WORKERS) as pool:
+    with multiprocessing.get_context("spawn").Pool(WORKERS) as pool:
         return pool.map(cluster.run, seeds, chunksize=4)
 
 
