@@ -665,10 +665,17 @@ class MultiRaft:
         if rx.meta != header.snapshot.meta or self._groups.get(header.group) is not g:
             snapfile.discard(rx.path, disk=self.disk)
             return False
-        if g.incoming is not None:
-            snapfile.discard(g.incoming.path, disk=self.disk)
-        g.incoming = snapfile.Stored(rx.meta, rx.path, rx.size, rx.crc)
+        prev, g.incoming = g.incoming, snapfile.Stored(rx.meta, rx.path, rx.size, rx.crc)
         self.on_messages([header])  # a broken invariant here is fatal too
+        # Only a snapshot the core took replaces the one a pending install will read: a
+        # deposed leader's transfer that ends after the new leader's was stepped is ignored
+        # by the core (lower term), and its file must not take the new one's place.
+        pending = g.core.log.unstable.snapshot
+        keep, drop = ((g.incoming, prev) if pending is not None and pending.meta == rx.meta
+                      else (prev, g.incoming))
+        g.incoming = keep
+        if drop is not None and (keep is None or drop.path != keep.path):
+            snapfile.discard(drop.path, disk=self.disk)
         return self.failed is None
 
     async def snapshot_source(self, msg: Message) -> AsyncIterator[bytes]:

@@ -90,3 +90,38 @@ async def test_conf_change_in_flight_is_not_applied_over_a_newer_snapshot(tmp_pa
         assert mr.failed is None
     finally:
         await mr.stop()
+
+
+async def test_a_stale_leaders_snapshot_does_not_replace_the_one_being_installed(tmp_path):
+    """Leader change during a snapshot transfer: the new leader's snapshot arrives and is
+    stepped (the core will install it at the next drain pass), then the deposed leader's
+    transfer of an older snapshot finishes. The core ignores the stale one (lower term),
+    so the file the next pass installs must still be the new leader's: replacing it made
+    the pass find "snapshot 20 without its data" and fail-stop the node."""
+    wal = GatedLog(str(tmp_path / "wal"))
+    mr = MultiRaft(2, wal, _NoPeers(), snap_dir=str(tmp_path / "snap"), tick_interval_s=60)
+    sm = ConfLog()
+    mr.add_group("g", [1, 2, 3], state_machine=sm)
+    await mr.start()
+    try:
+        async with asyncio.timeout(10):
+            while mr.status("g")["applied"] < 1:
+                await asyncio.sleep(0.005)
+        wal.gate.clear()  # the next pass waits in its fsync: stepped snapshots queue up
+        mr.on_messages([Message(MsgType.HEARTBEAT, "g", 1, 2, term=2)])
+        async with asyncio.timeout(10):
+            await wal.waiting.wait()
+        new = SnapshotMeta(20, 3, ConfState((1, 2, 3)))
+        assert await mr.on_snapshot(
+            Message(MsgType.SNAP, "g", 3, 2, term=3, snapshot=Snapshot(new)), _chunks(new))
+        old = SnapshotMeta(10, 2, ConfState((1, 2, 3)))
+        await mr.on_snapshot(
+            Message(MsgType.SNAP, "g", 1, 2, term=2, snapshot=Snapshot(old)), _chunks(old))
+        wal.gate.set()
+        async with asyncio.timeout(10):
+            while mr.status("g")["applied"] < 20 and mr.failed is None:
+                await asyncio.sleep(0.005)
+        assert mr.failed is None, f"the node stopped: {mr.failed!r}"
+        assert mr.status("g")["first_index"] == 21
+    finally:
+        await mr.stop()
