@@ -35,10 +35,16 @@ def _machine(env: NodeEnv, sink: Any = None) -> StreamMachine:
 
 
 def test_applies_in_one_transaction_and_sends_pub_acks(tmp_path: Path) -> None:
-    env = NodeEnv(str(tmp_path / "env"))
+    env = NodeEnv(str(tmp_path / "env"), sync_interval=None)
     seen: list[Any] = []
     sm = _machine(env, lambda _sm, effects: seen.extend(effects))
+    before = env.env.info()["last_txnid"]
     sm.apply_batch([(i, _msg(i)) for i in range(2, 7)])
+    # ONE commit: the messages, their counters and the applied index are one LMDB
+    # transaction, so a sync point (and so a restart, which trusts the counters) has all
+    # of them or none.
+    assert env.env.info()["last_txnid"] == before + 1
+    assert sm.store.msgs() == 5
     acks = [e.payload for e in seen if type(e).__name__ == "Reply"]
     assert acks[0] == b'{"stream":"S","seq":1}' and len(acks) == 5
     assert sm.applied_index() == 6
