@@ -125,3 +125,46 @@ async def test_a_stale_leaders_snapshot_does_not_replace_the_one_being_installed
         assert mr.status("g")["first_index"] == 21
     finally:
         await mr.stop()
+
+
+async def test_removed_waits_for_the_drop_to_be_durable(tmp_path):
+    """`removed(group)` is what JetStream awaits before deleting a stream's LMDB keys: it
+    must not return before the group's DROP record is fsynced and its snapshot files are
+    gone (never delete what a not-yet-durable record makes obsolete). Awaited right after
+    `remove_group`, as `_close_stream` does, it returned at once: the task doing the removal
+    had not started yet, so the keys went while a crash could still bring the group back
+    (with its snapshot, naming an index the store no longer holds: [FTL] at restart)."""
+    wal = GatedLog(str(tmp_path / "wal"))
+    mr = MultiRaft(1, wal, _NoPeers(), snap_dir=str(tmp_path / "snap"), tick_interval_s=0.01)
+    await mr.start()
+    try:
+        mr.add_group("g", [1], state_machine=AppendLog())
+        await mr.wait_leader("g")
+        for k in range(5):
+            await mr.propose("g", b"e%d" % k)
+        mr.snapshot_now("g")
+        async with asyncio.timeout(10):
+            while mr.stats.snapshots_taken < 1:
+                await asyncio.sleep(0.005)
+        files = sorted(n.name for n in (tmp_path / "snap").iterdir() if n.name != "empty.image")
+        assert files, "the group has snapshot files"
+        wal.gate.clear()  # the DROP's fsync waits for the test
+        durable = asyncio.Event()
+
+        async def fsync_later() -> None:
+            await wal.waiting.wait()
+            await asyncio.sleep(0.1)
+            durable.set()
+            wal.gate.set()
+
+        opener = asyncio.ensure_future(fsync_later())
+        mr.remove_group("g")
+        async with asyncio.timeout(10):
+            await mr.removed("g")  # as JetStream's _close_stream awaits it
+        assert durable.is_set(), "removed() returned before the DROP was durable"
+        left = sorted(n.name for n in (tmp_path / "snap").iterdir())
+        assert not set(left) & set(files), f"snapshot files left: {left}"
+        await opener
+    finally:
+        wal.gate.set()
+        await mr.stop()
