@@ -168,3 +168,43 @@ async def test_removed_waits_for_the_drop_to_be_durable(tmp_path):
     finally:
         wal.gate.set()
         await mr.stop()
+
+
+class AheadLog(AppendLog):
+    """A durable machine whose store is ahead of what the driver gave it: a member that
+    installed a leader's export, taken past the snapshot it stood for (clsnap)."""
+
+    AHEAD = 7
+
+    def snapshot_to(self, path: str) -> int:
+        return super().snapshot_to(path) + self.AHEAD
+
+
+async def test_a_store_ahead_of_the_log_compacts_at_the_applied_index(tmp_path):
+    """A member whose store holds entries past its Raft applied index (an installed export)
+    compacts before it caught up: the snapshot names the applied index (the store covers
+    at least that), the node goes on. Naming the store's index instead claims entries the
+    log never applied here; raising (the code before clsnap) fail-stopped the node."""
+    from raft.storage import NodeLog
+
+    mr = MultiRaft(1, NodeLog(str(tmp_path / "wal")), _NoPeers(),
+                   snap_dir=str(tmp_path / "snap"), tick_interval_s=0.01)
+    await mr.start()
+    try:
+        mr.add_group("g", [1], state_machine=AheadLog())
+        await mr.wait_leader("g")
+        for k in range(5):
+            await mr.propose("g", b"e%d" % k)
+        applied = mr.status("g")["applied"]
+        mr.snapshot_now("g")
+        async with asyncio.timeout(10):
+            while not (mr.stats.snapshots_taken or mr.stats.snapshots_discarded
+                       or mr.failed):
+                await asyncio.sleep(0.005)
+        assert mr.failed is None, f"the node stopped: {mr.failed!r}"
+        assert mr.stats.snapshots_taken == 1, "the image was discarded"
+        assert mr.status("g")["first_index"] == applied + 1
+        assert mr._groups["g"].snap.meta.index == applied  # noqa: SLF001
+        await mr.propose("g", b"after")
+    finally:
+        await mr.stop()
