@@ -471,8 +471,17 @@ class MultiRaft:
         # The files go once the DROP is durable (a crash before that finds the
         # group's log and its snapshot together, as they were), and after any
         # commit of the removed group's files still in flight: the name's
-        # file operations are serialized by its lock, in order.
-        self._spawn(self._delete_files_after_drop(group))
+        # file operations are serialized by its lock, in order. Counted now,
+        # not when the task starts: `removed()` awaited right after this call
+        # must wait for it (the caller deletes the state machine's data next).
+        self._dropping[group] = self._dropping.get(group, 0) + 1
+        task = self._spawn(self._delete_files_after_drop(group))
+        task.add_done_callback(lambda _t: self._dropped(group))  # also if never started
+
+    def _dropped(self, group: str) -> None:
+        self._dropping[group] -= 1
+        if not self._dropping[group]:
+            del self._dropping[group]
 
     def _files_lock(self, group: str) -> asyncio.Lock:
         lock = self._files.get(group)
@@ -481,22 +490,16 @@ class MultiRaft:
         return lock
 
     async def _delete_files_after_drop(self, group: str) -> None:
-        self._dropping[group] = self._dropping.get(group, 0) + 1
-        try:
-            # A batch handed to the apply worker before the removal may still
-            # be writing to the group's state machine.
-            await self._apply_idle.wait()
-            await self.node_log.sync_async(self.io_executor.run)
-            async with self._files_lock(group):
-                g = self._groups.get(group)
-                if g is None or g.snap is None or g.snap.path is None:
-                    # Gone, or re-created and still on its bootstrap snapshot
-                    # (no file): whatever is on disk belongs to the old one.
-                    snapfile.remove(self.snap_dir, group, disk=self.disk)
-        finally:
-            self._dropping[group] -= 1
-            if not self._dropping[group]:
-                del self._dropping[group]
+        # A batch handed to the apply worker before the removal may still
+        # be writing to the group's state machine.
+        await self._apply_idle.wait()
+        await self.node_log.sync_async(self.io_executor.run)
+        async with self._files_lock(group):
+            g = self._groups.get(group)
+            if g is None or g.snap is None or g.snap.path is None:
+                # Gone, or re-created and still on its bootstrap snapshot
+                # (no file): whatever is on disk belongs to the old one.
+                snapfile.remove(self.snap_dir, group, disk=self.disk)
 
     async def removed(self, group: str) -> None:
         """Until a removed group is fully gone: no apply of it in flight, its
@@ -678,10 +681,17 @@ class MultiRaft:
         if rx.meta != header.snapshot.meta or self._groups.get(header.group) is not g:
             snapfile.discard(rx.path, disk=self.disk)
             return False
-        if g.incoming is not None:
-            snapfile.discard(g.incoming.path, disk=self.disk)
-        g.incoming = snapfile.Stored(rx.meta, rx.path, rx.size, rx.crc)
+        prev, g.incoming = g.incoming, snapfile.Stored(rx.meta, rx.path, rx.size, rx.crc)
         self.on_messages([header])  # a broken invariant here is fatal too
+        # Only a snapshot the core took replaces the one a pending install will read: a
+        # deposed leader's transfer that ends after the new leader's was stepped is ignored
+        # by the core (lower term), and its file must not take the new one's place.
+        pending = g.core.log.unstable.snapshot
+        keep, drop = ((g.incoming, prev) if pending is not None and pending.meta == rx.meta
+                      else (prev, g.incoming))
+        g.incoming = keep
+        if drop is not None and (keep is None or drop.path != keep.path):
+            snapfile.discard(drop.path, disk=self.disk)
         return self.failed is None
 
     async def snapshot_source(self, msg: Message) -> AsyncIterator[bytes]:

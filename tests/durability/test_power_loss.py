@@ -93,6 +93,10 @@ async def _check_acked(url: str, acked: list[tuple[int, str]], where: str) -> di
                           if data is not None)
     finally:
         await nc.close()
+    # The counters (one LMDB put per batch, trusted at restart) and the messages they count
+    # come back from the same sync point: never one without the other.
+    assert info.state.messages == len(stored), \
+        f"{where}: the stream counts {info.state.messages} messages, holds {len(stored)}"
     lost = [(seq, p) for seq, p in acked if stored.get(seq) != p]
     assert not lost, f"{where}: {len(lost)} acknowledged messages lost or moved, first " \
                      f"{lost[:3]} (stored there: {[stored.get(s) for s, _ in lost[:3]]})"
