@@ -444,8 +444,7 @@ class GrpcTransport:
             while not lane.queue:
                 lane.ready.clear()
                 await lane.ready.wait()
-            batch, groups, size = lane.queue.popleft()
-            lane.queued_bytes -= size
+            batch, groups, size = self._take(lane)
             stream = lane.stream
             if stream is None:
                 self._unreachable(link.peer, groups)
@@ -456,6 +455,26 @@ class GrpcTransport:
                 log.info("transport: write to node %d failed: %r", link.peer, exc)
                 self._detach(link, lane, stream)
                 self._unreachable(link.peer, groups)
+
+    @staticmethod
+    def _take(lane: _Lane) -> tuple[pb.Batch, set[str], int]:
+        """The next batch to write, with the batches queued behind it merged in
+        (up to BATCH_SPLIT_BYTES): a backlog that built up during one slow write
+        leaves in one write, not one per loop turn that added to it. Measured
+        with 1,000 busy groups at load 20: 200+ small batches queued on a
+        priority lane, heartbeats and votes behind them, followers timing out.
+        Merging keeps every message's order within its kind; a batch already
+        decodes its messages before its coalesced heartbeats, so the receiver
+        sees what one bigger flush would have given it."""
+        batch, groups, size = lane.queue.popleft()
+        lane.queued_bytes -= size
+        while lane.queue and size + lane.queue[0][2] <= BATCH_SPLIT_BYTES:
+            more, more_groups, more_size = lane.queue.popleft()
+            lane.queued_bytes -= more_size
+            batch.MergeFrom(more)  # repeated fields append; liveness stays set if either is
+            groups |= more_groups
+            size += more_size
+        return batch, groups, size
 
     # ---- the Raft stream -------------------------------------------------------
 
