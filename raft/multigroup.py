@@ -1280,8 +1280,9 @@ class MultiRaft:
                 continue
             is_alive = seen > 0 and now - max(seen, self._resumed_at) <= self.dead_after_s
             if alive and not is_alive:
-                log.warning("multiraft %d: node %d silent for %.2fs: waking the groups it leads",
-                            self.node_id, peer, now - seen)
+                silence = f"silent for {now - seen:.2f}s" if seen > 0 else "not heard from yet"
+                log.warning("multiraft %d: node %d %s: waking the groups it leads",
+                            self.node_id, peer, silence)
                 self._wake_led_by(peer)
             self._peers[peer] = is_alive
 
