@@ -372,6 +372,7 @@ class GrpcTransport:
             self._lazy_handle = None
         for link in self._links.values():
             liveness, link.liveness = link.liveness, False
+            _drop_stale_commits(*link.lanes)
             for lane in link.lanes:
                 msgs, lane.pending = lane.pending, []
                 beat = liveness and lane.kind == LANE_PRIORITY
@@ -743,6 +744,25 @@ class _ChunkReader:
             if chunk.data:
                 self.received += len(chunk.data)
                 yield chunk.data
+
+
+def _drop_stale_commits(priority: _Lane, bulk: _Lane) -> None:
+    """Leave out a leader's commit-index appends (no entries, priority lane)
+    whose news an append with entries in the same flush, bulk lane, carries
+    too (same group, commit at least as high): at low load a commit's
+    `send_lazy` appends ride with the next proposal's flush, and over two lanes
+    they cost a second write per peer and commit. Raft tolerates the loss of
+    any message; this one says nothing the other does not."""
+    if not priority.pending or not bulk.pending:
+        return
+    carried: dict[str, int] = {}
+    for m in bulk.pending:
+        if m.type == MsgType.APP and m.commit > carried.get(m.group, -1):
+            carried[m.group] = m.commit
+    if carried:
+        priority.pending = [m for m in priority.pending
+                            if not (m.type == MsgType.APP and not m.entries
+                                    and carried.get(m.group, -1) >= m.commit)]
 
 
 async def _rechunk(data: AsyncIterator[bytes], size: int) -> AsyncIterator[bytes]:
