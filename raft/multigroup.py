@@ -937,6 +937,14 @@ class MultiRaft:
         # (log order per group); the loop keeps stepping messages meanwhile.
         batches = [(g.sm, ents) for g, rd in work if (ents := self._to_apply(g, rd))]
         inline = not batches or self._small(batches)
+        if out and inline:
+            # A follower's answers (APP_RESP, votes...) are what a commit waits
+            # for: they leave before the inline apply; a leader's appends wait
+            # for it (below). Durability is unchanged: the pass's fsync is done.
+            answers = [m for m in out if m.type not in _EARLY]
+            if answers:
+                out = [m for m in out if m.type in _EARLY]
+                self._send(answers)
         if out and not inline:
             self._send(out)
         if batches and inline:
@@ -1073,6 +1081,8 @@ class MultiRaft:
                     keep.append((idx, fut))
             g.read_waits = keep
         self._notice_leader(g)
+        if g.pending and core.state is not StateType.LEADER:
+            self._drop_overwritten(g)
         if g.pending and self.node_id not in core.prs:
             # This node left the group (it may have led the change): nobody
             # will send it the fate of its uncommitted proposals any more.
@@ -1088,6 +1098,26 @@ class MultiRaft:
         snap_index = core.log.first_index() - 1
         if not g.snapshotting and applied - snap_index >= self.snapshot_every:
             self._snapshot(g)
+
+    def _drop_overwritten(self, g: _Group) -> None:
+        """Fail the proposals whose entries a new leader's appends removed from
+        this node's log (a deposed leader's uncommitted tail). They used to wait
+        for a commit at their index, which in an idle group never comes (the
+        1,000-busy-group stall of 2026-11-27). The outcome is unknown, not
+        "lost": another member may still hold the entry and win an election.
+        Pending indexes ascend in insertion order and every one of them was in
+        the log at the previous check, so the scan stops at the first survivor."""
+        log_ = g.core.log
+        last = log_.last_index()
+        gone = []
+        for idx in reversed(g.pending):
+            if idx <= last and log_.term_or_zero(idx) in (g.pending[idx][0], 0):
+                break  # still ours (0: compacted, i.e. committed and settled)
+            gone.append(idx)
+        for idx in gone:
+            _, fut = g.pending.pop(idx)
+            _fail(fut, ProposalDropped("outcome unknown: a new leader's appends replaced "
+                                       "the entry in this node's log"))
 
     def _notice_leader(self, g: _Group) -> None:
         cur = (g.core.lead, g.core.term)
@@ -1273,8 +1303,9 @@ class MultiRaft:
                 continue
             is_alive = seen > 0 and now - max(seen, self._resumed_at) <= self.dead_after_s
             if alive and not is_alive:
-                log.warning("multiraft %d: node %d silent for %.2fs: waking the groups it leads",
-                            self.node_id, peer, now - seen)
+                silence = f"silent for {now - seen:.2f}s" if seen > 0 else "not heard from yet"
+                log.warning("multiraft %d: node %d %s: waking the groups it leads",
+                            self.node_id, peer, silence)
                 self._wake_led_by(peer)
             self._peers[peer] = is_alive
 

@@ -10,7 +10,7 @@ import pytest
 
 from raft import snapfile
 from raft.core import encode_conf_change
-from raft.multigroup import MultiRaft
+from raft.multigroup import MultiRaft, ProposalDropped
 from raft.storage import NodeLog
 from raft.types import (
     ConfChange,
@@ -206,5 +206,61 @@ async def test_a_store_ahead_of_the_log_compacts_at_the_applied_index(tmp_path):
         assert mr.status("g")["first_index"] == applied + 1
         assert mr._groups["g"].snap.meta.index == applied  # noqa: SLF001
         await mr.propose("g", b"after")
+    finally:
+        await mr.stop()
+
+
+class _Outbox:
+    """A transport that keeps what the driver sends (nothing reaches a peer)."""
+
+    def __init__(self) -> None:
+        self.sent: list[Message] = []
+
+    async def start(self) -> None: ...
+    async def stop(self) -> None: ...
+    def send(self, msgs) -> None: self.sent.extend(msgs)
+    def beat(self) -> None: ...
+    def last_seen(self, peer: int) -> float: return 0.0
+    def add_peer(self, node: int, addr: str) -> None: ...
+    def remove_peer(self, node: int) -> None: ...
+
+
+async def _until(pred, timeout: float = 10.0) -> None:
+    async with asyncio.timeout(timeout):
+        while not pred():
+            await asyncio.sleep(0.005)
+
+
+async def test_a_deposed_leaders_overwritten_proposals_fail_in_an_idle_group(tmp_path):
+    """The 1,000-busy-group stall (issue 6, 2026-11-27): a leader appends two
+    proposals (3, 4) that reach nobody; a new leader with a shorter log writes
+    its no-op at 3 and the group goes idle. The proposal at 3 learns its fate
+    when 3 commits with another term; the one at 4 used to wait for a commit
+    at 4 that never comes. Both must fail with ProposalDropped."""
+    out = _Outbox()
+    mr = MultiRaft(1, NodeLog(str(tmp_path / "wal")), out, snap_dir=str(tmp_path / "snap"),
+                   tick_interval_s=60)  # no ticks: every step is the test's
+    mr.add_group("g", [1, 2, 3], state_machine=AppendLog())
+    await mr.start()
+    try:
+        mr.on_messages([Message(MsgType.HUP, "g", 1, 1)])
+        await _until(lambda: any(m.type is MsgType.PRE_VOTE for m in out.sent))
+        mr.on_messages([Message(MsgType.PRE_VOTE_RESP, "g", 2, 1, term=1)])
+        await _until(lambda: any(m.type is MsgType.VOTE for m in out.sent))
+        mr.on_messages([Message(MsgType.VOTE_RESP, "g", 2, 1, term=1)])
+        await _until(lambda: mr.status("g")["last_index"] == 2)  # leader of term 1, no-op at 2
+        mr.on_messages([Message(MsgType.APP_RESP, "g", 2, 1, term=1, index=2)])
+        await _until(lambda: mr.status("g")["applied"] == 2)
+        a = mr.propose_nowait("g", b"a")
+        b = mr.propose_nowait("g", b"b")
+        await _until(lambda: mr.status("g")["last_index"] == 4)
+        # Node 3 leads term 2 with the log up to 2: its no-op at 3 replaces ours.
+        mr.on_messages([Message(MsgType.APP, "g", 3, 1, term=2, index=2, log_term=1,
+                                entries=[Entry(2, 3, EntryType.NORMAL, b"")], commit=3)])
+        async with asyncio.timeout(10):  # without the fix `b` never settles
+            results = await asyncio.gather(a, b, return_exceptions=True)
+        assert all(isinstance(r, ProposalDropped) for r in results), results
+        assert mr.status("g")["last_index"] == 3 and mr.status("g")["leader"] == 3
+        assert not mr._groups["g"].pending
     finally:
         await mr.stop()

@@ -128,6 +128,28 @@ async def test_many_groups_both_directions_and_coalescing():
         await stop_all([a, b])
 
 
+async def test_a_commit_append_rides_on_the_next_append_with_entries():
+    """A leader's commit-index append (no entries, `send_lazy`) whose news an
+    append with entries in the same flush carries (same group, commit at least
+    as high) is left out: over two lanes it cost a second write per peer and
+    commit. Another group's, or one with a higher commit, still goes."""
+    (a, b), (ia, ib) = await cluster(2)
+    try:
+        def commit_only(group: str, commit: int) -> Message:
+            return Message(MsgType.APP, group, 1, 2, term=3, log_term=3, index=4, commit=commit)
+        a.send_lazy([commit_only("G", 4), commit_only("H", 4), commit_only("K", 6)])
+        a.send([Message(MsgType.APP, "G", 1, 2, term=3, log_term=3, index=4, commit=4,
+                        entries=[Entry(3, 5, data=b"d")]),
+                Message(MsgType.APP, "K", 1, 2, term=3, log_term=3, index=4, commit=5,
+                        entries=[Entry(3, 5, data=b"d")])])
+        await ib.until(lambda: len(ib.msgs) == 4)
+        await asyncio.sleep(0.05)  # nothing more comes
+        got = sorted((m.group, len(m.entries), m.commit) for m in ib.msgs)
+        assert got == [("G", 1, 4), ("H", 0, 4), ("K", 0, 6), ("K", 1, 5)]
+    finally:
+        await stop_all([a, b])
+
+
 async def test_order_per_peer_pair_across_turns_three_nodes():
     ts, inboxes = await cluster(3)
     try:
