@@ -31,6 +31,8 @@ class EntryOp(IntEnum):
     CONSUMER_UPSERT = 19     # create or update a consumer: config JSON + start position
     CONSUMER_DELETE = 20     # delete a consumer
     CONSUMER_STATE = 21      # STREAM.RESTORE: a consumer's whole state record
+    # 22, 23: consumer delivery rounds / ack runs (branch fetchjs)
+    CONSUMER_FORGET = 30     # a single node restarted: a mem_storage consumer is gone
 
 
 class EntryFormatError(ValueError):
@@ -129,6 +131,15 @@ class ConsumerDelete:
 
 
 @dataclass(frozen=True, slots=True)
+class ConsumerForget:
+    """A standalone node's restart forgets a `mem_storage` consumer (nats-server keeps such a
+    consumer in memory only). Unlike ConsumerDelete it removes no message under interest
+    retention: nats-server's restarted stream keeps what that consumer had not acked."""
+    now_ns: int
+    consumer: str
+
+
+@dataclass(frozen=True, slots=True)
 class RestoredMsg:
     seq: int
     ts_ns: int
@@ -175,7 +186,8 @@ class SourceMsgs:
 
 
 Op = (StreamMsg | DeleteMsg | Purge | Expire | ConsumerDelivered | ConsumerAck | StreamBatch
-      | UpdateConfig | ConsumerUpsert | ConsumerDelete | RestoreMsgs | ConsumerState | SourceMsgs)
+      | UpdateConfig | ConsumerUpsert | ConsumerDelete | RestoreMsgs | ConsumerState | SourceMsgs
+      | ConsumerForget)
 
 
 def _msg_body(msg: StreamMsg) -> bytes:
@@ -224,6 +236,9 @@ def _encode_admin(op: Op) -> bytes:
     if isinstance(op, ConsumerDelete):
         name = op.consumer.encode()
         return _HEAD.pack(EntryOp.CONSUMER_DELETE, op.now_ns) + _NAME.pack(len(name)) + name
+    if isinstance(op, ConsumerForget):
+        name = op.consumer.encode()
+        return _HEAD.pack(EntryOp.CONSUMER_FORGET, op.now_ns) + _NAME.pack(len(name)) + name
     if isinstance(op, RestoreMsgs):
         parts = [_HEAD.pack(EntryOp.RESTORE_MSGS, op.now_ns),
                  _RESTORE.pack(op.last_seq, op.last_ts, len(op.msgs))]
@@ -387,6 +402,10 @@ def _decode_consumer_delete(now_ns: int, body: memoryview) -> ConsumerDelete:
     return ConsumerDelete(now_ns, bytes(body[_NAME.size:]).decode())
 
 
+def _decode_consumer_forget(now_ns: int, body: memoryview) -> ConsumerForget:
+    return ConsumerForget(now_ns, _decode_consumer_delete(now_ns, body).consumer)
+
+
 def _decode_restore(now_ns: int, body: memoryview) -> RestoreMsgs:
     last_seq, last_ts, count = _fixed(body, _RESTORE, "restore msgs")
     at, msgs = _RESTORE.size, []
@@ -461,4 +480,5 @@ _DECODERS = {
     EntryOp.RESTORE_MSGS: _decode_restore,
     EntryOp.CONSUMER_STATE: _decode_consumer_state,
     EntryOp.SOURCE_MSGS: _decode_sourced,
+    EntryOp.CONSUMER_FORGET: _decode_consumer_forget,
 }

@@ -278,6 +278,7 @@ class JetStreamService:
             self._drop_orphans()
             for name in sorted(self.meta.streams):
                 await self._open_stream(name)
+            await self._forget_memory_consumers()
         self.client = self.account_added(jsaccount.GLOBAL)
         for account in list(self.server.accounts):
             self.account_added(account)
@@ -427,6 +428,19 @@ class JetStreamService:
         for name, entry in sorted(self.meta.streams.items()):
             if entry["config"].get("storage") == "memory":
                 await self.mr.propose(META_GROUP, _dumps(cluster_meta.delete(name)))
+
+    async def _forget_memory_consumers(self) -> None:
+        """A standalone nats-server keeps a `mem_storage` consumer in memory only: after a
+        restart it is gone, config and state (2.15.1, SIGTERM and kill -9 alike), and the
+        stream keeps every message (even under interest retention). The forgetting is an
+        entry of the stream's log (CONSUMER_FORGET), so replicas and the audit's replay agree."""
+        for name, sm in sorted(self.streams.items()):
+            with sm.lock:
+                gone = sorted(c for c, consumer in sm.stream.consumers.items()
+                              if consumer.cfg.get("mem_storage"))
+            for cname in gone:
+                await self._propose(sm, ops.ConsumerForget(time.time_ns(), cname))
+                self.consumer_created.pop((name, cname), None)
 
     def _drop_orphans(self) -> None:
         """A crash between a stream's delete entry and the removal of its data leaves its

@@ -205,6 +205,9 @@ class Stream:
             return self._apply_consumer_upsert(op)
         if isinstance(op, ops.ConsumerDelete):
             return self.detach_consumer(op.consumer)
+        if isinstance(op, ops.ConsumerForget):
+            self.detach_consumer(op.consumer, retire=False)
+            return []
         if isinstance(op, ops.ConsumerDelivered):
             return self._apply_delivered(op)
         if isinstance(op, ops.ConsumerAck):
@@ -360,9 +363,10 @@ class Stream:
             effects += self._retire_acked(sorted(before - set(consumer.state.pending)))
         return effects
 
-    def detach_consumer(self, name: str) -> list[Effect]:
+    def detach_consumer(self, name: str, retire: bool = True) -> list[Effect]:
         """Forget a deleted consumer (the wiring proposes the delete as an entry). Under
-        interest retention, messages nobody else wants any more go with it."""
+        interest retention, messages nobody else wants any more go with it (unless `retire`
+        is False: a forgotten mem_storage consumer leaves the messages, as nats-server)."""
         if self.consumers.pop(name, None) is None:
             return []
         self.store.delete_consumer(name)
@@ -370,7 +374,7 @@ class Stream:
         self.store.put_meta(_CONSUMER_CREATED + name, b"")
         self.consumer_created.pop(name, None)
         self._dirty.discard(name)
-        if self.cfg["retention"] != "interest":
+        if self.cfg["retention"] != "interest" or not retire:
             return []
         return self._retire_acked(list(self.store.seqs()))
 
