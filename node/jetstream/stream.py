@@ -30,7 +30,7 @@ from node.jetstream import headers as h
 from node.jetstream import ops, sourcing
 from node.jetstream.config import Config
 from node.jetstream.config import from_wire as config_from_wire
-from node.jetstream.consumer import AckKind, Advisory, Consumer, ConsumerState
+from node.jetstream.consumer import AckKind, Advisory, Consumer, ConsumerState, Pending
 from node.jetstream.consumer_config import from_wire as consumer_from_wire
 from node.jetstream.errors import ApiError
 from node.jetstream.store import StoredMsg, StreamStore
@@ -205,6 +205,8 @@ class Stream:
             return self._apply_consumer_upsert(op)
         if isinstance(op, ops.ConsumerDelete):
             return self.detach_consumer(op.consumer)
+        if isinstance(op, ops.ConsumerGroupState):
+            return self._apply_group_state(op)
         if isinstance(op, ops.ConsumerForget):
             self.detach_consumer(op.consumer, retire=False)
             return []
@@ -362,6 +364,30 @@ class Stream:
         if op.kind in (AckKind.ACK, AckKind.TERM):
             effects += self._retire_acked(sorted(before - set(consumer.state.pending)))
         return effects
+
+    def _apply_group_state(self, op: ops.ConsumerGroupState) -> list[Effect]:
+        """A consumer whose deliveries and acks live in a group of its own reports its state
+        (docs/jetstream.md, "Consumer groups"). The stream keeps it as that consumer's state
+        record, so retention reads it as it reads an in-stream consumer's: a message goes once
+        every interested consumer acked it. Each report is the consumer group's applied state
+        at some index, and a message once acked there stays acked, so even a report that
+        arrives after a newer one removes nothing that was not acked."""
+        consumer = self.consumers.get(op.consumer)
+        if consumer is None:
+            return []  # deleted before this entry applied
+        st, pending = consumer.state, set(op.pending)
+        newly = [s for s in st.pending if s not in pending and s <= op.delivered_sseq]
+        for s in self.store.seqs(st.delivered_sseq + 1):  # stored ones only
+            if s > op.delivered_sseq:
+                break
+            if s not in pending:
+                newly.append(s)
+        st.delivered_sseq, st.floor_sseq = op.delivered_sseq, op.floor_sseq
+        st.pending = {s: Pending(0, op.now_ns, 0) for s in op.pending}
+        st.deliveries = {}
+        consumer.pending_cache = None  # derived: computed again on first use
+        self._dirty.add(op.consumer)
+        return self._retire_acked(sorted(newly))
 
     def detach_consumer(self, name: str, retire: bool = True) -> list[Effect]:
         """Forget a deleted consumer (the wiring proposes the delete as an entry). Under

@@ -37,7 +37,7 @@ def test_op_codes_are_append_only() -> None:
         "STREAM_MSG": 1, "DELETE_MSG": 2, "PURGE": 3, "EXPIRE": 4,
         "UPDATE_CONFIG": 5, "CONSUMER_DELIVERED": 16, "CONSUMER_ACK": 17, "STREAM_BATCH": 18,
         "CONSUMER_UPSERT": 19, "CONSUMER_DELETE": 20, "RESTORE_MSGS": 13, "CONSUMER_STATE": 21,
-        "SOURCE_MSGS": 12, "CONSUMER_FORGET": 30}
+        "SOURCE_MSGS": 12, "CONSUMER_FORGET": 30, "CONSUMER_GROUP_STATE": 31}
 
 
 def test_consumer_forget_layout() -> None:
