@@ -17,6 +17,7 @@ that the consumer group's leader proposes to the stream's group (`report`): docs
 
 from __future__ import annotations
 
+import hashlib
 import secrets
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -49,8 +50,13 @@ def own_group(consumer_cfg: Mapping[str, Any], stream_cfg: Mapping[str, Any]) ->
 
 
 def group_name(stream_key: str, consumer: str, created_ns: int) -> str:
-    """Never reused: a consumer deleted and created again gets a fresh group (and log)."""
-    return f"{GROUP_PREFIX}{stream_key}.{consumer}.{created_ns}"
+    """Never reused: a consumer deleted and created again gets a fresh group (and log).
+    Snapshot files are named by the group's hex: long or non-ASCII names become a digest."""
+    group = f"{GROUP_PREFIX}{stream_key}.{consumer}.{created_ns}"
+    if group.isascii() and len(group) <= 100:
+        return group
+    digest = hashlib.sha256(f"{stream_key}/{consumer}".encode()).hexdigest()[:32]
+    return f"{GROUP_PREFIX}~{digest}.{created_ns}"
 
 
 def place(stream_peers: Sequence[int], want: int, up: Callable[[int], bool],

@@ -187,6 +187,10 @@ class Catalogue:
         return {(n, c): g for n, a in self.streams.items()
                 for c, g in (a.get("consumers") or {}).items()}
 
+    def consumer_group(self, stream: str, consumer: str) -> dict[str, Any] | None:
+        a = self.streams.get(stream)
+        return (a.get("consumers") or {}).get(consumer) if a is not None else None
+
     def consumer_load(self) -> dict[int, int]:
         """Consumer groups assigned per peer: the load consumer placement spreads."""
         out: dict[int, int] = {}

@@ -353,7 +353,9 @@ class _OneConsumer:
 
     @property
     def consumer_created(self) -> dict[str, int]:
-        return {self._m.consumer: self._m.created_ns}
+        # CONSUMER.INFO's `created`: the stream's CONSUMER_UPSERT time, as for any consumer
+        made = self._m.stream_machine.stream.consumer_created.get(self._m.consumer)
+        return {self._m.consumer: made or self._m.created_ns}
 
     @property
     def cfg(self) -> Any:
