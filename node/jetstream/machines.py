@@ -432,8 +432,7 @@ class ConsumerMachine:
                 applied = index
             self.own.put_consumer(self.consumer, self.core.consumer.state.encode())
             self.own.put_meta("applied", _U64.pack(applied))
-        if effects:
-            self.sink(self, effects)
+        self.sink(self, effects)  # also without effects: an ack moved the state to report
 
     def _keep(self, index: int, effects: list[Effect]) -> None:
         for effect in effects:

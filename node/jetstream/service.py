@@ -2225,6 +2225,7 @@ def orphans(catalogue: dict[str, dict[str, Any]], wal_groups: list[str],
             lmdb_names: set[str]) -> tuple[list[str], list[str]]:
     """(WAL groups, LMDB store names) that belong to no stream of the catalogue."""
     live = {META_GROUP, META_STORE} | {e["group"] for e in catalogue.values()}
+    live |= {g["group"] for e in catalogue.values() for g in (e.get("consumers") or {}).values()}
     return ([g for g in wal_groups if g not in live],
             sorted(n for n in lmdb_names if n not in live))
 

@@ -20,7 +20,8 @@ pytestmark = pytest.mark.timeout(300)
 
 async def _stream(nc: nats.NATS, name: str = "CG", retention: str = "limits") -> None:
     r = await api(nc, f"STREAM.CREATE.{name}", {"name": name, "subjects": [name.lower()],
-                                               "num_replicas": 3, "retention": retention})
+                                               "num_replicas": 3, "retention": retention,
+                                               "allow_direct": True})
     assert "error" not in r, r
 
 
@@ -83,7 +84,7 @@ async def test_r1_consumer_on_an_r3_stream_has_its_own_group(js3: JsCluster) -> 
             for m in msgs:
                 got.append(m.metadata.sequence.stream)
                 if k < 2:
-                    await m.ack_sync()  # confirmed by the consumer group's leader
+                    await m.ack_sync(timeout=5)  # confirmed by the consumer group's leader
         finally:
             await c.close()
     assert got == list(range(1, 10))
@@ -97,8 +98,8 @@ async def test_r1_consumer_on_an_r3_stream_has_its_own_group(js3: JsCluster) -> 
 
 
 async def test_killing_the_consumer_groups_leader_keeps_its_ack_floor(js3: JsCluster) -> None:
-    """An R2 consumer on an R3 stream (its own group): 8 of 10 fetched messages acked, then
-    kill -9 of the consumer group's leader. The consumer goes on from another node: no acked
+    """An R3 mem_storage consumer on an R3 file stream (its own group): 8 of 10 fetched
+    messages acked, then kill -9 of the consumer group's leader. The consumer goes on from another node: no acked
     message comes again, the two unacked ones come back (after ack_wait), then the rest.
     The ack floor and delivered counts survive the restart of the killed node too."""
     nc = await connect(js3.nodes[0])
@@ -107,18 +108,18 @@ async def test_killing_the_consumer_groups_leader_keeps_its_ack_floor(js3: JsClu
         js = nc.jetstream()
         for i in range(20):
             await js.publish("cg", b"m%d" % i)
-        await _consumer(nc, "CG", "two", num_replicas=2, ack_wait=2_000_000_000)
+        await _consumer(nc, "CG", "two", mem_storage=True, ack_wait=2_000_000_000)
         msgs = await _fetch(nc, "CG", "two", 10)
         assert [m.metadata.sequence.stream for m in msgs] == list(range(1, 11))
         for m in msgs[:8]:
-            await m.ack_sync()
+            await m.ack_sync(timeout=5)
         info = await api(nc, "CONSUMER.INFO.CG.two")
     finally:
         await nc.close()
-    assert len(info["cluster"].get("replicas", [])) == 1
+    assert len(info["cluster"].get("replicas", [])) == 2
+    assert info["cluster"]["raft_group"].startswith("jc.")
     leader = next(n for n in js3.nodes if n.name == info["cluster"]["leader"])
-    leader.proc.send_signal(signal.SIGKILL)
-    leader.proc.wait(10)
+    js3.stop_node(leader, sig=signal.SIGKILL)
     other = next(n for n in js3.nodes if n.alive())
     c = await connect(other)
     try:
@@ -127,7 +128,7 @@ async def test_killing_the_consumer_groups_leader_keeps_its_ack_floor(js3: JsClu
         async def more() -> bool:
             for m in await _fetch(c, "CG", "two", 12, timeout=2.0):
                 seen.append((m.metadata.sequence.stream, m.metadata.num_delivered))
-                await m.ack_sync()
+                await m.ack_sync(timeout=5)
             return len(seen) >= 12
 
         await until(more, timeout=60, every=0.2)
@@ -139,7 +140,7 @@ async def test_killing_the_consumer_groups_leader_keeps_its_ack_floor(js3: JsClu
     assert dict(seen)[9] == 2 and dict(seen)[10] == 2 and dict(seen)[11] == 1
     assert info["ack_floor"]["stream_seq"] == 20 and info["num_ack_pending"] == 0
     assert info["cluster"]["leader"] != leader.name
-    leader.start()
+    js3.start_node(leader)
     js3.wait_js()
     for i in await until(lambda: _agreed(js3), timeout=30):
         assert i["ack_floor"]["stream_seq"] == 20 and i["num_redelivered"] == 0
@@ -148,7 +149,7 @@ async def test_killing_the_consumer_groups_leader_keeps_its_ack_floor(js3: JsClu
 async def _agreed(cluster: JsCluster) -> list[dict[str, Any]] | None:
     infos = await _infos(cluster, "CG", "two")
     return infos if all("error" not in i for i in infos) and \
-        all(len(i["cluster"].get("replicas", [])) == 1 for i in infos) else None
+        all(len(i["cluster"].get("replicas", [])) == 2 for i in infos) else None
 
 
 async def test_stepdown_moves_the_consumer_groups_leader(js3: JsCluster) -> None:
@@ -187,7 +188,7 @@ async def test_workqueue_acks_in_a_consumer_group_remove_messages_on_every_repli
         await _consumer(nc, "WQ", "w", mem_storage=True)
         msgs = await _fetch(nc, "WQ", "w", 6)
         for m in msgs[:4]:
-            await m.ack_sync()
+            await m.ack_sync(timeout=5)
     finally:
         await nc.close()
     for node in js3.nodes:

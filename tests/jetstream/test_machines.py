@@ -132,6 +132,9 @@ def test_orphans_are_what_the_catalogue_does_not_name(tmp_path: Path) -> None:
     assert (groups, stale) == (["js.T.9"], ["js.T.9"])
     LmdbStore(env, "js.T.9").drop()
     assert stored_names(env) == {"js.S.1"} and live.store.msgs() == 1
+    # a consumer's own group (cgroup.py) is live while the catalogue names it
+    catalogue["S"]["consumers"] = {"c": {"group": "jc.S.c.3"}}
+    assert orphans(catalogue, ["jc.S.c.3", "jc.S.d.4"], {"jc.S.c.3"}) == (["jc.S.d.4"], [])
     env.close()
 
 
