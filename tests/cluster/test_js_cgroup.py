@@ -6,7 +6,6 @@ its ack floor (nothing acked is redelivered, nothing unacked skipped)."""
 
 from __future__ import annotations
 
-import asyncio
 import signal
 from typing import Any
 
@@ -99,9 +98,10 @@ async def test_r1_consumer_on_an_r3_stream_has_its_own_group(js3: JsCluster) -> 
 
 async def test_killing_the_consumer_groups_leader_keeps_its_ack_floor(js3: JsCluster) -> None:
     """An R3 mem_storage consumer on an R3 file stream (its own group): 8 of 10 fetched
-    messages acked, then kill -9 of the consumer group's leader. The consumer goes on from another node: no acked
-    message comes again, the two unacked ones come back (after ack_wait), then the rest.
-    The ack floor and delivered counts survive the restart of the killed node too."""
+    messages acked, then kill -9 of the consumer group's leader. The consumer goes on from
+    another node: no acked message comes again, the two unacked ones come back (after
+    ack_wait), then the rest. The ack floor and delivered counts survive the restart of the
+    killed node too."""
     nc = await connect(js3.nodes[0])
     try:
         await _stream(nc)
@@ -191,13 +191,15 @@ async def test_workqueue_acks_in_a_consumer_group_remove_messages_on_every_repli
             await m.ack_sync(timeout=5)
     finally:
         await nc.close()
-    for node in js3.nodes:
+    for node in js3.nodes:  # each replica answers DIRECT.GET from its own store
         c = await connect(node)
         try:
-            async def first() -> bool:
-                msg = await c.request("$JS.API.DIRECT.GET.WQ", b'{"seq": 1, "next_by_subj": "wq"}',
-                                      timeout=5)
-                return msg.headers is not None and msg.headers.get("Nats-Sequence") == "5"
-            await until(first, timeout=20)
+            await until(lambda c=c: _first_is(c, 5), timeout=20)
         finally:
             await c.close()
+
+
+async def _first_is(nc: nats.NATS, seq: int) -> bool:
+    msg = await nc.request("$JS.API.DIRECT.GET.WQ", b'{"seq": 1, "next_by_subj": "wq"}',
+                           timeout=5)
+    return msg.headers is not None and msg.headers.get("Nats-Sequence") == str(seq)
