@@ -517,6 +517,10 @@ class ClusterJS:
         if "error" in answer:
             e = answer["error"]
             raise ApiError("placement", e["code"], e["err_code"], e["description"])
+        placed = config is not None
+        # this node's catalogue follows: callers read the assignment next
+        await self._wait(lambda: int((self.catalogue().consumer_group(stream, consumer)
+                                      is not None) == placed))
 
     async def _h_cplace(self, _peer: int, payload: bytes) -> bytes:
         try:
@@ -928,6 +932,16 @@ class ClusterJS:
         return True
 
     # ------------------------------------------------------------------ INFO
+
+    def consumer_cluster_info(self, group: str) -> dict[str, Any]:
+        """CONSUMER.INFO's `cluster` for a consumer with its own group: nats-server 2.15.1
+        runs an R1 consumer without a Raft node and shows only the cluster's name and the
+        server (probed on a 3-node cluster: `{"name","leader"}`); ours has a one-member
+        group, shown the same way. Larger groups: as any group."""
+        st = self.svc.mr.status(group)
+        if len(st["voters"]) == 1:
+            return {"name": self.cluster_name, "leader": self.member_name(st["voters"][0])}
+        return self.cluster_info(group)
 
     def cluster_info(self, group: str) -> dict[str, Any]:
         """STREAM.INFO's / CONSUMER.INFO's `cluster` object, as nats-server shows it."""

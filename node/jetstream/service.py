@@ -1511,7 +1511,8 @@ class JetStreamService:
             with sm.lock:
                 view = StreamView(sm.store, _filters(cfg))
                 start, lps = initial_position(cfg, view, sm.stream.last_seq)
-            if self.jsc is not None and created and cgroup.own_group(cfg, sm.stream.cfg):
+            own = self.jsc is not None and cgroup.own_group(cfg, sm.stream.cfg)
+            if own and created:
                 # replicas or storage differ from the stream's: a group of its own, placed
                 # by the meta leader on some of the stream's peers, before the consumer exists
                 await self.jsc.place_consumer(k, name, wire, start, lps)
@@ -1526,7 +1527,7 @@ class JetStreamService:
             if old is not None:
                 fresh.queue.waiting = old.queue.waiting
                 fresh.delivered_ns, fresh.acked_ns = old.delivered_ns, old.acked_ns
-            if (k, name) in self._own_groups():
+            if own:
                 info = await self._group_consumer_info(call, name)
             else:
                 info = self._consumer_info("consumer_create_response", sm, name)
@@ -1607,7 +1608,9 @@ class JetStreamService:
                                            time.time_ns()),
                 pinned={g: (pin, rfc3339(ts)) for g, (pin, ts)
                         in (pull.queue.priority.state() if pull else {}).items()})
-        if self.jsc is not None:  # a consumer lives in its stream's group (its replicas)
+        if self.jsc is not None and isinstance(sm, ConsumerMachine):  # its own group
+            out = _insert_before(out, "ts", "cluster", self.jsc.consumer_cluster_info(sm.group))
+        elif self.jsc is not None:  # a consumer lives in its stream's group (its replicas)
             out = _insert_before(out, "ts", "cluster", self.jsc.cluster_info(sm.group))
         return out
 

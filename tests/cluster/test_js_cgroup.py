@@ -68,12 +68,14 @@ async def test_r1_consumer_on_an_r3_stream_has_its_own_group(js3: JsCluster) -> 
     finally:
         await nc.close()
     assert same["cluster"]["raft_group"] == stream_group
-    group = one["cluster"]["raft_group"]
-    assert group.startswith("jc.") and group != stream_group and "replicas" not in one["cluster"]
+    # R1: shown as nats-server shows it ({name, leader}); the group is on that node only
+    assert sorted(one["cluster"]) == ["leader", "name"]
+    hosts = [n.name for n in js3.nodes
+             if any(g.startswith("jc.CG.one.") for g in n.get("/jsz?raft=1")["raft"])]
+    assert hosts == [one["cluster"]["leader"]]
     # every node answers CONSUMER.INFO from the consumer group's leader
     infos = await _infos(js3, "CG", "one")
-    assert {i["cluster"]["raft_group"] for i in infos} == {group}
-    assert len({i["cluster"]["leader"] for i in infos}) == 1
+    assert {i["cluster"]["leader"] for i in infos} == {one["cluster"]["leader"]}
     # deliveries and acks through the group, from each node in turn
     got: list[int] = []
     for k, node in enumerate(js3.nodes):
