@@ -95,7 +95,28 @@ async def test_r1_consumer_on_an_r3_stream_has_its_own_group(js3: JsCluster) -> 
     # the stream's own consumer never saw any of that
     assert {(i["delivered"]["stream_seq"], i["num_pending"])
             for i in await _infos(js3, "CG", "same")} == {(0, 10)}
+    await _stepdown_moves_the_consumer_groups_leader(js3)
     assert errors_in_logs(js3) == []
+
+
+async def _stepdown_moves_the_consumer_groups_leader(js3: JsCluster) -> None:
+    """CONSUMER.LEADER.STEPDOWN of an R3 mem_storage consumer (its own group) moves that
+    group's leader, not the stream's (run inside the test above: one cluster less)."""
+    nc = await connect(js3.nodes[1])
+    try:
+        await _consumer(nc, "CG", "mem", mem_storage=True)  # R3 like its stream, in memory
+        before = await api(nc, "CONSUMER.INFO.CG.mem")
+        stream_leader = (await api(nc, "STREAM.INFO.CG"))["cluster"]["leader"]
+        r = await api(nc, "CONSUMER.LEADER.STEPDOWN.CG.mem")
+        assert r.get("success") is True, r
+        after = await until(lambda: _moved(nc, before["cluster"]["leader"]), timeout=20)
+        assert (await api(nc, "STREAM.INFO.CG"))["cluster"]["leader"] == stream_leader
+    finally:
+        await nc.close()
+    assert before["cluster"]["raft_group"].startswith("jc.")
+    assert len(after["cluster"]["replicas"]) == 2
+
+
 
 
 async def test_killing_the_consumer_groups_leader_keeps_its_ack_floor(js3: JsCluster) -> None:
@@ -152,23 +173,6 @@ async def _agreed(cluster: JsCluster) -> list[dict[str, Any]] | None:
     infos = await _infos(cluster, "CG", "two")
     return infos if all("error" not in i for i in infos) and \
         all(len(i["cluster"].get("replicas", [])) == 2 for i in infos) else None
-
-
-async def test_stepdown_moves_the_consumer_groups_leader(js3: JsCluster) -> None:
-    nc = await connect(js3.nodes[0])
-    try:
-        await _stream(nc)
-        await _consumer(nc, "CG", "mem", mem_storage=True)  # R3 like its stream, in memory
-        before = await api(nc, "CONSUMER.INFO.CG.mem")
-        stream_leader = (await api(nc, "STREAM.INFO.CG"))["cluster"]["leader"]
-        r = await api(nc, "CONSUMER.LEADER.STEPDOWN.CG.mem")
-        assert r.get("success") is True, r
-        after = await until(lambda: _moved(nc, before["cluster"]["leader"]), timeout=20)
-        assert (await api(nc, "STREAM.INFO.CG"))["cluster"]["leader"] == stream_leader
-    finally:
-        await nc.close()
-    assert before["cluster"]["raft_group"].startswith("jc.")
-    assert len(after["cluster"]["replicas"]) == 2
 
 
 async def _moved(nc: nats.NATS, old: str) -> dict[str, Any] | None:
