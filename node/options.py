@@ -108,6 +108,11 @@ class JetStreamOptions:
     # Audit retention (jetraft's own key): compaction moves obsolete WAL segments into
     # <store_dir>/raft/wal/archive instead of deleting them, for `jetraft audit`.
     audit_archive: bool = False
+    # `strict: false`: unknown fields in API requests are logged and ignored (nats-server
+    # 2.12+ refuses them by default).
+    strict: bool = True
+    # The server-wide `limits {}` block (node/jetstream/config.py ServerLimits): 0 = none.
+    limits: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass

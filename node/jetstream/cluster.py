@@ -610,7 +610,8 @@ class ClusterJS:
         async with self.svc._meta_lock:
             configs = self.svc._configs(account)  # names, overlaps, limits: per account
             stored, created = stream_config.check_create(name, cfg, pedantic, configs,
-                                                         clustered=True)
+                                                         clustered=True,
+                                                         limits=self.svc.server_limits)
             key = jsaccount.key(account, stored["name"])
             if created:
                 self.svc.check_limits(account, stored, configs, creating=True)
@@ -631,7 +632,7 @@ class ClusterJS:
         async with self.svc._meta_lock:
             configs = self.svc._configs(account)
             stored = stream_config.check_update(stream, cfg, pedantic, configs,
-                                                clustered=True)
+                                                clustered=True, limits=self.svc.server_limits)
             self.svc.check_limits(account, stored, configs, creating=False)
             name = jsaccount.key(account, stream)
             a = self.catalogue().streams[name]

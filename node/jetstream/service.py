@@ -45,6 +45,7 @@ from node.jetstream import (
     dirs,
     domain,
     get,
+    gojson,
     jsaccount,
     ops,
     pause,
@@ -668,9 +669,9 @@ class JetStreamService:
         self._accept_publish(name, subject, reply or "", hdr or b"", payload)
 
     def _accept_publish(self, name: str, subject: str, reply: str, hdr: bytes, payload: bytes
-                        ) -> asyncio.Future[Any] | None:
-        """A publish this node (the stream's leader) proposes; the future ends once it is
-        applied (or refused). None: nothing proposed for it yet (an open atomic batch)."""
+                        ) -> None:
+        """A publish this node (the stream's leader) proposes. Its PubAck is an apply
+        effect; a refusal (or an unknown outcome) is logged by `_not_acked`."""
         sm = self.streams.get(name)
         if sm is None:
             return None
@@ -680,16 +681,14 @@ class JetStreamService:
         if BatchCollector.is_batch(op):
             self._batch_message(sm, op)
             return None
-        # No task per publish (the PubAck is an apply effect): the proposal's future
-        # reports a failure, and a forwarded publish waits on it (cluster.py).
+        # No task nor Future per publish (the PubAck is an apply effect): the driver
+        # reports only a failure.
         assert self.mr is not None
         try:
-            fut = self.mr.propose_nowait(sm.group, ops.encode(op))
+            self.mr.propose_quiet(sm.group, ops.encode(op), self._not_acked, sm)
         except (ProposalDropped, KeyError, NotLeader) as exc:
             self._not_acked(sm, exc)
-            return None
-        fut.add_done_callback(lambda f: self._published(sm, f))
-        return fut
+        return None
 
     def _over_account_limit(self, sm: StreamMachine, op: ops.StreamMsg) -> bool:
         """nats-server refuses a publish that takes the stored bytes of the stream's tier
@@ -769,10 +768,6 @@ class JetStreamService:
         if self.jsc is not None and self.jsc.answer_token(subject, payload):
             return
         self._client(stream_key).publish(subject, None, payload, hdr)
-
-    def _published(self, sm: StreamMachine, fut: asyncio.Future[int]) -> None:
-        if not fut.cancelled() and fut.exception() is not None:
-            self._not_acked(sm, fut.exception())
 
     def _not_acked(self, sm: StreamMachine, exc: BaseException | None) -> None:
         # Not stored (or outcome unknown): no PubAck; the client's request times out and
@@ -906,7 +901,7 @@ class JetStreamService:
         client.publish(reply, None, _dumps(out))
 
     async def _serve(self, call: api.Call, subject: str, reply: str, body: bytes) -> None:
-        frames = await self._answer(call, subject, reply, body)
+        frames = await self._answer_lenient(call, subject, reply, body)
         client = self.clients[call.account]
         for hdr, data in frames:
             client.publish(reply, None, data, hdr)
@@ -924,6 +919,19 @@ class JetStreamService:
             self._advise(advisories.api_audit(
                 self.server.server_name, self._requester(reply, call.account), subject, body,
                 data, *self._stamp()), call.account)
+
+    async def _answer_lenient(self, call: api.Call, subject: str, reply: str,
+                              body: bytes) -> Frames:
+        """`_answer`; with `strict: false` unknown request fields are logged, not refused
+        (this task's context only: each request is served in a task of its own)."""
+        if self.server.options.jetstream.strict:
+            return await self._answer(call, subject, reply, body)
+        skipped: list[str] = []
+        gojson.LENIENT.set(skipped)
+        frames = await self._answer(call, subject, reply, body)
+        for text in skipped:
+            self.log.warn(f"Invalid JetStream request '{call.account} > {subject}': {text}")
+        return frames
 
     async def _answer(self, call: api.Call, subject: str, reply: str, body: bytes,
                       hops: int = 0) -> Frames:
@@ -1027,6 +1035,11 @@ class JetStreamService:
                             for t in sorted(set(tiers.limits) | set(usage))}
         return out
 
+    @property
+    def server_limits(self) -> dict[str, int]:
+        """`jetstream { limits {} }`, read at each request so that a reload applies."""
+        return self.server.options.jetstream.limits
+
     def check_limits(self, account: str, cfg: dict[str, Any],
                      configs: dict[str, stream_config.Config], creating: bool) -> None:
         """The account's JetStream limits allow the stream `cfg` (jsaccount.py), or raise
@@ -1059,7 +1072,8 @@ class JetStreamService:
         cfg, pedantic = stream_config.parse_request(body)
         async with self._meta_lock:
             configs = self._configs(call.account)
-            stored, created = stream_config.check_create(call.stream, cfg, pedantic, configs)
+            stored, created = stream_config.check_create(call.stream, cfg, pedantic, configs,
+                                                         limits=self.server_limits)
             if created:
                 self.check_limits(call.account, stored, configs, creating=True)
                 now = time.time_ns()
@@ -1085,7 +1099,8 @@ class JetStreamService:
         cfg, pedantic = stream_config.parse_request(body)
         async with self._meta_lock:
             configs = self._configs(call.account)
-            stored = stream_config.check_update(call.stream, cfg, pedantic, configs)
+            stored = stream_config.check_update(call.stream, cfg, pedantic, configs,
+                                                limits=self.server_limits)
             self.check_limits(call.account, stored, configs, creating=False)
             sm = self._stream(self._key(call))
             await self._propose(sm, ops.UpdateConfig(
@@ -1491,7 +1506,7 @@ class JetStreamService:
         cfg, name, created = consumer_config.check_create(
             subject, req, stream_cfg, existing,
             name_source=lambda: "".join(secrets.choice(_NAME_CHARS) for _ in range(8)),
-            clustered=self.jsc is not None)
+            clustered=self.jsc is not None, limits=self.server_limits)
         assert sm is not None
         if created:
             # the stream's max_consumers, or the account's when stricter (nats-server)
@@ -2244,7 +2259,8 @@ def _may_expire(sm: StreamMachine) -> bool:
     """Only `max_age` or per-message TTLs expire messages; TTLs need `allow_msg_ttl`, which
     an update cannot turn off (and `subject_delete_marker_ttl` turns on)."""
     cfg = sm.stream.cfg  # replaced whole on update: a consistent read without the lock
-    return cfg["max_age"] > 0 or bool(cfg.get("allow_msg_ttl"))
+    return (cfg["max_age"] > 0 or bool(cfg.get("allow_msg_ttl"))
+            or bool(cfg.get("allow_msg_schedules")))
 
 
 def _expiry_due(sm: StreamMachine, now: int) -> bool:

@@ -90,3 +90,121 @@ async def test_conf_change_in_flight_is_not_applied_over_a_newer_snapshot(tmp_pa
         assert mr.failed is None
     finally:
         await mr.stop()
+
+
+async def test_a_stale_leaders_snapshot_does_not_replace_the_one_being_installed(tmp_path):
+    """Leader change during a snapshot transfer: the new leader's snapshot arrives and is
+    stepped (the core will install it at the next drain pass), then the deposed leader's
+    transfer of an older snapshot finishes. The core ignores the stale one (lower term),
+    so the file the next pass installs must still be the new leader's: replacing it made
+    the pass find "snapshot 20 without its data" and fail-stop the node."""
+    wal = GatedLog(str(tmp_path / "wal"))
+    mr = MultiRaft(2, wal, _NoPeers(), snap_dir=str(tmp_path / "snap"), tick_interval_s=60)
+    sm = ConfLog()
+    mr.add_group("g", [1, 2, 3], state_machine=sm)
+    await mr.start()
+    try:
+        async with asyncio.timeout(10):
+            while mr.status("g")["applied"] < 1:
+                await asyncio.sleep(0.005)
+        wal.gate.clear()  # the next pass waits in its fsync: stepped snapshots queue up
+        mr.on_messages([Message(MsgType.HEARTBEAT, "g", 1, 2, term=2)])
+        async with asyncio.timeout(10):
+            await wal.waiting.wait()
+        new = SnapshotMeta(20, 3, ConfState((1, 2, 3)))
+        assert await mr.on_snapshot(
+            Message(MsgType.SNAP, "g", 3, 2, term=3, snapshot=Snapshot(new)), _chunks(new))
+        old = SnapshotMeta(10, 2, ConfState((1, 2, 3)))
+        await mr.on_snapshot(
+            Message(MsgType.SNAP, "g", 1, 2, term=2, snapshot=Snapshot(old)), _chunks(old))
+        wal.gate.set()
+        async with asyncio.timeout(10):
+            while mr.status("g")["applied"] < 20 and mr.failed is None:
+                await asyncio.sleep(0.005)
+        assert mr.failed is None, f"the node stopped: {mr.failed!r}"
+        assert mr.status("g")["first_index"] == 21
+    finally:
+        await mr.stop()
+
+
+async def test_removed_waits_for_the_drop_to_be_durable(tmp_path):
+    """`removed(group)` is what JetStream awaits before deleting a stream's LMDB keys: it
+    must not return before the group's DROP record is fsynced and its snapshot files are
+    gone (never delete what a not-yet-durable record makes obsolete). Awaited right after
+    `remove_group`, as `_close_stream` does, it returned at once: the task doing the removal
+    had not started yet, so the keys went while a crash could still bring the group back
+    (with its snapshot, naming an index the store no longer holds: [FTL] at restart)."""
+    wal = GatedLog(str(tmp_path / "wal"))
+    mr = MultiRaft(1, wal, _NoPeers(), snap_dir=str(tmp_path / "snap"), tick_interval_s=0.01)
+    await mr.start()
+    try:
+        mr.add_group("g", [1], state_machine=AppendLog())
+        await mr.wait_leader("g")
+        for k in range(5):
+            await mr.propose("g", b"e%d" % k)
+        mr.snapshot_now("g")
+        async with asyncio.timeout(10):
+            while mr.stats.snapshots_taken < 1:
+                await asyncio.sleep(0.005)
+        files = sorted(n.name for n in (tmp_path / "snap").iterdir() if n.name != "empty.image")
+        assert files, "the group has snapshot files"
+        wal.gate.clear()  # the DROP's fsync waits for the test
+        durable = asyncio.Event()
+
+        async def fsync_later() -> None:
+            await wal.waiting.wait()
+            await asyncio.sleep(0.1)
+            durable.set()
+            wal.gate.set()
+
+        opener = asyncio.ensure_future(fsync_later())
+        mr.remove_group("g")
+        async with asyncio.timeout(10):
+            await mr.removed("g")  # as JetStream's _close_stream awaits it
+        assert durable.is_set(), "removed() returned before the DROP was durable"
+        left = sorted(n.name for n in (tmp_path / "snap").iterdir())
+        assert not set(left) & set(files), f"snapshot files left: {left}"
+        await opener
+    finally:
+        wal.gate.set()
+        await mr.stop()
+
+
+class AheadLog(AppendLog):
+    """A durable machine whose store is ahead of what the driver gave it: a member that
+    installed a leader's export, taken past the snapshot it stood for (clsnap)."""
+
+    AHEAD = 7
+
+    def snapshot_to(self, path: str) -> int:
+        return super().snapshot_to(path) + self.AHEAD
+
+
+async def test_a_store_ahead_of_the_log_compacts_at_the_applied_index(tmp_path):
+    """A member whose store holds entries past its Raft applied index (an installed export)
+    compacts before it caught up: the snapshot names the applied index (the store covers
+    at least that), the node goes on. Naming the store's index instead claims entries the
+    log never applied here; raising (the code before clsnap) fail-stopped the node."""
+    from raft.storage import NodeLog
+
+    mr = MultiRaft(1, NodeLog(str(tmp_path / "wal")), _NoPeers(),
+                   snap_dir=str(tmp_path / "snap"), tick_interval_s=0.01)
+    await mr.start()
+    try:
+        mr.add_group("g", [1], state_machine=AheadLog())
+        await mr.wait_leader("g")
+        for k in range(5):
+            await mr.propose("g", b"e%d" % k)
+        applied = mr.status("g")["applied"]
+        mr.snapshot_now("g")
+        async with asyncio.timeout(10):
+            while not (mr.stats.snapshots_taken or mr.stats.snapshots_discarded
+                       or mr.failed):
+                await asyncio.sleep(0.005)
+        assert mr.failed is None, f"the node stopped: {mr.failed!r}"
+        assert mr.stats.snapshots_taken == 1, "the image was discarded"
+        assert mr.status("g")["first_index"] == applied + 1
+        assert mr._groups["g"].snap.meta.index == applied  # noqa: SLF001
+        await mr.propose("g", b"after")
+    finally:
+        await mr.stop()

@@ -15,7 +15,7 @@ from proto import cluster_pb2 as pb
 from proto import cluster_pb2_grpc as pb_grpc
 from raft.codec import decode_batch, encode_batch, message_from_pb, message_to_pb
 from raft.transport_grpc import GrpcTransport
-from raft.types import ConfState, Entry, Message, MsgType, Snapshot, SnapshotMeta
+from raft.types import ConfState, Entry, EntryType, Message, MsgType, Snapshot, SnapshotMeta
 from tests import certs
 from tests.ports import free_port
 
@@ -95,6 +95,12 @@ def test_codec_roundtrip_and_heartbeat_coalescing():
     batch = pb.Batch.FromString(encode_batch(1, 2, msgs).SerializeToString())
     assert (len(batch.messages), len(batch.heartbeats), len(batch.heartbeat_resps)) == (2, 1, 1)
     assert sorted(map(repr, decode_batch(batch))) == sorted(map(repr, msgs))
+    # Entry types survive the wire (a membership change must not arrive as data).
+    mixed = Message(MsgType.APP, "m", 1, 2, term=4, index=9, entries=[
+        Entry(4, 10, EntryType.CONF_CHANGE, b"cc"), Entry(4, 11, EntryType.NORMAL, b"d"),
+        Entry(4, 12, EntryType.NORMAL, b"")])
+    got = decode_batch(pb.Batch.FromString(encode_batch(1, 2, [mixed]).SerializeToString()))
+    assert got == [mixed] and [type(e.type) for e in got[0].entries] == [EntryType] * 3
 
 
 # ---- Raft stream ----------------------------------------------------------------------
