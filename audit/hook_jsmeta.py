@@ -13,6 +13,11 @@ node's code (the audit must not share a bug with what it checks):
     {"op":"remove_server","peer"}            the peer joins `removed`
     {"op":"seen","peer"}                     the peer joins `seen` (it had Raft state: the
                                              node refuses it later with an empty store)
+    {"op":"consumer","name","consumer",...}  a consumer's own group, under the stream's
+                                             `consumers` (every field but op/name/consumer/
+                                             account, + `rev`); a retry or a stream that is
+                                             gone changes nothing
+    {"op":"consumer_delete","name","consumer"}  that consumer's group forgotten
 
 A single-node `create` has no `peers` (it means the node itself, whose id the log does not
 say): its peers are not compared.
@@ -89,6 +94,8 @@ class Catalogue:
                 self.streams[name] = a
         elif op == "delete":
             self.streams.pop(name, None)
+        elif op in ("consumer", "consumer_delete"):
+            self._consumer(index, op, name, entry)
         elif op in ("remove_server", "seen"):
             peer = entry.get("peer")
             if not isinstance(peer, int):
@@ -98,6 +105,25 @@ class Catalogue:
                 peers.append(peer)
         else:
             raise UnknownOp(op)
+
+
+    def _consumer(self, index: int, op: str, name: Any, entry: dict[str, Any]) -> None:
+        consumer = entry.get("consumer")
+        if not isinstance(name, str) or not isinstance(consumer, str):
+            raise BadEntry(f"{op} without a stream or consumer name")
+        if name not in self.streams:
+            return
+        a = dict(self.streams[name])
+        groups = dict(a.pop("consumers", {}))
+        if op == "consumer" and consumer not in groups:
+            groups[consumer] = {k: v for k, v in entry.items()
+                                if k not in ("op", "name", "consumer", "account")}
+            groups[consumer]["rev"] = index
+        elif op == "consumer_delete":
+            groups.pop(consumer, None)
+        if groups:
+            a["consumers"] = groups
+        self.streams[name] = a
 
 
 def belief(store: NodeStore) -> tuple[dict[str, Any], list[int] | None, list[int] | None]:

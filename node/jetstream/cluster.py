@@ -32,8 +32,9 @@ import json
 import time
 from typing import Any
 
-from node.jetstream import api, cluster_meta, jsaccount, placement, replies, usage
+from node.jetstream import api, cgroup, cluster_meta, jsaccount, ops, placement, replies, usage
 from node.jetstream import config as stream_config
+from node.jetstream.consumer import parse_ack_subject as api_ack
 from node.jetstream.errors import ApiError
 from node.jetstream.placement import Candidate, Placement
 from node.jetstream.stream import rfc3339
@@ -46,6 +47,9 @@ UNASSIGNED_GRACE_S = 5.0
 META_OPS = frozenset({"STREAM.CREATE", "STREAM.UPDATE", "STREAM.DELETE",
                       "META.LEADER.STEPDOWN", "SERVER.REMOVE", "STREAM.PEER.REMOVE"})
 LOCAL_OPS = frozenset({"INFO", "STREAM.NAMES", "STREAM.LIST"})
+# Served by a consumer's own group's leader (cgroup.py) when it has one.
+CONSUMER_GROUP_OPS = frozenset({"CONSUMER.INFO", "CONSUMER.MSG.NEXT",
+                                "CONSUMER.LEADER.STEPDOWN"})
 Frames = list[tuple[bytes | None, bytes]]
 
 
@@ -109,7 +113,8 @@ class ClusterJS:
         """Handlers and peers now; the meta group in the background (a restarting node
         whose peers are down still starts, and answers 503 until the meta group is back)."""
         for kind, fn in (("js.meta.hello", self._h_hello), ("js.api", self._h_api),
-                         ("js.sync", self._h_sync)):
+                         ("js.sync", self._h_sync), ("js.cplace", self._h_cplace),
+                         ("js.gstate", self._h_gstate)):
             self.cluster.handle(kind, fn)
         self.cluster.handle_frames("js.pub", self._on_pub_frame)
         self.cluster.handle_frames("js.ack", self._on_ack_frame)
@@ -318,7 +323,12 @@ class ClusterJS:
         elif call.stream and self.svc._key(call) in self.catalogue().streams:
             if call.op == "DIRECT.GET" and self.svc._key(call) in self.svc.streams:
                 return None  # every replica answers direct gets from its own store
-            target = await self.stream_target(self.svc._key(call))
+            key = self.svc._key(call)
+            if call.op in CONSUMER_GROUP_OPS and call.consumer and \
+                    self.catalogue().consumer_group(key, call.consumer) is not None:
+                target = await self.consumer_target(key, call.consumer)
+            else:
+                target = await self.stream_target(key)
         else:
             return None
         if target == self.self_id:
@@ -436,7 +446,11 @@ class ClusterJS:
         `js.ack` frame, where the leader's own ack path runs (a double ack's confirmation
         and +NXT's messages go to `reply` by core routing). No route or leader now: a task
         waits for one (an ack lost: the message is redelivered)."""
-        peer = self._pub_target(stream)
+        consumer = _ack_consumer(subject)
+        if self.catalogue().consumer_group(stream, consumer) is not None:
+            peer = self._consumer_pick(stream, consumer)  # its own group's leader
+        else:
+            peer = self._pub_target(stream)
         if peer and self.cluster.send_frame(peer, "js.ack", subject, reply or None, None, body,
                                             f"{hops}:{stream}"):
             return
@@ -444,8 +458,12 @@ class ClusterJS:
 
     async def _send_ack(self, stream: str, subject: str, reply: str | None, body: bytes,
                         hops: int) -> None:
+        consumer = _ack_consumer(subject)
         try:
-            target = await self.stream_target(stream)
+            if self.catalogue().consumer_group(stream, consumer) is not None:
+                target = await self.consumer_target(stream, consumer)
+            else:
+                target = await self.stream_target(stream)
         except ApiError:
             target = 0
         if target == self.self_id:
@@ -462,10 +480,98 @@ class ClusterJS:
             hops = int(hops_text)
         except ValueError:
             return
-        if self.leads(stream):
+        if self.svc._leads_consumer(stream, _ack_consumer(subject)):
             self.svc._on_ack(jsaccount.account_of(stream), None, subject, reply, None, body)
         elif hops < MAX_HOPS and stream in self.catalogue().streams:
             self.forward_ack(stream, subject, reply, body, hops + 1)
+
+    # ------------------------------------------------------------------ consumer groups
+
+    def _consumer_pick(self, stream: str, consumer: str) -> int:
+        """The consumer group's leader when hosted here, else one of its peers that is up
+        (which passes requests on), 0 when none."""
+        cm = self.svc.cgroups.get((stream, consumer))
+        if cm is not None:
+            try:
+                return self.svc.mr.leader(cm.group)
+            except KeyError:
+                return 0
+        g = self.catalogue().consumer_group(stream, consumer)
+        up = [p for p in (g or {}).get("peers", []) if p != self.self_id and self.is_up(p)]
+        return up[0] if up else 0
+
+    async def consumer_target(self, stream: str, consumer: str) -> int:
+        return await self._wait(lambda: self._consumer_pick(stream, consumer))
+
+    async def place_consumer(self, stream: str, consumer: str, config: dict[str, Any],
+                             start: int, lps: int) -> None:
+        """The meta leader gives the consumer a group of its own (or forgets it: `config`
+        None); returns once the meta entry is committed."""
+        body = {"stream": stream, "consumer": consumer, "config": config, "start": start,
+                "lps": lps}
+        leader = await self._wait(self.meta_leader)
+        if leader == self.self_id:
+            await self._place_consumer(body)
+            return
+        answer = json.loads(await self._request(leader, "js.cplace", body))
+        if "error" in answer:
+            e = answer["error"]
+            raise ApiError("placement", e["code"], e["err_code"], e["description"])
+        placed = config is not None
+        # this node's catalogue follows: callers read the assignment next
+        await self._wait(lambda: int((self.catalogue().consumer_group(stream, consumer)
+                                      is not None) == placed))
+
+    async def _h_cplace(self, _peer: int, payload: bytes) -> bytes:
+        try:
+            await self._place_consumer(json.loads(payload))
+        except ApiError as err:
+            return err.to_json()
+        return b"{}"
+
+    async def _place_consumer(self, req: dict[str, Any]) -> None:
+        if not self.is_meta_leader():
+            raise ApiError.of("JSClusterNotAvailErr")
+        stream, consumer = req["stream"], req["consumer"]
+        cat = self.catalogue()
+        a = cat.streams.get(stream)
+        if a is None:
+            raise ApiError.of("JSStreamNotFoundErr")
+        if req["config"] is None:
+            if cat.consumer_group(stream, consumer) is not None:
+                await self.propose_meta(cluster_meta.consumer_delete(stream, consumer))
+            return
+        if cat.consumer_group(stream, consumer) is not None:
+            return  # placed already (a retried create)
+        want = cgroup.replicas(req["config"], a["config"])
+        peers = cgroup.place(list(a["peers"]), want, self.is_up, cat.consumer_load())
+        if not peers:
+            raise ApiError.of("JSClusterNoPeersErrF", err="no suitable peers for placement")
+        now = time.time_ns()
+        await self.propose_meta(cluster_meta.consumer(
+            stream, consumer, cgroup.group_name(stream, consumer, now), peers, req["config"],
+            int(req["start"]), int(req["lps"]), now))
+
+    async def report_group_state(self, stream: str, entry: bytes) -> None:
+        """A consumer group's CONSUMER_GROUP_STATE entry for its stream's group, proposed
+        by the stream's leader (asked over the cluster when that is another node)."""
+        target = await self.stream_target(stream)
+        if target == self.self_id:
+            await self._propose_gstate(stream, entry)
+            return
+        await self._request(target, "js.gstate", {"stream": stream, "entry": _b64(entry)})
+
+    async def _h_gstate(self, _peer: int, payload: bytes) -> bytes:
+        req = json.loads(payload)
+        await self._propose_gstate(req["stream"], _unb64(req["entry"]))
+        return b"{}"
+
+    async def _propose_gstate(self, stream: str, entry: bytes) -> None:
+        if not isinstance(ops.decode(entry), ops.ConsumerGroupState):
+            return  # this path carries nothing else into a stream's log
+        sm = self.svc.streams.get(stream)
+        if sm is not None and self.leads(stream):
+            await self.svc.mr.propose(sm.group, entry)
 
     # ------------------------------------------------------------------ the meta leader
 
@@ -828,6 +934,16 @@ class ClusterJS:
 
     # ------------------------------------------------------------------ INFO
 
+    def consumer_cluster_info(self, group: str) -> dict[str, Any]:
+        """CONSUMER.INFO's `cluster` for a consumer with its own group: nats-server 2.15.1
+        runs an R1 consumer without a Raft node and shows only the cluster's name and the
+        server (probed on a 3-node cluster: `{"name","leader"}`); ours has a one-member
+        group, shown the same way. Larger groups: as any group."""
+        st = self.svc.mr.status(group)
+        if len(st["voters"]) == 1:
+            return {"name": self.cluster_name, "leader": self.member_name(st["voters"][0])}
+        return self.cluster_info(group)
+
     def cluster_info(self, group: str) -> dict[str, Any]:
         """STREAM.INFO's / CONSUMER.INFO's `cluster` object, as nats-server shows it."""
         mr = self.svc.mr
@@ -921,6 +1037,11 @@ def _request_json(body: bytes) -> dict[str, Any]:
 def _as_reply(info: dict[str, Any]) -> dict[str, Any]:
     """A STREAM.INFO reply as the body of a create/update reply (no subject paging)."""
     return {k: v for k, v in info.items() if k not in ("total", "offset", "limit")}
+
+
+def _ack_consumer(subject: str) -> str:
+    info = api_ack(subject)
+    return info.consumer if info is not None else ""
 
 
 def _shrink(peers: list[int], want: int, leader: int) -> list[int]:

@@ -7,6 +7,9 @@ Every entry of the `$js` Raft group is one compact JSON object with an `op`:
     {"op":"delete","name":S[,"account":A]}
     {"op":"remove_server","peer":P}
     {"op":"seen","peer":P}
+    {"op":"consumer","name":S,"consumer":C,"group":G,"peers":[P,...],"config":{...},
+     "start":N,"lps":N,"created_ns":N[,"account":A]}
+    {"op":"consumer_delete","name":S,"consumer":C[,"account":A]}
 
 `name` is the stream's registry key (node/jetstream/jsaccount.py): the stream name in the
 global account `$G`, `<account>/<stream name>` in any other; `account` names that account and
@@ -31,7 +34,14 @@ the node itself. The catalogue is the fold of the entries in log order:
 * `delete` forgets it; `remove_server` records a peer that left the cluster for good (placement
   never picks it again, and the meta leader removes it from the groups that name it).
 
-Consumers are not here: they are entries of their stream's own group (docs/jetstream.md).
+* `consumer` assigns a consumer whose replicas or storage differ from its stream's a Raft
+  group of its own (node/jetstream/cgroup.py): `group`, `peers` (a subset of the stream's),
+  the consumer `config` (wire form) and its start position (`start`, `lps`, as the stream's
+  CONSUMER_UPSERT carries them); kept under the stream's assignment, `consumers` -> C. A retry
+  (C already assigned) keeps the first; a stream that is gone ignores it.
+  `consumer_delete` forgets it; deleting the stream forgets its consumers.
+
+Every other consumer is not here: it is entries of its stream's own group (docs/jetstream.md).
 """
 
 from __future__ import annotations
@@ -95,6 +105,17 @@ def seen(peer: int) -> dict[str, Any]:
     return {"op": "seen", "peer": peer}
 
 
+def consumer(name: str, consumer_name: str, group: str, peers: list[int],
+             config: dict[str, Any], start: int, lps: int, created_ns: int) -> dict[str, Any]:
+    return _account({"op": "consumer", "name": name, "consumer": consumer_name, "group": group,
+                     "peers": list(peers), "config": config, "start": start, "lps": lps,
+                     "created_ns": created_ns})
+
+
+def consumer_delete(name: str, consumer_name: str) -> dict[str, Any]:
+    return _account({"op": "consumer_delete", "name": name, "consumer": consumer_name})
+
+
 @dataclass
 class Catalogue:
     """Stream name -> its assignment (the `create` entry, kept current by `update`s)."""
@@ -127,6 +148,8 @@ class Catalogue:
             return name
         if op == "delete" and isinstance(name, str):
             return name if self.streams.pop(name, None) is not None else None
+        if op in ("consumer", "consumer_delete") and isinstance(name, str):
+            return self._apply_consumer(op, name, entry, index)
         if op == "remove_server":
             peer = int(entry["peer"])
             if peer not in self.removed:
@@ -136,6 +159,45 @@ class Catalogue:
             if peer not in self.seen:
                 self.seen.append(peer)
         return None
+
+    def _apply_consumer(self, op: str, name: str, entry: dict[str, Any], index: int
+                        ) -> str | None:
+        a = self.streams.get(name)
+        cname = entry.get("consumer")
+        if a is None or not isinstance(cname, str):
+            return None  # the stream went first
+        groups = dict(a.get("consumers") or {})
+        if op == "consumer":
+            if cname in groups:
+                return None  # a retried placement keeps the first
+            groups[cname] = {k: v for k, v in entry.items()
+                             if k not in ("op", "name", "consumer", "account")} | {"rev": index}
+        elif groups.pop(cname, None) is None:
+            return None
+        a = dict(a)
+        if groups:
+            a["consumers"] = groups
+        else:
+            a.pop("consumers", None)
+        self.streams[name] = a
+        return name
+
+    def consumer_groups(self) -> dict[tuple[str, str], dict[str, Any]]:
+        """(stream, consumer) -> the consumer's own group assignment."""
+        return {(n, c): g for n, a in self.streams.items()
+                for c, g in (a.get("consumers") or {}).items()}
+
+    def consumer_group(self, stream: str, consumer: str) -> dict[str, Any] | None:
+        a = self.streams.get(stream)
+        return (a.get("consumers") or {}).get(consumer) if a is not None else None
+
+    def consumer_load(self) -> dict[int, int]:
+        """Consumer groups assigned per peer: the load consumer placement spreads."""
+        out: dict[int, int] = {}
+        for g in self.consumer_groups().values():
+            for p in g["peers"]:
+                out[p] = out.get(p, 0) + 1
+        return out
 
     def peers(self, name: str, self_peer: int) -> list[int]:
         a = self.streams.get(name)

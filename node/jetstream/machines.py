@@ -338,3 +338,148 @@ class StreamMachine:
         with self.lock:
             if self.env is not None:
                 self.store.drop()
+
+
+class _OneConsumer:
+    """What the node's consumer paths read of `sm.stream` (consumers, created times, config)
+    for a consumer group: its one consumer, and its stream's config."""
+
+    def __init__(self, machine: ConsumerMachine) -> None:
+        self._m = machine
+
+    @property
+    def consumers(self) -> dict[str, Any]:
+        return {self._m.consumer: self._m.core.consumer}
+
+    @property
+    def consumer_created(self) -> dict[str, int]:
+        # CONSUMER.INFO's `created`: the stream's CONSUMER_UPSERT time, as for any consumer
+        made = self._m.stream_machine.stream.consumer_created.get(self._m.consumer)
+        return {self._m.consumer: made or self._m.created_ns}
+
+    @property
+    def cfg(self) -> Any:
+        return self._m.stream_cfg()
+
+
+class ConsumerMachine:
+    """A consumer's own group (node/jetstream/cgroup.py): the consumer's deliveries and acks,
+    applied to its state in a store of the group's own (LMDB under the group's name, or
+    memory for a `mem_storage` consumer), with the applied index in the same transaction.
+
+    Messages are read from the stream's replica on this node (`stream_store`: the group's
+    peers are a subset of the stream's). It offers what the node's delivery and ack paths
+    read of a StreamMachine (`name` is the stream's key, `group` its own group, `lock`,
+    `store` for reading messages, `stream.consumers`, `delivered` / `events` by index).
+    Snapshots are whole images (the state is one small record): a member that joins or lags
+    behind a compaction installs it."""
+
+    def __init__(self, stream: StreamMachine, consumer: str, group: str, cfg: dict[str, Any],
+                 start_sseq: int, lps_until: int, created_ns: int, memory: bool,
+                 sink: Callable[[ConsumerMachine, list[Effect]], None]) -> None:
+        self.stream_machine = stream
+        self.name = stream.name
+        self.consumer = consumer
+        self.group = group
+        self.created_ns = created_ns
+        self.env = None if memory or stream.env is None else stream.env
+        self.own = MemStore(group) if self.env is None else LmdbStore(self.env, group)
+        self.sink = sink
+        self.lock = stream.lock  # plans read the stream's store: one lock for both
+        self.cfg, self.start, self.lps = cfg, start_sseq, lps_until
+        self.core = self._load()
+        self.stream = _OneConsumer(self)
+        self.delivered: dict[int, Delivered] = {}
+        self.events: dict[int, list[ConsumerEvent]] = {}
+        self.track = False
+        self.leader_hook: Callable[[int, int], None] | None = None
+
+    def _load(self) -> Any:
+        from node.jetstream.cgroup import ConsumerCore  # cgroup imports stream, not machines
+        from node.jetstream.consumer import Consumer, ConsumerState
+        raw = self.own.get_consumer(self.consumer)
+        state = ConsumerState.decode(raw) if raw else None
+        return ConsumerCore(self.consumer, Consumer(self.cfg, state, self.start, self.lps))
+
+    @property
+    def store(self) -> Any:
+        return self.stream_machine.store  # the messages the consumer delivers
+
+    def stream_cfg(self) -> Any:
+        return self.stream_machine.stream.cfg
+
+    def reconfigure(self, cfg: dict[str, Any]) -> None:
+        """The stream applied a CONSUMER_UPSERT for this consumer: its state carries on."""
+        with self.lock:
+            self.cfg = cfg
+            self.core.consumer.reconfigure(cfg)
+
+    def apply(self, index: int, data: bytes) -> None:
+        self.apply_batch([(index, data)])
+
+    def apply_batch(self, run: list[tuple[int, bytes]]) -> None:
+        from node.jetstream import ops
+        effects: list[Effect] = []
+        with self.lock, self.own.batch():
+            applied = _committed_applied(self.own)
+            for index, data in run:
+                if index <= applied:
+                    continue  # already in the store before a restart
+                produced = self.core.apply(ops.decode(data))
+                if self.track:
+                    self._keep(index, produced)
+                effects += produced
+                applied = index
+            self.own.put_consumer(self.consumer, self.core.consumer.state.encode())
+            self.own.put_meta("applied", _U64.pack(applied))
+        self.sink(self, effects)  # also without effects: an ack moved the state to report
+
+    def _keep(self, index: int, effects: list[Effect]) -> None:
+        for effect in effects:
+            if isinstance(effect, Delivered):
+                self.delivered[index] = effect
+            elif isinstance(effect, ConsumerEvent):
+                self.events.setdefault(index, []).append(effect)
+        for kept in (self.delivered, self.events):
+            while len(kept) > KEEP_MAX:
+                del kept[next(iter(kept))]
+
+    def applied_index(self) -> int:
+        return _committed_applied(self.own)
+
+    def snapshot_to(self, path: str) -> int:
+        with self.lock:
+            index = _committed_applied(self.own)
+            state = self.own.get_consumer(self.consumer) or b""
+        if self.env is not None:
+            self.env.sync()  # what the image names is durable before the WAL below it goes
+        body = json.dumps({"consumer": self.consumer, "applied": index,
+                           "state": state.decode()}).encode()
+        # sealed as the stream's snapshot files are (an encrypted store leaks nothing)
+        _write_file(self.stream_machine.env, path, lambda out: out.write(body))
+        return index
+
+    def restore_from(self, path: str) -> None:
+        """A whole image: the state at its index (an empty file: the initial state)."""
+        body = _read_all(self.stream_machine.env, path) if os.path.getsize(path) else b""
+        image = json.loads(body) if body else {"applied": 0, "state": ""}
+        with self.lock, self.own.batch():
+            if _committed_applied(self.own) >= int(image["applied"]) and body:
+                return  # a restart: the store already holds it
+            if image["state"]:
+                self.own.put_consumer(self.consumer, image["state"].encode())
+            else:
+                self.own.delete_consumer(self.consumer)
+            self.own.put_meta("applied", _U64.pack(int(image["applied"])))
+            self.core = self._load()
+            self.delivered.clear()
+            self.events.clear()
+
+    def on_leader_change(self, leader_id: int, term: int) -> None:
+        if self.leader_hook is not None:
+            self.leader_hook(leader_id, term)
+
+    def drop(self) -> None:
+        with self.lock:
+            if self.env is not None:
+                self.own.drop()

@@ -31,6 +31,9 @@ class EntryOp(IntEnum):
     CONSUMER_UPSERT = 19     # create or update a consumer: config JSON + start position
     CONSUMER_DELETE = 20     # delete a consumer
     CONSUMER_STATE = 21      # STREAM.RESTORE: a consumer's whole state record
+    # 22, 23: consumer delivery rounds / ack runs (branch fetchjs)
+    CONSUMER_FORGET = 30     # a single node restarted: a mem_storage consumer is gone
+    CONSUMER_GROUP_STATE = 31  # a consumer with a group of its own tells its stream its acks
 
 
 class EntryFormatError(ValueError):
@@ -51,6 +54,8 @@ _RESTORE = struct.Struct("<QqI")            # last_seq, last_ts, message count
 _RMSG = struct.Struct("<QqHII")             # seq, ts, subject_len, hdr_len, data_len
 _STATE = struct.Struct("<HI")               # name_len, state_len
 _SOURCE = struct.Struct("<HHI")             # source key_len, origin ident_len, message count
+_GSTATE = struct.Struct("<HQQI")            # name_len, delivered sseq, floor sseq, count
+_SEQ = struct.Struct("<Q")
 _SOURCED = struct.Struct("<QqHII")          # origin seq, origin ts, subject_len, hdr_len, data_len
 DELETE_NO_ERASE = 0x01
 
@@ -129,6 +134,28 @@ class ConsumerDelete:
 
 
 @dataclass(frozen=True, slots=True)
+class ConsumerForget:
+    """A standalone node's restart forgets a `mem_storage` consumer (nats-server keeps such a
+    consumer in memory only). Unlike ConsumerDelete it removes no message under interest
+    retention: nats-server's restarted stream keeps what that consumer had not acked."""
+    now_ns: int
+    consumer: str
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerGroupState:
+    """An entry of the STREAM's group: the state of a consumer that keeps its deliveries and
+    acks in a Raft group of its own, as that group applied it at some index (its leader
+    proposes it). Every stream seq <= `delivered_sseq` not in `pending` is acked (or was
+    never due); the stream removes such messages under interest / workqueue retention."""
+    now_ns: int
+    consumer: str
+    delivered_sseq: int
+    floor_sseq: int
+    pending: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class RestoredMsg:
     seq: int
     ts_ns: int
@@ -175,7 +202,8 @@ class SourceMsgs:
 
 
 Op = (StreamMsg | DeleteMsg | Purge | Expire | ConsumerDelivered | ConsumerAck | StreamBatch
-      | UpdateConfig | ConsumerUpsert | ConsumerDelete | RestoreMsgs | ConsumerState | SourceMsgs)
+      | UpdateConfig | ConsumerUpsert | ConsumerDelete | RestoreMsgs | ConsumerState | SourceMsgs
+      | ConsumerForget | ConsumerGroupState)
 
 
 def _msg_body(msg: StreamMsg) -> bytes:
@@ -224,6 +252,14 @@ def _encode_admin(op: Op) -> bytes:
     if isinstance(op, ConsumerDelete):
         name = op.consumer.encode()
         return _HEAD.pack(EntryOp.CONSUMER_DELETE, op.now_ns) + _NAME.pack(len(name)) + name
+    if isinstance(op, ConsumerGroupState):
+        name = op.consumer.encode()
+        return (_HEAD.pack(EntryOp.CONSUMER_GROUP_STATE, op.now_ns)
+                + _GSTATE.pack(len(name), op.delivered_sseq, op.floor_sseq, len(op.pending))
+                + name + b"".join(_SEQ.pack(s) for s in op.pending))
+    if isinstance(op, ConsumerForget):
+        name = op.consumer.encode()
+        return _HEAD.pack(EntryOp.CONSUMER_FORGET, op.now_ns) + _NAME.pack(len(name)) + name
     if isinstance(op, RestoreMsgs):
         parts = [_HEAD.pack(EntryOp.RESTORE_MSGS, op.now_ns),
                  _RESTORE.pack(op.last_seq, op.last_ts, len(op.msgs))]
@@ -387,6 +423,20 @@ def _decode_consumer_delete(now_ns: int, body: memoryview) -> ConsumerDelete:
     return ConsumerDelete(now_ns, bytes(body[_NAME.size:]).decode())
 
 
+def _decode_consumer_forget(now_ns: int, body: memoryview) -> ConsumerForget:
+    return ConsumerForget(now_ns, _decode_consumer_delete(now_ns, body).consumer)
+
+
+def _decode_group_state(now_ns: int, body: memoryview) -> ConsumerGroupState:
+    name_len, delivered, floor, count = _fixed(body, _GSTATE, "consumer group state")
+    at = _GSTATE.size + name_len
+    if len(body) != at + count * _SEQ.size:
+        raise EntryFormatError("consumer group state entry has the wrong size")
+    pending = tuple(s for (s,) in _SEQ.iter_unpack(body[at:]))
+    return ConsumerGroupState(now_ns, bytes(body[_GSTATE.size:at]).decode(), delivered, floor,
+                              pending)
+
+
 def _decode_restore(now_ns: int, body: memoryview) -> RestoreMsgs:
     last_seq, last_ts, count = _fixed(body, _RESTORE, "restore msgs")
     at, msgs = _RESTORE.size, []
@@ -461,4 +511,6 @@ _DECODERS = {
     EntryOp.RESTORE_MSGS: _decode_restore,
     EntryOp.CONSUMER_STATE: _decode_consumer_state,
     EntryOp.SOURCE_MSGS: _decode_sourced,
+    EntryOp.CONSUMER_FORGET: _decode_consumer_forget,
+    EntryOp.CONSUMER_GROUP_STATE: _decode_group_state,
 }

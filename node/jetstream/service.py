@@ -38,6 +38,7 @@ from node.jetstream import (
     advisories,
     api,
     backup,
+    cgroup,
     cluster_meta,
     consumer_config,
     crypt,
@@ -66,7 +67,13 @@ from node.jetstream.consumer import (
     parse_ack_subject,
 )
 from node.jetstream.errors import ApiError, StartRefused
-from node.jetstream.machines import META_STORE, MetaMachine, StoreLostError, StreamMachine
+from node.jetstream.machines import (
+    META_STORE,
+    ConsumerMachine,
+    MetaMachine,
+    StoreLostError,
+    StreamMachine,
+)
 from node.jetstream.pacing import Pacer
 from node.jetstream.placement import Placement, pick_leader
 from node.jetstream.pull import PullQueue, Status
@@ -212,10 +219,13 @@ class JetStreamService:
         self.mr: MultiRaft | None = None
         self.meta: MetaMachine | None = None
         self.streams: dict[str, StreamMachine] = {}
+        # consumers with a Raft group of their own hosted here (cgroup.py), by (stream, name)
+        self.cgroups: dict[tuple[str, str], ConsumerMachine] = {}
         self.subs: dict[str, list[Any]] = {}
         self._subscribed: dict[str, list[str]] = {}  # the subjects `subs` listen on
         self.pulls: dict[tuple[str, str], _Pull] = {}
         self.creating: set[tuple[str, str]] = set()  # consumers whose create has not replied
+        self._reporting: dict[tuple[str, str], bool] = {}  # consumer groups' reports in flight
         self.batches: dict[str, BatchCollector] = {}  # open atomic batches, per stream
         self._expiring: set[str] = set()  # streams with an EXPIRE entry in flight
         self.consumer_created: dict[tuple[str, str], int] = {}
@@ -279,6 +289,7 @@ class JetStreamService:
             self._drop_orphans()
             for name in sorted(self.meta.streams):
                 await self._open_stream(name)
+            await self._forget_memory_consumers()
         self.client = self.account_added(jsaccount.GLOBAL)
         for account in list(self.server.accounts):
             self.account_added(account)
@@ -429,6 +440,19 @@ class JetStreamService:
             if entry["config"].get("storage") == "memory":
                 await self.mr.propose(META_GROUP, _dumps(cluster_meta.delete(name)))
 
+    async def _forget_memory_consumers(self) -> None:
+        """A standalone nats-server keeps a `mem_storage` consumer in memory only: after a
+        restart it is gone, config and state (2.15.1, SIGTERM and kill -9 alike), and the
+        stream keeps every message (even under interest retention). The forgetting is an
+        entry of the stream's log (CONSUMER_FORGET), so replicas and the audit's replay agree."""
+        for name, sm in sorted(self.streams.items()):
+            with sm.lock:
+                gone = sorted(c for c, consumer in sm.stream.consumers.items()
+                              if consumer.cfg.get("mem_storage"))
+            for cname in gone:
+                await self._propose(sm, ops.ConsumerForget(time.time_ns(), cname))
+                self.consumer_created.pop((name, cname), None)
+
     def _drop_orphans(self) -> None:
         """A crash between a stream's delete entry and the removal of its data leaves its
         WAL group (pinning old segments) and its LMDB keys: the catalogue decides."""
@@ -507,6 +531,7 @@ class JetStreamService:
             subjects = listen_subjects(a["config"], name)  # a mirror captures nothing
             if self._subscribed.get(name) != subjects:
                 self._subscribe_stream(name, subjects)
+        self._sync_consumer_groups()
 
     def _stream_created(self, name: str) -> None:
         """The meta leader committed a create: advise it (once, from the meta leader)."""
@@ -547,6 +572,7 @@ class JetStreamService:
             self.mr.add_group(group, voters, state_machine=sm)
             sm.track = True
             self.sourcing.sync(name)  # its links source only while this node leads
+            self._sync_consumer_groups()
             return
         self.mr.add_group(group, [NODE_ID], state_machine=sm)
         await self._ready(group)
@@ -563,7 +589,7 @@ class JetStreamService:
         """Push consumers deliver on their own: start their pumps (at start, after a create)."""
         sm = self.streams[name]
         for cname in list(sm.stream.consumers):
-            if self._pull(name, cname).push:
+            if self._leads_consumer(name, cname) and self._pull(name, cname).push:
                 self._pump(name, cname)
 
     async def _close_stream(self, name: str) -> None:
@@ -791,6 +817,8 @@ class JetStreamService:
         leader answers and republishes."""
         if self.client is None:
             return  # replayed at start-up before the client exists: nobody waits for these
+        if self.cgroups and any(isinstance(e, Stored) for e in effects):
+            self._kick_consumer_groups(sm.name)
         if self.jsc is not None and not self.jsc.leads(sm.name):
             return
         stored = False
@@ -806,7 +834,8 @@ class JetStreamService:
             self.sourcing.on_stored(sm.name)
             for cname in list(sm.stream.consumers):
                 pull = self.pulls.get((sm.name, cname))
-                if pull is not None and pull.wants():
+                if pull is not None and pull.wants() and \
+                        (sm.name, cname) not in self._own_groups():
                     self._pump(sm.name, cname)
 
     # ------------------------------------------------------------------ $JS.API
@@ -1235,7 +1264,9 @@ class JetStreamService:
         sm = self._stream(self._key(call))
         if call.consumer and call.consumer not in sm.stream.consumers:
             raise ApiError.of("JSConsumerNotFoundErr")
-        # Consumers are entries of their stream's group: they move with its leader.
+        if call.consumer and (sm.name, call.consumer) in self.cgroups:
+            sm = self.cgroups[(sm.name, call.consumer)]  # its own group's leader moves
+        # Other consumers are entries of their stream's group: they move with its leader.
         assert self.mr is not None
         st = self.mr.status(sm.group)
         others = [p for p in st["voters"] if p != self.node_id and self.jsc.is_up(p)]
@@ -1314,12 +1345,152 @@ class JetStreamService:
             with sm.lock:
                 names = list(sm.stream.consumers)
             for cname in names:
-                self._pull(name, cname)
+                if (name, cname) not in self._own_groups():
+                    self._pull(name, cname)
             self._start_push(name)
         else:
-            for key in [k for k in self.pulls if k[0] == name]:
+            for key in [k for k in self.pulls if k[0] == name and k not in self._own_groups()]:
                 del self.pulls[key]
         self.sourcing.leader_changed(name, leader)
+    # ------------------------------------------------------------------ consumer groups
+
+    def _own_groups(self) -> dict[tuple[str, str], dict[str, Any]]:
+        """(stream, consumer) -> its own group's assignment (clustered; cgroup.py)."""
+        if self.jsc is None or self.meta is None:
+            return {}
+        return self.meta.catalogue.consumer_groups()
+
+    def _csm(self, stream: str, name: str) -> Any:
+        """The machine that holds a consumer's state here: its own group's, else its
+        stream's (whose `stream.consumers` it is in)."""
+        cm = self.cgroups.get((stream, name))
+        if cm is None:
+            return self.streams.get(stream)
+        stub = self.streams[stream].stream.consumers.get(name)
+        if stub is not None and stub.cfg is not cm.core.consumer.cfg:
+            cm.reconfigure(stub.cfg)  # a CONSUMER.CREATE update, applied by the stream
+        # its pending count is derived from the stream replica, which another group
+        # applies: counted again when asked (not kept by the stream's hooks)
+        cm.core.consumer.pending_cache = None
+        return cm
+
+    def _leads_consumer(self, stream: str, name: str) -> bool:
+        """Whether this node runs the consumer's deliveries and acks."""
+        if self.jsc is None:
+            return True
+        if self.meta is None or self.meta.catalogue.consumer_group(stream, name) is None:
+            return self.jsc.leads(stream)
+        cm = self.cgroups.get((stream, name))
+        assert self.mr is not None
+        try:
+            return cm is not None and self.mr.leader(cm.group) == self.node_id
+        except KeyError:
+            return False
+
+    def _sync_consumer_groups(self) -> None:
+        """Host the consumer groups the catalogue assigns to this node (once their stream
+        is hosted here); let go of the others."""
+        want = {key: g for key, g in self._own_groups().items() if self.node_id in g["peers"]}
+        for key, cm in list(self.cgroups.items()):
+            if key not in want or want[key]["group"] != cm.group:
+                self._spawn(self._close_consumer_group(key, cm))
+        for key, g in want.items():
+            if key not in self.cgroups and key[0] in self.streams:
+                self._host_consumer_group(key, g)
+
+    def _host_consumer_group(self, key: tuple[str, str], g: dict[str, Any]) -> None:
+        assert self.mr is not None
+        sm = self.streams[key[0]]
+        cfg = consumer_config.from_wire(g["config"])
+        cm = ConsumerMachine(sm, key[1], g["group"], cfg, int(g["start"]), int(g["lps"]),
+                             int(g["created_ns"]), cgroup.memory(cfg, sm.stream.cfg),
+                             self._cg_effects_threadsafe)
+        cm.leader_hook = lambda lid, _term: self._on_consumer_leader(key, lid)
+        self.cgroups[key] = cm
+        self.mr.add_group(g["group"], list(g["peers"]), state_machine=cm)
+        cm.track = True
+
+    async def _close_consumer_group(self, key: tuple[str, str], cm: ConsumerMachine) -> None:
+        assert self.mr is not None
+        if self.cgroups.get(key) is cm:
+            del self.cgroups[key]
+        self.pulls.pop(key, None)
+        self.mr.remove_group(cm.group)
+        await self.mr.removed(cm.group)
+        cm.drop()
+
+    def _on_consumer_leader(self, key: tuple[str, str], leader: int) -> None:
+        """A consumer group's leader changed: the new leader runs its pumps and timers and
+        tells the stream its acks (a report lost with the old leader is made good); a node
+        that lost it forgets its waiting requests (clients ask again)."""
+        assert self.jsc is not None
+        cm = self.cgroups.get(key)
+        if cm is None:
+            return
+        if leader != self.node_id:
+            self.pulls.pop(key, None)
+            return
+        self.jsc.leader_since[cm.group] = time.time_ns()
+        if key[1] in self.streams[key[0]].stream.consumers:
+            if self._pull(*key).push:
+                self._pump(*key)
+        self._report_group(cm, force=True)
+
+    async def _group_consumer_info(self, call: api.Call, name: str) -> dict[str, Any]:
+        """CONSUMER.CREATE's reply for a consumer with its own group: its info as that
+        group's leader (maybe another node) has it, once the group has elected one."""
+        subject = f"{api.API_PREFIX}CONSUMER.INFO.{call.stream}.{name}"
+        info_call = dataclasses.replace(call, op="CONSUMER.INFO", consumer=name)
+        deadline = time.monotonic() + 10
+        while True:
+            frames = await self._answer(info_call, subject, "", b"")
+            info = json.loads(frames[0][1]) if frames else {"error": {}}
+            if "error" not in info or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.05)
+        info["type"] = replies.TYPE_PREFIX + "consumer_create_response"
+        return info
+
+    def _kick_consumer_groups(self, stream: str) -> None:
+        """New messages in the stream's replica here: the consumer groups led here look."""
+        for (s, cname), pull in list(self.pulls.items()):
+            if s == stream and (s, cname) in self.cgroups and pull.wants():
+                self._pump(s, cname)
+
+    def _cg_effects_threadsafe(self, cm: ConsumerMachine, effects: list[Effect]) -> None:
+        assert self.loop is not None
+        self.loop.call_soon_threadsafe(self._report_group, cm)
+
+    def _report_group(self, cm: ConsumerMachine, force: bool = False) -> None:
+        """Interest / workqueue retention: the consumer group's leader tells the stream
+        what its consumer acked (CONSUMER_GROUP_STATE, docs/jetstream.md "Consumer
+        groups"); the stream removes what every interested consumer acked. One report in
+        flight per group; applies meanwhile are covered by the next one."""
+        if self.jsc is None or self.client is None or cm.stream_cfg()["retention"] == "limits":
+            return
+        key = (cm.name, cm.consumer)
+        if not self._leads_consumer(*key) or not (cm.core.changed or force):
+            return
+        if key in self._reporting:
+            self._reporting[key] = True  # look again when the one in flight is done
+            return
+        with cm.lock:
+            entry = ops.encode(cm.core.report(time.time_ns()))
+        self._reporting[key] = False
+
+        async def run() -> None:
+            try:
+                await self.jsc.report_group_state(cm.name, entry)  # type: ignore[union-attr]
+            except Exception as exc:  # noqa: BLE001 - the next report carries it
+                self.log.warn(f"JetStream consumer group {cm.group}: report failed: {exc!r}")
+                cm.core.changed = True
+            finally:
+                again = self._reporting.pop(key, False)
+            if again or cm.core.changed:
+                self._report_group(cm)
+
+        self._spawn(run())
+
     # ------------------------------------------------------------------ consumers
 
     async def _h_consumer_create(self, call: api.Call, subject: str, reply: str, body: bytes
@@ -1355,6 +1526,11 @@ class JetStreamService:
             with sm.lock:
                 view = StreamView(sm.store, _filters(cfg))
                 start, lps = initial_position(cfg, view, sm.stream.last_seq)
+            own = self.jsc is not None and cgroup.own_group(cfg, sm.stream.cfg)
+            if own and created:
+                # replicas or storage differ from the stream's: a group of its own, placed
+                # by the meta leader on some of the stream's peers, before the consumer exists
+                await self.jsc.place_consumer(k, name, wire, start, lps)
             await self._propose(sm, ops.ConsumerUpsert(time.time_ns(), name, _dumps(wire),
                                                        start, lps))
             if created:
@@ -1366,7 +1542,10 @@ class JetStreamService:
             if old is not None:
                 fresh.queue.waiting = old.queue.waiting
                 fresh.delivered_ns, fresh.acked_ns = old.delivered_ns, old.acked_ns
-            info = self._consumer_info("consumer_create_response", sm, name)
+            if own:
+                info = await self._group_consumer_info(call, name)
+            else:
+                info = self._consumer_info("consumer_create_response", sm, name)
         finally:
             self.creating.discard((k, name))
         if fresh.push:
@@ -1444,13 +1623,17 @@ class JetStreamService:
                                            time.time_ns()),
                 pinned={g: (pin, rfc3339(ts)) for g, (pin, ts)
                         in (pull.queue.priority.state() if pull else {}).items()})
-        if self.jsc is not None:  # a consumer lives in its stream's group (its replicas)
+        if self.jsc is not None and isinstance(sm, ConsumerMachine):  # its own group
+            out = _insert_before(out, "ts", "cluster", self.jsc.consumer_cluster_info(sm.group))
+        elif self.jsc is not None:  # a consumer lives in its stream's group (its replicas)
             out = _insert_before(out, "ts", "cluster", self.jsc.cluster_info(sm.group))
         return out
 
     async def _h_consumer_info(self, call: api.Call, subject: str, reply: str, body: bytes
                                ) -> dict[str, Any]:
         sm = self._stream(self._key(call))
+        if call.consumer in sm.stream.consumers:
+            sm = self._csm(sm.name, call.consumer)
         pull = self.pulls.get((sm.name, call.consumer))
         if pull is not None and pull.round is not None:
             await asyncio.wait((pull.round,))  # a delivery round's messages leave first
@@ -1464,6 +1647,8 @@ class JetStreamService:
         if call.consumer not in sm.stream.consumers:
             raise ApiError.of("JSConsumerNotFoundErr")
         await self._propose(sm, ops.ConsumerDelete(time.time_ns(), call.consumer))
+        if self.jsc is not None and (sm.name, call.consumer) in self._own_groups():
+            await self.jsc.place_consumer(sm.name, call.consumer, None, 0, 0)  # group goes
         self.pulls.pop((sm.name, call.consumer), None)
         self.consumer_created.pop((sm.name, call.consumer), None)
         self._advise(advisories.consumer_action("delete", call.stream, call.consumer,
@@ -1568,7 +1753,7 @@ class JetStreamService:
         """Plan, propose and send the deliveries the waiting requests want; False when
         there is nothing to do now. The CONSUMER_DELIVERED entries of one round are
         proposed together (one group commit); the next round plans on their applied state."""
-        sm = self.streams.get(stream)
+        sm = self._csm(stream, name)
         if sm is None:
             return False
         now = time.time_ns()
@@ -1679,10 +1864,9 @@ class JetStreamService:
         wait = pull.pacer.rate_wait_ns(time.time_ns(), size)
         if wait:
             await asyncio.sleep(wait / 1e9)
-        sm = self.streams.get(stream)
+        sm = self._csm(stream, name)
         return sm is not None and name in sm.stream.consumers and \
-            self.pulls.get((stream, name)) is pull and \
-            (self.jsc is None or self.jsc.leads(stream))
+            self.pulls.get((stream, name)) is pull and self._leads_consumer(stream, name)
 
     def _pin(self, stream: str, name: str, pull: _Pull, req: Any, now: int) -> None:
         """A pinned_client group's delivery carries the pin id; the first one pins."""
@@ -1740,11 +1924,11 @@ class JetStreamService:
         if info is None:
             return
         k = jsaccount.key(account, info.stream)  # an ack reaches its own account's stream
-        if self.jsc is not None and not self.jsc.leads(k):
+        if self.jsc is not None and not self._leads_consumer(k, info.consumer):
             if self.meta is not None and k in self.meta.streams:
                 self.jsc.forward_ack(k, subject, reply, body)
             return
-        sm = self.streams.get(k)
+        sm = self._csm(k, info.consumer)
         if sm is None or info.consumer not in sm.stream.consumers:
             return
         kind, delay, wants_next = parse_ack_body(body)
@@ -1908,7 +2092,7 @@ class JetStreamService:
             self._expiring.discard(sm.name)
 
     def _tick_consumer(self, stream: str, name: str, pull: _Pull, now: int) -> None:
-        sm = self.streams.get(stream)
+        sm = self._csm(stream, name)
         if sm is None:
             return
         self._timer_drops(sm, name, pull, now)
@@ -1982,6 +2166,8 @@ class JetStreamService:
     async def _expire_consumer(self, sm: StreamMachine, name: str) -> None:
         """An inactive consumer goes as a deleted one does: through the log."""
         await self._propose(sm, ops.ConsumerDelete(time.time_ns(), name))
+        if self.jsc is not None and (sm.name, name) in self._own_groups():
+            await self.jsc.place_consumer(sm.name, name, None, 0, 0)  # its group goes
         self.pulls.pop((sm.name, name), None)
         self.consumer_created.pop((sm.name, name), None)
         self._advise(advisories.consumer_action("delete", _name(sm.name), name,
@@ -2057,6 +2243,7 @@ def orphans(catalogue: dict[str, dict[str, Any]], wal_groups: list[str],
             lmdb_names: set[str]) -> tuple[list[str], list[str]]:
     """(WAL groups, LMDB store names) that belong to no stream of the catalogue."""
     live = {META_GROUP, META_STORE} | {e["group"] for e in catalogue.values()}
+    live |= {g["group"] for e in catalogue.values() for g in (e.get("consumers") or {}).values()}
     return ([g for g in wal_groups if g not in live],
             sorted(n for n in lmdb_names if n not in live))
 

@@ -31,7 +31,7 @@ from node.jetstream import ops, sourcing
 from node.jetstream import schedule as sch
 from node.jetstream.config import Config
 from node.jetstream.config import from_wire as config_from_wire
-from node.jetstream.consumer import AckKind, Advisory, Consumer, ConsumerState
+from node.jetstream.consumer import AckKind, Advisory, Consumer, ConsumerState, Pending
 from node.jetstream.consumer_config import from_wire as consumer_from_wire
 from node.jetstream.errors import ApiError
 from node.jetstream.store import StoredMsg, StreamStore
@@ -209,6 +209,11 @@ class Stream:
             return self._apply_consumer_upsert(op)
         if isinstance(op, ops.ConsumerDelete):
             return self.detach_consumer(op.consumer)
+        if isinstance(op, ops.ConsumerGroupState):
+            return self._apply_group_state(op)
+        if isinstance(op, ops.ConsumerForget):
+            self.detach_consumer(op.consumer, retire=False)
+            return []
         if isinstance(op, ops.ConsumerDelivered):
             return self._apply_delivered(op)
         if isinstance(op, ops.ConsumerAck):
@@ -364,9 +369,34 @@ class Stream:
             effects += self._retire_acked(sorted(before - set(consumer.state.pending)))
         return effects
 
-    def detach_consumer(self, name: str) -> list[Effect]:
+    def _apply_group_state(self, op: ops.ConsumerGroupState) -> list[Effect]:
+        """A consumer whose deliveries and acks live in a group of its own reports its state
+        (docs/jetstream.md, "Consumer groups"). The stream keeps it as that consumer's state
+        record, so retention reads it as it reads an in-stream consumer's: a message goes once
+        every interested consumer acked it. Each report is the consumer group's applied state
+        at some index, and a message once acked there stays acked, so even a report that
+        arrives after a newer one removes nothing that was not acked."""
+        consumer = self.consumers.get(op.consumer)
+        if consumer is None:
+            return []  # deleted before this entry applied
+        st, pending = consumer.state, set(op.pending)
+        newly = [s for s in st.pending if s not in pending and s <= op.delivered_sseq]
+        for s in self.store.seqs(st.delivered_sseq + 1):  # stored ones only
+            if s > op.delivered_sseq:
+                break
+            if s not in pending:
+                newly.append(s)
+        st.delivered_sseq, st.floor_sseq = op.delivered_sseq, op.floor_sseq
+        st.pending = {s: Pending(0, op.now_ns, 0) for s in op.pending}
+        st.deliveries = {}
+        consumer.pending_cache = None  # derived: computed again on first use
+        self._dirty.add(op.consumer)
+        return self._retire_acked(sorted(newly))
+
+    def detach_consumer(self, name: str, retire: bool = True) -> list[Effect]:
         """Forget a deleted consumer (the wiring proposes the delete as an entry). Under
-        interest retention, messages nobody else wants any more go with it."""
+        interest retention, messages nobody else wants any more go with it (unless `retire`
+        is False: a forgotten mem_storage consumer leaves the messages, as nats-server)."""
         if self.consumers.pop(name, None) is None:
             return []
         self.store.delete_consumer(name)
@@ -374,7 +404,7 @@ class Stream:
         self.store.put_meta(_CONSUMER_CREATED + name, b"")
         self.consumer_created.pop(name, None)
         self._dirty.discard(name)
-        if self.cfg["retention"] != "interest":
+        if self.cfg["retention"] != "interest" or not retire:
             return []
         return self._retire_acked(list(self.store.seqs()))
 

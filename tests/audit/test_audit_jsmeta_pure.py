@@ -89,3 +89,26 @@ def test_seen_peers_are_folded_and_compared() -> None:
         pass
     else:
         raise AssertionError("seen without a peer accepted")
+
+
+def test_consumer_groups_replay_as_the_node_folds_them() -> None:
+    """The audit's own fold of `consumer` / `consumer_delete` gives the node's catalogue
+    (node/jetstream/cluster_meta.py) at every prefix of a log, and a node missing a consumer
+    group is named."""
+    from node.jetstream import cluster_meta as cm
+    log = [cm.create("S", {"name": "S"}, 5, [1, 2, 3]),
+           cm.consumer("S", "c", "jc.S.c.9", [2], {"durable_name": "c"}, 4, 0, 9),
+           cm.consumer("S", "c", "jc.S.c.10", [3], {}, 1, 0, 10),
+           cm.consumer("S", "d", "jc.S.d.11", [1, 3], {}, 1, 0, 11),
+           cm.update("S", {"name": "S", "max_msgs": 9}, [1, 2, 3]),
+           cm.consumer_delete("S", "d"), cm.consumer_delete("S", "c")]
+    for n in range(1, len(log) + 1):
+        node = cm.Catalogue()
+        for i, e in enumerate(log[:n], start=2):
+            node.apply(json.loads(cm.encode(e)), 7, i)
+        assert compare(node.streams, [], _fold(log[:n]), []) == []
+    node = cm.Catalogue()
+    for i, e in enumerate(log[:4], start=2):
+        node.apply(json.loads(cm.encode(e)), 7, i)
+    node.apply(cm.consumer_delete("S", "c"), 7, 6)  # the node lost a group the log has
+    assert compare(node.streams, [], _fold(log[:4]), [])

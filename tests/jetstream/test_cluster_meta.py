@@ -41,3 +41,25 @@ def test_removed_and_seen_peers_survive_the_json_image() -> None:
     assert again.removed == [9] and again.seen == [3] and list(again.streams) == ["T"]
     old = cm.Catalogue.from_json({"T": {"op": "create", "name": "T"}})  # single-node layout
     assert list(old.streams) == ["T"] and old.removed == []
+
+
+def test_consumer_groups_fold_under_their_stream() -> None:
+    cat = fold([cm.create("S", {"name": "S"}, 5, [1, 2, 3]),
+                cm.consumer("S", "c", "jc.S.c.9", [2], {"durable_name": "c"}, 4, 0, 9),
+                cm.consumer("S", "c", "jc.S.c.10", [3], {}, 1, 0, 10),  # retry: first kept
+                cm.consumer("gone", "c", "jc.gone.c.1", [1], {}, 1, 0, 1),  # no such stream
+                cm.consumer("S", "d", "jc.S.d.11", [1, 3], {}, 1, 0, 11),
+                cm.update("S", {"name": "S", "max_msgs": 9}, [1, 2, 3])])
+    groups = cat.consumer_groups()
+    assert set(groups) == {("S", "c"), ("S", "d")}
+    assert groups[("S", "c")] == {"group": "jc.S.c.9", "peers": [2], "config": {
+        "durable_name": "c"}, "start": 4, "lps": 0, "created_ns": 9, "rev": 3}
+    assert cat.consumer_load() == {2: 1, 1: 1, 3: 1}
+    again = cm.Catalogue.from_json(json.loads(json.dumps(cat.to_json())))
+    assert again.consumer_groups() == groups
+    cat.apply(cm.consumer_delete("S", "c"), 7, 8)
+    assert set(cat.consumer_groups()) == {("S", "d")}
+    cat.apply(cm.delete("S"), 7, 9)  # the stream's consumers go with it
+    assert cat.consumer_groups() == {} and cat.consumer_load() == {}
+    acc = cm.consumer("A/S", "c", "jc.A/S.c.1", [1], {}, 1, 0, 1)
+    assert acc["account"] == "A" and cm.consumer_delete("A/S", "c")["account"] == "A"

@@ -291,6 +291,21 @@ def test_deleting_a_consumer_releases_messages_only_it_held() -> None:
     assert stream.detach_consumer("b") == []
 
 
+def test_a_forgotten_mem_storage_consumer_leaves_its_messages() -> None:
+    # nats-server 2.15.1 (probed: interest stream, one mem_storage consumer that acked 2 of 5,
+    # restart): the consumer is gone, the 3 unacked messages stay. A delete would remove them.
+    stream = stream_with(0, retention="interest")
+    stream.attach_consumer("m", {"mem_storage": True})
+    for _ in range(5):
+        stream.apply(ops.StreamMsg(T0, "t.a", "", b"", b"1"))
+    for seq in (1, 2):
+        stream.apply(ops.ConsumerDelivered(T0, "m", seq))
+        stream.apply(ops.ConsumerAck(T0, "m", AckKind.ACK, seq))
+    assert stream.apply(ops.ConsumerForget(T0, "m")) == []
+    assert "m" not in stream.consumers and list(stream.store.seqs()) == [3, 4, 5]
+    assert stream.apply(ops.ConsumerForget(T0, "m")) == []  # twice: no-op
+
+
 @pytest.mark.parametrize("seed", range(8))
 def test_cached_num_pending_equals_a_fresh_count(seed: int) -> None:
     """The O(1) num_pending bookkeeping agrees with a full scan after every entry, whatever

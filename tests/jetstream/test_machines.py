@@ -139,6 +139,9 @@ def test_orphans_are_what_the_catalogue_does_not_name(tmp_path: Path) -> None:
     assert (groups, stale) == (["js.T.9"], ["js.T.9"])
     LmdbStore(env, "js.T.9").drop()
     assert stored_names(env) == {"js.S.1"} and live.store.msgs() == 1
+    # a consumer's own group (cgroup.py) is live while the catalogue names it
+    catalogue["S"]["consumers"] = {"c": {"group": "jc.S.c.3"}}
+    assert orphans(catalogue, ["jc.S.c.3", "jc.S.d.4"], {"jc.S.c.3"}) == (["jc.S.d.4"], [])
     env.close()
 
 
@@ -228,6 +231,53 @@ def test_memory_image_carries_the_messages(tmp_path: Path) -> None:
     with pytest.raises(ValueError):
         dst.restore_from(image)
     assert dst.stream.last_seq == 11
+
+
+def _consumer_machine(sm: StreamMachine, memory: bool = False, sink: Any = None) -> Any:
+    from node.jetstream.machines import ConsumerMachine
+    return ConsumerMachine(sm, "c", "jc.S.c.1", {"ack_policy": "explicit"}, 1, 0, 1, memory,
+                           sink or (lambda _m, _e: None))
+
+
+def _cops() -> list[bytes]:
+    from node.jetstream.consumer import AckKind
+    out = [ops.ConsumerDelivered(2_000, "c", s) for s in (1, 2, 3)]
+    out += [ops.ConsumerAck(2_001, "c", AckKind.ACK, 2),
+            ops.ConsumerAck(2_002, "c", AckKind.NAK, 1), ops.ConsumerDelivered(2_003, "c", 1),
+            ops.ConsumerAck(2_004, "c", AckKind.ACK, 1)]
+    return [ops.encode(o) for o in out]
+
+
+def test_consumer_group_machine_persists_resumes_and_catches_up(tmp_path: Path) -> None:
+    """A consumer group's replicas applying the same log hold the same state; a restart
+    resumes from LMDB (entries at or below its applied index are skipped); a member that
+    lags behind a compaction installs the leader's image; a memory one keeps nothing."""
+    env = NodeEnv(str(tmp_path / "env"))
+    sm = _machine(env)
+    sm.apply_batch([(i, _msg(i)) for i in range(2, 6)])
+    seen: list[Any] = []
+    a = _consumer_machine(sm, sink=lambda _m, effects: seen.extend(effects))
+    entries = list(enumerate(_cops(), start=2))
+    a.apply_batch(entries[:4])
+    a.apply_batch(entries[2:])  # replayed overlap: skipped by index
+    assert a.applied_index() == 8 and len([e for e in seen if type(e).__name__ ==
+                                           "Delivered"]) == 4
+    state = a.core.consumer.state
+    assert (state.delivered_sseq, state.floor_sseq, sorted(state.pending)) == (3, 2, [3])
+    assert a.core.consumer.state.deliveries == {3: 1}
+    again = _consumer_machine(sm)  # a restart: the state comes back from LMDB
+    assert again.core.consumer.state.encode() == a.core.consumer.state.encode()
+    image = str(tmp_path / "img")
+    assert a.snapshot_to(image) == 8
+    fresh_env = NodeEnv(str(tmp_path / "env2"))
+    b = _consumer_machine(_machine(fresh_env))
+    b.restore_from(image)
+    assert b.applied_index() == 8 and b.core.consumer.state.encode() == state.encode()
+    mem = _consumer_machine(sm, memory=True)
+    mem.apply_batch(entries)
+    assert mem.core.consumer.state.encode() == state.encode()
+    assert _consumer_machine(sm, memory=True).core.consumer.state.delivered_sseq == 0
+    assert sm.stream.consumers == {}  # nothing of it in the stream's store
 
 
 def _kv_cfg() -> config.Config:

@@ -37,7 +37,11 @@ def test_op_codes_are_append_only() -> None:
         "STREAM_MSG": 1, "DELETE_MSG": 2, "PURGE": 3, "EXPIRE": 4,
         "UPDATE_CONFIG": 5, "CONSUMER_DELIVERED": 16, "CONSUMER_ACK": 17, "STREAM_BATCH": 18,
         "CONSUMER_UPSERT": 19, "CONSUMER_DELETE": 20, "RESTORE_MSGS": 13, "CONSUMER_STATE": 21,
-        "SOURCE_MSGS": 12}
+        "SOURCE_MSGS": 12, "CONSUMER_FORGET": 30, "CONSUMER_GROUP_STATE": 31}
+
+
+def test_consumer_forget_layout() -> None:
+    assert ops.encode(ops.ConsumerForget(3, "mc")) == bytes([30]) + struct.pack("<qH", 3, 2) + b"mc"
 
 
 def test_source_msgs_layout_and_refusals() -> None:
@@ -65,6 +69,7 @@ def test_purge_and_delete_roundtrip(seq: int, keep: int, filt: str, flag: bool) 
     for op in (ops.Purge(1, filt, seq, keep), ops.DeleteMsg(2, seq, flag), ops.Expire(3),
                ops.ConsumerDelivered(4, filt, seq), ops.ConsumerAck(5, filt, 2, seq, -7),
                ops.UpdateConfig(6, filt.encode()), ops.ConsumerDelete(8, filt),
+               ops.ConsumerForget(9, filt),
                ops.ConsumerUpsert(7, filt, b'{"a":1}', seq, keep)):
         assert ops.decode(ops.encode(op)) == op
 
@@ -86,6 +91,7 @@ def test_purge_and_delete_roundtrip(seq: int, keep: int, filt: str, flag: bool) 
     ops.encode(ops.UpdateConfig(1, b"{}")) + b"x",
     ops.encode(ops.ConsumerUpsert(1, "c", b"{}"))[:-1],
     ops.encode(ops.ConsumerDelete(1, "c")) + b"x",
+    ops.encode(ops.ConsumerForget(1, "c"))[:-1],
 ])
 def test_malformed_entries_are_refused(raw: bytes) -> None:
     with pytest.raises(ops.EntryFormatError):
