@@ -37,8 +37,9 @@ KILL9 = LONG or os.environ.get("JETRAFT_POWER_KILL9") == "1"
 CUTS = {"strict": 20 if LONG else 3, "torn": 20 if LONG else 2, "kill9": 20 if LONG else 4}
 if os.environ.get("JETRAFT_POWER_CUTS"):  # the mutants run every model with the same count
     CUTS = dict.fromkeys(CUTS, int(os.environ["JETRAFT_POWER_CUTS"]))
-PUBLISHERS = 4  # the last one keeps WINDOW publishes in flight
+PUBLISHERS = 4  # the last one keeps WINDOW publishes of PAD bytes in flight
 WINDOW = 16
+PAD = "." * 6000
 WORKER = nats.js.api.ConsumerConfig(ack_wait=1.0)
 
 
@@ -57,11 +58,12 @@ async def _publisher(js: Any, tag: str, acked: list[tuple[int, str]]) -> None:
 
 async def _window_publisher(js: Any, tag: str, acked: list[tuple[int, str]]) -> None:
     """`_publisher` with WINDOW publishes in flight (sent in order on the shared connection):
-    the leader merges what queued into STREAM_MSGS entries, so most cuts land while a merged
-    entry is between its proposal and its fsync."""
+    the leader merges what queued into STREAM_MSGS entries. Big enough (> 64 KiB a pass)
+    that the WAL fsyncs in its thread while the loop goes on: a node that answered a merged
+    entry before its fsync would have the answers out during it."""
     i = 0
     while True:
-        payloads = [f"{tag}:{k:06d}" for k in range(i, i + WINDOW)]
+        payloads = [f"{tag}:{k:06d}{PAD}" for k in range(i, i + WINDOW)]
         acks = await asyncio.gather(*(js.publish("p.x", p.encode(), timeout=3)
                                       for p in payloads), return_exceptions=True)
         for ack, payload in zip(acks, payloads, strict=True):
