@@ -202,7 +202,7 @@ def test_the_durable_image_is_what_a_crash_keeps_and_probes_fire_on_durable_unli
     assert d.read_file("/n1/d/b") == b"synced-tail"  # the original is untouched
 
 
-MERGE_SEEDS = int(os.environ.get("SIM_MERGE_SEEDS", "20"))
+MERGE_SEEDS = int(os.environ.get("SIM_MERGE_SEEDS", "12"))
 
 
 @pytest.mark.timeout(120 + 6 * MERGE_SEEDS)
