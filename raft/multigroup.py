@@ -51,7 +51,7 @@ import itertools
 import logging
 import secrets
 import zlib
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -94,6 +94,10 @@ INLINE_APPLY_BYTES = 64 << 10
 # low load the hop to the WAL thread and back (two thread switches, 0.2-1 ms on
 # the shared machine) costs more than the fsync. 0 = always the WAL thread.
 INLINE_SYNC_BYTES = 64 << 10
+# `propose_quiet(merge=)`: queued proposals merged into one entry at most this big
+# and this many (a bigger proposal stays alone).
+MERGE_MAX_BYTES = 256 << 10
+MERGE_MAX_COUNT = 1024
 _EARLY = frozenset({MsgType.APP, MsgType.HEARTBEAT})  # leader messages that need only the term
 
 
@@ -538,16 +542,23 @@ class MultiRaft:
         self._mark(group)
         return fut
 
-    def propose_quiet(self, group: str, data: bytes, on_error: Any, arg: Any = None) -> None:
+    def propose_quiet(self, group: str, data: bytes, on_error: Any, arg: Any = None,
+                      merge: Callable[[list[bytes]], bytes] | None = None) -> None:
         """A proposal nobody awaits (a publish whose answer is an apply effect): no
         Future, no done callback per entry. Only a failure is reported, as
-        `on_error(arg, exc)` in a later loop turn, exactly when `propose` would raise."""
+        `on_error(arg, exc)` in a later loop turn, exactly when `propose` would raise.
+
+        `merge`: quiet proposals with the same `merge` that are queued one after the
+        other when the drain pass takes them become ONE entry, `merge(datas)` (in
+        queue order; at most MERGE_MAX_COUNT / MERGE_MAX_BYTES). The state machine
+        must apply that entry exactly as the proposals one after the other; they
+        commit or fail together (a failure is reported to each)."""
         if not data:
             raise ValueError("empty proposals are reserved for leader no-ops")
         g = self._group(group)
         if g.core.state is not StateType.LEADER:
             raise NotLeader(g.core.lead)
-        g.props.append((bytes(data), _Quiet(on_error, arg)))
+        g.props.append((bytes(data), _Quiet(on_error, arg, merge)))
         self._mark(group)
 
     async def read_index(self, group: str, timeout: float | None = None) -> None:
@@ -986,6 +997,8 @@ class MultiRaft:
         if not g.props:
             return
         props, g.props = g.props, []
+        if len(props) > 1:
+            props = _merged(props)
         core = g.core
         if core.state is not StateType.LEADER:
             for _, fut in props:
@@ -1327,10 +1340,10 @@ class _Quiet:
     """Stands where a proposal's Future would (`done`, `set_result`, `set_exception`)
     for `propose_quiet`: a success costs nothing; a failure is handed to the loop."""
 
-    __slots__ = ("on_error", "arg", "_done")
+    __slots__ = ("on_error", "arg", "merge", "_done")
 
-    def __init__(self, on_error: Any, arg: Any) -> None:
-        self.on_error, self.arg, self._done = on_error, arg, False
+    def __init__(self, on_error: Any, arg: Any, merge: Any = None) -> None:
+        self.on_error, self.arg, self.merge, self._done = on_error, arg, merge, False
 
     def done(self) -> bool:
         return self._done
@@ -1346,6 +1359,57 @@ class _Quiet:
                 asyncio.get_running_loop().call_soon(self.on_error, self.arg, exc)
             except RuntimeError:  # no loop running (a node torn down): tell it now
                 self.on_error(self.arg, exc)
+
+
+class _QuietRun:
+    """Stands for the `_Quiet`s of proposals merged into one entry: they share its fate."""
+
+    __slots__ = ("parts", "_done")
+
+    def __init__(self, parts: list[_Quiet]) -> None:
+        self.parts, self._done = parts, False
+
+    def done(self) -> bool:
+        return self._done
+
+    def set_result(self, _index: int) -> None:
+        self._done = True
+
+    def set_exception(self, exc: BaseException) -> None:
+        if not self._done:
+            self._done = True
+            for q in self.parts:
+                q.set_exception(exc)
+
+
+def _merged(props: list[tuple[bytes, Any]]) -> list[tuple[bytes, Any]]:
+    """`props` with each run of consecutive quiet proposals that share a `merge`
+    function replaced by one merged proposal (order kept; other proposals untouched)."""
+    out: list[tuple[bytes, Any]] = []
+    run: list[tuple[bytes, Any]] = []
+    size = 0
+    for item in props:
+        fut = item[1]
+        merge = fut.merge if type(fut) is _Quiet else None
+        if run and (merge is None or merge is not run[0][1].merge
+                    or len(run) >= MERGE_MAX_COUNT or size + len(item[0]) > MERGE_MAX_BYTES):
+            _close_run(run, out)
+            run, size = [], 0
+        if merge is None or len(item[0]) > MERGE_MAX_BYTES:
+            out.append(item)
+        else:
+            run.append(item)
+            size += len(item[0])
+    _close_run(run, out)
+    return out
+
+
+def _close_run(run: list[tuple[bytes, Any]], out: list[tuple[bytes, Any]]) -> None:
+    if len(run) == 1:
+        out.append(run[0])
+    elif run:
+        merge = run[0][1].merge
+        out.append((bytes(merge([d for d, _ in run])), _QuietRun([q for _, q in run])))
 
 
 def _fail(fut: asyncio.Future[Any], exc: Exception) -> None:

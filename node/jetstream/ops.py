@@ -32,6 +32,7 @@ class EntryOp(IntEnum):
     CONSUMER_DELETE = 20     # delete a consumer
     CONSUMER_STATE = 21      # STREAM.RESTORE: a consumer's whole state record
     # 22, 23: consumer delivery rounds / ack runs (branch fetchjs)
+    STREAM_MSGS = 24         # publishes proposed together: applied as consecutive STREAM_MSGs
     CONSUMER_FORGET = 30     # a single node restarted: a mem_storage consumer is gone
     CONSUMER_GROUP_STATE = 31  # a consumer with a group of its own tells its stream its acks
 
@@ -57,6 +58,7 @@ _SOURCE = struct.Struct("<HHI")             # source key_len, origin ident_len, 
 _GSTATE = struct.Struct("<HQQI")            # name_len, delivered sseq, floor sseq, count
 _SEQ = struct.Struct("<Q")
 _SOURCED = struct.Struct("<QqHII")          # origin seq, origin ts, subject_len, hdr_len, data_len
+_COUNT = struct.Struct("<I")                # STREAM_MSGS: message count; then each part's length
 DELETE_NO_ERASE = 0x01
 
 
@@ -67,6 +69,15 @@ class StreamMsg:
     reply: str
     hdr: bytes
     data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class StreamMsgs:
+    """Several publishes in one entry (the leader merged the STREAM_MSG proposals that
+    queued between two drain passes): applied exactly as the STREAM_MSG entries one after
+    the other, each with its own clock reading, checks, sequence and PubAck."""
+    now_ns: int  # the first message's
+    msgs: tuple[StreamMsg, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,9 +212,9 @@ class SourceMsgs:
     msgs: tuple[SourcedMsg, ...]
 
 
-Op = (StreamMsg | DeleteMsg | Purge | Expire | ConsumerDelivered | ConsumerAck | StreamBatch
-      | UpdateConfig | ConsumerUpsert | ConsumerDelete | RestoreMsgs | ConsumerState | SourceMsgs
-      | ConsumerForget | ConsumerGroupState)
+Op = (StreamMsg | StreamMsgs | DeleteMsg | Purge | Expire | ConsumerDelivered | ConsumerAck
+      | StreamBatch | UpdateConfig | ConsumerUpsert | ConsumerDelete | RestoreMsgs
+      | ConsumerState | SourceMsgs | ConsumerForget | ConsumerGroupState)
 
 
 def _msg_body(msg: StreamMsg) -> bytes:
@@ -215,6 +226,8 @@ def _msg_body(msg: StreamMsg) -> bytes:
 def encode(op: Op) -> bytes:
     if isinstance(op, StreamMsg):
         return _HEAD.pack(EntryOp.STREAM_MSG, op.now_ns) + _msg_body(op)
+    if isinstance(op, StreamMsgs):
+        return merge_msgs([encode(m) for m in op.msgs])
     if isinstance(op, StreamBatch):
         batch_id = op.batch_id.encode()
         return (_HEAD.pack(EntryOp.STREAM_BATCH, op.now_ns)
@@ -277,12 +290,28 @@ def _encode_admin(op: Op) -> bytes:
     raise TypeError(f"not an entry op: {op!r}")
 
 
+def merge_msgs(entries: list[bytes]) -> bytes:
+    """One STREAM_MSGS entry from encoded STREAM_MSG entries (`MultiRaft.propose_quiet`'s
+    `merge`): the first one's clock, the count, then each entry whole behind its length."""
+    if not entries or any(e[:1] != b"\x01" for e in entries):
+        raise ValueError("STREAM_MSGS merges one or more STREAM_MSG entries")
+    _, now_ns = _HEAD.unpack_from(entries[0])
+    parts = [_HEAD.pack(EntryOp.STREAM_MSGS, now_ns), _COUNT.pack(len(entries))]
+    pack = _COUNT.pack
+    for e in entries:
+        parts.append(pack(len(e)))
+        parts.append(e)
+    return b"".join(parts)
+
+
 def decode(entry: bytes) -> Op:
     if len(entry) < _HEAD.size:
         raise EntryFormatError(f"entry of {len(entry)} bytes is shorter than its header")
     code, now_ns = _HEAD.unpack_from(entry)
     if code == 1 and type(entry) is bytes:  # EntryOp.STREAM_MSG, the most frequent entry
         return _decode_msg_bytes(now_ns, entry)
+    if code == EntryOp.STREAM_MSGS:
+        return _decode_msgs(now_ns, bytes(entry))
     body = memoryview(entry)[_HEAD.size:]
     # A plain int lookup (EntryOp is an IntEnum): constructing the enum member cost as much
     # as decoding a small message.
@@ -309,11 +338,15 @@ def _decode_msg(now_ns: int, body: memoryview) -> StreamMsg:
     return msg
 
 
-def _decode_msg_bytes(now_ns: int, entry: bytes) -> StreamMsg:
-    """`_decode_msg` for a publish held in `bytes`: each field sliced from the entry once
-    (no memoryview slice, then copy, per field); the same checks and errors."""
-    start = _HEAD.size
-    if len(entry) < start + _MSG.size:
+def _decode_msg_bytes(now_ns: int, entry: bytes, base: int = 0, stop: int = -1
+                      ) -> StreamMsg:
+    """`_decode_msg` for a publish held in `bytes` (the entry, or its part
+    entry[base:stop]): each field sliced from the entry once (no memoryview slice, then
+    copy, per field); the same checks and errors."""
+    if stop < 0:
+        stop = len(entry)
+    start = base + _HEAD.size
+    if stop < start + _MSG.size:
         raise EntryFormatError("stream msg entry truncated")
     subject_len, reply_len, hdr_len, data_len = _MSG.unpack_from(entry, start)
     at = start + _MSG.size
@@ -321,14 +354,44 @@ def _decode_msg_bytes(now_ns: int, entry: bytes) -> StreamMsg:
     hdr_at = reply_at + reply_len
     data_at = hdr_at + hdr_len
     end = data_at + data_len
-    if end != len(entry):
-        raise EntryFormatError(f"stream msg entry is {len(entry) - start} bytes, lengths say "
+    if end != stop:
+        raise EntryFormatError(f"stream msg entry is {stop - start} bytes, lengths say "
                                f"{end - start}")
     try:
         subject, reply = entry[at:reply_at].decode(), entry[reply_at:hdr_at].decode()
     except UnicodeDecodeError as exc:
         raise EntryFormatError("STREAM_MSG entry has a subject that is not UTF-8") from exc
     return StreamMsg(now_ns, subject, reply, entry[hdr_at:data_at], entry[data_at:end])
+
+
+def _decode_msgs(now_ns: int, entry: bytes) -> StreamMsgs:
+    """STREAM_MSGS: count, then each part (a whole STREAM_MSG entry) behind its length.
+    The first part's clock must be the entry's; nothing may be left over."""
+    at = _HEAD.size + _COUNT.size
+    if len(entry) < at:
+        raise EntryFormatError("stream msgs entry truncated")
+    (count,) = _COUNT.unpack_from(entry, _HEAD.size)
+    if count == 0:
+        raise EntryFormatError("stream msgs entry is empty")
+    msgs = []
+    for _ in range(count):
+        if len(entry) < at + _COUNT.size:
+            raise EntryFormatError("stream msgs entry truncated")
+        (size,) = _COUNT.unpack_from(entry, at)
+        at += _COUNT.size
+        end = at + size
+        if end > len(entry) or size < _HEAD.size:
+            raise EntryFormatError("stream msgs entry truncated")
+        code, ns = _HEAD.unpack_from(entry, at)
+        if code != EntryOp.STREAM_MSG:
+            raise EntryFormatError(f"stream msgs entry holds an entry of op {code}")
+        msgs.append(_decode_msg_bytes(ns, entry, at, end))
+        at = end
+    if at != len(entry):
+        raise EntryFormatError("stream msgs entry has trailing bytes")
+    if msgs[0].now_ns != now_ns:
+        raise EntryFormatError("stream msgs entry's clock is not its first message's")
+    return StreamMsgs(now_ns, tuple(msgs))
 
 
 def _read_msg(now_ns: int, body: memoryview) -> tuple[StreamMsg, int]:

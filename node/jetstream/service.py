@@ -682,10 +682,12 @@ class JetStreamService:
             self._batch_message(sm, op)
             return None
         # No task nor Future per publish (the PubAck is an apply effect): the driver
-        # reports only a failure.
+        # reports only a failure. Publishes queued between two drain passes become one
+        # STREAM_MSGS entry (`merge`): one Raft entry, WAL record and apply dispatch.
         assert self.mr is not None
         try:
-            self.mr.propose_quiet(sm.group, ops.encode(op), self._not_acked, sm)
+            self.mr.propose_quiet(sm.group, ops.encode(op), self._not_acked, sm,
+                                  merge=ops.merge_msgs)
         except (ProposalDropped, KeyError, NotLeader) as exc:
             self._not_acked(sm, exc)
         return None

@@ -197,6 +197,8 @@ class Stream:
     def apply(self, op: ops.Op) -> list[Effect]:
         if isinstance(op, ops.StreamMsg):
             return self._apply_msg(op)
+        if isinstance(op, ops.StreamMsgs):
+            return self._apply_msgs(op)
         if isinstance(op, ops.DeleteMsg):
             return self._apply_delete(op)
         if isinstance(op, ops.Purge):
@@ -458,6 +460,15 @@ class Stream:
         if isinstance(checked, int):  # a duplicate: acknowledge the original
             return effects + self._pub_ack(op.reply, checked, duplicate=True)
         return effects + self._store_msg(op, *checked)
+
+    def _apply_msgs(self, op: ops.StreamMsgs) -> list[Effect]:
+        """Publishes merged into one entry: each exactly as its own STREAM_MSG entry, in
+        order (its checks see the messages before it; its own PubAck or error)."""
+        effects: list[Effect] = []
+        apply_msg = self._apply_msg
+        for msg in op.msgs:
+            effects += apply_msg(msg)
+        return effects
 
     def _check_key_sizes(self, subject: str, hdr: bytes) -> None:
         """The subject and the Nats-Msg-Id become parts of LMDB keys (511 bytes at most,

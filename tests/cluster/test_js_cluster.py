@@ -154,6 +154,32 @@ async def test_publishes_reach_a_moved_leader_through_any_node(js5: JsCluster) -
             await nc.close()
 
 
+async def test_concurrent_publishes_through_any_node_each_get_their_own_answer(
+        js5: JsCluster) -> None:
+    """Publishes in flight from every node at once (the leader's node, the other peers,
+    the nodes without a replica): the leader merges what queued into STREAM_MSGS entries;
+    each publish still gets its own PubAck, duplicate flag or error, and every node serves
+    the same stream."""
+    from tests.integration.test_jetstream_merged import MAX_SIZE, run_concurrent_publishes
+
+    ncs = [await connect(n) for n in js5.nodes]
+    try:
+        js = [nc.jetstream(timeout=20) for nc in ncs]
+        name = f"MRG_{uuid.uuid4().hex[:6]}"
+        await js[0].add_stream(name=name, subjects=[f"{name}.>"], num_replicas=3,
+                               max_msg_size=MAX_SIZE)
+        stored = await run_concurrent_publishes(js, name, 120)
+        for j in js:
+            async def caught_up(j=j) -> bool:
+                st = (await j.stream_info(name)).state
+                return st.messages == st.last_seq == stored
+            await until(caught_up)
+        await js[2].delete_stream(name)
+    finally:
+        for nc in ncs:
+            await nc.close()
+
+
 async def test_leader_stepdowns_and_info(js5: JsCluster) -> None:
     ncs = [await connect(n) for n in js5.nodes]
     try:

@@ -58,6 +58,31 @@ MUTANTS: dict[str, list[tuple[str, str, str]]] = {
         (LMDB, "        fsync_dir(path)\n", ""),
     ],
 }
+SVC = "node/jetstream/service.py"
+_EARLY_ACKS = '''def _early_acks(svc: Any, sm: Any) -> Any:
+    """MUTANT: the PubAcks of merged publishes leave when the leader builds the entry."""
+    merge = getattr(sm, "_early", None)
+    if merge is None:
+        def merge(entries: list[bytes]) -> bytes:
+            sm._guess = max(getattr(sm, "_guess", 0), sm.stream.last_seq)
+            for raw in entries:
+                op = ops.decode(raw)
+                sm._guess += 1
+                if op.reply:
+                    body = {"stream": sm.stream.cfg["name"], "seq": sm._guess}
+                    svc._reply(sm.name, op.reply, json.dumps(body).encode())
+            return ops.merge_msgs(entries)
+        sm._early = merge
+    return merge
+
+
+def _snapshot_every() -> int:'''
+MUTANTS["batch-acks-before-commit"] = [
+    # A merged batch of publishes is answered when the leader merges it (predicted
+    # sequences), before the entry is fsynced or committed; single publishes are not.
+    (SVC, "merge=ops.merge_msgs)", "merge=_early_acks(self, sm))"),
+    (SVC, "def _snapshot_every() -> int:", _EARLY_ACKS),
+]
 POWER = "tests/durability/test_power_loss.py"
 MODELS = ("strict", "torn", "kill9")
 AUDIT = "tests/audit/test_audit_jetstream.py"

@@ -37,7 +37,9 @@ KILL9 = LONG or os.environ.get("JETRAFT_POWER_KILL9") == "1"
 CUTS = {"strict": 20 if LONG else 3, "torn": 20 if LONG else 2, "kill9": 20 if LONG else 4}
 if os.environ.get("JETRAFT_POWER_CUTS"):  # the mutants run every model with the same count
     CUTS = dict.fromkeys(CUTS, int(os.environ["JETRAFT_POWER_CUTS"]))
-PUBLISHERS = 3
+PUBLISHERS = 4  # the last one keeps WINDOW publishes of PAD bytes in flight
+WINDOW = 16
+PAD = "." * 6000
 WORKER = nats.js.api.ConsumerConfig(ack_wait=1.0)
 GET_WINDOW = 64  # get_msg requests in flight at once when reading the stream back
 
@@ -53,6 +55,24 @@ async def _publisher(js: Any, tag: str, acked: list[tuple[int, str]]) -> None:
             return
         acked.append((ack.seq, payload))
         i += 1
+
+
+async def _window_publisher(js: Any, tag: str, acked: list[tuple[int, str]]) -> None:
+    """`_publisher` with WINDOW publishes in flight (sent in order on the shared connection):
+    the leader merges what queued into STREAM_MSGS entries. Big enough (> 64 KiB a pass)
+    that the WAL fsyncs in its thread while the loop goes on: a node that answered a merged
+    entry before its fsync would have the answers out during it."""
+    i = 0
+    while True:
+        payloads = [f"{tag}:{k:06d}{PAD}" for k in range(i, i + WINDOW)]
+        acks = await asyncio.gather(*(js.publish("p.x", p.encode(), timeout=3)
+                                      for p in payloads), return_exceptions=True)
+        for ack, payload in zip(acks, payloads, strict=True):
+            if not isinstance(ack, BaseException):
+                acked.append((ack.seq, payload))
+        if any(isinstance(ack, BaseException) for ack in acks):
+            return  # the node died under us
+        i += WINDOW
 
 
 async def _acker(js: Any, confirmed: list[int], tried: list[int]) -> None:
@@ -108,8 +128,9 @@ async def _cycle(cycle: int, proc: ServerProc, rng: random.Random,
     nc = await nats.connect(proc.url, allow_reconnect=False)
     js = nc.jetstream()
     await js.add_stream(name="P", subjects=["p.*"])  # an identical re-create is a no-op
-    tasks = [asyncio.ensure_future(_publisher(js, f"{w}:{cycle:03d}", acked))
-             for w in range(PUBLISHERS)]
+    tasks = [asyncio.ensure_future(
+        (_window_publisher if w == PUBLISHERS - 1 else _publisher)(js, f"{w}:{cycle:03d}", acked))
+        for w in range(PUBLISHERS)]
     tasks.append(asyncio.ensure_future(_acker(js, confirmed, tried)))
     await asyncio.sleep(rng.uniform(0.5, 2.0))
     proc.stop(signal.SIGKILL)

@@ -31,13 +31,22 @@ def test_other_layouts_are_stable() -> None:
         bytes([17]) + struct.pack("<qHBQq", 3, 2, 2, 8, 500) + b"c1"
 
 
+def test_stream_msgs_layout_is_stable() -> None:
+    one = ops.encode(ops.StreamMsg(7, "a", "", b"", b"x"))
+    two = ops.encode(ops.StreamMsg(9, "b", "r", b"", b""))
+    assert ops.encode(ops.StreamMsgs(7, (ops.decode(one), ops.decode(two)))) == \
+        bytes([24]) + struct.pack("<qI", 7, 2) + struct.pack("<I", len(one)) + one + \
+        struct.pack("<I", len(two)) + two
+
+
 def test_op_codes_are_append_only() -> None:
     # Released values keep their meaning: old WALs are replayed by new code.
     assert {op.name: op.value for op in ops.EntryOp} == {
         "STREAM_MSG": 1, "DELETE_MSG": 2, "PURGE": 3, "EXPIRE": 4,
         "UPDATE_CONFIG": 5, "CONSUMER_DELIVERED": 16, "CONSUMER_ACK": 17, "STREAM_BATCH": 18,
         "CONSUMER_UPSERT": 19, "CONSUMER_DELETE": 20, "RESTORE_MSGS": 13, "CONSUMER_STATE": 21,
-        "SOURCE_MSGS": 12, "CONSUMER_FORGET": 30, "CONSUMER_GROUP_STATE": 31}
+        "SOURCE_MSGS": 12, "CONSUMER_FORGET": 30, "CONSUMER_GROUP_STATE": 31,
+        "STREAM_MSGS": 24}
 
 
 def test_consumer_forget_layout() -> None:

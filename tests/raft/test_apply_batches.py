@@ -316,3 +316,81 @@ async def test_a_group_that_pins_the_oldest_segment_lets_it_go(tmp_path):
     finally:
         await mr.stop()
         store.close()
+
+
+def _join(datas: list[bytes]) -> bytes:
+    """A `merge` for the tests: the parts behind a marker, in order."""
+    return b"M:" + b"|".join(datas)
+
+
+def _other_join(datas: list[bytes]) -> bytes:
+    return b"N:" + b"|".join(datas)
+
+
+async def test_quiet_proposals_with_one_merge_become_one_entry_in_order(tmp_path, monkeypatch):
+    """`propose_quiet(merge=)`: the quiet proposals queued one after the other with the
+    same `merge` are one entry, `merge(datas)` in queue order; any other proposal (a
+    Future, a quiet one without merge or with another merge) ends the run and keeps its
+    place; a run of one is left as it was; runs stop at MERGE_MAX_COUNT."""
+    from raft import multigroup
+
+    monkeypatch.setattr(multigroup, "MERGE_MAX_COUNT", 3)
+    store = LmdbStore(str(tmp_path / "sm"))
+    mr = await _node(tmp_path)
+    sm = LmdbSM(store, "g")
+    errors: list = []
+    try:
+        mr.add_group("g", [1], state_machine=sm)
+        await mr.start()
+        await mr.wait_leader("g")
+        base = len(sm.entries())
+
+        def q(data: bytes, merge=_join) -> None:
+            mr.propose_quiet("g", data, lambda arg, exc: errors.append((arg, exc)), data,
+                             merge=merge)
+
+        q(b"a"), q(b"b")
+        fut = mr.propose_nowait("g", b"c")
+        q(b"d"), q(b"e"), q(b"f"), q(b"g"), q(b"h")  # 3 + 2 (MERGE_MAX_COUNT)
+        q(b"i", merge=None)
+        q(b"j")
+        q(b"k"), q(b"l", merge=_other_join)
+        await fut
+        await mr.propose("g", b"barrier")
+        got = [d for _, d in sm.entries()[base:]]
+    finally:
+        await mr.stop()
+        store.close()
+    assert got == [b"M:a|b", b"c", b"M:d|e|f", b"M:g|h", b"i", b"M:j|k", b"l", b"barrier"]
+    assert errors == []
+
+
+async def test_a_merged_entry_that_fails_reports_each_part_once(tmp_path):
+    """Merged proposals share their entry's fate: when it cannot commit, every part's
+    `on_error` runs once (never inside the proposing call); none is both applied and
+    reported."""
+    from raft.multigroup import ProposalDropped
+
+    store = LmdbStore(str(tmp_path / "sm"))
+    mr = await _node(tmp_path)
+    sm = LmdbSM(store, "g")
+    errors: list = []
+    try:
+        mr.add_group("g", [1], state_machine=sm)
+        await mr.start()
+        await mr.wait_leader("g")
+        for k in range(40):
+            mr.propose_quiet("g", b"x%d" % k, lambda arg, exc: errors.append((arg, exc)), k,
+                             merge=_join)
+        assert errors == []
+        await mr.stop()
+        await asyncio.sleep(0)
+        applied = [p for _, d in sm.entries() for p in d.removeprefix(b"M:").split(b"|")]
+    finally:
+        await mr.stop()
+        store.close()
+    failed = [arg for arg, _ in errors]
+    assert failed and len(failed) == len(set(failed))
+    assert all(isinstance(exc, ProposalDropped) for _, exc in errors)
+    for k in range(40):
+        assert (b"x%d" % k in applied) != (k in failed), k  # applied, or reported: not both

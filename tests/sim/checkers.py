@@ -19,6 +19,8 @@ counts a mutant as killed only through one of these names:
 * CORE_INVARIANT: the core's own always-on assertions (`raft.log.invariant`).
 * FAIL_STOP: a node whose WAL write or fsync failed is still running (it must
   stop: a retry would trust a page cache that may have dropped the data).
+* MERGED_ONCE: a proposal merged with others (`propose_quiet(merge=)`) is applied
+  at one index only, and never also on its own.
 """
 
 from __future__ import annotations
@@ -37,9 +39,10 @@ MEMBERSHIP = "membership"
 RECOVERY = "recovery"
 CORE_INVARIANT = "core invariant"
 FAIL_STOP = "fail-stop"
+MERGED_ONCE = "merged proposal applied once"
 
 NAMES = (ELECTION, LOG_MATCHING, LEADER_COMPLETENESS, SM_SAFETY, ACKED_LOST,
-         READ_LINEARIZABLE, MEMBERSHIP, RECOVERY, CORE_INVARIANT, FAIL_STOP)
+         READ_LINEARIZABLE, MEMBERSHIP, RECOVERY, CORE_INVARIANT, FAIL_STOP, MERGED_ONCE)
 
 
 class Violation(AssertionError):
@@ -81,6 +84,8 @@ class Checker:
     leader_checked: set[tuple[int, int]] = field(default_factory=set)
     conf_changes: dict[int, tuple[str, int]] = field(default_factory=dict)  # index -> change
     reads: int = 0
+    parts: dict[bytes, int] = field(default_factory=dict)  # merged part -> its index
+    merged: set[int] = field(default_factory=set)  # indexes of merged entries
 
     # ---- state machine hooks (called as entries are applied) -------------------------
 
@@ -89,6 +94,19 @@ class Checker:
         if old != key:
             raise Violation(SM_SAFETY, f"node {node} applied {key!r} at {index}, "
                                        f"another member applied {old!r}")
+
+    def on_merged(self, node: int, index: int, parts: list[bytes]) -> None:
+        """The parts of a merged entry: each at this index only (a retry or a second
+        merge of the same proposal would show up at another index)."""
+        for part in parts:
+            self.applied_once(node, index, part)
+        self.merged.add(index)
+
+    def applied_once(self, node: int, index: int, data: bytes) -> None:
+        at = self.parts.setdefault(data, index)
+        if at != index:
+            raise Violation(MERGED_ONCE, f"node {node} applied {data!r} at {index}, it was "
+                                         f"applied at {at}")
 
     def on_conf(self, node: int, index: int, kind: str, target: int) -> None:
         self.on_apply(node, index, ("conf", kind, target))

@@ -70,6 +70,7 @@ class RunResult:
     sites_seen: set[str] = field(default_factory=set)
     segments_deleted: int = 0
     probes: int = 0  # crash images recovered after a durable segment deletion
+    merged: int = 0  # merged entries applied (merge mode: `propose_quiet(merge=)`)
     virtual_s: float = 0.0
     violation: Violation | None = None
     error: str | None = None
@@ -96,6 +97,10 @@ class SimSM:
         if index <= self.last:
             raise HarnessError(f"node {self.node}: apply {index} after {self.last}")
         self.checker.on_apply(self.node, index, bytes(data))
+        if data[:2] == MERGED:
+            self.checker.on_merged(self.node, index, bytes(data[2:]).split(b"|"))
+        elif data[:1] == b"p":
+            self.checker.applied_once(self.node, index, bytes(data))
         self.entries[index] = bytes(data)
         self.last = index
 
@@ -159,8 +164,12 @@ VARIED = ("read", "conf", "transfer", "snapshot", "kill", "arm", "partition")
 
 
 class Cluster:
-    def __init__(self, seed: int, steps: int | None = None) -> None:
+    def __init__(self, seed: int, steps: int | None = None, merge: bool = False) -> None:
         self.seed = seed
+        # Merge mode: a burst of proposals is quiet ones with a `merge` (one entry when
+        # the drain pass takes them together) ended by an awaited one. Off: the recorded
+        # schedules of the mutants stay as they were.
+        self.merge = merge
         rng = random.Random(seed)
         self.rng = random.Random(rng.getrandbits(64))
         self.loop = SimLoop()
@@ -225,6 +234,7 @@ class Cluster:
         r.acked = len(self.checker.acked)
         r.reads = self.checker.reads
         r.conf_changes = len(self.checker.conf_changes)
+        r.merged = len(self.checker.merged)
         return r
 
     def _loop_error(self, loop: asyncio.AbstractEventLoop, ctx: dict[str, Any]) -> None:
@@ -466,10 +476,23 @@ class Cluster:
         n = lead if lead is not None and self.rng.random() < 0.9 else self.pick_live()
         if n is None:
             return
-        for _ in range(self.rng.randrange(1, 6)):
+        burst = self.rng.randrange(1, 6)
+        for k in range(burst):
             self.nprop += 1
             self.result.proposals += 1
-            self.spawn(self._propose(n, b"p%d" % self.nprop))
+            if self.merge and k < burst - 1:
+                self._propose_merged(n, b"p%d" % self.nprop)
+            else:
+                self.spawn(self._propose(n, b"p%d" % self.nprop))
+
+    def _propose_merged(self, n: Node, data: bytes) -> None:
+        if n.mr is None:
+            return
+        try:
+            n.mr.propose_quiet(GROUP, data, _ignore_failure, None, merge=merge_parts)
+        except (raft.multigroup.NotLeader, raft.multigroup.ProposalDropped, KeyError,
+                SimCrash):
+            return
 
     async def _propose(self, n: Node, data: bytes) -> None:
         mr = n.mr
@@ -683,8 +706,20 @@ def _where(e: BaseException) -> str:
     return " < ".join(f"{f.name}:{f.lineno}" for f in reversed(frames))
 
 
-def run(seed: int, steps: int | None = None) -> RunResult:
-    return Cluster(seed, steps).run()
+def run(seed: int, steps: int | None = None, merge: bool = False) -> RunResult:
+    return Cluster(seed, steps, merge).run()
+
+
+MERGED = b"M:"
+
+
+def merge_parts(datas: list[bytes]) -> bytes:
+    """The sim's `merge`: the parts behind a marker (proposal data never holds `|`)."""
+    return MERGED + b"|".join(datas)
+
+
+def _ignore_failure(_arg: object, _exc: BaseException) -> None:
+    """A quiet proposal that failed: nobody was told it succeeded, nothing to check."""
 
 
 _ = (Callable, MsgType)  # re-exported names used by mutants' helpers

@@ -213,3 +213,20 @@ def test_the_durable_image_is_what_a_crash_keeps_and_probes_fire_on_durable_unli
     assert fired == [(1, "/n1/d")]
     assert d.durable_image(1).listdir("/n1/d") == ["b"]
     assert d.read_file("/n1/d/b") == b"synced-tail"  # the original is untouched
+
+
+MERGE_SEEDS = int(os.environ.get("SIM_MERGE_SEEDS", "12"))
+
+
+@pytest.mark.timeout(120 + 6 * MERGE_SEEDS)
+def test_merged_proposals_keep_every_invariant() -> None:
+    """Merge mode (`propose_quiet(merge=)`, as JetStream merges publishes): bursts of quiet
+    proposals become merged entries through the same crashes, partitions and snapshots;
+    every invariant holds, each merged proposal is applied at one index only, and the
+    schedules did merge and acknowledge."""
+    results = [cluster.run(seed, merge=True) for seed in range(FIRST, FIRST + MERGE_SEEDS)]
+    failed = [f"seed {r.seed}: {r.violation or r.error}" for r in results
+              if r.violation is not None or r.error is not None]
+    assert not failed, failed
+    assert sum(r.merged > 0 for r in results) >= MERGE_SEEDS // 2, [r.merged for r in results]
+    assert sum(r.acked >= 50 for r in results) >= MERGE_SEEDS // 2
