@@ -209,7 +209,7 @@ class StreamMachine:
         # the coroutine that proposed the entry; popped by it once `propose` resolves. Only
         # kept once `track` is set (after the start-up replay, whose entries nobody awaits).
         self.results: dict[int, dict[str, Any]] = {}
-        self.delivered: dict[int, Delivered] = {}
+        self.delivered: dict[int, list[Delivered]] = {}
         self.events: dict[int, list[ConsumerEvent]] = {}  # for the advisories
         self.track = False
         # Clustered: a member that joins or lags behind a compaction installs the data
@@ -243,8 +243,8 @@ class StreamMachine:
         for effect in effects:
             if isinstance(effect, Result):
                 self.results[index] = effect.payload
-            elif isinstance(effect, Delivered):
-                self.delivered[index] = effect
+            elif isinstance(effect, Delivered):  # a delivery round: several per entry
+                self.delivered.setdefault(index, []).append(effect)
             elif isinstance(effect, ConsumerEvent):
                 self.events.setdefault(index, []).append(effect)
         # A follower (clustered) keeps them too, and nobody there pops them: the oldest go.

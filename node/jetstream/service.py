@@ -74,7 +74,7 @@ from node.jetstream.sourcing_wire import SourcingWire
 from node.jetstream.store import CorruptRecordError
 from node.jetstream.store.base import file_size, memory_size
 from node.jetstream.store.lmdbstore import LmdbStore, NodeEnv, stored_names
-from node.jetstream.stream import Effect, Reply, Republish, Stored, rfc3339
+from node.jetstream.stream import Delivered, Effect, Reply, Republish, Stored, rfc3339
 from node.subject import subject_matches
 from raft.multigroup import MultiRaft, NotLeader, ProposalDropped
 from raft.snapfile import SnapshotFileError
@@ -214,6 +214,10 @@ class JetStreamService:
         self.batches: dict[str, BatchCollector] = {}  # open atomic batches, per stream
         self._expiring: set[str] = set()  # streams with an EXPIRE entry in flight
         self.consumer_created: dict[tuple[str, str], int] = {}
+        # Plain +ACKs per (stream key, consumer) not proposed yet: the acks a read brought
+        # in together become ONE CONSUMER_ACKS entry, proposed once the loop is done with
+        # that read (`_flush_acks`). Each: (stream seq, reply for a double ack or "").
+        self._ack_runs: dict[tuple[str, str], list[tuple[int, str]]] = {}
         self.client: Any = None  # the global account's internal client
         # Every account's own internal client (its `$JS.API`, acks, stream subjects) and its
         # JetStream limits (None: JetStream not enabled for it), jsaccount.py
@@ -1548,9 +1552,12 @@ class JetStreamService:
             return False
         if pull.flow is not None and pull.flow.window:
             plans = _within_window(plans, msgs, pull.flow, stream, name)
-        sends: list[tuple[Any, Any]] = []  # (message, request) in plan order
+        # One CONSUMER_DELIVERED_MANY entry per run of deliveries (the whole round unless a
+        # damaged record is skipped between them): one proposal, WAL record and apply
+        # dispatch per round instead of per message. `runs[i]` are entry i's sends.
         entries: list[ops.Op] = []
-        skips: set[int] = set()  # entries of damaged records: nothing is sent for them
+        runs: list[list[tuple[Any, str]]] = []
+        batch: list[int] = []  # sseqs of the run being built
         drops = [p for p in plans if isinstance(p, Drop)]
         if drops:
             await self._drop(sm, name, drops)
@@ -1560,8 +1567,10 @@ class JetStreamService:
             msg = msgs.get(plan.sseq)
             if msg is None and plan.sseq in corrupt:
                 # In plan order: the delivered floor moves past it with its neighbours.
-                skips.update(range(len(entries), len(entries) + 1 + acks))
-                entries.extend(self._skip_corrupt(sm, name, plan.sseq, corrupt, acks, now))
+                self._end_run(entries, runs, batch, name, now)
+                skipped = self._skip_corrupt(sm, name, plan.sseq, corrupt, acks, now)
+                entries += skipped
+                runs += [[] for _ in skipped]
                 continue
             if msg is None:
                 continue  # removed meanwhile: the next round drops it
@@ -1579,12 +1588,16 @@ class JetStreamService:
                     counts[0] -= 1
                 counts[1] += 1
                 self._pin(sm.name, name, pull, req, now)
-            entries.append(ops.ConsumerDelivered(now, name, plan.sseq))
-            sends.append((msg, target))
+            if not batch:
+                runs.append([])
+            batch.append(plan.sseq)
+            runs[-1].append((msg, target))
+        self._end_run(entries, runs, batch, name, now)
         if not entries:
             return bool(drops) or (bool(pull.queue.waiting) and not pull.push)
-        if pull.pacer is not None and sends and not await self._pace(stream, name, pull,
-                                                                     sends[0][0]):
+        first = next((r[0][0] for r in runs if r), None)
+        if pull.pacer is not None and first is not None and \
+                not await self._pace(stream, name, pull, first):
             return False
         # Between the apply (delivered state moved) and the send, a CONSUMER.INFO would
         # report these messages as no longer pending before the client has them (nats-py's
@@ -1593,13 +1606,28 @@ class JetStreamService:
         try:
             results = await asyncio.gather(*(self._propose_future(sm, e) for e in entries),
                                            return_exceptions=True)
-            indexes = [r for i, (e, r) in enumerate(zip(entries, results, strict=True))
-                       if isinstance(e, ops.ConsumerDelivered) and i not in skips]
-            self._send_deliveries(sm, name, sends, indexes, pull, pending_at_plan)
+            done: list[tuple[Any, str, Delivered | None]] = []
+            for run, result in zip(runs, results, strict=True):
+                if run and isinstance(result, int):
+                    got = sm.delivered.pop(result, [])
+                    # one Delivered per sseq, in order; none if the consumer went meanwhile
+                    done += [(m, t, d) for (m, t), d in zip(run, got, strict=False)]
+            self._send_deliveries(sm, name, done, pull, pending_at_plan)
         finally:
-            done, pull.round = pull.round, None
-            done.set_result(None)
+            ended, pull.round = pull.round, None
+            ended.set_result(None)
         return True
+
+    @staticmethod
+    def _end_run(entries: list[ops.Op], runs: list[list[tuple[Any, str]]], batch: list[int],
+                 name: str, now: int) -> None:
+        """Close the run of deliveries being built as one entry (a lone one as the
+        single-delivery entry older nodes also read)."""
+        if not batch:
+            return
+        entries.append(ops.ConsumerDelivered(now, name, batch[0]) if len(batch) == 1
+                       else ops.ConsumerDeliveredMany(now, name, tuple(batch)))
+        batch.clear()
 
     async def _pace(self, stream: str, name: str, pull: _Pull, msg: Any) -> bool:
         """Replay original, then the rate limit: wait before this delivery, as nats-server
@@ -1629,35 +1657,35 @@ class JetStreamService:
             self._advise(advisories.group_pinned(_acc(stream), _name(stream), name,
                                                  req.group, pin, *self._stamp()), _acc(stream))
 
-    def _send_deliveries(self, sm: StreamMachine, name: str, sends: list[tuple[Any, str]],
-                         indexes: list[Any], pull: _Pull, pending_at_plan: int | None = None
-                         ) -> None:
-        """Each applied delivery to its request, with the ack subject nats-server sends
-        (its last token: what is still pending after that message)."""
+    def _send_deliveries(self, sm: StreamMachine, name: str,
+                         done: list[tuple[Any, str, Delivered | None]], pull: _Pull,
+                         pending_at_plan: int | None = None) -> None:
+        """Each applied delivery (message, request reply, its Delivered effect) to its
+        request, with the ack subject nats-server sends (its last token: what is still
+        pending after that message)."""
         with sm.lock:
             consumer = sm.stream.consumers.get(name)
             if consumer is None:
                 return
             left = consumer.num_pending(StreamView(sm.store, consumer.filters()))
-        done = [(msg, target, sm.delivered.pop(i, None)) for (msg, target), i
-                in zip(sends, indexes, strict=True) if isinstance(i, int)]
         new_after = sum(1 for _, _, d in done if d is not None and d.deliveries == 1)
         if pending_at_plan is not None:
             left = min(left, max(pending_at_plan - new_after, 0))
+        head = f"{api.ACK_PREFIX}{_name(sm.name)}.{name}."
+        client = self._client(sm.name)  # delivered in the stream's account only
+        deliver = client.account.deliver_as
         for msg, target, d in done:
             if d is None:
                 continue
             new_after -= d.deliveries == 1
-            ack = (f"{api.ACK_PREFIX}{_name(sm.name)}.{name}.{d.deliveries}.{d.sseq}.{d.cseq}."
-                   f"{msg.ts_ns}.{left + new_after}")
+            ack = f"{head}{d.deliveries}.{d.sseq}.{d.cseq}.{msg.ts_ns}.{left + new_after}"
             hdr, data = msg.hdr, msg.data
             if pull.headers_only:  # the size instead of the body, as nats-server sends it
                 hdr, data = _with_header(hdr, "Nats-Msg-Size", str(len(data))), b""
             pin = pull.pin_headers.get(target)
             if pin:
                 hdr = _with_header(hdr, "Nats-Pin-Id", pin)
-            client = self._client(sm.name)  # delivered in the stream's account only
-            client.account.deliver_as(client, target, msg.subject, ack, hdr or None, data)
+            deliver(client, target, msg.subject, ack, hdr or None, data)
             pull.delivered_ns = time.time_ns()
             if pull.flow is not None:
                 size = len(msg.subject) + len(ack) + len(hdr) + len(data)
@@ -1692,9 +1720,52 @@ class JetStreamService:
             return
         if kind == AckKind.ACK:
             self._ack_sample(sm, info)
+            if not wants_next:
+                self._queue_ack(k, info.consumer, info.sseq, reply or "")
+                return
+        self._flush_acks(k, info.consumer)  # this consumer's earlier acks go first
         op = ops.ConsumerAck(time.time_ns(), info.consumer, kind, info.sseq, delay)
         self._propose_future(sm, op).add_done_callback(
             lambda f: self._ack_applied(sm, info, op, reply, body, wants_next, f))
+
+    def _queue_ack(self, stream: str, consumer: str, sseq: int, reply: str) -> None:
+        """A plain +ACK joins its consumer's run; the first of a run schedules the flush
+        right after the acks the loop is handling now (one read of a client's socket
+        often holds a whole fetch's acks)."""
+        run = self._ack_runs.get((stream, consumer))
+        if run is None:
+            run = self._ack_runs[(stream, consumer)] = []
+            asyncio.get_running_loop().call_soon(self._flush_acks, stream, consumer)
+        run.append((sseq, reply))
+
+    def _flush_acks(self, stream: str, consumer: str) -> None:
+        """Propose a consumer's queued acks as one entry (a lone one as CONSUMER_ACK)."""
+        run = self._ack_runs.pop((stream, consumer), None)
+        sm = self.streams.get(stream)
+        if not run or sm is None:
+            return
+        now = time.time_ns()
+        op: ops.Op = ops.ConsumerAck(now, consumer, AckKind.ACK, run[0][0]) if len(run) == 1 \
+            else ops.ConsumerAcks(now, consumer, tuple((AckKind.ACK, s, 0) for s, _ in run))
+        self._propose_future(sm, op).add_done_callback(
+            lambda f: self._acks_applied(sm, consumer, run, f))
+
+    def _acks_applied(self, sm: StreamMachine, consumer: str, run: list[tuple[int, str]],
+                      fut: asyncio.Future[int]) -> None:
+        """A run of plain acks is applied (or refused): confirm the double acks, pump."""
+        if fut.cancelled():
+            return
+        exc = fut.exception()
+        if exc is not None:
+            log = self.log.warn if isinstance(exc, (ProposalDropped, KeyError, NotLeader)) \
+                else self.log.error
+            log(f"JetStream acks on {sm.name}/{consumer} not recorded ({len(run)}): {exc!r}")
+            return
+        client = self._client(sm.name)
+        for _sseq, reply in run:
+            if reply:
+                client.publish(reply, None, b"")  # double ack: once applied
+        self._pump(sm.name, consumer)
 
     def _ack_applied(self, sm: StreamMachine, info: AckInfo, op: ops.ConsumerAck,
                      reply: str | None, body: bytes, wants_next: bool,
