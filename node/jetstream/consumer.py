@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import IntEnum
@@ -43,12 +44,19 @@ class AckKind(IntEnum):
     GONE = 6         # leader: the message left the stream before it was acked
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Pending:
+    """Frozen: a change is a new object, so an encoded record cached for the old one
+    (`ConsumerState._records`) is recognised as stale by identity."""
     cseq: int
     delivered_ns: int
     deadline_ns: int
     naked: bool = False  # waits in the redelivery queue for a pull, not for the ack timer
+
+
+STATE_V2 = 2  # first byte of the binary state record (a JSON record starts with "{")
+_STATE_HEAD = struct.Struct("<BQQQQQI")  # version, delivered s/c, floor s/c, lps_until, count
+_PENDING_REC = struct.Struct("<QQqqQB")  # sseq, cseq, delivered_ns, deadline_ns, count, naked
 
 
 @dataclass
@@ -57,15 +65,51 @@ class ConsumerState:
     delivered_cseq: int = 0   # consumer sequence of the latest delivery (redeliveries count)
     floor_sseq: int = 0       # every stream message <= this is acked (or never due)
     floor_cseq: int = 0
-    # in stream sequence order (Consumer.apply_delivered keeps it so): the ack floor is
-    # its first key
+    # in stream sequence order (Consumer.apply_delivered keeps it so, __post_init__ and
+    # decode make it so): the ack floor is its first key, the record lists it in order
     pending: dict[int, Pending] = field(default_factory=dict)
     deliveries: dict[int, int] = field(default_factory=dict)  # sseq -> times delivered
     lps_until: int = 0        # deliver last per subject: see StreamView.next_matching
+    # sseq -> (the Pending it was made from, its delivery count, its packed record): a
+    # batch re-encodes only the messages whose pending entry changed since the last one
+    _records: dict[int, tuple[Pending, int, bytes]] = field(
+        default_factory=dict, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        keys = list(self.pending)
+        if keys != sorted(keys):
+            self.pending = dict(sorted(self.pending.items()))
 
     def encode(self) -> bytes:
-        """The consumer state record kept in the store (JSON: small, and bounded by
-        max_ack_pending)."""
+        """The consumer state record kept in the store: binary (version 2), one fixed-size
+        record per pending message, bounded by max_ack_pending. Written once per applied
+        batch for every consumer the batch touched, so only changed entries are packed
+        again. Records written before version 2 are JSON (`to_json`), and so is a state
+        holding a value beyond 64 bits; `decode` reads both."""
+        try:
+            return self._encode_v2()
+        except struct.error:  # a NAK delay near the maximum: its deadline overflows
+            self._records = {}
+            return self.to_json()
+
+    def _encode_v2(self) -> bytes:
+        cache, deliveries = self._records, self.deliveries
+        parts = [_STATE_HEAD.pack(STATE_V2, self.delivered_sseq, self.delivered_cseq,
+                                  self.floor_sseq, self.floor_cseq, self.lps_until,
+                                  len(self.pending))]
+        for sseq, p in self.pending.items():
+            count = deliveries.get(sseq, 1)
+            hit = cache.get(sseq)
+            if hit is None or hit[0] is not p or hit[1] != count:
+                hit = cache[sseq] = (p, count, _PENDING_REC.pack(
+                    sseq, p.cseq, p.delivered_ns, p.deadline_ns, count, p.naked))
+            parts.append(hit[2])
+        if len(cache) > 2 * len(self.pending) + 64:  # forget the acked ones, now and then
+            self._records = {s: cache[s] for s in self.pending if s in cache}
+        return b"".join(parts)
+
+    def to_json(self) -> bytes:
+        """The version-1 record (JSON): what STREAM.SNAPSHOT puts in a backup."""
         return json.dumps({
             "d": [self.delivered_sseq, self.delivered_cseq],
             "f": [self.floor_sseq, self.floor_cseq],
@@ -76,6 +120,22 @@ class ConsumerState:
 
     @classmethod
     def decode(cls, raw: bytes) -> ConsumerState:
+        """A version-2 record, or a JSON (version 1) one: stores and backups written
+        before version 2 stay readable."""
+        if raw[:1] != bytes([STATE_V2]):
+            return cls._from_json(raw)
+        _v, d_s, d_c, f_s, f_c, lps, count = _STATE_HEAD.unpack_from(raw)
+        if len(raw) != _STATE_HEAD.size + count * _PENDING_REC.size:
+            raise ValueError(f"consumer state record of {len(raw)} bytes, {count} pending")
+        state = cls(d_s, d_c, f_s, f_c, lps_until=lps)
+        recs = sorted(_PENDING_REC.iter_unpack(memoryview(raw)[_STATE_HEAD.size:]))
+        for sseq, cseq, delivered, deadline, n, naked in recs:
+            state.pending[sseq] = Pending(cseq, delivered, deadline, bool(naked))
+            state.deliveries[sseq] = n
+        return state
+
+    @classmethod
+    def _from_json(cls, raw: bytes) -> ConsumerState:
         data = json.loads(raw)
         state = cls(*data["d"], *data["f"], lps_until=data.get("l", 0))
         for sseq, cseq, delivered, deadline, count, naked in sorted(data["p"]):
@@ -325,11 +385,12 @@ class Consumer:
             return []
         count = st.deliveries.get(sseq, 1)
         if kind == AckKind.NAK:
-            pending.deadline_ns = now_ns + max(delay_ns, 0)
-            pending.naked = True
+            st.pending[sseq] = Pending(pending.cseq, pending.delivered_ns,
+                                       now_ns + max(delay_ns, 0), True)
             return [Advisory("MSG_NAKED", sseq, count)]
         if kind == AckKind.WPI:
-            pending.deadline_ns = now_ns + self._wait(count)
+            st.pending[sseq] = Pending(pending.cseq, pending.delivered_ns,
+                                       now_ns + self._wait(count), pending.naked)
             return []
         self._forget(sseq)
         if kind == AckKind.TERM:
