@@ -74,11 +74,39 @@ class ConsumerState:
     # batch re-encodes only the messages whose pending entry changed since the last one
     _records: dict[int, tuple[Pending, int, bytes]] = field(
         default_factory=dict, compare=False, repr=False)
+    # the pending sequences in the order they were added (ascending) from `_head` on, acked
+    # ones skipped lazily: the lowest pending one in amortised O(1). (A dict's first key
+    # is not O(1): iteration walks over the slots its deleted keys leave at the front.)
+    _order: list[int] = field(default_factory=list, compare=False, repr=False)
+    _head: int = field(default=0, compare=False, repr=False)
 
     def __post_init__(self) -> None:
+        self.resort()
+
+    def resort(self) -> None:
+        """Put `pending` (and `_order`) back in stream sequence order."""
         keys = list(self.pending)
         if keys != sorted(keys):
             self.pending = dict(sorted(self.pending.items()))
+            keys = list(self.pending)
+        self._order, self._head = keys, 0
+
+    def first_pending(self) -> int:
+        """The lowest pending stream sequence; 0 when nothing pends."""
+        order, pending, head = self._order, self.pending, self._head
+        while head < len(order) and order[head] not in pending:
+            head += 1
+        if head >= len(order):
+            if pending:  # filled without `_order` (never by this module): rebuild it
+                self.resort()
+                return self._order[0]
+            order.clear()
+            head = 0
+        elif head > 256 and 2 * head > len(order):  # drop the skipped prefix now and then
+            del order[:head]
+            head = 0
+        self._head = head
+        return order[head] if order else 0
 
     def encode(self) -> bytes:
         """The consumer state record kept in the store: binary (version 2), one fixed-size
@@ -132,6 +160,7 @@ class ConsumerState:
         for sseq, cseq, delivered, deadline, n, naked in recs:
             state.pending[sseq] = Pending(cseq, delivered, deadline, bool(naked))
             state.deliveries[sseq] = n
+        state.resort()
         return state
 
     @classmethod
@@ -141,6 +170,7 @@ class ConsumerState:
         for sseq, cseq, delivered, deadline, count, naked in sorted(data["p"]):
             state.pending[sseq] = Pending(cseq, delivered, deadline, bool(naked))
             state.deliveries[sseq] = count
+        state.resort()
         return state
 
 
@@ -355,7 +385,8 @@ class Consumer:
         assert sseq > 0, sseq
         st.delivered_cseq += 1
         cseq = st.delivered_cseq
-        if sseq > st.delivered_sseq and self.pending_cache is not None:
+        fresh = sseq > st.delivered_sseq  # never delivered: above every pending one
+        if fresh and self.pending_cache is not None:
             self.pending_cache -= 1  # a new delivery: the first pending message
         st.delivered_sseq = max(st.delivered_sseq, sseq)
         if self.ack_policy == "none":
@@ -366,11 +397,12 @@ class Consumer:
         first = st.pending.get(sseq)
         # A redelivery keeps the first delivery's consumer sequence in `pending`, as
         # nats-server does: the ack floor's consumer sequence is derived from it.
-        out_of_order = first is None and st.pending and sseq < next(reversed(st.pending))
         st.pending[sseq] = Pending(first.cseq if first else cseq, now_ns,
                                    now_ns + self._wait(count))  # not naked any more
-        if out_of_order:  # rare (a stale plan delivering an acked message again)
-            st.pending = dict(sorted(st.pending.items()))
+        if fresh:
+            st._order.append(sseq)
+        elif first is None:  # rare: a stale plan delivering an acked message again
+            st.resort()
         return cseq
 
     def apply_ack(self, now_ns: int, kind: AckKind, sseq: int,
@@ -409,10 +441,8 @@ class Consumer:
         del st.pending[sseq]
         st.deliveries.pop(sseq, None)
         if st.pending:
-            # `pending` is kept in stream sequence order (apply_delivered, decode): its
-            # first key is the lowest, found in O(1) instead of a min() over every
-            # pending message per ack.
-            first = next(iter(st.pending))
+            # amortised O(1), instead of a min() over every pending message per ack
+            first = st.first_pending()
             st.floor_sseq = first - 1
             st.floor_cseq = st.pending[first].cseq - 1
         else:
