@@ -25,7 +25,7 @@ import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import Any
+from typing import Any, NamedTuple
 
 from node.jetstream.headers import parse_go_duration
 from node.jetstream.store import CorruptRecordError, StreamStore
@@ -44,10 +44,10 @@ class AckKind(IntEnum):
     GONE = 6         # leader: the message left the stream before it was acked
 
 
-@dataclass(frozen=True, slots=True)
-class Pending:
-    """Frozen: a change is a new object, so an encoded record cached for the old one
-    (`ConsumerState._records`) is recognised as stale by identity."""
+class Pending(NamedTuple):
+    """Immutable: a change is a new object, so an encoded record cached for the old one
+    (`ConsumerState._records`) is recognised as stale by identity. (A tuple: made once per
+    delivered message, and a frozen dataclass's __init__ costs several times more.)"""
     cseq: int
     delivered_ns: int
     deadline_ns: int
@@ -174,15 +174,14 @@ class ConsumerState:
         return state
 
 
-@dataclass(frozen=True, slots=True)
-class Delivery:
+class Delivery(NamedTuple):
     """The leader's plan: deliver `sseq` (its `deliveries`-th time)."""
     sseq: int
     deliveries: int
 
 
 @dataclass(frozen=True, slots=True)
-class Drop:
+class Drop:  # a dataclass: a Drop never equals a Delivery of the same numbers
     """The leader's plan: stop tracking `sseq` (`kind` MAX_DELIVER or GONE)."""
     sseq: int
     kind: AckKind
@@ -514,8 +513,8 @@ def ack_subject(stream: str, consumer: str, deliveries: int, sseq: int, cseq: in
     return f"{ACK_PREFIX}{stream}.{consumer}.{deliveries}.{sseq}.{cseq}.{ts_ns}.{pending}"
 
 
-@dataclass(frozen=True, slots=True)
-class AckInfo:
+class AckInfo(NamedTuple):
+    """What an ack subject names (a tuple: one is parsed per ack)."""
     stream: str
     consumer: str
     deliveries: int
@@ -530,26 +529,32 @@ def parse_ack_subject(subject: str) -> AckInfo | None:
     """Both layouts: v1 (9 tokens) and v2 ($JS.ACK.<domain>.<account hash>.<stream>...,
     12 tokens with the trailing random token, 11 without). None when not an ack subject."""
     tokens = subject.split(".")
-    if tokens[:2] != ["$JS", "ACK"]:
+    if tokens[0] != "$JS" or len(tokens) < 9 or tokens[1] != "ACK":
         return None
     try:
         if len(tokens) == 9:
-            return AckInfo(tokens[2], tokens[3], *(_ack_num(t) for t in tokens[4:9]))
+            d, s, c, t, p = _ack_nums(tokens[4:9])
+            return AckInfo(tokens[2], tokens[3], d, s, c, t, p)
         if len(tokens) in (11, 12):
             domain = "" if tokens[2] == "_" else tokens[2]
-            return AckInfo(tokens[4], tokens[5], *(_ack_num(t) for t in tokens[6:11]),
-                           domain=domain)
+            d, s, c, t, p = _ack_nums(tokens[6:11])
+            return AckInfo(tokens[4], tokens[5], d, s, c, t, p, domain)
     except ValueError:
         return None
     return None
 
 
-def _ack_num(token: str) -> int:
-    """A number token of an ack subject: digits only, as nats-server's parser takes them,
-    and within int64 (a bigger one failed when its ack entry was encoded)."""
-    if not token.isascii() or not token.isdigit() or int(token) >= 1 << 63:
-        raise ValueError(token)
-    return int(token)
+def _ack_nums(tokens: list[str]) -> list[int]:
+    """The number tokens of an ack subject: digits only, as nats-server's parser takes them
+    (an empty token fails `int`), and within int64 (a bigger one failed when its ack entry
+    was encoded). Checked together: one is parsed per ack."""
+    joined = "".join(tokens)
+    if not joined.isascii() or not joined.isdigit():
+        raise ValueError(tokens)
+    nums = [int(t) for t in tokens]
+    if max(nums) >= 1 << 63:
+        raise ValueError(tokens)
+    return nums
 
 
 def parse_ack_body(body: bytes) -> tuple[AckKind | None, int, bool]:

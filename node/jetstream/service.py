@@ -1803,10 +1803,10 @@ class JetStreamService:
     def _ack_sample(self, sm: StreamMachine, info: AckInfo) -> None:
         """`sample_freq`: publish an ack metric for that share of acks of pending messages
         (the time from the delivery to the ack, as nats-server measures it)."""
+        consumer = sm.stream.consumers.get(info.consumer)
+        if consumer is None or not consumer.cfg.get("sample_freq"):
+            return  # the common case, read without the lock (one dict lookup per ack)
         with sm.lock:
-            consumer = sm.stream.consumers.get(info.consumer)
-            if consumer is None or not consumer.cfg.get("sample_freq"):
-                return
             pct = advisories.sample_percent(consumer.cfg["sample_freq"])
             pending = consumer.state.pending.get(info.sseq)
             deliveries = consumer.state.deliveries.get(info.sseq, 1)
@@ -2116,13 +2116,4 @@ def _jetstream_kind() -> Any:
 
 def _load_planned(store: Any, plans: list[Any]) -> tuple[dict[int, Any], dict[int, str]]:
     """The planned deliveries' messages, and the sequences whose record failed its CRC."""
-    msgs: dict[int, Any] = {}
-    corrupt: dict[int, str] = {}
-    for p in plans:
-        if isinstance(p, Delivery):
-            try:
-                msgs[p.sseq] = store.load(p.sseq)
-            except CorruptRecordError as exc:
-                corrupt[p.sseq] = str(exc)
-    return msgs, corrupt
-
+    return store.load_many([p.sseq for p in plans if isinstance(p, Delivery)])

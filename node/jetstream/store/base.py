@@ -104,6 +104,9 @@ class StreamStore(Protocol):
     def load(self, seq: int) -> StoredMsg | None:
         """The message, None if absent; CorruptRecordError if damaged."""
 
+    def load_many(self, seqs: list[int]) -> tuple[dict[int, StoredMsg], dict[int, str]]:
+        """`load` of several: (the messages present, damaged records' errors by seq)."""
+
     def remove(self, seq: int) -> StoredMsg | None:
         """Remove and return the message (None if absent)."""
 
