@@ -210,6 +210,7 @@ class StreamMachine:
         # kept once `track` is set (after the start-up replay, whose entries nobody awaits).
         self.results: dict[int, dict[str, Any]] = {}
         self.delivered: dict[int, list[Delivered]] = {}
+        self._delivered_kept = 0  # Delivered effects held in `delivered` (bounded)
         self.events: dict[int, list[ConsumerEvent]] = {}  # for the advisories
         self.track = False
         # Clustered: a member that joins or lags behind a compaction installs the data
@@ -245,12 +246,22 @@ class StreamMachine:
                 self.results[index] = effect.payload
             elif isinstance(effect, Delivered):  # a delivery round: several per entry
                 self.delivered.setdefault(index, []).append(effect)
+                self._delivered_kept += 1
             elif isinstance(effect, ConsumerEvent):
                 self.events.setdefault(index, []).append(effect)
-        # A follower (clustered) keeps them too, and nobody there pops them: the oldest go.
-        for kept in (self.results, self.delivered, self.events):
+        # A follower (clustered) keeps them too, and nobody there pops them: the oldest go
+        # (deliveries counted one by one: an entry holds a whole round).
+        for kept in (self.results, self.events):
             while len(kept) > KEEP_MAX:
                 del kept[next(iter(kept))]
+        while self._delivered_kept > KEEP_MAX:
+            self._delivered_kept -= len(self.delivered.pop(next(iter(self.delivered))))
+
+    def take_delivered(self, index: int) -> list[Delivered]:
+        """The Delivered effects of the entry at `index` (for the proposer, once)."""
+        got = self.delivered.pop(index, [])
+        self._delivered_kept -= len(got)
+        return got
 
     def applied_index(self) -> int:
         return _committed_applied(self.store)
@@ -300,6 +311,7 @@ class StreamMachine:
                 self.stream = Stream(self.initial_cfg, self.store)
                 self.results.clear()
                 self.delivered.clear()
+                self._delivered_kept = 0
                 self.events.clear()
             return
         body = None
@@ -314,6 +326,7 @@ class StreamMachine:
                         self.stream = Stream(self.initial_cfg, self.store)
                         self.results.clear()
                         self.delivered.clear()
+                        self._delivered_kept = 0
                         self.events.clear()
                     return
                 body = head + src.read()
@@ -326,6 +339,7 @@ class StreamMachine:
                 self.stream = Stream(self.initial_cfg, self.store)
                 self.results.clear()
                 self.delivered.clear()
+                self._delivered_kept = 0
                 self.events.clear()
 
     def on_leader_change(self, leader_id: int, term: int) -> None:

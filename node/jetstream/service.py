@@ -1609,7 +1609,7 @@ class JetStreamService:
             done: list[tuple[Any, str, Delivered | None]] = []
             for run, result in zip(runs, results, strict=True):
                 if run and isinstance(result, int):
-                    got = sm.delivered.pop(result, [])
+                    got = sm.take_delivered(result)
                     # one Delivered per sseq, in order; none if the consumer went meanwhile
                     done += [(m, t, d) for (m, t), d in zip(run, got, strict=False)]
             self._send_deliveries(sm, name, done, pull, pending_at_plan)

@@ -178,3 +178,22 @@ def test_a_stale_redelivery_below_the_pending_keeps_the_floor_right() -> None:
     assert (c.state.floor_sseq, c.state.floor_cseq) == (0, 4)  # 1 pends (first cseq 5)
     assert list(c.state.pending) == [1, 3, 4]
     assert ConsumerState.decode(c.state.encode()) == c.state
+
+
+def test_kept_deliveries_are_bounded_per_delivery(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A follower keeps each entry's Delivered effects and nobody takes them: the bound
+    counts deliveries, not entries (one entry holds a whole round)."""
+    from node.jetstream import machines
+    from tests.jetstream.test_machines import _cfg
+
+    monkeypatch.setattr(machines, "KEEP_MAX", 10)
+    sm = machines.StreamMachine("S", "js.S.1", _cfg(), None, lambda _sm, _e: None, 1)
+    sm.track = True
+    entries: list[ops.Op] = [ops.StreamMsg(T0, "s.a", "", b"", b"x") for _ in range(40)]
+    entries += [_consumer("c")]
+    entries += [ops.ConsumerDeliveredMany(T0, "c", tuple(range(i, i + 4))) for i in (1, 5, 9, 13)]
+    sm.apply_batch([(i, ops.encode(op)) for i, op in enumerate(entries, start=1)])
+    assert [len(d) for d in sm.delivered.values()] == [4, 4]  # the two oldest rounds went
+    last = len(entries)
+    assert [d.sseq for d in sm.take_delivered(last)] == [13, 14, 15, 16]
+    assert sm.take_delivered(last) == [] and sm._delivered_kept == 4
