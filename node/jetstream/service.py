@@ -90,6 +90,8 @@ ELECTION_TICK = 3
 CLUSTER_TICK_S = 0.1
 CLUSTER_ELECTION_TICK = 20
 MAX_ROUND = 256        # deliveries proposed together for one consumer
+ACK_HOLD_S = 0.005     # longest a plain ack nobody waits on is held to join a run
+ACK_RUN_MAX = 1024     # a run this long is proposed at once
 # clustered: a pull request forwarded from another node is kept this long before a missing
 # interest in its inbox drops it (the interest travels on the routes, the request does not)
 UNHEARD_GRACE_NS = 2_000_000_000
@@ -214,10 +216,13 @@ class JetStreamService:
         self.batches: dict[str, BatchCollector] = {}  # open atomic batches, per stream
         self._expiring: set[str] = set()  # streams with an EXPIRE entry in flight
         self.consumer_created: dict[tuple[str, str], int] = {}
-        # Plain +ACKs per (stream key, consumer) not proposed yet: the acks a read brought
-        # in together become ONE CONSUMER_ACKS entry, proposed once the loop is done with
-        # that read (`_flush_acks`). Each: (stream seq, reply for a double ack or "").
+        # Plain +ACKs per (stream key, consumer) not proposed yet (`_queue_ack`): a run
+        # becomes ONE CONSUMER_ACKS entry (`_flush_acks`). Each: (stream seq, reply for a
+        # double ack or ""); `_ack_flush`: the scheduled flush of each run.
         self._ack_runs: dict[tuple[str, str], list[tuple[int, str]]] = {}
+        self._ack_flush: dict[tuple[str, str], asyncio.TimerHandle | asyncio.Handle] = {}
+        # the last ack proposal of each consumer, until applied (CONSUMER.INFO waits on it)
+        self._ack_last: dict[tuple[str, str], asyncio.Future[int]] = {}
         self.client: Any = None  # the global account's internal client
         # Every account's own internal client (its `$JS.API`, acks, stream subjects) and its
         # JetStream limits (None: JetStream not enabled for it), jsaccount.py
@@ -321,6 +326,8 @@ class JetStreamService:
     async def stop(self) -> None:
         if self._ticker is not None:
             self._ticker.cancel()
+        for stream, consumer in list(self._ack_runs):  # held acks: proposed, not dropped
+            self._flush_acks(stream, consumer)
         for client in self.clients.values():
             if self._on_interest in client.account.interest_listeners:
                 client.account.interest_listeners.remove(self._on_interest)
@@ -1393,6 +1400,7 @@ class JetStreamService:
         pull = self.pulls.get((sm.name, call.consumer))
         if pull is not None and pull.round is not None:
             await asyncio.wait((pull.round,))  # a delivery round's messages leave first
+        await self._acks_settled(sm.name, call.consumer)
         return self._consumer_info("consumer_info_response", sm, call.consumer)
 
     async def _h_consumer_delete(self, call: api.Call, subject: str, reply: str, body: bytes
@@ -1602,6 +1610,7 @@ class JetStreamService:
         # Between the apply (delivered state moved) and the send, a CONSUMER.INFO would
         # report these messages as no longer pending before the client has them (nats-py's
         # KV watcher then ends its initial values early): it waits for `pull.round`.
+        self._flush_acks(stream, name)  # held acks ride in the round's drain pass
         pull.round = asyncio.get_running_loop().create_future()
         try:
             results = await asyncio.gather(*(self._propose_future(sm, e) for e in entries),
@@ -1725,21 +1734,38 @@ class JetStreamService:
                 return
         self._flush_acks(k, info.consumer)  # this consumer's earlier acks go first
         op = ops.ConsumerAck(time.time_ns(), info.consumer, kind, info.sseq, delay)
-        self._propose_future(sm, op).add_done_callback(
+        fut = self._propose_future(sm, op)
+        self._ack_last[(k, info.consumer)] = fut
+        fut.add_done_callback(
             lambda f: self._ack_applied(sm, info, op, reply, body, wants_next, f))
 
     def _queue_ack(self, stream: str, consumer: str, sseq: int, reply: str) -> None:
-        """A plain +ACK joins its consumer's run; the first of a run schedules the flush
-        right after the acks the loop is handling now (one read of a client's socket
-        often holds a whole fetch's acks)."""
-        run = self._ack_runs.get((stream, consumer))
-        if run is None:
-            run = self._ack_runs[(stream, consumer)] = []
-            asyncio.get_running_loop().call_soon(self._flush_acks, stream, consumer)
+        """A plain +ACK joins its consumer's run. A run is proposed as ONE entry: right
+        after the loop's current work when an ack in it waits for its confirmation (a
+        double ack) or it is long; else when the consumer's next delivery round is
+        proposed (the same drain pass, so the same fsync) or after ACK_HOLD_S. A client's
+        acks of one fetch arrive over several socket reads: each read's acks as an entry
+        of its own cost an fsync and an apply transaction each."""
+        key = (stream, consumer)
+        run = self._ack_runs.setdefault(key, [])
         run.append((sseq, reply))
+        handle = self._ack_flush.get(key)
+        if reply or len(run) >= ACK_RUN_MAX:
+            if isinstance(handle, asyncio.TimerHandle):
+                handle.cancel()
+                handle = None
+            if handle is None:
+                self._ack_flush[key] = asyncio.get_running_loop().call_soon(
+                    self._flush_acks, stream, consumer)
+        elif handle is None:
+            self._ack_flush[key] = asyncio.get_running_loop().call_later(
+                ACK_HOLD_S, self._flush_acks, stream, consumer)
 
     def _flush_acks(self, stream: str, consumer: str) -> None:
         """Propose a consumer's queued acks as one entry (a lone one as CONSUMER_ACK)."""
+        handle = self._ack_flush.pop((stream, consumer), None)
+        if handle is not None:
+            handle.cancel()  # flushed early (a nak, a delivery round, CONSUMER.INFO)
         run = self._ack_runs.pop((stream, consumer), None)
         sm = self.streams.get(stream)
         if not run or sm is None:
@@ -1747,12 +1773,25 @@ class JetStreamService:
         now = time.time_ns()
         op: ops.Op = ops.ConsumerAck(now, consumer, AckKind.ACK, run[0][0]) if len(run) == 1 \
             else ops.ConsumerAcks(now, consumer, tuple((AckKind.ACK, s, 0) for s, _ in run))
-        self._propose_future(sm, op).add_done_callback(
-            lambda f: self._acks_applied(sm, consumer, run, f))
+        fut = self._propose_future(sm, op)
+        self._ack_last[(stream, consumer)] = fut
+        fut.add_done_callback(lambda f: self._acks_applied(sm, consumer, run, f))
+
+    async def _acks_settled(self, stream: str, consumer: str) -> None:
+        """Propose the consumer's held acks and wait until its acks so far are applied:
+        a CONSUMER.INFO after acks on the same connection reflects them, as nats-server's
+        does (its acks apply in order with the request)."""
+        self._flush_acks(stream, consumer)
+        last = self._ack_last.get((stream, consumer))
+        if last is not None:
+            await asyncio.wait((last,))
 
     def _acks_applied(self, sm: StreamMachine, consumer: str, run: list[tuple[int, str]],
                       fut: asyncio.Future[int]) -> None:
         """A run of plain acks is applied (or refused): confirm the double acks, pump."""
+        key = (sm.name, consumer)
+        if self._ack_last.get(key) is fut:
+            del self._ack_last[key]
         if fut.cancelled():
             return
         exc = fut.exception()
@@ -1773,6 +1812,8 @@ class JetStreamService:
         """After the ack's entry applied (or was refused): True if it is recorded. A client
         ack runs this as its proposal's done-callback: no Task per acked message."""
         name = info.consumer
+        if self._ack_last.get((sm.name, name)) is fut:
+            del self._ack_last[(sm.name, name)]
         if fut.cancelled():
             return False
         exc = fut.exception()
