@@ -89,3 +89,29 @@ async def test_acks_read_together_are_all_applied_and_survive_kill_9(
     again = servers.jetraft(args=["-js", "-sd", str(store)])
     assert await _numbers(again.url) == want
     assert await _next(again.url) == await _next(theirs.url) == [NAKED, 41, 42]
+
+
+async def _ack_then_info(url: str) -> tuple[int, int]:
+    """Plain acks (no confirmation), then at once CONSUMER.INFO."""
+    nc = await nats.connect(url)
+    js = nc.jetstream()
+    try:
+        await js.add_stream(name="W", subjects=["w.*"])
+        await asyncio.gather(*[await js.publish_async("w.x", b"m") for _ in range(20)])
+        psub = await js.pull_subscribe("w.*", "q", stream="W")
+        for m in await psub.fetch(20, timeout=5):
+            await m.ack()
+        ci = await js.consumer_info("W", "q")
+        return ci.num_ack_pending, ci.ack_floor.stream_seq
+    finally:
+        await nc.close()
+
+
+async def test_held_acks_show_in_the_next_consumer_info(servers: Servers,
+                                                         tmp_path: Path) -> None:
+    """Jetraft holds plain acks up to 5 ms to propose them as one entry; a CONSUMER.INFO
+    proposes them and waits until they are applied, so it always reflects acks sent before
+    it on the connection. (nats-server applies acks apart from API requests: the same
+    script there answered 20 or 0 pending, so it is not compared.)"""
+    ours = servers.jetraft(args=["-js", "-sd", str(tmp_path / "ours")])
+    assert await _ack_then_info(ours.url) == (0, 20)
