@@ -60,7 +60,7 @@ async def snapshot_request(svc: Any, call: api.Call, reply: str, body: bytes
         cfg = stream_config.to_wire(sm.stream.cfg)
         consumers = [] if req.get("no_consumers") else [
             {"name": n, "config": consumer_config.to_wire(c.cfg),
-             "state": c.state.encode().decode()}
+             "state": c.state.to_json().decode()}
             for n, c in sorted(sm.stream.consumers.items())]
         header = {"config": cfg, "consumers": consumers, "last_seq": sm.stream.last_seq,
                   "last_ts": sm.stream.last_ts}

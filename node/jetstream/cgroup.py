@@ -91,6 +91,13 @@ class ConsumerCore:
             advisories = c.apply_ack(op.now_ns, AckKind(op.kind), op.sseq, op.delay_ns)
             self.changed = True
             return [ConsumerEvent(self.name, a) for a in advisories]
+        if isinstance(op, ops.ConsumerDeliveredMany) and op.consumer == self.name:
+            return [e for sseq in op.sseqs
+                    for e in self.apply(ops.ConsumerDelivered(op.now_ns, op.consumer, sseq))]
+        if isinstance(op, ops.ConsumerAcks) and op.consumer == self.name:
+            return [e for kind, sseq, delay in op.acks
+                    for e in self.apply(ops.ConsumerAck(op.now_ns, op.consumer, kind, sseq,
+                                                        delay))]
         return []  # another consumer's entry, or an op a consumer group never holds
 
     def report(self, now_ns: int) -> ops.ConsumerGroupState:

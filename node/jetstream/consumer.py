@@ -19,11 +19,13 @@ after the delay (immediately without one).
 
 from __future__ import annotations
 
+import itertools
 import json
+import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import Any
+from typing import Any, NamedTuple
 
 from node.jetstream.headers import parse_go_duration
 from node.jetstream.store import CorruptRecordError, StreamStore
@@ -42,12 +44,19 @@ class AckKind(IntEnum):
     GONE = 6         # leader: the message left the stream before it was acked
 
 
-@dataclass(slots=True)
-class Pending:
+class Pending(NamedTuple):
+    """Immutable: a change is a new object, so an encoded record cached for the old one
+    (`ConsumerState._records`) is recognised as stale by identity. (A tuple: made once per
+    delivered message, and a frozen dataclass's __init__ costs several times more.)"""
     cseq: int
     delivered_ns: int
     deadline_ns: int
     naked: bool = False  # waits in the redelivery queue for a pull, not for the ack timer
+
+
+STATE_V2 = 2  # first byte of the binary state record (a JSON record starts with "{")
+_STATE_HEAD = struct.Struct("<BQQQQQI")  # version, delivered s/c, floor s/c, lps_until, count
+_PENDING_REC = struct.Struct("<QQqqQB")  # sseq, cseq, delivered_ns, deadline_ns, count, naked
 
 
 @dataclass
@@ -56,13 +65,79 @@ class ConsumerState:
     delivered_cseq: int = 0   # consumer sequence of the latest delivery (redeliveries count)
     floor_sseq: int = 0       # every stream message <= this is acked (or never due)
     floor_cseq: int = 0
+    # in stream sequence order (Consumer.apply_delivered keeps it so, __post_init__ and
+    # decode make it so): the ack floor is its first key, the record lists it in order
     pending: dict[int, Pending] = field(default_factory=dict)
     deliveries: dict[int, int] = field(default_factory=dict)  # sseq -> times delivered
     lps_until: int = 0        # deliver last per subject: see StreamView.next_matching
+    # sseq -> (the Pending it was made from, its delivery count, its packed record): a
+    # batch re-encodes only the messages whose pending entry changed since the last one
+    _records: dict[int, tuple[Pending, int, bytes]] = field(
+        default_factory=dict, compare=False, repr=False)
+    # the pending sequences in the order they were added (ascending) from `_head` on, acked
+    # ones skipped lazily: the lowest pending one in amortised O(1). (A dict's first key
+    # is not O(1): iteration walks over the slots its deleted keys leave at the front.)
+    _order: list[int] = field(default_factory=list, compare=False, repr=False)
+    _head: int = field(default=0, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.resort()
+
+    def resort(self) -> None:
+        """Put `pending` (and `_order`) back in stream sequence order."""
+        keys = list(self.pending)
+        if keys != sorted(keys):
+            self.pending = dict(sorted(self.pending.items()))
+            keys = list(self.pending)
+        self._order, self._head = keys, 0
+
+    def first_pending(self) -> int:
+        """The lowest pending stream sequence; 0 when nothing pends."""
+        order, pending, head = self._order, self.pending, self._head
+        while head < len(order) and order[head] not in pending:
+            head += 1
+        if head >= len(order):
+            if pending:  # filled without `_order` (never by this module): rebuild it
+                self.resort()
+                return self._order[0]
+            order.clear()
+            head = 0
+        elif head > 256 and 2 * head > len(order):  # drop the skipped prefix now and then
+            del order[:head]
+            head = 0
+        self._head = head
+        return order[head] if order else 0
 
     def encode(self) -> bytes:
-        """The consumer state record kept in the store (JSON: small, and bounded by
-        max_ack_pending)."""
+        """The consumer state record kept in the store: binary (version 2), one fixed-size
+        record per pending message, bounded by max_ack_pending. Written once per applied
+        batch for every consumer the batch touched, so only changed entries are packed
+        again. Records written before version 2 are JSON (`to_json`), and so is a state
+        holding a value beyond 64 bits; `decode` reads both."""
+        try:
+            return self._encode_v2()
+        except struct.error:  # a NAK delay near the maximum: its deadline overflows
+            self._records = {}
+            return self.to_json()
+
+    def _encode_v2(self) -> bytes:
+        cache, deliveries = self._records, self.deliveries
+        parts = [_STATE_HEAD.pack(STATE_V2, self.delivered_sseq, self.delivered_cseq,
+                                  self.floor_sseq, self.floor_cseq, self.lps_until,
+                                  len(self.pending))]
+        for sseq, p in self.pending.items():
+            count = deliveries.get(sseq, 1)
+            hit = cache.get(sseq)
+            if hit is None or hit[0] is not p or hit[1] != count:
+                hit = cache[sseq] = (p, count, _PENDING_REC.pack(
+                    sseq, p.cseq, p.delivered_ns, p.deadline_ns, count, p.naked))
+            parts.append(hit[2])
+        if len(cache) > 2 * len(self.pending) + 64:  # forget the acked ones, now and then
+            self._records = {s: cache[s] for s in self.pending if s in cache}
+        return b"".join(parts)
+
+    def to_json(self) -> bytes:
+        """The version-1 record (JSON): what STREAM.SNAPSHOT puts in a backup."""
         return json.dumps({
             "d": [self.delivered_sseq, self.delivered_cseq],
             "f": [self.floor_sseq, self.floor_cseq],
@@ -73,23 +148,40 @@ class ConsumerState:
 
     @classmethod
     def decode(cls, raw: bytes) -> ConsumerState:
+        """A version-2 record, or a JSON (version 1) one: stores and backups written
+        before version 2 stay readable."""
+        if raw[:1] != bytes([STATE_V2]):
+            return cls._from_json(raw)
+        _v, d_s, d_c, f_s, f_c, lps, count = _STATE_HEAD.unpack_from(raw)
+        if len(raw) != _STATE_HEAD.size + count * _PENDING_REC.size:
+            raise ValueError(f"consumer state record of {len(raw)} bytes, {count} pending")
+        state = cls(d_s, d_c, f_s, f_c, lps_until=lps)
+        recs = sorted(_PENDING_REC.iter_unpack(memoryview(raw)[_STATE_HEAD.size:]))
+        for sseq, cseq, delivered, deadline, n, naked in recs:
+            state.pending[sseq] = Pending(cseq, delivered, deadline, bool(naked))
+            state.deliveries[sseq] = n
+        state.resort()
+        return state
+
+    @classmethod
+    def _from_json(cls, raw: bytes) -> ConsumerState:
         data = json.loads(raw)
         state = cls(*data["d"], *data["f"], lps_until=data.get("l", 0))
-        for sseq, cseq, delivered, deadline, count, naked in data["p"]:
+        for sseq, cseq, delivered, deadline, count, naked in sorted(data["p"]):
             state.pending[sseq] = Pending(cseq, delivered, deadline, bool(naked))
             state.deliveries[sseq] = count
+        state.resort()
         return state
 
 
-@dataclass(frozen=True, slots=True)
-class Delivery:
+class Delivery(NamedTuple):
     """The leader's plan: deliver `sseq` (its `deliveries`-th time)."""
     sseq: int
     deliveries: int
 
 
 @dataclass(frozen=True, slots=True)
-class Drop:
+class Drop:  # a dataclass: a Drop never equals a Delivery of the same numbers
     """The leader's plan: stop tracking `sseq` (`kind` MAX_DELIVER or GONE)."""
     sseq: int
     kind: AckKind
@@ -131,15 +223,35 @@ class StreamView:
             return self.store.first_for_subject(self.filters[0], start)
         if not self._matchers and not lps_until:
             return next(iter(self.store.seqs(start)), 0)  # every subject passes: no load
+        return next((s for s in self.store.seqs(start) if self._passes(s, lps_until)), 0)
+
+    def next_matching_many(self, start: int, n: int, lps_until: int = 0) -> list[int]:
+        """Up to `n` sequences `next_matching` would give one after the other from `start`,
+        in one walk (a delivery round asks for hundreds: one store read each was most of
+        the round's planning)."""
+        if len(self.filters) == 1 and is_literal(self.filters[0]) and not lps_until:
+            out, at = [], start
+            while len(out) < n and (at := self.store.first_for_subject(self.filters[0], at)):
+                out.append(at)
+                at += 1
+            return out
+        if not self._matchers and not lps_until:
+            return list(itertools.islice(self.store.seqs(start), n))  # no load needed
+        out = []
         for sseq in self.store.seqs(start):
-            subject = self.subject_of(sseq)
-            if subject is None or not self.matches(subject):
-                continue
-            if sseq <= lps_until and 0 < self.store.first_for_subject(subject, sseq + 1) \
-                    <= lps_until:
-                continue  # a later message of this subject is the one to deliver
-            return sseq
-        return 0
+            if len(out) >= n:
+                break
+            if self._passes(sseq, lps_until):
+                out.append(sseq)
+        return out
+
+    def _passes(self, sseq: int, lps_until: int) -> bool:
+        subject = self.subject_of(sseq)
+        if subject is None or not self.matches(subject):
+            return False
+        # up to lps_until, a later message of the subject is the one to deliver
+        return not (sseq <= lps_until
+                    and 0 < self.store.first_for_subject(subject, sseq + 1) <= lps_until)
 
     def last_matching(self) -> int:
         best = 0
@@ -235,16 +347,13 @@ class Consumer:
             else:
                 out.append(Delivery(sseq, count + 1))
                 wanted += 1
-        pending = len(st.pending)
-        at = st.delivered_sseq + 1
-        while wanted < limit and not 0 < self.max_ack_pending <= pending:
-            nxt = view.next_matching(at, st.lps_until)
-            if not nxt:
-                break
-            out.append(Delivery(nxt, 1))
-            wanted += 1
-            pending += self.ack_policy != "none"
-            at = nxt + 1
+        room = limit - wanted
+        if self.max_ack_pending > 0:  # each new delivery pends, unless acks are off
+            left = self.max_ack_pending - len(st.pending)
+            room = min(room, left) if self.ack_policy != "none" or left <= 0 else room
+        if room > 0:
+            out += [Delivery(s, 1) for s in
+                    view.next_matching_many(st.delivered_sseq + 1, room, st.lps_until)]
         return out
 
     def timer_drops(self, now_ns: int) -> list[Drop]:
@@ -275,7 +384,8 @@ class Consumer:
         assert sseq > 0, sseq
         st.delivered_cseq += 1
         cseq = st.delivered_cseq
-        if sseq > st.delivered_sseq and self.pending_cache is not None:
+        fresh = sseq > st.delivered_sseq  # never delivered: above every pending one
+        if fresh and self.pending_cache is not None:
             self.pending_cache -= 1  # a new delivery: the first pending message
         st.delivered_sseq = max(st.delivered_sseq, sseq)
         if self.ack_policy == "none":
@@ -288,6 +398,10 @@ class Consumer:
         # nats-server does: the ack floor's consumer sequence is derived from it.
         st.pending[sseq] = Pending(first.cseq if first else cseq, now_ns,
                                    now_ns + self._wait(count))  # not naked any more
+        if fresh:
+            st._order.append(sseq)
+        elif first is None:  # rare: a stale plan delivering an acked message again
+            st.resort()
         return cseq
 
     def apply_ack(self, now_ns: int, kind: AckKind, sseq: int,
@@ -302,11 +416,12 @@ class Consumer:
             return []
         count = st.deliveries.get(sseq, 1)
         if kind == AckKind.NAK:
-            pending.deadline_ns = now_ns + max(delay_ns, 0)
-            pending.naked = True
+            st.pending[sseq] = Pending(pending.cseq, pending.delivered_ns,
+                                       now_ns + max(delay_ns, 0), True)
             return [Advisory("MSG_NAKED", sseq, count)]
         if kind == AckKind.WPI:
-            pending.deadline_ns = now_ns + self._wait(count)
+            st.pending[sseq] = Pending(pending.cseq, pending.delivered_ns,
+                                       now_ns + self._wait(count), pending.naked)
             return []
         self._forget(sseq)
         if kind == AckKind.TERM:
@@ -325,7 +440,8 @@ class Consumer:
         del st.pending[sseq]
         st.deliveries.pop(sseq, None)
         if st.pending:
-            first = min(st.pending)
+            # amortised O(1), instead of a min() over every pending message per ack
+            first = st.first_pending()
             st.floor_sseq = first - 1
             st.floor_cseq = st.pending[first].cseq - 1
         else:
@@ -397,8 +513,8 @@ def ack_subject(stream: str, consumer: str, deliveries: int, sseq: int, cseq: in
     return f"{ACK_PREFIX}{stream}.{consumer}.{deliveries}.{sseq}.{cseq}.{ts_ns}.{pending}"
 
 
-@dataclass(frozen=True, slots=True)
-class AckInfo:
+class AckInfo(NamedTuple):
+    """What an ack subject names (a tuple: one is parsed per ack)."""
     stream: str
     consumer: str
     deliveries: int
@@ -413,26 +529,32 @@ def parse_ack_subject(subject: str) -> AckInfo | None:
     """Both layouts: v1 (9 tokens) and v2 ($JS.ACK.<domain>.<account hash>.<stream>...,
     12 tokens with the trailing random token, 11 without). None when not an ack subject."""
     tokens = subject.split(".")
-    if tokens[:2] != ["$JS", "ACK"]:
+    if tokens[0] != "$JS" or len(tokens) < 9 or tokens[1] != "ACK":
         return None
     try:
         if len(tokens) == 9:
-            return AckInfo(tokens[2], tokens[3], *(_ack_num(t) for t in tokens[4:9]))
+            d, s, c, t, p = _ack_nums(tokens[4:9])
+            return AckInfo(tokens[2], tokens[3], d, s, c, t, p)
         if len(tokens) in (11, 12):
             domain = "" if tokens[2] == "_" else tokens[2]
-            return AckInfo(tokens[4], tokens[5], *(_ack_num(t) for t in tokens[6:11]),
-                           domain=domain)
+            d, s, c, t, p = _ack_nums(tokens[6:11])
+            return AckInfo(tokens[4], tokens[5], d, s, c, t, p, domain)
     except ValueError:
         return None
     return None
 
 
-def _ack_num(token: str) -> int:
-    """A number token of an ack subject: digits only, as nats-server's parser takes them,
-    and within int64 (a bigger one failed when its ack entry was encoded)."""
-    if not token.isascii() or not token.isdigit() or int(token) >= 1 << 63:
-        raise ValueError(token)
-    return int(token)
+def _ack_nums(tokens: list[str]) -> list[int]:
+    """The number tokens of an ack subject: digits only, as nats-server's parser takes them
+    (an empty token fails `int`), and within int64 (a bigger one failed when its ack entry
+    was encoded). Checked together: one is parsed per ack."""
+    joined = "".join(tokens)
+    if not joined.isascii() or not joined.isdigit():
+        raise ValueError(tokens)
+    nums = [int(t) for t in tokens]
+    if max(nums) >= 1 << 63:
+        raise ValueError(tokens)
+    return nums
 
 
 def parse_ack_body(body: bytes) -> tuple[AckKind | None, int, bool]:

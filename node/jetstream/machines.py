@@ -210,7 +210,8 @@ class StreamMachine:
         # the coroutine that proposed the entry; popped by it once `propose` resolves. Only
         # kept once `track` is set (after the start-up replay, whose entries nobody awaits).
         self.results: dict[int, dict[str, Any]] = {}
-        self.delivered: dict[int, Delivered] = {}
+        self.delivered: dict[int, list[Delivered]] = {}
+        self._delivered_kept = 0  # Delivered effects held in `delivered` (bounded)
         self.events: dict[int, list[ConsumerEvent]] = {}  # for the advisories
         self.track = False
         # Clustered: a member that joins or lags behind a compaction installs the data
@@ -244,14 +245,24 @@ class StreamMachine:
         for effect in effects:
             if isinstance(effect, Result):
                 self.results[index] = effect.payload
-            elif isinstance(effect, Delivered):
-                self.delivered[index] = effect
+            elif isinstance(effect, Delivered):  # a delivery round: several per entry
+                self.delivered.setdefault(index, []).append(effect)
+                self._delivered_kept += 1
             elif isinstance(effect, ConsumerEvent):
                 self.events.setdefault(index, []).append(effect)
-        # A follower (clustered) keeps them too, and nobody there pops them: the oldest go.
-        for kept in (self.results, self.delivered, self.events):
+        # A follower (clustered) keeps them too, and nobody there pops them: the oldest go
+        # (deliveries counted one by one: an entry holds a whole round).
+        for kept in (self.results, self.events):
             while len(kept) > KEEP_MAX:
                 del kept[next(iter(kept))]
+        while self._delivered_kept > KEEP_MAX:
+            self._delivered_kept -= len(self.delivered.pop(next(iter(self.delivered))))
+
+    def take_delivered(self, index: int) -> list[Delivered]:
+        """The Delivered effects of the entry at `index` (for the proposer, once)."""
+        got = self.delivered.pop(index, [])
+        self._delivered_kept -= len(got)
+        return got
 
     def applied_index(self) -> int:
         return _committed_applied(self.store)
@@ -301,6 +312,7 @@ class StreamMachine:
                 self.stream = Stream(self.initial_cfg, self.store, self.domain)
                 self.results.clear()
                 self.delivered.clear()
+                self._delivered_kept = 0
                 self.events.clear()
             return
         body = None
@@ -315,6 +327,7 @@ class StreamMachine:
                         self.stream = Stream(self.initial_cfg, self.store, self.domain)
                         self.results.clear()
                         self.delivered.clear()
+                        self._delivered_kept = 0
                         self.events.clear()
                     return
                 body = head + src.read()
@@ -327,6 +340,7 @@ class StreamMachine:
                 self.stream = Stream(self.initial_cfg, self.store, self.domain)
                 self.results.clear()
                 self.delivered.clear()
+                self._delivered_kept = 0
                 self.events.clear()
 
     def on_leader_change(self, leader_id: int, term: int) -> None:

@@ -31,7 +31,8 @@ class EntryOp(IntEnum):
     CONSUMER_UPSERT = 19     # create or update a consumer: config JSON + start position
     CONSUMER_DELETE = 20     # delete a consumer
     CONSUMER_STATE = 21      # STREAM.RESTORE: a consumer's whole state record
-    # 22, 23: consumer delivery rounds / ack runs (branch fetchjs)
+    CONSUMER_DELIVERED_MANY = 22  # one delivery round: several CONSUMER_DELIVERED in order
+    CONSUMER_ACKS = 23       # acks that arrived together: several CONSUMER_ACK in order
     STREAM_MSGS = 24         # publishes proposed together: applied as consecutive STREAM_MSGs
     CONSUMER_FORGET = 30     # a single node restarted: a mem_storage consumer is gone
     CONSUMER_GROUP_STATE = 31  # a consumer with a group of its own tells its stream its acks
@@ -59,6 +60,8 @@ _GSTATE = struct.Struct("<HQQI")            # name_len, delivered sseq, floor ss
 _SEQ = struct.Struct("<Q")
 _SOURCED = struct.Struct("<QqHII")          # origin seq, origin ts, subject_len, hdr_len, data_len
 _COUNT = struct.Struct("<I")                # STREAM_MSGS: message count; then each part's length
+_MANY = struct.Struct("<HI")                # consumer_len, count
+_ONE_ACK = struct.Struct("<BQq")            # kind, stream seq, delay_ns
 DELETE_NO_ERASE = 0x01
 
 
@@ -114,6 +117,24 @@ class ConsumerAck:
     kind: int  # consumer.AckKind
     sseq: int
     delay_ns: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerDeliveredMany:
+    """A delivery round: what `count` CONSUMER_DELIVERED entries with the same clock would
+    do, in order, as ONE entry (one WAL record, one proposal, one apply dispatch)."""
+    now_ns: int
+    consumer: str
+    sseqs: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerAcks:
+    """Acks of one consumer that arrived together, as ONE entry: what the CONSUMER_ACK
+    entries `(kind, sseq, delay_ns)` with the same clock would do, in order."""
+    now_ns: int
+    consumer: str
+    acks: tuple[tuple[int, int, int], ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,8 +234,9 @@ class SourceMsgs:
 
 
 Op = (StreamMsg | StreamMsgs | DeleteMsg | Purge | Expire | ConsumerDelivered | ConsumerAck
-      | StreamBatch | UpdateConfig | ConsumerUpsert | ConsumerDelete | RestoreMsgs
-      | ConsumerState | SourceMsgs | ConsumerForget | ConsumerGroupState)
+      | StreamBatch | ConsumerDeliveredMany | ConsumerAcks | UpdateConfig | ConsumerUpsert
+      | ConsumerDelete | RestoreMsgs | ConsumerState | SourceMsgs | ConsumerForget
+      | ConsumerGroupState)
 
 
 def _msg_body(msg: StreamMsg) -> bytes:
@@ -250,6 +272,16 @@ def encode(op: Op) -> bytes:
         name = op.consumer.encode()
         return (_HEAD.pack(EntryOp.CONSUMER_ACK, op.now_ns)
                 + _ACK.pack(len(name), op.kind, op.sseq, op.delay_ns) + name)
+    if isinstance(op, ConsumerDeliveredMany):
+        name = op.consumer.encode()
+        return (_HEAD.pack(EntryOp.CONSUMER_DELIVERED_MANY, op.now_ns)
+                + _MANY.pack(len(name), len(op.sseqs)) + name
+                + struct.pack(f"<{len(op.sseqs)}Q", *op.sseqs))
+    if isinstance(op, ConsumerAcks):
+        name = op.consumer.encode()
+        return (_HEAD.pack(EntryOp.CONSUMER_ACKS, op.now_ns)
+                + _MANY.pack(len(name), len(op.acks)) + name
+                + b"".join(_ONE_ACK.pack(*a) for a in op.acks))
     return _encode_admin(op)
 
 
@@ -463,6 +495,28 @@ def _decode_ack(now_ns: int, body: memoryview) -> ConsumerAck:
     return ConsumerAck(now_ns, bytes(body[_ACK.size:]).decode(), kind, sseq, delay_ns)
 
 
+def _many(body: memoryview, item: int, what: str) -> tuple[str, int, int]:
+    """(consumer, count, offset of the first item) of a *_MANY entry, sizes checked."""
+    name_len, count = _fixed(body, _MANY, what)
+    at = _MANY.size + name_len
+    if count == 0 or len(body) != at + count * item:
+        raise EntryFormatError(f"{what} entry is empty or has the wrong size")
+    return bytes(body[_MANY.size:at]).decode(), count, at
+
+
+def _decode_delivered_many(now_ns: int, body: memoryview) -> ConsumerDeliveredMany:
+    name, count, at = _many(body, 8, "consumer delivered many")
+    return ConsumerDeliveredMany(now_ns, name, struct.unpack_from(f"<{count}Q", body, at))
+
+
+def _decode_acks(now_ns: int, body: memoryview) -> ConsumerAcks:
+    name, count, at = _many(body, _ONE_ACK.size, "consumer acks")
+    acks = tuple(_ONE_ACK.iter_unpack(body[at:]))
+    if any(not 1 <= kind <= 6 for kind, _s, _d in acks):
+        raise EntryFormatError("consumer acks entry has an unknown kind")
+    return ConsumerAcks(now_ns, name, acks)
+
+
 def _decode_update(now_ns: int, body: memoryview) -> UpdateConfig:
     (size,) = _fixed(body, _CONFIG, "update config")
     if len(body) != _CONFIG.size + size:
@@ -576,4 +630,6 @@ _DECODERS = {
     EntryOp.SOURCE_MSGS: _decode_sourced,
     EntryOp.CONSUMER_FORGET: _decode_consumer_forget,
     EntryOp.CONSUMER_GROUP_STATE: _decode_group_state,
+    EntryOp.CONSUMER_DELIVERED_MANY: _decode_delivered_many,
+    EntryOp.CONSUMER_ACKS: _decode_acks,
 }

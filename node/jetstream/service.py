@@ -83,7 +83,7 @@ from node.jetstream.sourcing_wire import SourcingWire
 from node.jetstream.store import CorruptRecordError
 from node.jetstream.store.base import file_size, memory_size
 from node.jetstream.store.lmdbstore import LmdbStore, NodeEnv, stored_names
-from node.jetstream.stream import Effect, Reply, Republish, Stored, rfc3339
+from node.jetstream.stream import Delivered, Effect, Reply, Republish, Stored, rfc3339
 from node.subject import subject_matches
 from raft.multigroup import MultiRaft, NotLeader, ProposalDropped
 from raft.snapfile import SnapshotFileError
@@ -99,6 +99,8 @@ ELECTION_TICK = 3
 CLUSTER_TICK_S = 0.1
 CLUSTER_ELECTION_TICK = 20
 MAX_ROUND = 256        # deliveries proposed together for one consumer
+ACK_HOLD_S = 0.005     # longest a plain ack nobody waits on is held to join a run
+ACK_RUN_MAX = 1024     # a run this long is proposed at once
 # clustered: a pull request forwarded from another node is kept this long before a missing
 # interest in its inbox drops it (the interest travels on the routes, the request does not)
 UNHEARD_GRACE_NS = 2_000_000_000
@@ -229,6 +231,13 @@ class JetStreamService:
         self.batches: dict[str, BatchCollector] = {}  # open atomic batches, per stream
         self._expiring: set[str] = set()  # streams with an EXPIRE entry in flight
         self.consumer_created: dict[tuple[str, str], int] = {}
+        # Plain +ACKs per (stream key, consumer) not proposed yet (`_queue_ack`): a run
+        # becomes ONE CONSUMER_ACKS entry (`_flush_acks`). Each: (stream seq, reply for a
+        # double ack or ""); `_ack_flush`: the scheduled flush of each run.
+        self._ack_runs: dict[tuple[str, str], list[tuple[int, str]]] = {}
+        self._ack_flush: dict[tuple[str, str], asyncio.TimerHandle | asyncio.Handle] = {}
+        # the last ack proposal of each consumer, until applied (CONSUMER.INFO waits on it)
+        self._ack_last: dict[tuple[str, str], asyncio.Future[int]] = {}
         self.client: Any = None  # the global account's internal client
         # Every account's own internal client (its `$JS.API`, acks, stream subjects) and its
         # JetStream limits (None: JetStream not enabled for it), jsaccount.py
@@ -335,6 +344,8 @@ class JetStreamService:
     async def stop(self) -> None:
         if self._ticker is not None:
             self._ticker.cancel()
+        for stream, consumer in list(self._ack_runs):  # held acks: proposed, not dropped
+            self._flush_acks(stream, consumer)
         for client in self.clients.values():
             if self._on_interest in client.account.interest_listeners:
                 client.account.interest_listeners.remove(self._on_interest)
@@ -1639,6 +1650,7 @@ class JetStreamService:
         pull = self.pulls.get((sm.name, call.consumer))
         if pull is not None and pull.round is not None:
             await asyncio.wait((pull.round,))  # a delivery round's messages leave first
+        await self._acks_settled(sm.name, call.consumer)
         return self._consumer_info("consumer_info_response", sm, call.consumer)
 
     async def _h_consumer_delete(self, call: api.Call, subject: str, reply: str, body: bytes
@@ -1800,9 +1812,12 @@ class JetStreamService:
             return False
         if pull.flow is not None and pull.flow.window:
             plans = _within_window(plans, msgs, pull.flow, stream, name)
-        sends: list[tuple[Any, Any]] = []  # (message, request) in plan order
+        # One CONSUMER_DELIVERED_MANY entry per run of deliveries (the whole round unless a
+        # damaged record is skipped between them): one proposal, WAL record and apply
+        # dispatch per round instead of per message. `runs[i]` are entry i's sends.
         entries: list[ops.Op] = []
-        skips: set[int] = set()  # entries of damaged records: nothing is sent for them
+        runs: list[list[tuple[Any, str]]] = []
+        batch: list[int] = []  # sseqs of the run being built
         drops = [p for p in plans if isinstance(p, Drop)]
         if drops:
             await self._drop(sm, name, drops)
@@ -1812,8 +1827,10 @@ class JetStreamService:
             msg = msgs.get(plan.sseq)
             if msg is None and plan.sseq in corrupt:
                 # In plan order: the delivered floor moves past it with its neighbours.
-                skips.update(range(len(entries), len(entries) + 1 + acks))
-                entries.extend(self._skip_corrupt(sm, name, plan.sseq, corrupt, acks, now))
+                self._end_run(entries, runs, batch, name, now)
+                skipped = self._skip_corrupt(sm, name, plan.sseq, corrupt, acks, now)
+                entries += skipped
+                runs += [[] for _ in skipped]
                 continue
             if msg is None:
                 continue  # removed meanwhile: the next round drops it
@@ -1831,27 +1848,47 @@ class JetStreamService:
                     counts[0] -= 1
                 counts[1] += 1
                 self._pin(sm.name, name, pull, req, now)
-            entries.append(ops.ConsumerDelivered(now, name, plan.sseq))
-            sends.append((msg, target))
+            if not batch:
+                runs.append([])
+            batch.append(plan.sseq)
+            runs[-1].append((msg, target))
+        self._end_run(entries, runs, batch, name, now)
         if not entries:
             return bool(drops) or (bool(pull.queue.waiting) and not pull.push)
-        if pull.pacer is not None and sends and not await self._pace(stream, name, pull,
-                                                                     sends[0][0]):
+        first = next((r[0][0] for r in runs if r), None)
+        if pull.pacer is not None and first is not None and \
+                not await self._pace(stream, name, pull, first):
             return False
         # Between the apply (delivered state moved) and the send, a CONSUMER.INFO would
         # report these messages as no longer pending before the client has them (nats-py's
         # KV watcher then ends its initial values early): it waits for `pull.round`.
+        self._flush_acks(stream, name)  # held acks ride in the round's drain pass
         pull.round = asyncio.get_running_loop().create_future()
         try:
             results = await asyncio.gather(*(self._propose_future(sm, e) for e in entries),
                                            return_exceptions=True)
-            indexes = [r for i, (e, r) in enumerate(zip(entries, results, strict=True))
-                       if isinstance(e, ops.ConsumerDelivered) and i not in skips]
-            self._send_deliveries(sm, name, sends, indexes, pull, pending_at_plan)
+            done: list[tuple[Any, str, Delivered | None]] = []
+            for run, result in zip(runs, results, strict=True):
+                if run and isinstance(result, int):
+                    got = sm.take_delivered(result)
+                    # one Delivered per sseq, in order; none if the consumer went meanwhile
+                    done += [(m, t, d) for (m, t), d in zip(run, got, strict=False)]
+            self._send_deliveries(sm, name, done, pull, pending_at_plan)
         finally:
-            done, pull.round = pull.round, None
-            done.set_result(None)
+            ended, pull.round = pull.round, None
+            ended.set_result(None)
         return True
+
+    @staticmethod
+    def _end_run(entries: list[ops.Op], runs: list[list[tuple[Any, str]]], batch: list[int],
+                 name: str, now: int) -> None:
+        """Close the run of deliveries being built as one entry (a lone one as the
+        single-delivery entry older nodes also read)."""
+        if not batch:
+            return
+        entries.append(ops.ConsumerDelivered(now, name, batch[0]) if len(batch) == 1
+                       else ops.ConsumerDeliveredMany(now, name, tuple(batch)))
+        batch.clear()
 
     async def _pace(self, stream: str, name: str, pull: _Pull, msg: Any) -> bool:
         """Replay original, then the rate limit: wait before this delivery, as nats-server
@@ -1880,35 +1917,35 @@ class JetStreamService:
             self._advise(advisories.group_pinned(_acc(stream), _name(stream), name,
                                                  req.group, pin, *self._stamp()), _acc(stream))
 
-    def _send_deliveries(self, sm: StreamMachine, name: str, sends: list[tuple[Any, str]],
-                         indexes: list[Any], pull: _Pull, pending_at_plan: int | None = None
-                         ) -> None:
-        """Each applied delivery to its request, with the ack subject nats-server sends
-        (its last token: what is still pending after that message)."""
+    def _send_deliveries(self, sm: StreamMachine, name: str,
+                         done: list[tuple[Any, str, Delivered | None]], pull: _Pull,
+                         pending_at_plan: int | None = None) -> None:
+        """Each applied delivery (message, request reply, its Delivered effect) to its
+        request, with the ack subject nats-server sends (its last token: what is still
+        pending after that message)."""
         with sm.lock:
             consumer = sm.stream.consumers.get(name)
             if consumer is None:
                 return
             left = consumer.num_pending(StreamView(sm.store, consumer.filters()))
-        done = [(msg, target, sm.delivered.pop(i, None)) for (msg, target), i
-                in zip(sends, indexes, strict=True) if isinstance(i, int)]
         new_after = sum(1 for _, _, d in done if d is not None and d.deliveries == 1)
         if pending_at_plan is not None:
             left = min(left, max(pending_at_plan - new_after, 0))
+        head = f"{api.ACK_PREFIX}{_name(sm.name)}.{name}."
+        client = self._client(sm.name)  # delivered in the stream's account only
+        deliver = client.account.deliver_as
         for msg, target, d in done:
             if d is None:
                 continue
             new_after -= d.deliveries == 1
-            ack = (f"{api.ACK_PREFIX}{_name(sm.name)}.{name}.{d.deliveries}.{d.sseq}.{d.cseq}."
-                   f"{msg.ts_ns}.{left + new_after}")
+            ack = f"{head}{d.deliveries}.{d.sseq}.{d.cseq}.{msg.ts_ns}.{left + new_after}"
             hdr, data = msg.hdr, msg.data
             if pull.headers_only:  # the size instead of the body, as nats-server sends it
                 hdr, data = _with_header(hdr, "Nats-Msg-Size", str(len(data))), b""
             pin = pull.pin_headers.get(target)
             if pin:
                 hdr = _with_header(hdr, "Nats-Pin-Id", pin)
-            client = self._client(sm.name)  # delivered in the stream's account only
-            client.account.deliver_as(client, target, msg.subject, ack, hdr or None, data)
+            deliver(client, target, msg.subject, ack, hdr or None, data)
             pull.delivered_ns = time.time_ns()
             if pull.flow is not None:
                 size = len(msg.subject) + len(ack) + len(hdr) + len(data)
@@ -1943,9 +1980,82 @@ class JetStreamService:
             return
         if kind == AckKind.ACK:
             self._ack_sample(sm, info)
+            if not wants_next:
+                self._queue_ack(k, info.consumer, info.sseq, reply or "")
+                return
+        self._flush_acks(k, info.consumer)  # this consumer's earlier acks go first
         op = ops.ConsumerAck(time.time_ns(), info.consumer, kind, info.sseq, delay)
-        self._propose_future(sm, op).add_done_callback(
+        fut = self._propose_future(sm, op)
+        self._ack_last[(k, info.consumer)] = fut
+        fut.add_done_callback(
             lambda f: self._ack_applied(sm, info, op, reply, body, wants_next, f))
+
+    def _queue_ack(self, stream: str, consumer: str, sseq: int, reply: str) -> None:
+        """A plain +ACK joins its consumer's run. A run is proposed as ONE entry: right
+        after the loop's current work when an ack in it waits for its confirmation (a
+        double ack) or it is long; else when the consumer's next delivery round is
+        proposed (the same drain pass, so the same fsync) or after ACK_HOLD_S. A client's
+        acks of one fetch arrive over several socket reads: each read's acks as an entry
+        of its own cost an fsync and an apply transaction each."""
+        key = (stream, consumer)
+        run = self._ack_runs.setdefault(key, [])
+        run.append((sseq, reply))
+        handle = self._ack_flush.get(key)
+        if reply or len(run) >= ACK_RUN_MAX:
+            if isinstance(handle, asyncio.TimerHandle):
+                handle.cancel()
+                handle = None
+            if handle is None:
+                self._ack_flush[key] = asyncio.get_running_loop().call_soon(
+                    self._flush_acks, stream, consumer)
+        elif handle is None:
+            self._ack_flush[key] = asyncio.get_running_loop().call_later(
+                ACK_HOLD_S, self._flush_acks, stream, consumer)
+
+    def _flush_acks(self, stream: str, consumer: str) -> None:
+        """Propose a consumer's queued acks as one entry (a lone one as CONSUMER_ACK)."""
+        handle = self._ack_flush.pop((stream, consumer), None)
+        if handle is not None:
+            handle.cancel()  # flushed early (a nak, a delivery round, CONSUMER.INFO)
+        run = self._ack_runs.pop((stream, consumer), None)
+        sm = self.streams.get(stream)
+        if not run or sm is None:
+            return
+        now = time.time_ns()
+        op: ops.Op = ops.ConsumerAck(now, consumer, AckKind.ACK, run[0][0]) if len(run) == 1 \
+            else ops.ConsumerAcks(now, consumer, tuple((AckKind.ACK, s, 0) for s, _ in run))
+        fut = self._propose_future(sm, op)
+        self._ack_last[(stream, consumer)] = fut
+        fut.add_done_callback(lambda f: self._acks_applied(sm, consumer, run, f))
+
+    async def _acks_settled(self, stream: str, consumer: str) -> None:
+        """Propose the consumer's held acks and wait until its acks so far are applied:
+        a CONSUMER.INFO after acks on the same connection reflects them, as nats-server's
+        does (its acks apply in order with the request)."""
+        self._flush_acks(stream, consumer)
+        last = self._ack_last.get((stream, consumer))
+        if last is not None:
+            await asyncio.wait((last,))
+
+    def _acks_applied(self, sm: StreamMachine, consumer: str, run: list[tuple[int, str]],
+                      fut: asyncio.Future[int]) -> None:
+        """A run of plain acks is applied (or refused): confirm the double acks, pump."""
+        key = (sm.name, consumer)
+        if self._ack_last.get(key) is fut:
+            del self._ack_last[key]
+        if fut.cancelled():
+            return
+        exc = fut.exception()
+        if exc is not None:
+            log = self.log.warn if isinstance(exc, (ProposalDropped, KeyError, NotLeader)) \
+                else self.log.error
+            log(f"JetStream acks on {sm.name}/{consumer} not recorded ({len(run)}): {exc!r}")
+            return
+        client = self._client(sm.name)
+        for _sseq, reply in run:
+            if reply:
+                client.publish(reply, None, b"")  # double ack: once applied
+        self._pump(sm.name, consumer)
 
     def _ack_applied(self, sm: StreamMachine, info: AckInfo, op: ops.ConsumerAck,
                      reply: str | None, body: bytes, wants_next: bool,
@@ -1953,6 +2063,8 @@ class JetStreamService:
         """After the ack's entry applied (or was refused): True if it is recorded. A client
         ack runs this as its proposal's done-callback: no Task per acked message."""
         name = info.consumer
+        if self._ack_last.get((sm.name, name)) is fut:
+            del self._ack_last[(sm.name, name)]
         if fut.cancelled():
             return False
         exc = fut.exception()
@@ -1983,10 +2095,10 @@ class JetStreamService:
     def _ack_sample(self, sm: StreamMachine, info: AckInfo) -> None:
         """`sample_freq`: publish an ack metric for that share of acks of pending messages
         (the time from the delivery to the ack, as nats-server measures it)."""
+        consumer = sm.stream.consumers.get(info.consumer)
+        if consumer is None or not consumer.cfg.get("sample_freq"):
+            return  # the common case, read without the lock (one dict lookup per ack)
         with sm.lock:
-            consumer = sm.stream.consumers.get(info.consumer)
-            if consumer is None or not consumer.cfg.get("sample_freq"):
-                return
             pct = advisories.sample_percent(consumer.cfg["sample_freq"])
             pending = consumer.state.pending.get(info.sseq)
             deliveries = consumer.state.deliveries.get(info.sseq, 1)
@@ -2307,13 +2419,4 @@ def _jetstream_kind() -> Any:
 
 def _load_planned(store: Any, plans: list[Any]) -> tuple[dict[int, Any], dict[int, str]]:
     """The planned deliveries' messages, and the sequences whose record failed its CRC."""
-    msgs: dict[int, Any] = {}
-    corrupt: dict[int, str] = {}
-    for p in plans:
-        if isinstance(p, Delivery):
-            try:
-                msgs[p.sseq] = store.load(p.sseq)
-            except CorruptRecordError as exc:
-                corrupt[p.sseq] = str(exc)
-    return msgs, corrupt
-
+    return store.load_many([p.sseq for p in plans if isinstance(p, Delivery)])

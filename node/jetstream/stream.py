@@ -220,6 +220,10 @@ class Stream:
             return self._apply_delivered(op)
         if isinstance(op, ops.ConsumerAck):
             return self._apply_consumer_ack(op)
+        if isinstance(op, ops.ConsumerAcks):
+            return self._apply_consumer_acks(op)
+        if isinstance(op, ops.ConsumerDeliveredMany):
+            return self._apply_delivered_many(op)
         if isinstance(op, ops.RestoreMsgs):
             return self._apply_restore(op)
         if isinstance(op, ops.ConsumerState):
@@ -348,27 +352,43 @@ class Stream:
     # -- consumers -------------------------------------------------------------------------
 
     def _apply_delivered(self, op: ops.ConsumerDelivered) -> list[Effect]:
+        return self._apply_delivered_many(ops.ConsumerDeliveredMany(op.now_ns, op.consumer,
+                                                                    (op.sseq,)))
+
+    def _apply_delivered_many(self, op: ops.ConsumerDeliveredMany) -> list[Effect]:
+        """A delivery round: each sequence as its own CONSUMER_DELIVERED would be."""
         consumer = self.consumers.get(op.consumer)
         if consumer is None:
             return []  # deleted before this entry applied
-        cseq = consumer.apply_delivered(op.now_ns, op.sseq)
         self._dirty.add(op.consumer)
-        deliveries = consumer.state.deliveries.get(op.sseq, 1)
-        effects: list[Effect] = [Delivered(op.consumer, op.sseq, cseq, deliveries, op.now_ns)]
-        if consumer.ack_policy == "none":
-            effects += self._retire_acked([op.sseq])
+        effects: list[Effect] = []
+        deliveries = consumer.state.deliveries
+        for sseq in op.sseqs:
+            cseq = consumer.apply_delivered(op.now_ns, sseq)
+            effects.append(Delivered(op.consumer, sseq, cseq, deliveries.get(sseq, 1),
+                                     op.now_ns))
+            if consumer.ack_policy == "none":
+                effects += self._retire_acked([sseq])
         return effects
 
     def _apply_consumer_ack(self, op: ops.ConsumerAck) -> list[Effect]:
+        return self._apply_consumer_acks(ops.ConsumerAcks(
+            op.now_ns, op.consumer, ((op.kind, op.sseq, op.delay_ns),)))
+
+    def _apply_consumer_acks(self, op: ops.ConsumerAcks) -> list[Effect]:
+        """Acks that arrived together: each as its own CONSUMER_ACK would be, in order."""
         consumer = self.consumers.get(op.consumer)
         if consumer is None:
             return []
-        before = set(consumer.state.pending)
-        advisories = consumer.apply_ack(op.now_ns, AckKind(op.kind), op.sseq, op.delay_ns)
         self._dirty.add(op.consumer)
-        effects: list[Effect] = [ConsumerEvent(op.consumer, a) for a in advisories]
-        if op.kind in (AckKind.ACK, AckKind.TERM):
-            effects += self._retire_acked(sorted(before - set(consumer.state.pending)))
+        retains = self.cfg["retention"] != "limits"  # only then may an ack remove messages
+        effects: list[Effect] = []
+        for kind, sseq, delay_ns in op.acks:
+            before = set(consumer.state.pending) if retains else None
+            advisories = consumer.apply_ack(op.now_ns, AckKind(kind), sseq, delay_ns)
+            effects += [ConsumerEvent(op.consumer, a) for a in advisories]
+            if before is not None and kind in (AckKind.ACK, AckKind.TERM):
+                effects += self._retire_acked(sorted(before - set(consumer.state.pending)))
         return effects
 
     def _apply_group_state(self, op: ops.ConsumerGroupState) -> list[Effect]:

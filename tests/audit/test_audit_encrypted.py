@@ -20,7 +20,6 @@ import os
 import shutil
 import subprocess
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -82,7 +81,7 @@ def _reseal_message(node_dir: Path, group: str, seq: int) -> None:
         with env.begin(write=True) as txn:
             db = env.open_db(b"js_msgs", txn=txn, create=False)
             msg = decode_record("x", seq, sealer.open(bytes(txn.get(key, db=db)), aad))
-            altered = replace(msg, data=msg.data.swapcase())
+            altered = msg._replace(data=msg.data.swapcase())
             assert altered.data != msg.data
             txn.put(key, sealer.seal(encode_record(altered), aad), db=db)
     finally:

@@ -23,6 +23,7 @@ from audit import model  # noqa: E402
 from audit.job import run  # noqa: E402
 from audit.jsstore import META_STORE, NodeStore, find_lmdb, prefix  # noqa: E402
 from audit.report import build  # noqa: E402
+from node.jetstream.consumer import ConsumerState  # noqa: E402
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -133,11 +134,15 @@ def test_damaged_stores_are_reported_per_node(spark, js_logs, tmp_path):
     # A consumer's ack floor moved forward.
 
     def move_floor(old: bytes) -> bytes:
-        state = json.loads(old)
-        state["f"] = [state["f"][0] + 3, state["f"][1] + 3]
-        return json.dumps(state, separators=(",", ":")).encode()
+        state = ConsumerState.decode(old)
+        state.floor_sseq, state.floor_cseq = state.floor_sseq + 3, state.floor_cseq + 3
+        return state.encode()
 
     _edit(dirs["floor"], "js_consumers", prefix(orders) + b"worker", move_floor)
+    # The healthy node's record rewritten in the JSON format older nodes wrote: the same
+    # state, so no finding (a store written before the binary record was audited).
+    _edit(dirs["ok"], "js_consumers", prefix(orders) + b"worker",
+          lambda old: ConsumerState.decode(old).to_json())
     # A stream missing from one node's catalogue.
 
     _edit_streams(dirs["meta"], lambda streams: streams.pop("EVENTS"))
@@ -170,7 +175,8 @@ def test_damaged_stores_are_reported_per_node(spark, js_logs, tmp_path):
 def _floor_text(node_dir: Path, group: str, moved: int) -> str:
     store = NodeStore(find_lmdb(str(node_dir)))
     try:
-        state = json.loads(store.get("js_consumers", prefix(group) + b"worker"))
+        state = json.loads(ConsumerState.decode(
+            store.get("js_consumers", prefix(group) + b"worker")).to_json())
     finally:
         store.close()
     floor = state["f"]

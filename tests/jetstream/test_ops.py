@@ -46,11 +46,33 @@ def test_op_codes_are_append_only() -> None:
         "UPDATE_CONFIG": 5, "CONSUMER_DELIVERED": 16, "CONSUMER_ACK": 17, "STREAM_BATCH": 18,
         "CONSUMER_UPSERT": 19, "CONSUMER_DELETE": 20, "RESTORE_MSGS": 13, "CONSUMER_STATE": 21,
         "SOURCE_MSGS": 12, "CONSUMER_FORGET": 30, "CONSUMER_GROUP_STATE": 31,
-        "STREAM_MSGS": 24}
+        "STREAM_MSGS": 24, "CONSUMER_DELIVERED_MANY": 22, "CONSUMER_ACKS": 23}
 
 
 def test_consumer_forget_layout() -> None:
     assert ops.encode(ops.ConsumerForget(3, "mc")) == bytes([30]) + struct.pack("<qH", 3, 2) + b"mc"
+
+
+def test_consumer_round_layouts() -> None:
+    """A delivery round and a run of acks as one entry each (docs/jetstream.md)."""
+    assert ops.encode(ops.ConsumerDeliveredMany(3, "c1", (8, 9))) == \
+        bytes([22]) + struct.pack("<qHI", 3, 2, 2) + b"c1" + struct.pack("<QQ", 8, 9)
+    assert ops.encode(ops.ConsumerAcks(3, "c1", ((1, 8, 0), (2, 9, -5)))) == \
+        bytes([23]) + struct.pack("<qHI", 3, 2, 2) + b"c1" + struct.pack("<BQqBQq", 1, 8, 0,
+                                                                         2, 9, -5)
+
+
+@given(name=st.text(max_size=20), seqs=st.lists(st.integers(0, (1 << 64) - 1), min_size=1,
+                                                max_size=20),
+       kinds=st.lists(st.integers(1, 6), min_size=1, max_size=20),
+       delay=st.integers(-(1 << 63), (1 << 63) - 1))
+def test_consumer_round_roundtrip(name: str, seqs: list[int], kinds: list[int],
+                                  delay: int) -> None:
+    many = ops.ConsumerDeliveredMany(4, name, tuple(seqs))
+    acks = ops.ConsumerAcks(5, name, tuple((k, s, delay) for k, s in zip(kinds, seqs,
+                                                                         strict=False)))
+    assert ops.decode(ops.encode(many)) == many
+    assert ops.decode(ops.encode(acks)) == acks
 
 
 def test_source_msgs_layout_and_refusals() -> None:
@@ -101,6 +123,12 @@ def test_purge_and_delete_roundtrip(seq: int, keep: int, filt: str, flag: bool) 
     ops.encode(ops.ConsumerUpsert(1, "c", b"{}"))[:-1],
     ops.encode(ops.ConsumerDelete(1, "c")) + b"x",
     ops.encode(ops.ConsumerForget(1, "c"))[:-1],
+    ops.encode(ops.ConsumerDeliveredMany(1, "c", (5, 6)))[:-1],
+    ops.encode(ops.ConsumerDeliveredMany(1, "c", (5, 6))) + b"x",
+    bytes([22]) + struct.pack("<qHI", 1, 1, 0) + b"c",
+    ops.encode(ops.ConsumerAcks(1, "c", ((1, 5, 0),)))[:-1],
+    ops.encode(ops.ConsumerAcks(1, "c", ((1, 5, 0), (7, 6, 0)))),
+    bytes([23]) + struct.pack("<qHI", 1, 1, 0) + b"c",
 ])
 def test_malformed_entries_are_refused(raw: bytes) -> None:
     with pytest.raises(ops.EntryFormatError):

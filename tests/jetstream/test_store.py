@@ -135,8 +135,17 @@ def test_lmdb_corrupted_bytes_on_disk_give_an_error_not_data(tmp_path: Path) -> 
     try:
         with pytest.raises(CorruptRecordError, match="crc mismatch"):
             LmdbStore(env, "S").load(1)
+        msgs, corrupt = LmdbStore(env, "S").load_many([1, 2])  # a delivery round's read
+        assert msgs == {} and "crc mismatch" in corrupt[1] and list(corrupt) == [1]
     finally:
         env.close()
+
+
+def test_load_many_is_load_of_each(store: StreamStore) -> None:
+    for seq in (1, 2, 4):
+        store.store(_msg(seq, f"s{seq}"))
+    msgs, corrupt = store.load_many([4, 3, 1, 2])
+    assert msgs == {s: store.load(s) for s in (4, 1, 2)} and corrupt == {}
 
 
 def test_lmdb_state_survives_reopen(tmp_path: Path) -> None:

@@ -18,8 +18,7 @@ import struct
 import zlib
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 _HEAD = struct.Struct("<IqHI")
 _SEQ = struct.Struct("<Q")
@@ -35,8 +34,9 @@ class CorruptRecordError(Exception):
         self.seq = seq
 
 
-@dataclass(frozen=True, slots=True)
-class StoredMsg:
+class StoredMsg(NamedTuple):
+    """A stored message (a tuple: one is made per message applied or read, and a frozen
+    dataclass's __init__ cost twice as much)."""
     seq: int
     subject: str
     hdr: bytes
@@ -103,6 +103,9 @@ class StreamStore(Protocol):
 
     def load(self, seq: int) -> StoredMsg | None:
         """The message, None if absent; CorruptRecordError if damaged."""
+
+    def load_many(self, seqs: list[int]) -> tuple[dict[int, StoredMsg], dict[int, str]]:
+        """`load` of several: (the messages present, damaged records' errors by seq)."""
 
     def remove(self, seq: int) -> StoredMsg | None:
         """Remove and return the message (None if absent)."""

@@ -424,6 +424,22 @@ class LmdbStore:
             raw = txn.get(self._msg_key(seq), db=self._db["js_msgs"])
             return None if raw is None else self._decode(seq, raw)
 
+    def load_many(self, seqs: list[int]) -> tuple[dict[int, StoredMsg], dict[int, str]]:
+        """`load` of several sequences in ONE read transaction (a consumer's delivery
+        round): (messages found, damaged records' errors by sequence)."""
+        msgs: dict[int, StoredMsg] = {}
+        corrupt: dict[int, str] = {}
+        with self._read() as txn:
+            for seq in seqs:
+                raw = txn.get(self._msg_key(seq), db=self._msgs_db)
+                if raw is None:
+                    continue
+                try:
+                    msgs[seq] = self._decode(seq, raw)
+                except CorruptRecordError as exc:
+                    corrupt[seq] = str(exc)
+        return msgs, corrupt
+
     def remove(self, seq: int) -> StoredMsg | None:
         b = getattr(self._local, "batch", None)
         if b is None:

@@ -11,6 +11,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from node.jetstream.store.base import (
+    CorruptRecordError,
     Sizer,
     StoredMsg,
     decode_record,
@@ -48,6 +49,20 @@ class MemStore:
     def load(self, seq: int) -> StoredMsg | None:
         raw = self._records.get(seq)
         return None if raw is None else decode_record(self.name, seq, raw)
+
+    def load_many(self, seqs: list[int]) -> tuple[dict[int, StoredMsg], dict[int, str]]:
+        """`load` of several sequences: (messages found, damaged records' errors)."""
+        msgs: dict[int, StoredMsg] = {}
+        corrupt: dict[int, str] = {}
+        for seq in seqs:
+            try:
+                msg = self.load(seq)
+            except CorruptRecordError as exc:
+                corrupt[seq] = str(exc)
+                continue
+            if msg is not None:
+                msgs[seq] = msg
+        return msgs, corrupt
 
     def remove(self, seq: int) -> StoredMsg | None:
         msg = self.load(seq)
