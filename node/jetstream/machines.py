@@ -26,6 +26,7 @@ acknowledged once a quorum holds it, so a restarting or catching-up replica need
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import struct
@@ -403,7 +404,7 @@ class ConsumerMachine:
         self.cfg, self.start, self.lps = cfg, start_sseq, lps_until
         self.core = self._load()
         self.stream = _OneConsumer(self)
-        self.delivered: dict[int, Delivered] = {}
+        self.delivered: dict[int, list[Delivered]] = {}
         self.events: dict[int, list[ConsumerEvent]] = {}
         self.track = False
         self.leader_hook: Callable[[int, int], None] | None = None
@@ -450,13 +451,17 @@ class ConsumerMachine:
 
     def _keep(self, index: int, effects: list[Effect]) -> None:
         for effect in effects:
-            if isinstance(effect, Delivered):
-                self.delivered[index] = effect
+            if isinstance(effect, Delivered):  # a delivery round: several per entry
+                self.delivered.setdefault(index, []).append(effect)
             elif isinstance(effect, ConsumerEvent):
                 self.events.setdefault(index, []).append(effect)
         for kept in (self.delivered, self.events):
             while len(kept) > KEEP_MAX:
                 del kept[next(iter(kept))]
+
+    def take_delivered(self, index: int) -> list[Delivered]:
+        """The Delivered effects of the entry at `index` (for the proposer, once)."""
+        return self.delivered.pop(index, [])
 
     def applied_index(self) -> int:
         return _committed_applied(self.own)
@@ -467,8 +472,9 @@ class ConsumerMachine:
             state = self.own.get_consumer(self.consumer) or b""
         if self.env is not None:
             self.env.sync()  # what the image names is durable before the WAL below it goes
+        # the state record is binary (consumer.py ConsumerState.encode): base64 in the JSON
         body = json.dumps({"consumer": self.consumer, "applied": index,
-                           "state": state.decode()}).encode()
+                           "state_b64": base64.b64encode(state).decode()}).encode()
         # sealed as the stream's snapshot files are (an encrypted store leaks nothing)
         _write_file(self.stream_machine.env, path, lambda out: out.write(body))
         return index
@@ -476,12 +482,14 @@ class ConsumerMachine:
     def restore_from(self, path: str) -> None:
         """A whole image: the state at its index (an empty file: the initial state)."""
         body = _read_all(self.stream_machine.env, path) if os.path.getsize(path) else b""
-        image = json.loads(body) if body else {"applied": 0, "state": ""}
+        image = json.loads(body) if body else {"applied": 0}
         with self.lock, self.own.batch():
             if _committed_applied(self.own) >= int(image["applied"]) and body:
                 return  # a restart: the store already holds it
-            if image["state"]:
-                self.own.put_consumer(self.consumer, image["state"].encode())
+            state = (base64.b64decode(image["state_b64"]) if "state_b64" in image
+                     else image.get("state", "").encode())  # an image of the JSON record
+            if state:
+                self.own.put_consumer(self.consumer, state)
             else:
                 self.own.delete_consumer(self.consumer)
             self.own.put_meta("applied", _U64.pack(int(image["applied"])))

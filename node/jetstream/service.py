@@ -2018,7 +2018,7 @@ class JetStreamService:
         if handle is not None:
             handle.cancel()  # flushed early (a nak, a delivery round, CONSUMER.INFO)
         run = self._ack_runs.pop((stream, consumer), None)
-        sm = self.streams.get(stream)
+        sm = self._csm(stream, consumer) if stream in self.streams else None
         if not run or sm is None:
             return
         now = time.time_ns()
@@ -2026,7 +2026,7 @@ class JetStreamService:
             else ops.ConsumerAcks(now, consumer, tuple((AckKind.ACK, s, 0) for s, _ in run))
         fut = self._propose_future(sm, op)
         self._ack_last[(stream, consumer)] = fut
-        fut.add_done_callback(lambda f: self._acks_applied(sm, consumer, run, f))
+        fut.add_done_callback(lambda f: self._acks_applied(stream, consumer, run, f))
 
     async def _acks_settled(self, stream: str, consumer: str) -> None:
         """Propose the consumer's held acks and wait until its acks so far are applied:
@@ -2037,10 +2037,10 @@ class JetStreamService:
         if last is not None:
             await asyncio.wait((last,))
 
-    def _acks_applied(self, sm: StreamMachine, consumer: str, run: list[tuple[int, str]],
+    def _acks_applied(self, stream: str, consumer: str, run: list[tuple[int, str]],
                       fut: asyncio.Future[int]) -> None:
         """A run of plain acks is applied (or refused): confirm the double acks, pump."""
-        key = (sm.name, consumer)
+        key = (stream, consumer)
         if self._ack_last.get(key) is fut:
             del self._ack_last[key]
         if fut.cancelled():
@@ -2049,13 +2049,13 @@ class JetStreamService:
         if exc is not None:
             log = self.log.warn if isinstance(exc, (ProposalDropped, KeyError, NotLeader)) \
                 else self.log.error
-            log(f"JetStream acks on {sm.name}/{consumer} not recorded ({len(run)}): {exc!r}")
+            log(f"JetStream acks on {stream}/{consumer} not recorded ({len(run)}): {exc!r}")
             return
-        client = self._client(sm.name)
+        client = self._client(stream)
         for _sseq, reply in run:
             if reply:
                 client.publish(reply, None, b"")  # double ack: once applied
-        self._pump(sm.name, consumer)
+        self._pump(stream, consumer)
 
     def _ack_applied(self, sm: StreamMachine, info: AckInfo, op: ops.ConsumerAck,
                      reply: str | None, body: bytes, wants_next: bool,
