@@ -128,6 +128,13 @@ def install(out: str) -> None:
             ev("raft recv APP_RESP")
     wrap(transport_grpc.GrpcTransport, "_on_batch", before=on_batch)
 
+    if os.environ.get("JSTRACE_NO_SYNC_POINTS") == "1":
+        # Diagnosis only (not durable): no periodic LMDB sync points, to see what they
+        # cost the WAL's fsync on a shared ext4 journal.
+        from node.jetstream.store import lmdbstore
+
+        lmdbstore.NodeEnv._sync_loop = lambda self, interval: self._stop.wait()
+
     def dump() -> None:
         try:
             with open(out, "w") as f:
