@@ -8,7 +8,10 @@ Each target is a single server (R1) or a 3-node cluster (R3) on free loopback po
 temporary store. One nats-py client per target publishes one message at a time and waits
 for its PubAck (the shared harness's js_sync scenario); the targets take turns in rounds of
 `--per` publishes, so a change of machine load hits them alike. Prints p50/p90/p99 per target,
-the ratio of each p50 to nats-server `always`'s, and the 1-min load before and after.
+the ratio of each p50 to nats-server `always`'s, the 1-min load before and after, and per
+publish the server processes' CPU and their run-queue wait (`/proc/<pid>/task/*/schedstat`:
+time runnable but not running, summed over every thread of every node): on a saturated
+machine that wait, not the work, is most of a publish's latency.
 `--via other`: R3 publishes go to a node that does not lead the stream.
 """
 
@@ -101,6 +104,29 @@ class Target:
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True))
         self.urls = [f"nats://127.0.0.1:{p}" for p in ports]
 
+    def pids(self) -> list[int]:
+        if self.cluster is not None:
+            return [n.proc.pid for n in self.cluster.nodes if n.proc is not None]
+        return [p.pid for p in self.procs]
+
+    def schedstat(self) -> tuple[int, int]:
+        """(CPU ns, run-queue wait ns) of every thread of the target's servers so far."""
+        cpu = wait = 0
+        for pid in self.pids():
+            try:
+                tids = os.listdir(f"/proc/{pid}/task")
+            except OSError:
+                continue
+            for tid in tids:
+                try:
+                    with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                        c, w, _ = f.read().split()
+                except (OSError, ValueError):
+                    continue
+                cpu += int(c)
+                wait += int(w)
+        return cpu, wait
+
     def stop(self) -> None:
         if self.cluster is not None:
             self.cluster.stop()
@@ -161,20 +187,27 @@ async def run(args: argparse.Namespace) -> None:
     tmp = Path(tempfile.mkdtemp(prefix="syncab-", dir=args.dir))
     targets = [Target(lb, tmp, args.replicas) for lb in labels]
     lat: dict[str, list[float]] = {lb: [] for lb in labels}
+    sched: dict[str, list[int]] = {lb: [0, 0] for lb in labels}
     try:
         for t in targets:
             t.start()
         conns = {t.label: await connect(t, args.via, args.size) for t in targets}
+        by_label = {t.label: t for t in targets}
         load0 = os.getloadavg()[0]
         up0 = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
         for r in range(args.rounds):
             order = labels if r % 2 == 0 else labels[::-1]
             for lb in order:
                 _, js, data = conns[lb]
+                t = by_label[lb]
+                c0, w0 = t.schedstat()
                 for _ in range(args.per):
                     s = time.perf_counter()
                     await js.publish("ab.x", data)
                     lat[lb].append((time.perf_counter() - s) * 1e6)
+                c1, w1 = t.schedstat()
+                sched[lb][0] += c1 - c0
+                sched[lb][1] += w1 - w0
         up1 = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
         for nc, _, _ in conns.values():
             await nc.close()
@@ -186,11 +219,14 @@ async def run(args: argparse.Namespace) -> None:
     print(f"\n## sync publish R{args.replicas} via {args.via}, {args.size} B, "
           f"{args.rounds} x {args.per} per target, interleaved; load {load0:.1f} at start")
     print(f"uptime before: {up0}\nuptime after:  {up1}\n")
-    print("| target | p50 us | p90 us | p99 us | p50 / nats always |\n|---|---|---|---|---|")
+    print("| target | p50 us | p90 us | p99 us | p50 / nats always | srv CPU us/pub | "
+          "srv run-queue wait us/pub |\n|---|---|---|---|---|---|---|")
     for lb in labels:
         v = sorted(lat[lb])
+        n = len(v)
         print(f"| {lb} | {statistics.median(v):.0f} | {_q(v, 0.9):.0f} | {_q(v, 0.99):.0f} | "
-              f"{statistics.median(v) / ref:.2f}x |")
+              f"{statistics.median(v) / ref:.2f}x | {sched[lb][0] / n / 1e3:.0f} | "
+              f"{sched[lb][1] / n / 1e3:.0f} |")
 
 
 def _q(v: list[float], q: float) -> float:
