@@ -916,7 +916,8 @@ class MultiRaft:
         inline = not batches or self._small(batches)
         if out and not inline:
             self._send(out)
-        elif batches and (replies := [m for m in out if m.type not in _EARLY]):
+        elif (batches and getattr(self.transport, "send_now", None) is not None
+              and (replies := [m for m in out if m.type not in _EARLY])):
             out = [m for m in out if m.type in _EARLY]
             work, batches = await self._reply_before_apply(work, replies)
         if batches and inline:
@@ -951,10 +952,11 @@ class MultiRaft:
         lane writes from its task), unless a proposer of ours waits for this pass.
         Measured (benchmarks/js_sync_trace.py, R3 sync publish): the follower's
         apply of the previous publish, 0.1-0.3 ms, was on every commit's path.
+        Only for a transport that can act before the apply (`send_now`: real
+        ones); a simulated one keeps its schedules (tests/sim seeds and hints).
         Returns the work and batches of the groups still hosted after the turn."""
         self._send(replies)
-        if (getattr(self.transport, "send_now", None) is not None
-                and not any(g.pending for g, _ in work)):
+        if not any(g.pending for g, _ in work):
             await asyncio.sleep(0)
             work = [(g, rd) for g, rd in work if self._groups.get(g.name) is g]
         return work, [(g.sm, ents) for g, rd in work if (ents := self._to_apply(g, rd))]
