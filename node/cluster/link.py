@@ -76,8 +76,11 @@ class Link:
             self.out_msgs += 1
             self.out_bytes += size
         if not self._flush_scheduled:
+            # The writer batches what is pending when it next runs (this loop turn's
+            # frames together): one loop turn to the gRPC write, not a flush turn and
+            # then the writer's (a forwarded publish and its PubAck cross a route each).
             self._flush_scheduled = True
-            asyncio.get_running_loop().call_soon(self._flush)
+            self.ready.set()
         return True
 
     def _flush(self) -> None:
@@ -145,6 +148,9 @@ class Link:
     async def _writer(self) -> None:
         while True:
             while not self.queue:
+                if self._flush_scheduled:
+                    self._flush()
+                    continue
                 self.ready.clear()
                 await self.ready.wait()
             batch, size = self.queue.popleft()

@@ -46,6 +46,12 @@ MUTANTS: dict[str, list[tuple[str, str, str]]] = {
     ],
     # The Raft WAL's fsync is skipped: commit (and so the PubAck) no longer waits for it.
     "wal-no-fsync": [WAL_FSYNC],
+    # The drain pass no longer waits for its WAL write+fsync: it runs in the WAL thread
+    # while the pass commits, applies and sends the PubAck (ack before fsync).
+    "ack-before-wal-fsync": [(
+        "raft/multigroup.py",
+        "                await self.node_log.sync_async(await self._sync_runner(bool(early)))",
+        "                self._spawn(self.node_log.sync_async(self.wal_executor.run))")],
     # Nothing fsynced before the PubAck: WAL fsync skipped and LMDB NOSYNC.
     "ack-before-any-fsync": [
         WAL_FSYNC,

@@ -383,3 +383,46 @@ async def test_a_leader_that_removes_itself_settles_every_pending_proposal(tmp_p
         assert "ok" in outcomes
     finally:
         await c.close()
+
+
+async def test_a_follower_acks_the_next_append_before_it_applies_the_previous_entry(tmp_path):
+    """Lone proposals, one at a time: entry k+1's append tells a follower that k is
+    committed. Its APP_RESP for k+1 (which the leader's commit of k+1 waits for) must leave
+    before its inline apply of k, which nobody waits for (the driver's `_reply_before_apply`)."""
+    from raft.types import MsgType
+
+    c = Cluster(tmp_path, snapshot_every=100_000)
+    try:
+        for nid in (1, 2, 3):
+            await c.start(nid, ["g"])
+        leader = await c.leader_of("g")
+        await leader.propose("g", b"warm-up")
+        follower = next(n for nid, n in c.nodes.items() if n is not leader)
+        fid = next(nid for nid, n in c.nodes.items() if n is follower)
+        events: list[tuple[str, int]] = []
+        sm = c.sms[fid]["g"]
+        orig_apply, orig_send = sm.apply, follower.transport.send
+
+        def apply(index: int, data: bytes) -> None:
+            events.append(("apply", index))
+            orig_apply(index, data)
+
+        def send(msgs):
+            events.extend(("resp", m.index) for m in msgs
+                          if m.type is MsgType.APP_RESP and not m.reject)
+            orig_send(msgs)
+
+        sm.apply, follower.transport.send = apply, send
+        first = await leader.propose("g", b"x0")
+        for k in range(1, 30):
+            await leader.propose("g", f"x{k}".encode())
+        await c.until(lambda: ("apply", first + 28) in events)
+        pos = {e: i for i, e in reversed(list(enumerate(events)))}
+        # Applied after the ack of the next entry (same pass), or before it (the commit came
+        # on its own, a lazy commit-index append): never the ack held back by the apply.
+        acked_first = [j for j in range(first, first + 29)
+                       if ("resp", j + 1) in pos and ("apply", j) in pos
+                       and pos[("resp", j + 1)] < pos[("apply", j)]]
+        assert len(acked_first) >= 10, events
+    finally:
+        await c.close()
