@@ -137,6 +137,8 @@ class Account:
         delivery and no-responders rules (`deliver_direct` also says whether
         the subscriber may receive)."""
         account = self
+        sublist = self.sublist
+        cached = sublist.cached
         match = self._match
         deliver = self._deliver
         checked = client.on_pub_checked
@@ -144,8 +146,8 @@ class Account:
         # The defaults are not parameters anyone passes: they make the closure's
         # names local variables, the cheapest lookup CPython has.
         def on_pub(subject: str, reply: str | None, payload: bytes, client: Any = client,
-                   account: Account = account, match: Any = match, deliver: Any = deliver,
-                   checked: Any = checked) -> None:
+                   account: Account = account, cached: Any = cached, sublist: Any = sublist,
+                   match: Any = match, deliver: Any = deliver, checked: Any = checked) -> None:
             if client.fast_account is not account:
                 checked(subject, reply, None, payload)
                 return
@@ -155,18 +157,31 @@ class Account:
             if router is not None:
                 router.publish(account, client, subject, reply, None, payload)
                 return
-            result = match(subject)
+            # SubList.match's cache lookup, without its call.
+            result = cached(subject)
+            if result is None:
+                result = match(subject)
+            else:
+                sublist.hits += 1
             psubs = result.psubs
-            if not result.qsubs and len(psubs) == 1:
-                sub = psubs[0]
-                if sub.direct and not sub.dead and (client.echo or sub.client is not client):
-                    ok = sub.client.deliver_direct(sub, subject, reply, payload)
-                    routes = account.routes
-                    if routes is not None and routes.forward(subject, reply, None, payload, ()):
-                        ok = True
-                    if not ok and reply and client.no_responders:
-                        client.send_no_responders(subject, reply)
-                    return
+            if not result.qsubs:
+                if not psubs:
+                    if account.routes is None:  # nobody anywhere (what _deliver would find)
+                        if reply and client.no_responders:
+                            client.send_no_responders(subject, reply)
+                        return
+                elif len(psubs) == 1:
+                    sub = psubs[0]
+                    if sub.direct and not sub.dead and (client.echo
+                                                        or sub.client is not client):
+                        ok = sub.client.deliver_direct(sub, subject, reply, payload)
+                        routes = account.routes
+                        if routes is not None and routes.forward(subject, reply, None, payload,
+                                                                 ()):
+                            ok = True
+                        if not ok and reply and client.no_responders:
+                            client.send_no_responders(subject, reply)
+                        return
             deliver(result, client, subject, reply, None, payload)
 
         return on_pub
