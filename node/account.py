@@ -55,8 +55,9 @@ class Account:
         # Set when mappings, imports or exports apply here (node/crossaccount.py):
         # publishes then go through it, and the fast path stays off.
         self.router: Any = None
-        self.sublist = SubList()
+        self.sublist = SubList()  # never rebound: the bound methods below stay valid
         self._match = self.sublist.match
+        self._cached = self.sublist.cached
         # Auto-unsubscribed while a delivery loop may still hold them: removed after it.
         self.expired: list[Subscription] = []
         self.interest_listeners: list[InterestListener] = []
@@ -187,11 +188,14 @@ class Account:
         return on_pub
 
     def publish(self, publisher: Any, subject: str, reply: str | None,
-                headers: bytes | None, payload: bytes) -> int:
+                headers: bytes | None, payload: bytes, premapped: bool = False) -> int:
         """Deliver a message to every interested subscription; returns how many
-        received it. `publisher` is the sending client (None: the server)."""
+        received it. `publisher` is the sending client (None: the server).
+        `premapped`: the subject is already the account mapping's result
+        (Router.mapped), which is then not applied again."""
         if self.router is not None:
-            return self.router.publish(self, publisher, subject, reply, headers, payload)
+            return self.router.publish(self, publisher, subject, reply, headers, payload,
+                                       premapped)
         return self._deliver(self._match(subject), publisher, subject, reply, headers, payload)
 
     def deliver_as(self, publisher: Any, route: str, subject: str, reply: str | None,
@@ -206,7 +210,11 @@ class Account:
                       headers: bytes | None, payload: bytes) -> int:
         """This account's subscribers only, without mappings, imports or
         no-responders: the router's step for each account a message reaches."""
-        result = self._match(subject)
+        result = self._cached(subject)  # SubList.match's cache lookup, without its call
+        if result is None:
+            result = self._match(subject)
+        else:
+            self.sublist.hits += 1
         psubs = result.psubs
         if self.routes is None and not result.qsubs:
             if not psubs:

@@ -99,13 +99,25 @@ class Router:
 
     # ------------------------------------------------------------------ publish
 
+    def mapped(self, account: Account, subject: str) -> str:
+        """The subject a publish on `subject` in `account` is routed on: its mapping
+        applied, once (a weighted mapping draws at random). A publisher's permissions
+        apply to this subject, as nats-server checks them after mapping; its publish
+        then goes through `publish(..., premapped=True)`."""
+        mappings: MappingTable | None = account.mappings
+        if mappings:
+            out = mappings.apply(subject, self.rng, cluster=self.cluster)
+            if out is not None:
+                return out
+        return subject
+
     def publish(self, account: Account, publisher: Any, subject: str, reply: str | None,
-                headers: bytes | None, payload: bytes) -> int:
+                headers: bytes | None, payload: bytes, premapped: bool = False) -> int:
         if headers is not None and msgtrace.active is not None:
             return self._publish_traced(msgtrace.active, account, publisher, subject, reply,
                                         headers, payload)
         mappings: MappingTable | None = account.mappings
-        if mappings:
+        if mappings and not premapped:
             mapped = mappings.apply(subject, self.rng, cluster=self.cluster)
             if mapped is not None:
                 subject = mapped
