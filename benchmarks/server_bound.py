@@ -10,7 +10,7 @@ that shared the machine's conditions.
   PYTHONPATH=$PWD python benchmarks/server_bound.py [--seconds 4] [--reps 2]
         [--modes pinned,unpinned] [--scenarios ingest,pubsub,...]
         [--servers jetraft,jetraft-pure,jetraft-base,nats]  (jetraft-base: JETRAFT_BASE=<dir>)
-        [--out benchmarks/results/server-bound-TAG.md]
+        [--out benchmarks/results/server-bound-TAG.md] [--domain hub|""]
 
 Modes: `pinned` = the server on CPU 1 (`taskset -c 1`; nats-server with GOMAXPROCS=1);
 `unpinned` = no taskset (nats-server with its default GOMAXPROCS). The load always runs on
@@ -236,12 +236,16 @@ def _free_port() -> int:
 
 
 class Server:
-    def __init__(self, kind: str, pinned: bool, tmp: str) -> None:
+    def __init__(self, kind: str, pinned: bool, tmp: str, domain: str | None = None) -> None:
         self.kind = kind
         self.port, self.http = _free_port(), _free_port()
         conf = os.path.join(tmp, f"{kind}.conf")
         with open(conf, "w") as f:
             f.write(CONF.format(port=self.port, http=self.http))
+            if domain is not None:  # JetStream ("": no domain; else every account maps
+                store = json.dumps(os.path.join(tmp, f"{kind}-js"))  # `$JS.<domain>.API.>`)
+                extra = f", domain: {domain}" if domain else ""
+                f.write(f"jetstream {{ store_dir: {store}{extra} }}\n")
         env = dict(os.environ)
         env.pop("JETRAFT_PURE_PYTHON", None)
         if kind.startswith("jetraft"):
@@ -396,6 +400,8 @@ def main() -> None:
     ap.add_argument("--scenarios", default=",".join(BY_NAME))
     ap.add_argument("--servers", default="jetraft,nats")
     ap.add_argument("--out", default="")
+    ap.add_argument("--domain", default=None,
+                    help="run the servers with JetStream, `domain: <this>` unless \"\"")
     a = ap.parse_args()
     modes = a.modes.split(",")
     results: list[dict] = []
@@ -403,7 +409,7 @@ def main() -> None:
     tmp = tempfile.mkdtemp(prefix="srvbound-")
     try:
         for mode in modes:
-            servers = [Server(k, mode == "pinned", tmp) for k in a.servers.split(",")]
+            servers = [Server(k, mode == "pinned", tmp, a.domain) for k in a.servers.split(",")]
             try:
                 for rep in range(a.reps):
                     uptimes.append(f"{mode} rep {rep}: " + subprocess.run(

@@ -55,6 +55,11 @@ class Account:
         # Set when mappings, imports or exports apply here (node/crossaccount.py):
         # publishes then go through it, and the fast path stays off.
         self.router: Any = None
+        # A JetStream domain's prefix (`$JS.<domain>.API.`) when it is the only mapping
+        # here: publishes under it go through `domain_router`, every other one keeps the
+        # fast path (node/jetstream/domain.py).
+        self.domain_prefix: str | None = None
+        self.domain_router: Any = None
         self.sublist = SubList()  # never rebound: the bound methods below stay valid
         self._match = self.sublist.match
         self._cached = self.sublist.cached
@@ -158,6 +163,10 @@ class Account:
             if router is not None:
                 router.publish(account, client, subject, reply, None, payload)
                 return
+            prefix = account.domain_prefix
+            if prefix is not None and subject.startswith(prefix):
+                account.domain_router.publish(account, client, subject, reply, None, payload)
+                return
             # SubList.match's cache lookup, without its call.
             result = cached(subject)
             if result is None:
@@ -196,6 +205,8 @@ class Account:
         if self.router is not None:
             return self.router.publish(self, publisher, subject, reply, headers, payload,
                                        premapped)
+        if self.domain_prefix is not None and subject.startswith(self.domain_prefix):
+            return self.domain_router.publish(self, publisher, subject, reply, headers, payload)
         return self._deliver(self._match(subject), publisher, subject, reply, headers, payload)
 
     def deliver_as(self, publisher: Any, route: str, subject: str, reply: str | None,

@@ -744,7 +744,7 @@ class Client(asyncio.Protocol):
         premapped = False
         if perms is not None:
             router = self.account.router
-            if router is not None and self.account.mappings:
+            if router is not None and router.mappings_of(self.account):
                 # nats-server checks the subject the account's mapping makes.
                 subject = router.mapped(self.account, subject)
                 premapped = True

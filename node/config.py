@@ -795,6 +795,7 @@ _JS_HANDLERS: dict[str, Handler] = {
     "sync_interval": _setter("sync_interval", _sync_interval),
     "sync": _setter("sync_interval", _sync_interval),
     "unique_tag": _setter("unique_tag", _str),
+    "domain": _setter("domain", lambda f: _js_domain(f)),
     "key": _setter("key", _str),
     "ek": _setter("key", _str),
     "encryption_key": _setter("key", _str),
@@ -803,19 +804,49 @@ _JS_HANDLERS: dict[str, Handler] = {
     "prev_ek": _setter("prev_key", _str),
     "prev_encryption_key": _setter("prev_key", _str),
     "audit_archive": _setter("audit_archive", _bool),  # jetraft's: keep old WAL segments
+    "strict": _setter("strict", _bool),
 }
 _JS_UNSUPPORTED = frozenset({
-    "domain", "max_outstanding_catchup", "strict", "tpm", "extension_hint", "max_catchup",
+    "max_outstanding_catchup", "tpm", "extension_hint", "max_catchup",
 })
 
-# The server-wide JetStream limits nats-server enforces (the `limits {}` block:
-# max_ack_pending, max_request_batch, max_ha_assets, duplicate_window; the API request queue
-# and clustered proposal buffers) are not built: a limit the operator set but Jetraft would
-# not hold fails closed ([FTL]).
+# Limits nats-server enforces that Jetraft does not (the API request queue, clustered
+# proposal buffers, and the `limits {}` keys outside the block where nats-server ignores
+# them): a limit the operator set but Jetraft would not hold fails closed ([FTL]).
 _JS_UNENFORCED = frozenset({
-    "limits", "max_ack_pending", "max_request_batch", "max_ha_assets", "duplicate_window",
+    "max_ack_pending", "max_request_batch", "max_ha_assets", "duplicate_window",
     "max_buffered_msgs", "max_buffered_size", "request_queue_limit",
 })
+
+
+def _ns(f: _Field) -> int:
+    return int(_duration(f) * 1_000_000_000)
+
+
+# `jetstream { limits {} }`: server-wide caps and defaults for streams and consumers.
+# max_ha_assets (replicated assets per server) is not held by placement: it fails closed.
+_JS_LIMITS: dict[str, Handler] = {
+    "max_ack_pending": lambda d, f: d.__setitem__("max_ack_pending", _int(f)),
+    "max_request_batch": lambda d, f: d.__setitem__("max_request_batch", _int(f)),
+    "duplicate_window": lambda d, f: d.__setitem__("duplicate_window", _ns(f)),
+}
+
+
+def _js_limits(js: Any, f: _Field, opts: Options) -> None:
+    if not isinstance(f.value, dict):
+        raise f.fail(f'invalid use of field "{f.key}": expected a map')
+    _apply_block(js.limits, f.value, f.path + ".", _JS_LIMITS, frozenset(), opts,
+                 unenforced=frozenset({"max_ha_assets"}))
+
+
+def _js_domain(f: _Field) -> str:
+    from node.jetstream.domain import domain_error  # pure
+
+    name = _str(f)
+    err = domain_error(name)
+    if err is not None:
+        raise f.fail(err)
+    return name
 
 
 def _cipher(f: _Field) -> str:
@@ -831,7 +862,8 @@ def _jetstream(opts: Options, f: _Field) -> None:
     js = opts.jetstream
     if isinstance(f.value, dict):
         js.enabled = True  # a block turns JetStream on unless it says otherwise
-        _apply_block(js, f.value, "jetstream.", _JS_HANDLERS, _JS_UNSUPPORTED, opts,
+        handlers = {**_JS_HANDLERS, "limits": lambda t, lf: _js_limits(t, lf, opts)}
+        _apply_block(js, f.value, "jetstream.", handlers, _JS_UNSUPPORTED, opts,
                      unenforced=_JS_UNENFORCED)
         if js.cipher is not None and not js.key:
             # nats-server then stores in the clear; asking for a cipher and getting none

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from node import msgtrace
 from node.accountconf import AccountsConfig, ImportIndex, ResponseType, ServiceRoute
+from node.jetstream.domain import merged
 from node.mapping import MappingTable
 from node.sublist import SubList
 
@@ -77,8 +78,13 @@ class Router:
     """Cross-account routing for every non-plain account of one server."""
 
     def __init__(self, conf: AccountsConfig, accounts: dict[str, Account],
-                 cluster: str | None = None, rng: random.Random | None = None) -> None:
+                 cluster: str | None = None, rng: random.Random | None = None,
+                 domain_table: MappingTable | None = None) -> None:
         self.conf = conf
+        # The JetStream domain's mappings (node/jetstream/domain.py), which every account
+        # gets after its own; per account, its own table merged with them.
+        self.domain_table = domain_table or MappingTable()
+        self._merged: dict[str, tuple[MappingTable | None, MappingTable | None]] = {}
         self.index = ImportIndex(conf)
         self.accounts = accounts
         self.cluster = cluster
@@ -88,7 +94,8 @@ class Router:
         self._plans: dict[Account, dict[str, _Plan]] = {}
 
     def needs_router(self, name: str) -> bool:
-        """Whether publishes in account `name` need more than its sublist."""
+        """Whether publishes in account `name` need more than its sublist (the domain's
+        mappings alone do not: `Account.domain_prefix` routes only what they could map)."""
         if self.conf.mappings_for(name):
             return True
         acc = self.conf.accounts.get(name)
@@ -97,6 +104,16 @@ class Router:
         return bool(acc.stream_imports or acc.service_imports or acc.stream_exports
                     or acc.service_exports)
 
+    def mappings_of(self, account: Account) -> MappingTable | None:
+        """The account's mappings, followed by the domain's (merged once per table)."""
+        own: MappingTable | None = account.mappings
+        if not self.domain_table:
+            return own
+        hit = self._merged.get(account.name)
+        if hit is None or hit[0] is not own:
+            hit = self._merged[account.name] = (own, merged(own, self.domain_table))
+        return hit[1]
+
     # ------------------------------------------------------------------ publish
 
     def mapped(self, account: Account, subject: str) -> str:
@@ -104,7 +121,7 @@ class Router:
         applied, once (a weighted mapping draws at random). A publisher's permissions
         apply to this subject, as nats-server checks them after mapping; its publish
         then goes through `publish(..., premapped=True)`."""
-        mappings: MappingTable | None = account.mappings
+        mappings = self.mappings_of(account)
         if mappings:
             out = mappings.apply(subject, self.rng, cluster=self.cluster)
             if out is not None:
@@ -116,7 +133,7 @@ class Router:
         if headers is not None and msgtrace.active is not None:
             return self._publish_traced(msgtrace.active, account, publisher, subject, reply,
                                         headers, payload)
-        mappings: MappingTable | None = account.mappings
+        mappings = self.mappings_of(account)
         if mappings and not premapped:
             mapped = mappings.apply(subject, self.rng, cluster=self.cluster)
             if mapped is not None:
@@ -190,7 +207,7 @@ class Router:
         crosses no boundary the trace does not follow. A crossing it did not
         make counts for nothing: a trace-only request that only a service
         import would serve gets no-responders, as nats-server answers it."""
-        mappings: MappingTable | None = account.mappings
+        mappings = self.mappings_of(account)
         if mappings:
             mapped = mappings.apply(subject, self.rng, cluster=self.cluster)
             if mapped is not None:

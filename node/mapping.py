@@ -33,7 +33,7 @@ import re
 from dataclasses import dataclass
 from enum import Enum
 
-from node.subject import FWC, PWC, SEP, subject_matches
+from node.subject import FWC, PWC, SEP, subject_matches, subset
 
 INT32_MAX = 2**31 - 1
 INT64_MAX = 2**63 - 1
@@ -458,11 +458,15 @@ class MappingTable:
         self.mappings = [m for m in self.mappings if m.src != mapping.src] + [mapping]
 
     def find(self, subject: str) -> Mapping | None:
+        # A published subject may carry `*` / `>` tokens (nats-py's filtered
+        # CONSUMER.CREATE does): nats-server's account mappings then take them as
+        # tokens of a subset match, not as literals.
+        wild = _has_wildcard_token(subject)
         for m in self.mappings:
             if m.literal:
                 if m.src == subject:
                     return m
-            elif subject_matches(m.src, subject):
+            elif subset(subject, m.src) if wild else subject_matches(m.src, subject):
                 return m
         return None
 
@@ -478,8 +482,19 @@ class MappingTable:
         d = m.choose(rng, cluster)
         if d is None:
             return None
-        out = d.transform.apply(subject, rng)
-        return None if out is None or out == subject else out
+        tokens = subject.split(SEP)
+        if not all(tokens):
+            return None
+        # Rendered as matched (nats-server's account mapping renders the tokens it
+        # matched, wildcard tokens included; stream transforms keep the literal check).
+        out = d.transform.render(tokens, subject, rng)
+        return None if out == subject else out
+
+
+def _has_wildcard_token(subject: str) -> bool:
+    if PWC not in subject and FWC not in subject:
+        return False
+    return any(t in (PWC, FWC) for t in subject.split(SEP))
 
 
 # --------------------------------------------------------------------------

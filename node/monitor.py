@@ -126,7 +126,10 @@ def varz(server: Server) -> dict[str, Any]:
     if system:
         v["system_account"] = system
     if o.jetstream.enabled:
-        v["jetstream"] = {"config": {"store_dir": o.jetstream.store_dir}}
+        from node.jetstream.jszdetail import config_block
+
+        store_dir = getattr(server.jetstream, "store_dir", None) or o.jetstream.store_dir
+        v["jetstream"] = {"config": config_block(o.jetstream, store_dir)}
         if o.jetstream.unique_tag:
             v["jetstream"]["config"]["unique_tag"] = o.jetstream.unique_tag
     return v

@@ -95,6 +95,9 @@ class JetStreamOptions:
     max_file: int = -1
     sync_interval: str = "always"  # Jetraft always fsyncs before acking
     unique_tag: str | None = None
+    # JetStream domain (node/jetstream/domain.py): "" none; else `$JS.<domain>.API.>` is mapped
+    # onto `$JS.API.>` in every account, and replies and advisories name it.
+    domain: str = ""
     # Encryption at rest (node/jetstream/crypt.py): the master key as configured, and the
     # cipher ("chacha" or "aes"; None: not given, chacha when a key is).
     key: str | None = None
@@ -105,6 +108,11 @@ class JetStreamOptions:
     # Audit retention (jetraft's own key): compaction moves obsolete WAL segments into
     # <store_dir>/raft/wal/archive instead of deleting them, for `jetraft audit`.
     audit_archive: bool = False
+    # `strict: false`: unknown fields in API requests are logged and ignored (nats-server
+    # 2.12+ refuses them by default).
+    strict: bool = True
+    # The server-wide `limits {}` block (node/jetstream/config.py ServerLimits): 0 = none.
+    limits: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass

@@ -28,6 +28,7 @@ from node.claimsservice import ClaimsService
 from node.client import Client, Kind
 from node.config import ConfigError
 from node.crossaccount import Router
+from node.jetstream import domain
 from node.log import Logger
 from node.message import InternalCallback, Subscription
 from node.monitor import start_monitor
@@ -162,16 +163,24 @@ class Server:
 
     def _wire_router(self, conf: AccountsConfig) -> Router | None:
         """A Router for the accounts that need one (others keep the fast path)."""
-        router = Router(conf, self.accounts, self.options.cluster.name or None)
+        js = self.options.jetstream
+        dom = js.domain if js.enabled else ""
+        router = Router(conf, self.accounts, self.options.cluster.name or None,
+                        domain_table=domain.mapping_table(dom))
         if self.router is not None:
             router.responses = self.router.responses  # requests in flight keep their way back
         used = False
         for account in self.accounts.values():
             account.router = router if router.needs_router(account.name) else None
+            # With a domain, an account that needs no router otherwise sends only the
+            # subjects under the domain's prefix through it (its fast path stays).
+            only_domain = bool(dom) and account.router is None
+            account.domain_prefix = domain.api_prefix(dom) + "." if only_domain else None
+            account.domain_router = router if only_domain else None
             # Account-level message tracing (`msg_trace`), read by Client._on_pub.
             acc_conf = conf.accounts.get(account.name)
             account.msg_trace = acc_conf.msg_trace if acc_conf is not None else None
-            used = used or account.router is not None
+            used = used or account.router is not None or account.domain_router is not None
         return router if used else None
 
     def refresh_operator_account(self, key: str) -> None:
@@ -348,9 +357,11 @@ class Server:
         info["client_id"] = client.cid
         if client.host:
             info["client_ip"] = client.host
+        if self.cluster is not None and self.cluster.name:
+            info["cluster"] = self.cluster.name
+        if self.jetstream is not None and o.jetstream.domain:
+            info["domain"] = o.jetstream.domain  # between cluster and connect_urls, as nats-server
         if self.cluster is not None:
-            if self.cluster.name:
-                info["cluster"] = self.cluster.name
             urls, ws_urls = self.cluster.connect_urls()
             if client.conn_type == CONN_WEBSOCKET:
                 if ws_urls:

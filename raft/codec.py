@@ -9,6 +9,8 @@ reordering; heartbeats only carry term/commit, which are monotonic checks).
 
 from __future__ import annotations
 
+from typing import Any
+
 from proto import cluster_pb2 as pb
 from raft.types import (
     LOCAL_MSG_TYPES,
@@ -26,8 +28,12 @@ def entry_to_pb(e: Entry, out: pb.Entry) -> None:
     out.term, out.index, out.type, out.data = e.term, e.index, e.type, e.data
 
 
+# EntryType by wire value without an Enum call per entry (decode_wire has checked it).
+_ETYPE = {t.value: t for t in EntryType}
+
+
 def entry_from_pb(p: pb.Entry) -> Entry:
-    return Entry(p.term, p.index, EntryType(p.type), p.data)
+    return Entry(p.term, p.index, _ETYPE[p.type], p.data)
 
 
 def meta_to_pb(meta: SnapshotMeta, out: pb.SnapshotMeta) -> None:
@@ -47,8 +53,9 @@ def message_to_pb(m: Message, out: pb.Message | None = None) -> pb.Message:
     p.type, p.group, p.frm, p.to = m.type, m.group, m.frm, m.to
     p.term, p.log_term, p.index, p.commit = m.term, m.log_term, m.index, m.commit
     p.reject, p.reject_hint, p.context = m.reject, m.reject_hint, m.context
+    add = p.entries.add  # fields as keywords: one call per entry, not four setattrs
     for e in m.entries:
-        entry_to_pb(e, p.entries.add())
+        add(term=e.term, index=e.index, type=e.type, data=e.data)
     if m.snapshot is not None:
         meta_to_pb(m.snapshot.meta, p.snapshot)
     return p
@@ -64,7 +71,7 @@ def message_from_pb(p: pb.Message) -> Message:
         term=p.term,
         log_term=p.log_term,
         index=p.index,
-        entries=[entry_from_pb(e) for e in p.entries],
+        entries=[Entry(e.term, e.index, _ETYPE[e.type], e.data) for e in p.entries],
         commit=p.commit,
         reject=p.reject,
         reject_hint=p.reject_hint,
@@ -110,11 +117,18 @@ WIRE_TYPES = frozenset(t.value for t in MsgType if t not in LOCAL_MSG_TYPES)
 _ENTRY_TYPES = frozenset(t.value for t in EntryType)
 
 
+def _known_entry_types(entries: Any) -> bool:
+    for e in entries:
+        if e.type not in _ENTRY_TYPES:
+            return False
+    return True
+
+
 def decode_wire(b: pb.Batch) -> tuple[list[Message], int]:
     """The acceptable messages of a Batch from the network, and how many were dropped."""
     out = []
     for p in b.messages:
-        if p.type in WIRE_TYPES and all(e.type in _ENTRY_TYPES for e in p.entries):
+        if p.type in WIRE_TYPES and _known_entry_types(p.entries):
             out.append(message_from_pb(p))
     dropped = len(b.messages) - len(out)
     coalesced = ((MsgType.HEARTBEAT, b.heartbeats), (MsgType.HEARTBEAT_RESP, b.heartbeat_resps))

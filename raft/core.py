@@ -955,10 +955,15 @@ class Raft:
             # or below its index: its configuration is newer than any change
             # among them, so such a change must not be applied on top of it.
             floor = self.log.first_index() - 1
+            # Only a membership change needs `applied` at its own index when it takes
+            # effect; a run of plain entries moves it once (the checks hold for the run:
+            # contiguous from applied + 1, and applied_to bounds the last by the commit).
             for e in rd.committed_entries:
-                self.log.applied_to(e.index)
-                if e.type is EntryType.CONF_CHANGE and e.index > floor:
-                    self.apply_conf_change(decode_conf_change(e.data))
+                if e.type is EntryType.CONF_CHANGE:
+                    self.log.applied_to(e.index)
+                    if e.index > floor:
+                        self.apply_conf_change(decode_conf_change(e.data))
+            self.log.applied_to(rd.committed_entries[-1].index)
         self.check_invariants()
 
     def check_invariants(self) -> None:

@@ -167,6 +167,7 @@ class _Group:
     core: Raft
     sm: Any
     snap: snapfile.Stored | None = None
+    # A proposal's Future, or a _Quiet (propose_quiet) that behaves like one here.
     pending: dict[int, tuple[int, asyncio.Future[int]]] = field(default_factory=dict)
     props: list[tuple[bytes, asyncio.Future[int]]] = field(default_factory=list)
     reads: dict[bytes, asyncio.Future[None]] = field(default_factory=dict)
@@ -470,8 +471,17 @@ class MultiRaft:
         # The files go once the DROP is durable (a crash before that finds the
         # group's log and its snapshot together, as they were), and after any
         # commit of the removed group's files still in flight: the name's
-        # file operations are serialized by its lock, in order.
-        self._spawn(self._delete_files_after_drop(group))
+        # file operations are serialized by its lock, in order. Counted now,
+        # not when the task starts: `removed()` awaited right after this call
+        # must wait for it (the caller deletes the state machine's data next).
+        self._dropping[group] = self._dropping.get(group, 0) + 1
+        task = self._spawn(self._delete_files_after_drop(group))
+        task.add_done_callback(lambda _t: self._dropped(group))  # also if never started
+
+    def _dropped(self, group: str) -> None:
+        self._dropping[group] -= 1
+        if not self._dropping[group]:
+            del self._dropping[group]
 
     def _files_lock(self, group: str) -> asyncio.Lock:
         lock = self._files.get(group)
@@ -480,22 +490,16 @@ class MultiRaft:
         return lock
 
     async def _delete_files_after_drop(self, group: str) -> None:
-        self._dropping[group] = self._dropping.get(group, 0) + 1
-        try:
-            # A batch handed to the apply worker before the removal may still
-            # be writing to the group's state machine.
-            await self._apply_idle.wait()
-            await self.node_log.sync_async(self.io_executor.run)
-            async with self._files_lock(group):
-                g = self._groups.get(group)
-                if g is None or g.snap is None or g.snap.path is None:
-                    # Gone, or re-created and still on its bootstrap snapshot
-                    # (no file): whatever is on disk belongs to the old one.
-                    snapfile.remove(self.snap_dir, group, disk=self.disk)
-        finally:
-            self._dropping[group] -= 1
-            if not self._dropping[group]:
-                del self._dropping[group]
+        # A batch handed to the apply worker before the removal may still
+        # be writing to the group's state machine.
+        await self._apply_idle.wait()
+        await self.node_log.sync_async(self.io_executor.run)
+        async with self._files_lock(group):
+            g = self._groups.get(group)
+            if g is None or g.snap is None or g.snap.path is None:
+                # Gone, or re-created and still on its bootstrap snapshot
+                # (no file): whatever is on disk belongs to the old one.
+                snapfile.remove(self.snap_dir, group, disk=self.disk)
 
     async def removed(self, group: str) -> None:
         """Until a removed group is fully gone: no apply of it in flight, its
@@ -533,6 +537,18 @@ class MultiRaft:
         g.props.append((bytes(data), fut))
         self._mark(group)
         return fut
+
+    def propose_quiet(self, group: str, data: bytes, on_error: Any, arg: Any = None) -> None:
+        """A proposal nobody awaits (a publish whose answer is an apply effect): no
+        Future, no done callback per entry. Only a failure is reported, as
+        `on_error(arg, exc)` in a later loop turn, exactly when `propose` would raise."""
+        if not data:
+            raise ValueError("empty proposals are reserved for leader no-ops")
+        g = self._group(group)
+        if g.core.state is not StateType.LEADER:
+            raise NotLeader(g.core.lead)
+        g.props.append((bytes(data), _Quiet(on_error, arg)))
+        self._mark(group)
 
     async def read_index(self, group: str, timeout: float | None = None) -> None:
         """Linearizable read barrier: returns once the local state machine has
@@ -665,10 +681,17 @@ class MultiRaft:
         if rx.meta != header.snapshot.meta or self._groups.get(header.group) is not g:
             snapfile.discard(rx.path, disk=self.disk)
             return False
-        if g.incoming is not None:
-            snapfile.discard(g.incoming.path, disk=self.disk)
-        g.incoming = snapfile.Stored(rx.meta, rx.path, rx.size, rx.crc)
+        prev, g.incoming = g.incoming, snapfile.Stored(rx.meta, rx.path, rx.size, rx.crc)
         self.on_messages([header])  # a broken invariant here is fatal too
+        # Only a snapshot the core took replaces the one a pending install will read: a
+        # deposed leader's transfer that ends after the new leader's was stepped is ignored
+        # by the core (lower term), and its file must not take the new one's place.
+        pending = g.core.log.unstable.snapshot
+        keep, drop = ((g.incoming, prev) if pending is not None and pending.meta == rx.meta
+                      else (prev, g.incoming))
+        g.incoming = keep
+        if drop is not None and (keep is None or drop.path != keep.path):
+            snapfile.discard(drop.path, disk=self.disk)
         return self.failed is None
 
     async def snapshot_source(self, msg: Message) -> AsyncIterator[bytes]:
@@ -914,6 +937,14 @@ class MultiRaft:
         # (log order per group); the loop keeps stepping messages meanwhile.
         batches = [(g.sm, ents) for g, rd in work if (ents := self._to_apply(g, rd))]
         inline = not batches or self._small(batches)
+        if out and inline:
+            # A follower's answers (APP_RESP, votes...) are what a commit waits
+            # for: they leave before the inline apply; a leader's appends wait
+            # for it (below). Durability is unchanged: the pass's fsync is done.
+            answers = [m for m in out if m.type not in _EARLY]
+            if answers:
+                out = [m for m in out if m.type in _EARLY]
+                self._send(answers)
         if out and not inline:
             self._send(out)
         if batches and inline:
@@ -1050,6 +1081,8 @@ class MultiRaft:
                     keep.append((idx, fut))
             g.read_waits = keep
         self._notice_leader(g)
+        if g.pending and core.state is not StateType.LEADER:
+            self._drop_overwritten(g)
         if g.pending and self.node_id not in core.prs:
             # This node left the group (it may have led the change): nobody
             # will send it the fate of its uncommitted proposals any more.
@@ -1065,6 +1098,26 @@ class MultiRaft:
         snap_index = core.log.first_index() - 1
         if not g.snapshotting and applied - snap_index >= self.snapshot_every:
             self._snapshot(g)
+
+    def _drop_overwritten(self, g: _Group) -> None:
+        """Fail the proposals whose entries a new leader's appends removed from
+        this node's log (a deposed leader's uncommitted tail). They used to wait
+        for a commit at their index, which in an idle group never comes (the
+        1,000-busy-group stall of 2026-11-27). The outcome is unknown, not
+        "lost": another member may still hold the entry and win an election.
+        Pending indexes ascend in insertion order and every one of them was in
+        the log at the previous check, so the scan stops at the first survivor."""
+        log_ = g.core.log
+        last = log_.last_index()
+        gone = []
+        for idx in reversed(g.pending):
+            if idx <= last and log_.term_or_zero(idx) in (g.pending[idx][0], 0):
+                break  # still ours (0: compacted, i.e. committed and settled)
+            gone.append(idx)
+        for idx in gone:
+            _, fut = g.pending.pop(idx)
+            _fail(fut, ProposalDropped("outcome unknown: a new leader's appends replaced "
+                                       "the entry in this node's log"))
 
     def _notice_leader(self, g: _Group) -> None:
         cur = (g.core.lead, g.core.term)
@@ -1250,8 +1303,9 @@ class MultiRaft:
                 continue
             is_alive = seen > 0 and now - max(seen, self._resumed_at) <= self.dead_after_s
             if alive and not is_alive:
-                log.warning("multiraft %d: node %d silent for %.2fs: waking the groups it leads",
-                            self.node_id, peer, now - seen)
+                silence = f"silent for {now - seen:.2f}s" if seen > 0 else "not heard from yet"
+                log.warning("multiraft %d: node %d %s: waking the groups it leads",
+                            self.node_id, peer, silence)
                 self._wake_led_by(peer)
             self._peers[peer] = is_alive
 
@@ -1267,6 +1321,31 @@ class MultiRaft:
 
 async def _run_here(fn: Any, *args: Any) -> Any:
     return fn(*args)
+
+
+class _Quiet:
+    """Stands where a proposal's Future would (`done`, `set_result`, `set_exception`)
+    for `propose_quiet`: a success costs nothing; a failure is handed to the loop."""
+
+    __slots__ = ("on_error", "arg", "_done")
+
+    def __init__(self, on_error: Any, arg: Any) -> None:
+        self.on_error, self.arg, self._done = on_error, arg, False
+
+    def done(self) -> bool:
+        return self._done
+
+    def set_result(self, _index: int) -> None:
+        self._done = True
+
+    def set_exception(self, exc: BaseException) -> None:
+        if not self._done:
+            self._done = True
+            # Never inside the driver's own pass: the callback may propose again.
+            try:
+                asyncio.get_running_loop().call_soon(self.on_error, self.arg, exc)
+            except RuntimeError:  # no loop running (a node torn down): tell it now
+                self.on_error(self.arg, exc)
 
 
 def _fail(fut: asyncio.Future[Any], exc: Exception) -> None:

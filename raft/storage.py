@@ -27,7 +27,7 @@ import os
 import re
 import struct
 from array import array
-from collections import OrderedDict
+from collections import deque
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -52,6 +52,7 @@ from raft.wal import (
     decode_vote,
     encode,
     encode_conf_state,
+    encode_entries,
     encode_hard_state,
     header_len,
 )
@@ -224,33 +225,63 @@ class _GroupState:
 
 
 class _EntryCache:
-    """Recently appended entries, bounded by payload bytes."""
+    """Recently appended entries, bounded by payload bytes. Entries sit in one dict per
+    group; eviction goes by whole runs (as they were put), oldest first, so a run of
+    appends costs one dict store per entry and one queue item, not an ordered-dict
+    move per entry. Entries are kept as given (no copy) when their data is `bytes`:
+    nothing changes an Entry once it is in the log (the core sets a proposal's term and
+    index before it appends it), and reads hand out the cached objects anyway.
+    Evicting a run whose indexes were re-put since may drop the newer entries too: a
+    cache miss (read from the file), never a wrong entry."""
+
+    MAX_RUNS = 1 << 16  # runs remembered; past it the oldest go whatever their bytes
 
     def __init__(self, max_bytes: int) -> None:
         self._max = max_bytes
         self._bytes = 0
-        self._items: OrderedDict[tuple[str, int], Entry] = OrderedDict()
+        self._groups: dict[str, dict[int, Entry]] = {}
+        self._runs: deque[tuple[str, int, int]] = deque()  # (group, lo, hi) in put order
 
     def put(self, group: str, e: Entry) -> None:
-        if len(e.data) > self._max // 4:
-            return  # one huge entry would flush everything useful
-        old = self._items.pop((group, e.index), None)
-        if old is not None:
-            self._bytes -= len(old.data)
-        self._items[(group, e.index)] = e
-        self._bytes += len(e.data)
-        while self._bytes > self._max:
-            _, ev = self._items.popitem(last=False)
-            self._bytes -= len(ev.data)
+        self.put_run(group, [e])
+
+    def put_run(self, group: str, entries: list[Entry]) -> None:
+        limit = self._max // 4  # one huge entry would flush everything useful
+        d = self._groups.get(group)
+        if d is None:
+            d = self._groups[group] = {}
+        added = 0
+        for e in entries:
+            if type(e.data) is not bytes:  # a view into a buffer that may be reused
+                e = Entry(e.term, e.index, e.type, bytes(e.data))
+            n = len(e.data)
+            if n > limit:
+                continue
+            old = d.get(e.index)
+            if old is not None:
+                added -= len(old.data)
+            d[e.index] = e
+            added += n
+        self._bytes += added
+        self._runs.append((group, entries[0].index, entries[-1].index + 1))
+        while self._runs and (self._bytes > self._max or len(self._runs) > self.MAX_RUNS):
+            self.drop(*self._runs.popleft())
 
     def get(self, group: str, index: int) -> Entry | None:
-        return self._items.get((group, index))
+        d = self._groups.get(group)
+        return None if d is None else d.get(index)
 
     def drop(self, group: str, lo: int, hi: int) -> None:
+        d = self._groups.get(group)
+        if not d:
+            return
+        pop = d.pop
         for i in range(lo, hi):
-            old = self._items.pop((group, i), None)
+            old = pop(i, None)
             if old is not None:
                 self._bytes -= len(old.data)
+        if not d:
+            del self._groups[group]
 
 
 class GroupLog:
@@ -383,6 +414,48 @@ class NodeLog:
     def append(self, group: str, entries: list[Entry]) -> None:
         """Append entries; an entry at index i supersedes this group's entries >= i."""
         g = self._state(group)
+        if entries and entries[0].index == g.last_index() + 1 > g.snap.index:
+            self._append_run(g, entries)
+            return
+        self._append_each(g, entries)
+
+    def _append_run(self, g: _GroupState, entries: list[Entry]) -> None:
+        """The common case, entries that extend the log: encoded together, buffered
+        as one piece, indexed with one extend per array. The records and where
+        they land are exactly those of `_append_each` (a run that would cross a
+        segment roll is emitted record by record, so rolls fall where they did)."""
+        first = entries[0].index
+        for k, e in enumerate(entries):
+            if e.index != first + k:
+                raise ValueError(f"{g.name}: gap, entry {e.index} after {first + k - 1}")
+        datas = [self._seal(g, e) for e in entries]
+        recs = encode_entries(g.key, [(e.term, e.index, e.type, d)
+                                      for e, d in zip(entries, datas, strict=True)])
+        total = sum(map(len, recs))
+        hlen = header_len(g.key)
+        if self._rolling or self._cur_size - self._seg_base + total - len(recs[-1]) \
+                < self._segment_bytes:
+            seg, off = self._emit(b"".join(recs), count=len(recs))
+            offs = []
+            for r in recs:
+                offs.append(off + hlen)
+                off += len(r)
+            g.terms.extend(e.term for e in entries)
+            g.segs.extend([seg] * len(recs))
+            g.offs.extend(offs)
+            g.lens.extend(map(len, datas))
+            g.types.extend(e.type for e in entries)
+            if seg not in g.pinned:
+                g.pinned[seg] = None
+                self._pins.setdefault(seg, {})[g] = None
+        else:
+            for e, d, r in zip(entries, datas, recs, strict=True):
+                seg, off = self._emit(r)
+                self._put(g, e.term, e.index, e.type, seg, off + hlen, len(d))
+        self._cache.put_run(g.name, entries)
+
+    def _append_each(self, g: _GroupState, entries: list[Entry]) -> None:
+        group = g.name
         for e in entries:
             if e.index <= g.snap.index:
                 continue  # already covered by the snapshot

@@ -372,6 +372,7 @@ class GrpcTransport:
             self._lazy_handle = None
         for link in self._links.values():
             liveness, link.liveness = link.liveness, False
+            _drop_stale_commits(*link.lanes)
             for lane in link.lanes:
                 msgs, lane.pending = lane.pending, []
                 beat = liveness and lane.kind == LANE_PRIORITY
@@ -444,8 +445,7 @@ class GrpcTransport:
             while not lane.queue:
                 lane.ready.clear()
                 await lane.ready.wait()
-            batch, groups, size = lane.queue.popleft()
-            lane.queued_bytes -= size
+            batch, groups, size = self._take(lane)
             stream = lane.stream
             if stream is None:
                 self._unreachable(link.peer, groups)
@@ -456,6 +456,26 @@ class GrpcTransport:
                 log.info("transport: write to node %d failed: %r", link.peer, exc)
                 self._detach(link, lane, stream)
                 self._unreachable(link.peer, groups)
+
+    @staticmethod
+    def _take(lane: _Lane) -> tuple[pb.Batch, set[str], int]:
+        """The next batch to write, with the batches queued behind it merged in
+        (up to BATCH_SPLIT_BYTES): a backlog that built up during one slow write
+        leaves in one write, not one per loop turn that added to it. Measured
+        with 1,000 busy groups at load 20: 200+ small batches queued on a
+        priority lane, heartbeats and votes behind them, followers timing out.
+        Merging keeps every message's order within its kind; a batch already
+        decodes its messages before its coalesced heartbeats, so the receiver
+        sees what one bigger flush would have given it."""
+        batch, groups, size = lane.queue.popleft()
+        lane.queued_bytes -= size
+        while lane.queue and size + lane.queue[0][2] <= BATCH_SPLIT_BYTES:
+            more, more_groups, more_size = lane.queue.popleft()
+            lane.queued_bytes -= more_size
+            batch.MergeFrom(more)  # repeated fields append; liveness stays set if either is
+            groups |= more_groups
+            size += more_size
+        return batch, groups, size
 
     # ---- the Raft stream -------------------------------------------------------
 
@@ -724,6 +744,25 @@ class _ChunkReader:
             if chunk.data:
                 self.received += len(chunk.data)
                 yield chunk.data
+
+
+def _drop_stale_commits(priority: _Lane, bulk: _Lane) -> None:
+    """Leave out a leader's commit-index appends (no entries, priority lane)
+    whose news an append with entries in the same flush, bulk lane, carries
+    too (same group, commit at least as high): at low load a commit's
+    `send_lazy` appends ride with the next proposal's flush, and over two lanes
+    they cost a second write per peer and commit. Raft tolerates the loss of
+    any message; this one says nothing the other does not."""
+    if not priority.pending or not bulk.pending:
+        return
+    carried: dict[str, int] = {}
+    for m in bulk.pending:
+        if m.type == MsgType.APP and m.commit > carried.get(m.group, -1):
+            carried[m.group] = m.commit
+    if carried:
+        priority.pending = [m for m in priority.pending
+                            if not (m.type == MsgType.APP and not m.entries
+                                    and carried.get(m.group, -1) >= m.commit)]
 
 
 async def _rechunk(data: AsyncIterator[bytes], size: int) -> AsyncIterator[bytes]:

@@ -231,7 +231,8 @@ async def _restore_from(svc: Any, key: str, path: str) -> dict[str, Any]:
         if key in svc.streams:
             raise ApiError.of("JSStreamNameExistRestoreFailedErr")
         configs = svc._configs(account)
-        stored, _created = stream_config.check_create(name, cfg, False, configs)
+        stored, _created = stream_config.check_create(name, cfg, False, configs,
+                                                      limits=svc.server_limits)
         svc.check_limits(account, stored, configs, creating=True)
         now = time.time_ns()
         assert svc.mr is not None

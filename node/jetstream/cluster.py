@@ -504,7 +504,8 @@ class ClusterJS:
         async with self.svc._meta_lock:
             configs = self.svc._configs(account)  # names, overlaps, limits: per account
             stored, created = stream_config.check_create(name, cfg, pedantic, configs,
-                                                         clustered=True)
+                                                         clustered=True,
+                                                         limits=self.svc.server_limits)
             key = jsaccount.key(account, stored["name"])
             if created:
                 self.svc.check_limits(account, stored, configs, creating=True)
@@ -515,6 +516,7 @@ class ClusterJS:
                 self.svc._stream_created(key)
         out = _as_reply(await self.stream_info_from_leader(key))
         out["type"] = replies.TYPE_PREFIX + "stream_create_response"
+        out.pop("domain", None)  # a create reply has none (nats-server 2.15.1)
         out["did_create"] = True  # also for an identical re-create, as nats-server says
         return out
 
@@ -524,7 +526,7 @@ class ClusterJS:
         async with self.svc._meta_lock:
             configs = self.svc._configs(account)
             stored = stream_config.check_update(stream, cfg, pedantic, configs,
-                                                clustered=True)
+                                                clustered=True, limits=self.svc.server_limits)
             self.svc.check_limits(account, stored, configs, creating=False)
             name = jsaccount.key(account, stream)
             a = self.catalogue().streams[name]
@@ -543,6 +545,7 @@ class ClusterJS:
         await self.sync_stream(name)
         out = _as_reply(await self.stream_info_from_leader(name))
         out["type"] = replies.TYPE_PREFIX + "stream_update_response"
+        out.pop("domain", None)  # clustered, nats-server's update reply has none (2.15.1)
         return out
 
     def stream_leader_hint(self, name: str) -> int:

@@ -21,6 +21,7 @@ from typing import Any
 from node.jetstream import gojson
 from node.jetstream.errors import ApiError, invalid_config
 from node.jetstream.gojson import BOOL, MAP_STRING, STRING, GoJsonError, GoType
+from node.jetstream.headers import format_go_duration
 from node.jetstream.transform import TransformError, validate_mapping
 from node.subject import FWC, subjects_collide, subset, valid_subject
 
@@ -217,12 +218,13 @@ def wire_external(ext: Config) -> dict[str, Any]:
 
 
 def check_create(subject_name: str, cfg: Config, pedantic: bool,
-                 streams: Mapping[str, Config], clustered: bool = False
-                 ) -> tuple[Config, bool]:
+                 streams: Mapping[str, Config], clustered: bool = False,
+                 limits: Mapping[str, int] | None = None) -> tuple[Config, bool]:
     """-> (the stored config, created?). An identical re-create returns the existing one.
-    `clustered`: replicas above 1 are allowed (node/jetstream/cluster.py places them)."""
+    `clustered`: replicas above 1 are allowed (node/jetstream/cluster.py places them).
+    `limits`: the server's `jetstream { limits {} }` (JetStreamOptions.limits)."""
     _check_subject_name(subject_name, cfg)
-    out = check_stream_config(cfg, streams, pedantic)
+    out = check_stream_config(cfg, streams, pedantic, limits)
     if out["sealed"]:
         raise invalid_config("stream configuration for create can not be sealed")
     if out["mirror_direct"] and out["mirror"] is None:
@@ -239,12 +241,13 @@ def check_create(subject_name: str, cfg: Config, pedantic: bool,
 
 
 def check_update(subject_name: str, cfg: Config, pedantic: bool,
-                 streams: Mapping[str, Config], clustered: bool = False) -> Config:
+                 streams: Mapping[str, Config], clustered: bool = False,
+                 limits: Mapping[str, int] | None = None) -> Config:
     _check_subject_name(subject_name, cfg)
     old = streams.get(cfg["name"])
     if old is None:
         raise ApiError.of("JSStreamNotFoundErr")
-    out = check_stream_config(cfg, streams, pedantic)
+    out = check_stream_config(cfg, streams, pedantic, limits)
     _check_update_rules(old, out)
     if out["num_replicas"] > 1 and not clustered:
         raise ApiError.of("JSStreamReplicasNotSupportedErr")
@@ -315,12 +318,13 @@ def _comparable(cfg: Config) -> Config:
 # check_stream_config: nats-server's checkStreamCfg, in its order
 
 
-def check_stream_config(cfg: Config, streams: Mapping[str, Config], pedantic: bool) -> Config:
+def check_stream_config(cfg: Config, streams: Mapping[str, Config], pedantic: bool,
+                        limits: Mapping[str, int] | None = None) -> Config:
     """Defaults applied and every rule checked; returns a new config, never mutates `cfg`."""
     _check_names(cfg)
     out = copy.deepcopy(cfg)
     _apply_limit_defaults(out, pedantic)
-    _check_ages(out, pedantic)
+    _check_ages(out, pedantic, (limits or {}).get("duplicate_window", 0))
     _check_feature_combinations(out, pedantic)
     _check_mirror(out, streams, pedantic)
     _check_sources(out, streams)
@@ -374,24 +378,31 @@ def _apply_limit_defaults(cfg: Config, pedantic: bool) -> None:
             cfg[name] = -1
 
 
-def _check_ages(cfg: Config, pedantic: bool) -> None:
+def _check_ages(cfg: Config, pedantic: bool, window_cap: int = 0) -> None:
+    """`window_cap`: the server's `limits { duplicate_window }` (0: none) lowers the default
+    window and caps a requested one."""
+    default_window = (min(DEFAULT_DUPLICATE_WINDOW_NS, window_cap) if window_cap > 0
+                      else DEFAULT_DUPLICATE_WINDOW_NS)
     max_age = cfg["max_age"]
     if max_age < 0:
         raise invalid_config("max age can not be negative")
     if 0 < max_age < MIN_WINDOW_NS:
         raise invalid_config("max age needs to be >= 100ms")
     if cfg["duplicate_window"] == 0 and cfg["mirror"] is None and not cfg["sources"]:
-        if max_age != 0 and max_age < DEFAULT_DUPLICATE_WINDOW_NS:
+        if max_age != 0 and max_age < default_window:
             if pedantic:
                 raise _pedantic("duplicate window cannot be bigger than max age")
             cfg["duplicate_window"] = max_age
         else:
-            cfg["duplicate_window"] = DEFAULT_DUPLICATE_WINDOW_NS
+            cfg["duplicate_window"] = default_window
     window = cfg["duplicate_window"]
     if window < 0:
         raise invalid_config("duplicates window can not be negative")
     if max_age != 0 and window > max_age:
         raise invalid_config("duplicates window can not be larger then max age")
+    if 0 < window_cap < window:
+        raise invalid_config("duplicates window can not be larger then server limit of "
+                             + format_go_duration(window_cap))
     if 0 < window < MIN_WINDOW_NS:
         raise invalid_config("duplicates window needs to be >= 100ms")
 

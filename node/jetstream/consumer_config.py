@@ -200,7 +200,8 @@ def _check_subject_form(api: ApiSubject, req: CreateRequest) -> None:
 def check_create(subject: str, req: CreateRequest, stream: Config | None,
                  consumers: Mapping[str, Config],
                  name_source: Callable[[], str] = lambda: "EPHEMERAL",
-                 clustered: bool = False) -> tuple[Config, str, bool]:
+                 clustered: bool = False,
+                 limits: Mapping[str, int] | None = None) -> tuple[Config, str, bool]:
     """-> (the consumer's stored config, its name, created?). A generated ephemeral name is
     not written into the config: nats-server echoes such a config without `name`."""
     api = parse_api_subject(subject)
@@ -214,8 +215,10 @@ def check_create(subject: str, req: CreateRequest, stream: Config | None,
         cfg["name"] = cfg["durable_name"]
     if cfg["num_replicas"] > 1 and not clustered:
         raise ApiError.of("JSStreamReplicasNotSupportedErr")
-    _apply_defaults(cfg, stream, req.pedantic)
+    server = limits or {}
+    _apply_defaults(cfg, stream, req.pedantic, server)
     _check_config(cfg, stream)
+    _check_server_limits(cfg, server)
     cfg["metadata"] = _with_levels(cfg)
     name = cfg["name"]
     existing = consumers.get(name) if name else None
@@ -271,7 +274,8 @@ def _pedantic(text: str) -> ApiError:
     return ApiError.of("JSPedanticErrF", err=text)
 
 
-def _apply_defaults(cfg: Config, stream: Config, pedantic: bool) -> None:
+def _apply_defaults(cfg: Config, stream: Config, pedantic: bool,
+                    server: Mapping[str, int]) -> None:
     if cfg["max_deliver"] == 0 or cfg["max_deliver"] < -1:
         if pedantic and cfg["max_deliver"] < -1:
             raise _pedantic("max_deliver must be set to -1")
@@ -303,7 +307,11 @@ def _apply_defaults(cfg: Config, stream: Config, pedantic: bool) -> None:
     if cfg["inactive_threshold"] == 0:
         cfg["inactive_threshold"] = limits.get("inactive_threshold", 0)
     if cfg["max_ack_pending"] == 0 and cfg["ack_policy"] != "none":
-        cfg["max_ack_pending"] = MAX_ACK_PENDING_DEFAULT
+        cap = server.get("max_ack_pending", 0)
+        cfg["max_ack_pending"] = (min(MAX_ACK_PENDING_DEFAULT, cap) if cap > 0
+                                  else MAX_ACK_PENDING_DEFAULT)
+    if not cfg["deliver_subject"] and cfg["max_batch"] == 0:
+        cfg["max_batch"] = max(server.get("max_request_batch", 0), 0)
     if cfg["priority_policy"] == "pinned_client" and cfg["priority_timeout"] == 0:
         cfg["priority_timeout"] = PINNED_TTL_DEFAULT_NS
     if not cfg["durable_name"] and cfg["inactive_threshold"] <= 0:
@@ -411,6 +419,16 @@ def _check_limits(cfg: Config, stream: Config) -> None:
     inactive = limits.get("inactive_threshold", 0)
     if inactive > 0 and cfg["inactive_threshold"] > inactive:
         raise ApiError.of("JSConsumerInactiveThresholdExcess", limit=format_go_duration(inactive))
+
+
+def _check_server_limits(cfg: Config, server: Mapping[str, int]) -> None:
+    """The server's `jetstream { limits {} }` (nats-server checks them after the stream's)."""
+    max_ack = server.get("max_ack_pending", 0)
+    if max_ack > 0 and cfg["max_ack_pending"] > max_ack:
+        raise ApiError.of("JSConsumerMaxPendingAckExcessErrF", limit=max_ack)
+    max_batch = server.get("max_request_batch", 0)
+    if max_batch > 0 and cfg["max_batch"] > max_batch:
+        raise ApiError.of("JSConsumerMaxRequestBatchExceededF", limit=max_batch)
 
 
 def _check_filters(cfg: Config) -> None:

@@ -21,8 +21,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
+
+# Not strict (`jetstream { strict: false }`): a list that collects the unknown-field errors a
+# decode in this context skipped, for the caller to log; None (the default): they refuse.
+LENIENT: ContextVar[list[str] | None] = ContextVar("gojson_lenient", default=None)
 
 _INT_RANGES = {
     "int64": (-(1 << 63), (1 << 63) - 1),
@@ -121,7 +126,7 @@ def _syntax(body: bytes) -> Any:
 def _syntax_text(text: str, exc: json.JSONDecodeError) -> str:
     pos = exc.pos
     if pos >= len(text.rstrip()):
-        return "unexpected EOF"
+        return "unexpected EOF" if LENIENT.get() is None else "unexpected end of JSON input"
     char = text[pos]
     offset = len(text[: pos + 1].encode())
     if exc.msg.startswith("Expecting property name"):
@@ -132,6 +137,10 @@ def _syntax_text(text: str, exc: json.JSONDecodeError) -> str:
         where = "after object key:value pair" if _in_object(text, pos) else "after array element"
     else:
         where = "looking for beginning of value"
+    if LENIENT.get() is not None:
+        # not strict, nats-server decodes with json.Unmarshal, whose syntax errors name no
+        # offset (its strict json.Decoder's do)
+        return f"invalid character {_char(char)} {where}"
     return f"invalid character {_char(char)} {where} at offset {offset}"
 
 
@@ -233,7 +242,11 @@ class _State:
         for key, item in value.items():
             name = key if key in t.fields else folded.get(key.casefold())
             if name is None:
-                self.save(f"json: unknown field {go_quote(key)}")
+                skipped = LENIENT.get()
+                if skipped is None:
+                    self.save(f"json: unknown field {go_quote(key)}")
+                else:
+                    skipped.append(f"json: unknown field {go_quote(key)}")
                 continue
             converted = self.convert(item, t.fields[name], path + [name])
             if converted is not None:

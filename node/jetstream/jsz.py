@@ -58,6 +58,8 @@ def _basic(server: Any) -> dict[str, Any]:
         return out
     config = {"max_memory": o.max_mem, "max_storage": o.max_file, "store_dir": svc.store_dir,
               "sync_interval": o.sync_interval}
+    if o.domain:
+        config["domain"] = o.domain
     if o.unique_tag:
         config["unique_tag"] = o.unique_tag
     streams = consumers = messages = size = 0

@@ -97,9 +97,7 @@ def jsz(server: Any, query: dict[str, str]) -> dict[str, Any]:
         "accounts": len(enabled), "ha_assets": 0, "api": api_stats,
         "server_id": server.server_id,
         "now": now,
-        "config": {"max_memory": o.max_mem, "max_storage": o.max_file,
-                   "store_dir": svc.store_dir, "sync_interval": _sync_interval(o.sync_interval),
-                   "strict": True},
+        "config": config_block(o, svc.store_dir),
         "limits": {"default_max_consumers": DEFAULT_MAX_CONSUMERS},
         "streams": streams, "consumers": consumers, "messages": messages, "bytes": size,
     }
@@ -146,10 +144,23 @@ def _name_tag(svc: Any, name: str) -> str:
     return getattr(conf, "name_tag", "") or name
 
 
-def _sync_interval(value: Any) -> int:
-    """nats-server reports its sync interval in ns; Jetraft syncs before every ack, which
-    `sync_interval: always` names, and says so as 0."""
-    return value if isinstance(value, int) else 0
+_DEFAULT_SYNC_NS = 120_000_000_000  # nats-server's default sync_interval (2m)
+
+
+def config_block(o: Any, store_dir: str) -> dict[str, Any]:
+    """The `config` of /jsz and of /varz's `jetstream`. `sync_always` is always true: Jetraft
+    fsyncs before every acknowledgement, whatever `sync_interval` says (nats-server writes
+    `sync_always` only for `sync_interval: always`); the interval is reported as configured."""
+    return {"max_memory": o.max_mem, "max_storage": o.max_file, "store_dir": store_dir,
+            "sync_interval": _sync_interval_ns(o.sync_interval), "sync_always": True,
+            **({"domain": o.domain} if o.domain else {}), "strict": o.strict}
+
+
+def _sync_interval_ns(value: str) -> int:
+    """`sync_interval` as written ("always", or a duration node/config.py checked) -> ns."""
+    from node.config import parse_duration
+
+    return _DEFAULT_SYNC_NS if value == "always" else int(parse_duration(value) * 1e9)
 
 
 def metric_lines(server: Any) -> list[str]:

@@ -195,8 +195,9 @@ class StreamMachine:
     loop's reads (plan, info) while an apply runs in the driver's apply worker."""
 
     def __init__(self, name: str, group: str, cfg: stream_config.Config, env: NodeEnv | None,
-                 sink: EffectSink, created_ns: int) -> None:
+                 sink: EffectSink, created_ns: int, domain: str = "") -> None:
         self.name = name
+        self.domain = domain  # the JetStream domain PubAcks name (node/jetstream/domain.py)
         self.group = group
         self.initial_cfg = cfg
         self.env = env
@@ -204,7 +205,7 @@ class StreamMachine:
         self.created_ns = created_ns
         self.lock = threading.RLock()
         self.store: Any = self._new_store()
-        self.stream = Stream(cfg, self.store)
+        self.stream = Stream(cfg, self.store, self.domain)
         # Result effects (purge, message delete) and Delivered effects by Raft index, for
         # the coroutine that proposed the entry; popped by it once `propose` resolves. Only
         # kept once `track` is set (after the start-up replay, whose entries nobody awaits).
@@ -297,7 +298,7 @@ class StreamMachine:
                 store = load_mem_image(self.group, f)
             with self.lock:
                 self.store = store
-                self.stream = Stream(self.initial_cfg, self.store)
+                self.stream = Stream(self.initial_cfg, self.store, self.domain)
                 self.results.clear()
                 self.delivered.clear()
                 self.events.clear()
@@ -311,7 +312,7 @@ class StreamMachine:
                     # A replica catching up (or a store that lost data): the image IS the state.
                     with self.lock:
                         load_image(self.store, src)
-                        self.stream = Stream(self.initial_cfg, self.store)
+                        self.stream = Stream(self.initial_cfg, self.store, self.domain)
                         self.results.clear()
                         self.delivered.clear()
                         self.events.clear()
@@ -323,7 +324,7 @@ class StreamMachine:
                     self.store.drop()
                 else:
                     self.store = self._new_store()
-                self.stream = Stream(self.initial_cfg, self.store)
+                self.stream = Stream(self.initial_cfg, self.store, self.domain)
                 self.results.clear()
                 self.delivered.clear()
                 self.events.clear()

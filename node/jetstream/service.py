@@ -42,7 +42,9 @@ from node.jetstream import (
     consumer_config,
     crypt,
     dirs,
+    domain,
     get,
+    gojson,
     jsaccount,
     ops,
     pause,
@@ -202,6 +204,9 @@ class JetStreamService:
     def __init__(self, server: Any) -> None:
         self.server = server
         self.log = server.log
+        # `jetstream { domain }` (node/jetstream/domain.py): named in PubAcks, stream and account
+        # info and advisories; "" none.
+        self.domain: str = server.options.jetstream.domain
         self.store_dir = os.path.abspath(server.options.jetstream.store_dir)
         self.env: NodeEnv | None = None
         self.mr: MultiRaft | None = None
@@ -243,6 +248,8 @@ class JetStreamService:
         dirs.prepare_store_dir(self.store_dir)  # durable directories (tests/durability)
         backup.sweep_uploads(self.store_dir)
         sealed = self._open_crypt()  # before the first byte is written: a wrong key changes nothing
+        if self.server.options.jetstream.domain:
+            self.log.info(f"  Domain:          {self.server.options.jetstream.domain}")
         self.env = NodeEnv(os.path.join(self.store_dir, "lmdb"), on_fatal=self._on_fatal_threadsafe,
                            sealer=sealed and sealed.lmdb, files=sealed and sealed.files,
                            tokens=sealed and sealed.tokens)
@@ -529,7 +536,7 @@ class JetStreamService:
         group = entry["group"]
         memory = cfg["storage"] == "memory"
         sm = StreamMachine(name, group, cfg, None if memory else self.env,
-                           self._effects_threadsafe, entry["created_ns"])
+                           self._effects_threadsafe, entry["created_ns"], self.domain)
         self.streams[name] = sm
         if self.jsc is not None:
             # The first peers bootstrap the group together; a peer added later (scaling,
@@ -636,9 +643,9 @@ class JetStreamService:
         self._accept_publish(name, subject, reply or "", hdr or b"", payload)
 
     def _accept_publish(self, name: str, subject: str, reply: str, hdr: bytes, payload: bytes
-                        ) -> asyncio.Future[Any] | None:
-        """A publish this node (the stream's leader) proposes; the future ends once it is
-        applied (or refused). None: nothing proposed for it yet (an open atomic batch)."""
+                        ) -> None:
+        """A publish this node (the stream's leader) proposes. Its PubAck is an apply
+        effect; a refusal (or an unknown outcome) is logged by `_not_acked`."""
         sm = self.streams.get(name)
         if sm is None:
             return None
@@ -648,16 +655,14 @@ class JetStreamService:
         if BatchCollector.is_batch(op):
             self._batch_message(sm, op)
             return None
-        # No task per publish (the PubAck is an apply effect): the proposal's future
-        # reports a failure, and a forwarded publish waits on it (cluster.py).
+        # No task nor Future per publish (the PubAck is an apply effect): the driver
+        # reports only a failure.
         assert self.mr is not None
         try:
-            fut = self.mr.propose_nowait(sm.group, ops.encode(op))
+            self.mr.propose_quiet(sm.group, ops.encode(op), self._not_acked, sm)
         except (ProposalDropped, KeyError, NotLeader) as exc:
             self._not_acked(sm, exc)
-            return None
-        fut.add_done_callback(lambda f: self._published(sm, f))
-        return fut
+        return None
 
     def _over_account_limit(self, sm: StreamMachine, op: ops.StreamMsg) -> bool:
         """nats-server refuses a publish that takes the stored bytes of the stream's tier
@@ -737,10 +742,6 @@ class JetStreamService:
         if self.jsc is not None and self.jsc.answer_token(subject, payload):
             return
         self._client(stream_key).publish(subject, None, payload, hdr)
-
-    def _published(self, sm: StreamMachine, fut: asyncio.Future[int]) -> None:
-        if not fut.cancelled() and fut.exception() is not None:
-            self._not_acked(sm, fut.exception())
 
     def _not_acked(self, sm: StreamMachine, exc: BaseException | None) -> None:
         # Not stored (or outcome unknown): no PubAck; the client's request times out and
@@ -871,13 +872,15 @@ class JetStreamService:
         client.publish(reply, None, _dumps(out))
 
     async def _serve(self, call: api.Call, subject: str, reply: str, body: bytes) -> None:
-        frames = await self._answer(call, subject, reply, body)
+        frames = await self._answer_lenient(call, subject, reply, body)
         client = self.clients[call.account]
         for hdr, data in frames:
             client.publish(reply, None, data, hdr)
-        if frames and call.op not in advisories.NOT_AUDITED:
+        if frames and (call.op not in advisories.NOT_AUDITED
+                       or (call.op == "STREAM.MSG.GET" and _is_error(frames[-1][1]))):
             # nats-server counts (and audits) a request once it has answered it, and
-            # leaves message reads and pull requests out of both.
+            # leaves message reads and pull requests out of both, but for a STREAM.MSG.GET
+            # that fails (counted as an error and audited, checked 2.15.1).
             data = frames[-1][1]
             self.api_total += 1
             self.api_errors += _is_error(data)
@@ -887,6 +890,19 @@ class JetStreamService:
             self._advise(advisories.api_audit(
                 self.server.server_name, self._requester(reply, call.account), subject, body,
                 data, *self._stamp()), call.account)
+
+    async def _answer_lenient(self, call: api.Call, subject: str, reply: str,
+                              body: bytes) -> Frames:
+        """`_answer`; with `strict: false` unknown request fields are logged, not refused
+        (this task's context only: each request is served in a task of its own)."""
+        if self.server.options.jetstream.strict:
+            return await self._answer(call, subject, reply, body)
+        skipped: list[str] = []
+        gojson.LENIENT.set(skipped)
+        frames = await self._answer(call, subject, reply, body)
+        for text in skipped:
+            self.log.warn(f"Invalid JetStream request '{call.account} > {subject}': {text}")
+        return frames
 
     async def _answer(self, call: api.Call, subject: str, reply: str, body: bytes,
                       hops: int = 0) -> Frames:
@@ -980,6 +996,7 @@ class JetStreamService:
         api_total, errors = self.api_counts.get(call.account, (0, 0))
         out: dict[str, Any] = {"type": replies.TYPE_PREFIX + "account_info_response",
                                **total, "limits": tiers.flat().to_info(),
+                               **({"domain": self.domain} if self.domain else {}),
                                "api": {"level": api.API_LEVEL, "total": api_total,
                                        "errors": errors}}
         if tiers.tiered:
@@ -988,6 +1005,11 @@ class JetStreamService:
                                 "limits": tiers.limits.get(t, jsaccount.ZERO).to_info()}
                             for t in sorted(set(tiers.limits) | set(usage))}
         return out
+
+    @property
+    def server_limits(self) -> dict[str, int]:
+        """`jetstream { limits {} }`, read at each request so that a reload applies."""
+        return self.server.options.jetstream.limits
 
     def check_limits(self, account: str, cfg: dict[str, Any],
                      configs: dict[str, stream_config.Config], creating: bool) -> None:
@@ -1021,7 +1043,8 @@ class JetStreamService:
         cfg, pedantic = stream_config.parse_request(body)
         async with self._meta_lock:
             configs = self._configs(call.account)
-            stored, created = stream_config.check_create(call.stream, cfg, pedantic, configs)
+            stored, created = stream_config.check_create(call.stream, cfg, pedantic, configs,
+                                                         limits=self.server_limits)
             if created:
                 self.check_limits(call.account, stored, configs, creating=True)
                 now = time.time_ns()
@@ -1047,7 +1070,8 @@ class JetStreamService:
         cfg, pedantic = stream_config.parse_request(body)
         async with self._meta_lock:
             configs = self._configs(call.account)
-            stored = stream_config.check_update(call.stream, cfg, pedantic, configs)
+            stored = stream_config.check_update(call.stream, cfg, pedantic, configs,
+                                                limits=self.server_limits)
             self.check_limits(call.account, stored, configs, creating=False)
             sm = self._stream(self._key(call))
             await self._propose(sm, ops.UpdateConfig(
@@ -1057,7 +1081,9 @@ class JetStreamService:
             self._advise(advisories.stream_action("modify", call.stream, *self._stamp()),
                          call.account)
         # nats-server's update reply carries the live mirror / sources blocks
-        return self.sourcing.info(self._stream_reply("stream_update_response", sm), sm)
+        return domain.with_domain(
+            self.sourcing.info(self._stream_reply("stream_update_response", sm), sm),
+            self.domain)
 
     async def _h_stream_info(self, call: api.Call, subject: str, reply: str, body: bytes
                              ) -> dict[str, Any]:
@@ -1075,24 +1101,61 @@ class JetStreamService:
                 self.jsc.cluster_info(sm.group)
             at = next((k for k in ("mirror", "sources") if k in out), "ts")
             out = _insert_before(self.sourcing.info(out, sm), at, "cluster", cluster)
+            out = domain.with_domain(out, self.domain)
         return out
 
     async def _h_stream_delete(self, call: api.Call, subject: str, reply: str, body: bytes
                                ) -> dict[str, Any]:
         requests.check_stream_delete(body)
         if self.jsc is not None:
+            consumers = await self._consumer_names_anywhere(call)
             out = await self.jsc.delete_stream(self._key(call))
-            self._advise(advisories.stream_action("delete", call.stream, *self._stamp()),
-                         call.account)
+            if out.get("success"):
+                self._advise_deleted(call, consumers)
             return out
         async with self._meta_lock:
             k = self._stream(self._key(call)).name
+            consumers = self._consumer_names(k)
             assert self.mr is not None
             await self.mr.propose(META_GROUP, _dumps(cluster_meta.delete(k)))
             await self._close_stream(k)
-            self._advise(advisories.stream_action("delete", call.stream, *self._stamp()),
-                         call.account)
+            self._advise_deleted(call, consumers)
         return {"type": replies.TYPE_PREFIX + "stream_delete_response", "success": True}
+
+    def _consumer_names(self, key: str) -> list[str]:
+        """The consumers of a stream hosted here (none known: not hosted on this node)."""
+        sm = self.streams.get(key)
+        if sm is None:
+            return []
+        with sm.lock:
+            return list(sm.stream.consumers)
+
+    async def _consumer_names_anywhere(self, call: api.Call) -> list[str]:
+        """Clustered: the consumers whose deletion a stream's delete advises. A 2.15.1
+        cluster advises those of an R1 stream only (probed: an R3 stream's consumer got
+        none). From the stream's leader when this node does not host it; [] when nobody
+        answers."""
+        cfg = self._configs(call.account).get(call.stream)
+        if cfg is None or int(cfg.get("num_replicas") or 1) > 1:
+            return []
+        if self._key(call) in self.streams:
+            return self._consumer_names(self._key(call))
+        names = api.Call("CONSUMER.NAMES", call.stream, account=call.account)
+        try:
+            frames = await self._answer(names, f"{api.API_PREFIX}CONSUMER.NAMES.{call.stream}",
+                                        "", b"")
+            return list(json.loads(frames[0][1]).get("consumers") or [])
+        except (IndexError, ValueError, TypeError, AttributeError):
+            return []
+
+    def _advise_deleted(self, call: api.Call, consumers: list[str]) -> None:
+        """A deleted stream's advisories: each of its consumers deleted, then the stream, as
+        nats-server sends them (checked, 2.15.1)."""
+        for name in consumers:
+            self._advise(advisories.consumer_action("delete", call.stream, name,
+                                                    *self._stamp()), call.account)
+        self._advise(advisories.stream_action("delete", call.stream, *self._stamp()),
+                     call.account)
 
     async def _h_stream_purge(self, call: api.Call, subject: str, reply: str, body: bytes
                               ) -> dict[str, Any]:
@@ -1122,9 +1185,11 @@ class JetStreamService:
         for k, sm in self.streams.items():
             if _acc(k) != call.account:
                 continue
-            full = self.sourcing.info(self._stream_reply("stream_info_response", sm), sm)
-            infos[_name(k)] = {f: full[f] for f in ("created", "state", "mirror", "sources", "ts")
-                               if f in full}
+            # clustered, nats-server's list items carry no domain (2.15.1)
+            full = domain.with_domain(
+                self.sourcing.info(self._stream_reply("stream_info_response", sm), sm),
+                self.domain if self.jsc is None else "")
+            infos[_name(k)] = {f: full[f] for f in _LIST_FIELDS if f in full}
         configs = self._configs(call.account)
         if self.jsc is not None:  # the streams this node does not host: from their leaders
             for name in configs:
@@ -1134,8 +1199,8 @@ class JetStreamService:
                             jsaccount.key(call.account, name))
                     except ApiError:
                         continue
-                    infos[name] = {k: full[k] for k in ("created", "state", "mirror", "sources",
-                                                        "ts") if k in full}
+                    infos[name] = {k: full[k] for k in _LIST_FIELDS
+                                   if k in full and k != "domain"}
         return requests.list_reply(configs, body, infos)
 
     async def _h_stream_msg_get(self, call: api.Call, subject: str, reply: str, body: bytes
@@ -1270,7 +1335,7 @@ class JetStreamService:
         cfg, name, created = consumer_config.check_create(
             subject, req, stream_cfg, existing,
             name_source=lambda: "".join(secrets.choice(_NAME_CHARS) for _ in range(8)),
-            clustered=self.jsc is not None)
+            clustered=self.jsc is not None, limits=self.server_limits)
         assert sm is not None
         if created:
             # the stream's max_consumers, or the account's when stricter (nats-server)
@@ -1784,8 +1849,11 @@ class JetStreamService:
             self._pump(*names)
 
     def _advise(self, advisory: tuple[str, bytes], account: str = jsaccount.GLOBAL) -> None:
-        """Advisories go out in the account whose stream or request they are about."""
+        """Advisories go out in the account whose stream or request they are about; with a
+        domain, each names it last, as nats-server's advisory structs do."""
         subject, body = advisory
+        if self.domain:
+            body = domain.append_to_event(body, self.domain)
         client = self.clients.get(account)
         if client is not None:
             client.publish(subject, None, body)
@@ -1962,6 +2030,10 @@ def _client_info(client: Any, server: str) -> dict[str, Any]:
     return info
 
 
+# A STREAM.LIST item: the stream info's fields but config (listed as stored) and cluster.
+_LIST_FIELDS = ("created", "state", "domain", "mirror", "sources", "ts")
+
+
 def _insert_before(out: dict[str, Any], key: str, new_key: str, value: Any) -> dict[str, Any]:
     """`out` with `new_key` placed before `key` (nats-server's field order)."""
     res: dict[str, Any] = {}
@@ -2000,7 +2072,8 @@ def _may_expire(sm: StreamMachine) -> bool:
     """Only `max_age` or per-message TTLs expire messages; TTLs need `allow_msg_ttl`, which
     an update cannot turn off (and `subject_delete_marker_ttl` turns on)."""
     cfg = sm.stream.cfg  # replaced whole on update: a consistent read without the lock
-    return cfg["max_age"] > 0 or bool(cfg.get("allow_msg_ttl"))
+    return (cfg["max_age"] > 0 or bool(cfg.get("allow_msg_ttl"))
+            or bool(cfg.get("allow_msg_schedules")))
 
 
 def _expiry_due(sm: StreamMachine, now: int) -> bool:

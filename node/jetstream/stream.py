@@ -28,6 +28,7 @@ from typing import Any
 
 from node.jetstream import headers as h
 from node.jetstream import ops, sourcing
+from node.jetstream import schedule as sch
 from node.jetstream.config import Config
 from node.jetstream.config import from_wire as config_from_wire
 from node.jetstream.consumer import AckKind, Advisory, Consumer, ConsumerState
@@ -35,11 +36,14 @@ from node.jetstream.consumer_config import from_wire as consumer_from_wire
 from node.jetstream.errors import ApiError
 from node.jetstream.store import StoredMsg, StreamStore
 from node.jetstream.transform import apply_mapping
-from node.subject import compile_matcher, is_literal
+from node.subject import compile_matcher, is_literal, subject_matches
 
 MAX_HEADER_BYTES = 64 * 1024
 MIN_TTL_NS = 1_000_000_000
 EXPIRE_BATCH = 10_000  # TTL expiries handled per entry: bounds one apply's work
+# A schedule's next fire shares the TTL index with expiries: its key's seq has this bit set.
+# Sequences never reach 2**63, and the index then needs no store format of its own.
+SCHED_FLAG = 1 << 63
 _U64 = struct.Struct("<Q")
 _CONSUMER_CFG = "consumer:"  # store meta key prefix of a consumer's config JSON
 _MAX_KEY = 511  # LMDB's key size limit (the default build)
@@ -468,6 +472,7 @@ class Stream:
             raise ApiError.of("JSStreamWrongLastMsgIDErrF", id=self.last_msg_id)
         rollup = self._check_rollup(op.hdr)
         ttl = self._check_ttl(op.hdr)
+        self._check_schedule(op.hdr, op.subject)
         self._check_discard_new(op)
         return rollup, ttl
 
@@ -555,6 +560,18 @@ class Stream:
             raise ApiError.of("JSMessageTTLInvalidErr")
         return ttl
 
+    def _check_schedule(self, hdr: bytes, subject: str) -> None:
+        if not (h.get(hdr, sch.SCHEDULE) or h.get(hdr, sch.NEXT) is not None
+                or h.get(hdr, sch.SCHEDULER) is not None):
+            return
+        if not self.cfg.get("allow_msg_schedules"):
+            raise ApiError.of("JSMessageSchedulesDisabledErr")
+        sch.check(hdr, subject, self._captures, self.cfg["allow_msg_ttl"])
+        sch.check_cancel(hdr, subject)
+
+    def _captures(self, subject: str) -> bool:
+        return any(subject_matches(p, subject) for p in self.cfg["subjects"] or [self.cfg["name"]])
+
     def _check_discard_new(self, op: ops.StreamMsg) -> None:
         cfg = self.cfg
         if cfg["discard"] != "new":
@@ -585,6 +602,10 @@ class Stream:
     def _store_msg(self, op: ops.StreamMsg, rollup: str, ttl: int) -> list[Effect]:
         subject = self._stored_subject(op.subject)
         data, total, hdr = op.data, None, op.hdr
+        schedule = self._schedule_of(hdr, subject)
+        if schedule is not None:
+            # one schedule per subject: nats-server stores it with a subject rollup
+            hdr, rollup = _merge_headers(hdr, [(h.ROLLUP, "sub")]), "sub"
         marker_ttl = self.cfg.get("subject_delete_marker_ttl", 0)
         if 0 < ttl < marker_ttl:
             # nats-server raises a message TTL to the marker TTL, so a marker never outlives
@@ -609,8 +630,11 @@ class Stream:
             self.store.put_dedup(msg_id, seq, op.now_ns)
         if ttl > 0:
             self.store.add_ttl(op.now_ns + ttl, seq)
+        if schedule is not None:
+            self.store.add_ttl(schedule.first(op.now_ns), seq | SCHED_FLAG)
         effects: list[Effect] = [Stored(seq, subject)]
         removed = self._rollup(rollup, subject, seq) + self._enforce_limits(subject)
+        removed += self._cancel_schedule(hdr, subject)
         if self.cfg["retention"] == "interest" and not self._interested(subject):
             self._remove(seq)  # nobody will ever want it: nats-server drops it at once
             removed.append(seq)
@@ -618,6 +642,56 @@ class Stream:
             effects.append(Removed(tuple(removed)))
         effects.extend(self._republish(seq, subject, op, previous_of_subject))
         return effects + self._pub_ack(op.reply, seq, total=total)
+
+    def _schedule_of(self, hdr: bytes, subject: str) -> sch.Schedule | None:
+        """The schedule a message being stored holds (checked already), or None."""
+        if not self.cfg.get("allow_msg_schedules") or not hdr:
+            return None
+        value = h.get(hdr, sch.SCHEDULE)
+        return sch.parse(value, h.get(hdr, sch.TIME_ZONE)) if value else None
+
+    def _cancel_schedule(self, hdr: bytes, subject: str) -> list[int]:
+        """`Nats-Schedule-Next: purge` with `Nats-Scheduler` (a client's cancel, or what a
+        one-shot schedule published) removes the schedule held on that subject."""
+        if not self.cfg.get("allow_msg_schedules") or not hdr:
+            return []
+        scheduler = h.get(hdr, sch.SCHEDULER)
+        if not scheduler or scheduler == subject or h.get(hdr, sch.NEXT) != sch.NEXT_PURGE:
+            return []
+        removed = []
+        at = self.store.first_for_subject(scheduler)
+        while at:
+            msg = self.store.load(at)
+            if msg is not None and h.get(msg.hdr, sch.SCHEDULE) and self._remove(at):
+                removed.append(at)
+            at = self.store.first_for_subject(scheduler, at + 1)
+        return removed
+
+    def _fire(self, due_ns: int, seq: int, now_ns: int) -> list[Effect]:
+        """Publish what the schedule stored at `seq` holds (it may be gone: a stale key)."""
+        msg = self.store.load(seq)
+        value = h.get(msg.hdr, sch.SCHEDULE) if msg is not None else None
+        if msg is None or not value:
+            return []
+        schedule = sch.parse(value, h.get(msg.hdr, sch.TIME_ZONE))
+        nxt = sch.NEXT_PURGE
+        if schedule.repeats:
+            next_ns = schedule.next_after(due_ns, now_ns)
+            self.store.add_ttl(next_ns, seq | SCHED_FLAG)
+            nxt = sch.format_next(next_ns)
+        body_hdr, data = msg.hdr, msg.data
+        source = h.get(msg.hdr, sch.SOURCE)
+        if source:
+            last = self.store.last_for_subject(source)
+            held = self.store.load(last) if last else None
+            if held is not None:
+                body_hdr, data = held.hdr, held.data
+        ttl_text = h.get(msg.hdr, sch.TTL) or ""
+        rollup = h.get(msg.hdr, sch.ROLLUP) or ""
+        hdr = sch.generated_headers(body_hdr, msg.subject, nxt, ttl_text, rollup)
+        ttl = h.parse_ttl(ttl_text) if ttl_text else 0
+        target = h.get(msg.hdr, sch.TARGET) or ""
+        return self._store_msg(ops.StreamMsg(now_ns, target, "", hdr, data), rollup, ttl or 0)
 
     def _put(self, msg: StoredMsg) -> None:
         self.store.store(msg)
@@ -695,11 +769,15 @@ class Stream:
         """Remove what per-message TTLs, then max_age, expired by `now_ns`; both leave
         subject delete markers (reason `MaxAge` for both, as nats-server writes them)."""
         aged: list[StoredMsg] = []
+        fired: list[Effect] = []
         for _expires, seq in self.store.due_ttls(now_ns, EXPIRE_BATCH):
+            self.store.remove_ttl(_expires, seq)
+            if seq & SCHED_FLAG:
+                fired += self._fire(_expires, seq & ~SCHED_FLAG, now_ns)
+                continue
             msg = self.store.load(seq)
             if msg is not None and self._remove(seq):
                 aged.append(msg)
-            self.store.remove_ttl(_expires, seq)
         max_age = self.cfg["max_age"]
         if max_age > 0 and (self._head is None or self._head[1] <= now_ns - max_age):
             self._head = _EMPTY
@@ -712,7 +790,7 @@ class Stream:
                 aged.append(msg)
         self.store.prune_dedup(now_ns - self.cfg["duplicate_window"], EXPIRE_BATCH)
         effects: list[Effect] = [Removed(tuple(m.seq for m in aged))] if aged else []
-        return effects + self._delete_markers(aged, now_ns)
+        return fired + effects + self._delete_markers(aged, now_ns)
 
     def _delete_markers(self, aged: list[StoredMsg], now_ns: int) -> list[Effect]:
         """`subject_delete_marker_ttl`: when expiry removed the last message of a subject,

@@ -17,20 +17,22 @@ from node.cluster.local import LocalCluster, LocalNode
 
 
 class JsCluster(LocalCluster):
-    """A LocalCluster whose `jetstream {}` block can carry `unique_tag`."""
+    """A LocalCluster whose `jetstream {}` block can carry `unique_tag` and `domain`."""
 
     def __init__(self, directory: str | Path, n: int = 3, *, unique_tag: str = "",
-                 tags: Sequence[Sequence[str]] = (), name: str = "C1") -> None:
+                 tags: Sequence[Sequence[str]] = (), name: str = "C1", domain: str = "") -> None:
         super().__init__(directory, n, name=name, tags=tags)
         self.unique_tag = unique_tag
+        self.domain = domain
 
     def config_for(self, node: LocalNode) -> str:
         conf = super().config_for(node)
-        if self.unique_tag:
+        extra = "".join(f", {k}: {json.dumps(v)}" for k, v in
+                        (("unique_tag", self.unique_tag), ("domain", self.domain)) if v)
+        if extra:
             store = json.dumps(str(node.dir / "data"))
             conf = conf.replace(f"jetstream {{ store_dir: {store} }}",
-                                f"jetstream {{ store_dir: {store}, unique_tag: "
-                                f"{json.dumps(self.unique_tag)} }}")
+                                f"jetstream {{ store_dir: {store}{extra} }}")
         return conf
 
     def wait_js(self, nodes: Sequence[LocalNode] | None = None, timeout: float = 40.0) -> None:

@@ -7,12 +7,9 @@ every message, and no marker is readable in any file of any node's store."""
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from nats.errors import NoRespondersError, TimeoutError
@@ -68,7 +65,9 @@ async def _publish(node: LocalNode, lo: int, hi: int) -> None:
     await nc.close()
 
 
-async def test_r3_encrypted_replicas_catch_up_and_leak_nothing(crypt3: CryptCluster) -> None:
+@pytest.mark.timeout(600)  # the audit at the end runs Spark jobs (and may start the session)
+async def test_r3_encrypted_replicas_catch_up_and_leak_nothing(crypt3: CryptCluster,
+                                                               audit_spark: Any) -> None:
     nc = await connect(crypt3.nodes[0])
     js = nc.jetstream(timeout=10)
     await js.add_stream(name="K", subjects=["k"], num_replicas=3, allow_direct=True,
@@ -95,27 +94,32 @@ async def test_r3_encrypted_replicas_catch_up_and_leak_nothing(crypt3: CryptClus
                 data = path.read_bytes()
                 leaks += [(str(path), m) for m in (MARK, DESC) if m.encode() in data]
     assert leaks == []
-    _audit_with_key(crypt3, crypt3.nodes[0].dir.parent)
+    _audit_with_key(audit_spark, crypt3, crypt3.nodes[0].dir.parent)
 
 
-def _audit_with_key(cluster: CryptCluster, work: Path) -> None:
-    """`jetraft audit --key-file` over the three stopped stores: each node seals with its own
-    data keys and nonces, so only payloads opened before hashing agree across nodes; zero
-    violations expected (exit 0). Skipped without the audit extra or Java."""
-    if os.environ.get("JETRAFT_NO_AUDIT") or shutil.which("java") is None:
+def _audit_with_key(spark: Any, cluster: CryptCluster, work: Path) -> None:
+    """The audit with the key from a key file (what `jetraft audit --key-file` reads) over
+    the three stopped stores: each node seals with its own data keys and nonces, so only
+    payloads opened before hashing agree across nodes; zero violations expected. It runs in
+    the cluster tests' shared Spark session (conftest `audit_spark`: no JVM start of its own;
+    the command line with a key runs in tests/audit/test_audit_encrypted.py). Skipped
+    without the audit extra or Java (`audit_spark` is None)."""
+    if spark is None:
         return
-    pytest.importorskip("pyspark")
+    from audit.job import run
+    from audit.keyring import Keyring, load_key
+    from audit.report import build
+    from tests.cluster.audithelp import assert_clean, live
+
     key_file = work / "audit.key"
     key_file.write_text(KEY + "\n")
+    loaded = load_key(str(key_file), None, None)
+    assert loaded is not None
+    key, cipher, prev = loaded
     dirs = [str(n.dir / "data") for n in cluster.nodes]
-    proc = subprocess.run([sys.executable, "-m", "node.cli", "audit", *dirs, "--key-file",
-                           str(key_file), "--out", str(work / "audit-report"),
-                           "--master", "local[1]"],
-                          capture_output=True, text=True, timeout=600)
-    report = work / "audit-report" / "report.json"
-    findings = json.loads(report.read_text())["findings"] if report.exists() else None
-    assert proc.returncode == 0, (proc.stdout[-2000:], proc.stderr[-2000:], findings)
-    assert len(json.loads(report.read_text())["stats"]["encrypted_nodes"]) == 3
+    report = build(run(live(spark), dirs, keyring=Keyring(key, cipher, prev_key=prev)))
+    assert_clean(report)
+    assert len(report["stats"]["encrypted_nodes"]) == 3
 
 
 async def _holds(node: LocalNode, seq: int) -> bool:

@@ -37,6 +37,11 @@ def _start_encrypted(servers: Servers, disk: PowerDisk) -> ServerProc:
 async def test_power_cuts_with_encryption_lose_nothing_acknowledged(
         power_disk: Callable[..., PowerDisk], servers: Servers, model: str,
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # CI: the torn model only (directory entries revert as strictly as in `strict`, dirty
+    # pages are torn at random); test_power_loss.py runs both models unencrypted, and the
+    # key rotation test below cuts on the strict model. Both here with JETRAFT_LONG=1.
+    if model == "strict" and not power.LONG:
+        pytest.skip("the encrypted strict model runs with JETRAFT_LONG=1")
     monkeypatch.setenv("JETRAFT_JS_SNAPSHOT_EVERY", "200")
     monkeypatch.setattr(power, "_start", _start_encrypted)
     seed = int(os.environ.get("JETRAFT_POWER_SEED", str(random.randrange(1 << 30))))

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import nats
+import pytest
 
 from tests.integration.conftest import ServerProc, Servers
 
@@ -58,10 +59,14 @@ async def _script(server: ServerProc) -> list[Any]:
         await nc.close()
 
 
-async def test_external_origins_on_one_server_as_nats_server(servers: Servers,
-                                                             tmp_path: Path) -> None:
-    theirs = servers.nats_server(args=["-js", "-sd", str(tmp_path / "theirs")])
-    ours = servers.jetraft(args=["-js", "-sd", str(tmp_path / "ours")])
+@pytest.mark.parametrize("domain", ["", "hub"])
+async def test_external_origins_on_one_server_as_nats_server(servers: Servers, tmp_path: Path,
+                                                             domain: str) -> None:
+    """With `domain: hub` the server answers `$JS.hub.API` itself (docs/notes/domain.md):
+    nats-server still copies nothing through it onto the same server."""
+    conf = 'jetstream { store_dir: "%s"' + (f", domain: {domain}" if domain else "") + " }"
+    theirs = servers.nats_server(config=conf % (tmp_path / "theirs"))
+    ours = servers.jetraft(config=conf % (tmp_path / "ours"))
     their_out = await _script(theirs)
     our_out = await _script(ours)
     assert their_out[3]["error"]["err_code"] == 10021

@@ -8,6 +8,7 @@ transaction lost) take acknowledged entries with it: the WAL no longer has them 
 
 from __future__ import annotations
 
+import io
 import os
 import threading
 from pathlib import Path
@@ -17,7 +18,7 @@ import pytest
 
 from node.jetstream import config, ops
 from node.jetstream.machines import MetaMachine, StoreLostError, StreamMachine
-from node.jetstream.store.lmdbstore import NodeEnv
+from node.jetstream.store.lmdbstore import LmdbStore, NodeEnv, dump_image
 
 
 def _cfg(name: str = "S") -> config.Config:
@@ -34,10 +35,16 @@ def _machine(env: NodeEnv, sink: Any = None) -> StreamMachine:
 
 
 def test_applies_in_one_transaction_and_sends_pub_acks(tmp_path: Path) -> None:
-    env = NodeEnv(str(tmp_path / "env"))
+    env = NodeEnv(str(tmp_path / "env"), sync_interval=None)
     seen: list[Any] = []
     sm = _machine(env, lambda _sm, effects: seen.extend(effects))
+    before = env.env.info()["last_txnid"]
     sm.apply_batch([(i, _msg(i)) for i in range(2, 7)])
+    # ONE commit: the messages, their counters and the applied index are one LMDB
+    # transaction, so a sync point (and so a restart, which trusts the counters) has all
+    # of them or none.
+    assert env.env.info()["last_txnid"] == before + 1
+    assert sm.store.msgs() == 5
     acks = [e.payload for e in seen if type(e).__name__ == "Reply"]
     assert acks[0] == b'{"stream":"S","seq":1}' and len(acks) == 5
     assert sm.applied_index() == 6
@@ -221,3 +228,67 @@ def test_memory_image_carries_the_messages(tmp_path: Path) -> None:
     with pytest.raises(ValueError):
         dst.restore_from(image)
     assert dst.stream.last_seq == 11
+
+
+def _kv_cfg() -> config.Config:
+    """Per-subject limit 2: most publishes also remove a message (counters go both ways)."""
+    raw = b'{"name":"S","subjects":["s.>"],"max_msgs_per_subject":2}'
+    cfg, pedantic = config.parse_request(raw)
+    return config.check_create("S", cfg, pedantic, {})[0]
+
+
+def _kv_msg(i: int) -> bytes:
+    hdr = f"NATS/1.0\r\nNats-Msg-Id: id{i}\r\n\r\n".encode()
+    return ops.encode(ops.StreamMsg(1_000 + i, f"s.{i % 97}", "", hdr, b"x" * (i % 50)))
+
+
+def _image_state(env: NodeEnv) -> tuple[int, bytes]:
+    """The applied index and the exact bytes of the stream's image, from a new store."""
+    buf = io.BytesIO()
+    index = dump_image(LmdbStore(env, "js.S.1"), buf)
+    return index, buf.getvalue()
+
+
+def test_an_export_taken_while_applies_go_on_is_the_state_at_its_index(
+        tmp_path: Path) -> None:
+    """The catch-up image is exported in a worker thread while the apply worker commits
+    batch after batch: it must be exactly the state at the index it names (ONE read
+    transaction), never the messages of one state with the counters, dedup ids or applied
+    index of another. Each export, installed on an empty replica, equals a replica that
+    applied the log up to that index itself, byte for byte; the replica then applies the
+    rest of the log and ends equal to the leader."""
+    entries = [(i, _kv_msg(i)) for i in range(2, 3002)]
+    src_env = NodeEnv(str(tmp_path / "src"))
+    src = StreamMachine("S", "js.S.1", _kv_cfg(), src_env, lambda sm, e: None, 1)
+    src.full_images = True
+    src.apply_batch(entries[:1500])  # a stream big enough that an export takes a while
+    stop = threading.Event()
+
+    def applier() -> None:
+        for at in range(1500, len(entries), 7):
+            src.apply_batch(entries[at:at + 7])
+        stop.set()
+
+    worker = threading.Thread(target=applier)
+    worker.start()
+    exports: list[tuple[int, str]] = []
+    while not stop.is_set() and len(exports) < 3:
+        path = str(tmp_path / f"export{len(exports)}")
+        exports.append((src.export_to(path), path))
+    worker.join(60)
+    assert len({i for i, _ in exports}) > 1, "the applies did not overlap the exports"
+    for n, (index, path) in enumerate(exports):
+        ref_env = NodeEnv(str(tmp_path / f"ref{n}"))
+        ref = StreamMachine("S", "js.S.1", _kv_cfg(), ref_env, lambda sm, e: None, 1)
+        ref.apply_batch([e for e in entries if e[0] <= index])
+        dst_env = NodeEnv(str(tmp_path / f"dst{n}"))
+        dst = StreamMachine("S", "js.S.1", _kv_cfg(), dst_env, lambda sm, e: None, 1)
+        dst.full_images = True
+        dst.restore_from(path)
+        assert _image_state(dst_env) == _image_state(ref_env), \
+            f"export {n} (index {index}) is not the state at that index"
+        dst.apply_batch(entries)  # the log after the snapshot; what it holds is skipped
+        assert _image_state(dst_env) == _image_state(src_env)
+        ref_env.close()
+        dst_env.close()
+    src_env.close()

@@ -246,3 +246,73 @@ async def test_a_small_sync_is_fsynced_on_the_loop_a_big_one_in_the_wal_thread(t
         finally:
             await mr.stop()
             store.close()
+
+
+async def until_idle(mr: MultiRaft) -> None:
+    async with asyncio.timeout(30):
+        while any(g.snapshotting for g in mr._groups.values()):
+            await asyncio.sleep(0.01)
+
+
+async def test_propose_quiet_reports_exactly_the_proposals_that_fail(tmp_path):
+    """`propose_quiet` keeps no Future: an applied proposal reports nothing, one that
+    cannot commit (here: the node stops with them queued) reports once, in a later loop
+    turn, to `on_error(arg, exc)`; a follower refuses at once with NotLeader."""
+    from raft.multigroup import NotLeader, ProposalDropped
+
+    store = LmdbStore(str(tmp_path / "sm"))
+    mr = await _node(tmp_path)
+    sm = LmdbSM(store, "g")
+    errors: list[tuple[int, Exception]] = []
+    try:
+        mr.add_group("g", [1], state_machine=sm)
+        await mr.start()
+        await mr.wait_leader("g")
+        for k in range(50):
+            mr.propose_quiet("g", b"a%d" % k, lambda arg, exc: errors.append((arg, exc)), k)
+        await mr.propose("g", b"barrier")
+        assert errors == [] and len(sm.entries()) == 51
+        for k in range(50, 80):
+            mr.propose_quiet("g", b"b%d" % k, lambda arg, exc: errors.append((arg, exc)), k)
+        assert errors == []  # never inside the proposing call
+        await mr.stop()
+        await asyncio.sleep(0)
+        applied = {d for _, d in sm.entries()}
+    finally:
+        await mr.stop()
+        store.close()
+    failed = {arg for arg, _ in errors}
+    assert all(isinstance(exc, ProposalDropped) for _, exc in errors)
+    assert len(errors) == len(failed)  # once each
+    for k in range(50, 80):
+        assert (b"b%d" % k in applied) != (k in failed), k  # applied, or reported: not both
+    assert failed, "stopping with proposals queued must report them"
+    mr2 = await _node(tmp_path / "f")
+    mr2.add_group("h", [1, 2], state_machine=LmdbSM(LmdbStore(str(tmp_path / "sm2")), "h"))
+    with pytest.raises(NotLeader):
+        mr2.propose_quiet("h", b"x", lambda *_: None)
+
+
+async def test_a_group_that_pins_the_oldest_segment_lets_it_go(tmp_path):
+    """A group far below `snapshot_every` is still snapshotted when it pins the oldest
+    WAL segment (`_snapshot_pinning`), so the WAL does not grow without bound."""
+    store = LmdbStore(str(tmp_path / "sm"))
+    mr = MultiRaft(1, NodeLog(str(tmp_path / "wal"), segment_bytes=4096), _NoPeers(),
+                   snap_dir=str(tmp_path / "snap"), tick_interval_s=0.01,
+                   snapshot_every=10**9)
+    sm = LmdbSM(store, "g")
+    try:
+        mr.add_group("g", [1], state_machine=sm)
+        await mr.start()
+        await mr.wait_leader("g")
+        for k in range(800):
+            await mr.propose("g", b"%04d" % k + b"v" * 96)
+        async with asyncio.timeout(30):
+            while mr.status("g")["first_index"] < 700:  # compacted by a pinning snapshot
+                await asyncio.sleep(0.05)
+        await mr.propose("g", b"after")  # obsolete segments go after the next sync
+        assert len(mr.node_log.segments()) <= 3, mr.node_log.segments()
+        assert len(sm.entries()) == 801
+    finally:
+        await mr.stop()
+        store.close()

@@ -15,7 +15,7 @@ from proto import cluster_pb2 as pb
 from proto import cluster_pb2_grpc as pb_grpc
 from raft.codec import decode_batch, encode_batch, message_from_pb, message_to_pb
 from raft.transport_grpc import GrpcTransport
-from raft.types import ConfState, Entry, Message, MsgType, Snapshot, SnapshotMeta
+from raft.types import ConfState, Entry, EntryType, Message, MsgType, Snapshot, SnapshotMeta
 from tests import certs
 from tests.ports import free_port
 
@@ -95,6 +95,12 @@ def test_codec_roundtrip_and_heartbeat_coalescing():
     batch = pb.Batch.FromString(encode_batch(1, 2, msgs).SerializeToString())
     assert (len(batch.messages), len(batch.heartbeats), len(batch.heartbeat_resps)) == (2, 1, 1)
     assert sorted(map(repr, decode_batch(batch))) == sorted(map(repr, msgs))
+    # Entry types survive the wire (a membership change must not arrive as data).
+    mixed = Message(MsgType.APP, "m", 1, 2, term=4, index=9, entries=[
+        Entry(4, 10, EntryType.CONF_CHANGE, b"cc"), Entry(4, 11, EntryType.NORMAL, b"d"),
+        Entry(4, 12, EntryType.NORMAL, b"")])
+    got = decode_batch(pb.Batch.FromString(encode_batch(1, 2, [mixed]).SerializeToString()))
+    assert got == [mixed] and [type(e.type) for e in got[0].entries] == [EntryType] * 3
 
 
 # ---- Raft stream ----------------------------------------------------------------------
@@ -118,6 +124,28 @@ async def test_many_groups_both_directions_and_coalescing():
         b.send([Message(MsgType.APP_RESP, f"S-{g}", 2, 1, term=3, index=1) for g in range(200)])
         await ia.until(lambda: len(ia.of(MsgType.APP_RESP)) == 200)
         assert not ia.of(MsgType.UNREACHABLE) and not ib.of(MsgType.UNREACHABLE)
+    finally:
+        await stop_all([a, b])
+
+
+async def test_a_commit_append_rides_on_the_next_append_with_entries():
+    """A leader's commit-index append (no entries, `send_lazy`) whose news an
+    append with entries in the same flush carries (same group, commit at least
+    as high) is left out: over two lanes it cost a second write per peer and
+    commit. Another group's, or one with a higher commit, still goes."""
+    (a, b), (ia, ib) = await cluster(2)
+    try:
+        def commit_only(group: str, commit: int) -> Message:
+            return Message(MsgType.APP, group, 1, 2, term=3, log_term=3, index=4, commit=commit)
+        a.send_lazy([commit_only("G", 4), commit_only("H", 4), commit_only("K", 6)])
+        a.send([Message(MsgType.APP, "G", 1, 2, term=3, log_term=3, index=4, commit=4,
+                        entries=[Entry(3, 5, data=b"d")]),
+                Message(MsgType.APP, "K", 1, 2, term=3, log_term=3, index=4, commit=5,
+                        entries=[Entry(3, 5, data=b"d")])])
+        await ib.until(lambda: len(ib.msgs) == 4)
+        await asyncio.sleep(0.05)  # nothing more comes
+        got = sorted((m.group, len(m.entries), m.commit) for m in ib.msgs)
+        assert got == [("G", 1, 4), ("H", 0, 4), ("K", 0, 6), ("K", 1, 5)]
     finally:
         await stop_all([a, b])
 

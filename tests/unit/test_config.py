@@ -228,7 +228,8 @@ def test_jetstream_block() -> None:
         " unique_tag: az, domain: hub }\n"
     ).jetstream
     assert (js.store_dir, js.max_mem, js.max_file) == ("/data", 10**9, 10 * 1024**3)
-    assert (js.sync_interval, js.unique_tag) == ("2m", "az")
+    assert (js.sync_interval, js.unique_tag, js.domain) == ("2m", "az", "hub")
+    assert not options("jetstream { domain: hub }\n").unsupported  # served, not warned about
     assert not js.audit_archive
     assert options("jetstream { audit_archive: true }\n").jetstream.audit_archive
 

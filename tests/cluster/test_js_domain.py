@@ -1,0 +1,145 @@
+"""`jetstream { domain: hub }` on a 3-node jetraft cluster next to a 3-node nats-server 2.15.1
+cluster (same script, nats-py `jetstream(domain="hub")`): the domain prefix works through every
+node (a node maps `$JS.hub.API.>` onto its account's `$JS.API.>`, then forwards the call to the
+meta or stream leader as any `$JS.API` call), and the replies carry `domain` where nats-server's
+do. Compared: each reply's key set and its `domain`, PubAcks, KV values, INFO's `domain`."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import nats
+import pytest
+
+from tests.cluster.jshelp import JsCluster
+from tests.ports import free_port
+
+
+@pytest.fixture
+def nats3(tmp_path: Path) -> Iterator[list[str]]:
+    if shutil.which("nats-server") is None:
+        pytest.skip("nats-server not installed")
+    ports = [free_port() for _ in range(3)]
+    cports = [free_port() for _ in range(3)]
+    routes = ",".join(f"nats-route://127.0.0.1:{p}" for p in cports)
+    procs = []
+    try:
+        for i in range(3):
+            conf = tmp_path / f"n{i}.conf"
+            conf.write_text(
+                f"server_name: n{i + 1}\nlisten: 127.0.0.1:{ports[i]}\n"
+                f"jetstream {{ store_dir: \"{tmp_path}/d{i}\", domain: hub }}\n"
+                f"cluster {{ name: C1, listen: 127.0.0.1:{cports[i]}, routes: [{routes}] }}\n")
+            procs.append(subprocess.Popen(["nats-server", "-c", str(conf)],
+                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        yield [f"nats://127.0.0.1:{p}" for p in ports]
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            p.wait(10)
+
+
+async def _req(nc: Any, subject: str, body: Any = None, timeout: float = 10) -> dict[str, Any]:
+    data = b"" if body is None else json.dumps(body).encode()
+    return json.loads((await nc.request(subject, data, timeout=timeout)).data)
+
+
+def _shape(reply: dict[str, Any]) -> list[Any]:
+    return [sorted(reply), reply.get("domain")]
+
+
+async def _kv_read(kv: Any) -> list[Any]:
+    """A key read through another node: a replica answering a direct get may not have
+    applied the put yet (nats-server's too), so read until it has."""
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            return [(await kv.get("k")).value, sorted(await kv.keys())]
+        except Exception:  # noqa: BLE001 (KeyNotFound / NoKeys while the replica catches up)
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.2)
+
+
+async def _script(urls: list[str]) -> list[Any]:
+    ncs = [await nats.connect(u) for u in urls]
+    out: list[Any] = [[nc._server_info.get("domain") for nc in ncs]]  # noqa: SLF001
+    try:
+        deadline = time.monotonic() + 40
+        while True:  # until the cluster has its meta leader
+            try:
+                r = await _req(ncs[0], "$JS.hub.API.STREAM.CREATE.S", {
+                    "name": "S", "subjects": ["s.>"], "num_replicas": 3}, timeout=3)
+                if "error" not in r:
+                    break
+            except Exception:  # noqa: BLE001 (no responders / timeout while forming)
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError("no JetStream")
+            await asyncio.sleep(0.5)
+        out.append(_shape(r))
+        for i, nc in enumerate(ncs):  # through every node, leader or not
+            js = nc.jetstream(domain="hub")
+            ack = await js.publish(f"s.{i}", b"x")
+            out.append([ack.stream, ack.seq, ack.domain])
+            out.append(_shape(await _req(nc, "$JS.hub.API.INFO")))
+            info = await _req(nc, "$JS.hub.API.STREAM.INFO.S")
+            out.append(_shape(info) + [info["state"]["messages"]])
+            out.append(_shape(await _req(nc, "$JS.hub.API.STREAM.UPDATE.S", {
+                "name": "S", "subjects": ["s.>"], "num_replicas": 3, "max_msgs": 100 + i})))
+        js = ncs[2].jetstream(domain="hub")
+        kv = await js.create_key_value(bucket="B", replicas=3)
+        await kv.put("k", b"v")
+        kv1 = await ncs[1].jetstream(domain="hub").key_value("B")
+        out.append(await _kv_read(kv1))
+        psub = await ncs[1].jetstream(domain="hub").pull_subscribe("s.>", "D")
+        msgs = await psub.fetch(3, timeout=10)
+        out.append([m.subject for m in msgs])
+        for m in msgs:
+            await m.ack_sync()
+        listed = await _req(ncs[2], "$JS.hub.API.STREAM.LIST")
+        out.append(sorted((s["config"]["name"], s.get("domain")) for s in listed["streams"]))
+        # deleting streams (R3, and R1 wherever it landed) advises their consumers deleted
+        events = await ncs[0].subscribe("$JS.EVENT.ADVISORY.*.DELETED.>")
+        await _req(ncs[0], "$JS.hub.API.STREAM.CREATE.T", {"name": "T", "subjects": ["t"]})
+        await _req(ncs[0], "$JS.hub.API.CONSUMER.CREATE.T.tc", {
+            "stream_name": "T", "config": {"durable_name": "tc"}})
+        for i, name in ((1, "T"), (2, "S")):
+            out.append(await _req(ncs[i], f"$JS.hub.API.STREAM.DELETE.{name}"))
+        await asyncio.sleep(1.0)
+        seen = []
+        while True:
+            try:
+                m = await events.next_msg(0.2)
+            except Exception:  # noqa: BLE001 (nothing more)
+                break
+            seen.append((m.subject, json.loads(m.data).get("domain")))
+        out.append(sorted(seen))
+    finally:
+        for nc in ncs:
+            await nc.close()
+    return out
+
+
+async def test_domain_through_every_node_as_nats_server(nats3: list[str],
+                                                        tmp_path: Path) -> None:
+    theirs = await _script(nats3)
+    c = JsCluster(tmp_path / "jr", 3, domain="hub")
+    try:
+        c.start()
+        c.wait_js()
+        ours = await _script([n.url for n in c.nodes])
+    finally:
+        c.stop()
+    assert theirs[0] == ["hub"] * 3
+    diffs = [f"step {i}:\n  ours:   {a}\n  theirs: {b}"
+             for i, (a, b) in enumerate(zip(ours, theirs, strict=True)) if a != b]
+    assert not diffs, "\n".join(diffs)
