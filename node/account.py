@@ -60,8 +60,9 @@ class Account:
         # fast path (node/jetstream/domain.py).
         self.domain_prefix: str | None = None
         self.domain_router: Any = None
-        self.sublist = SubList()
+        self.sublist = SubList()  # never rebound: the bound methods below stay valid
         self._match = self.sublist.match
+        self._cached = self.sublist.cached
         # Auto-unsubscribed while a delivery loop may still hold them: removed after it.
         self.expired: list[Subscription] = []
         self.interest_listeners: list[InterestListener] = []
@@ -142,6 +143,8 @@ class Account:
         delivery and no-responders rules (`deliver_direct` also says whether
         the subscriber may receive)."""
         account = self
+        sublist = self.sublist
+        cached = sublist.cached
         match = self._match
         deliver = self._deliver
         checked = client.on_pub_checked
@@ -149,8 +152,8 @@ class Account:
         # The defaults are not parameters anyone passes: they make the closure's
         # names local variables, the cheapest lookup CPython has.
         def on_pub(subject: str, reply: str | None, payload: bytes, client: Any = client,
-                   account: Account = account, match: Any = match, deliver: Any = deliver,
-                   checked: Any = checked) -> None:
+                   account: Account = account, cached: Any = cached, sublist: Any = sublist,
+                   match: Any = match, deliver: Any = deliver, checked: Any = checked) -> None:
             if client.fast_account is not account:
                 checked(subject, reply, None, payload)
                 return
@@ -164,28 +167,44 @@ class Account:
             if prefix is not None and subject.startswith(prefix):
                 account.domain_router.publish(account, client, subject, reply, None, payload)
                 return
-            result = match(subject)
+            # SubList.match's cache lookup, without its call.
+            result = cached(subject)
+            if result is None:
+                result = match(subject)
+            else:
+                sublist.hits += 1
             psubs = result.psubs
-            if not result.qsubs and len(psubs) == 1:
-                sub = psubs[0]
-                if sub.direct and not sub.dead and (client.echo or sub.client is not client):
-                    ok = sub.client.deliver_direct(sub, subject, reply, payload)
-                    routes = account.routes
-                    if routes is not None and routes.forward(subject, reply, None, payload, ()):
-                        ok = True
-                    if not ok and reply and client.no_responders:
-                        client.send_no_responders(subject, reply)
-                    return
+            if not result.qsubs:
+                if not psubs:
+                    if account.routes is None:  # nobody anywhere (what _deliver would find)
+                        if reply and client.no_responders:
+                            client.send_no_responders(subject, reply)
+                        return
+                elif len(psubs) == 1:
+                    sub = psubs[0]
+                    if sub.direct and not sub.dead and (client.echo
+                                                        or sub.client is not client):
+                        ok = sub.client.deliver_direct(sub, subject, reply, payload)
+                        routes = account.routes
+                        if routes is not None and routes.forward(subject, reply, None, payload,
+                                                                 ()):
+                            ok = True
+                        if not ok and reply and client.no_responders:
+                            client.send_no_responders(subject, reply)
+                        return
             deliver(result, client, subject, reply, None, payload)
 
         return on_pub
 
     def publish(self, publisher: Any, subject: str, reply: str | None,
-                headers: bytes | None, payload: bytes) -> int:
+                headers: bytes | None, payload: bytes, premapped: bool = False) -> int:
         """Deliver a message to every interested subscription; returns how many
-        received it. `publisher` is the sending client (None: the server)."""
+        received it. `publisher` is the sending client (None: the server).
+        `premapped`: the subject is already the account mapping's result
+        (Router.mapped), which is then not applied again."""
         if self.router is not None:
-            return self.router.publish(self, publisher, subject, reply, headers, payload)
+            return self.router.publish(self, publisher, subject, reply, headers, payload,
+                                       premapped)
         if self.domain_prefix is not None and subject.startswith(self.domain_prefix):
             return self.domain_router.publish(self, publisher, subject, reply, headers, payload)
         return self._deliver(self._match(subject), publisher, subject, reply, headers, payload)
@@ -202,7 +221,11 @@ class Account:
                       headers: bytes | None, payload: bytes) -> int:
         """This account's subscribers only, without mappings, imports or
         no-responders: the router's step for each account a message reaches."""
-        result = self._match(subject)
+        result = self._cached(subject)  # SubList.match's cache lookup, without its call
+        if result is None:
+            result = self._match(subject)
+        else:
+            self.sublist.hits += 1
         psubs = result.psubs
         if self.routes is None and not result.qsubs:
             if not psubs:

@@ -741,12 +741,19 @@ class Client(asyncio.Protocol):
                 if mt.only:
                     return
                 headers = msgtrace.origin_disabled(headers)
-        if perms is not None and not perms.can_publish(subject, time.monotonic()):
-            self.send_err(pub_violation(subject))
-            return
+        premapped = False
+        if perms is not None:
+            router = self.account.router
+            if router is not None and router.mappings_of(self.account):
+                # nats-server checks the subject the account's mapping makes.
+                subject = router.mapped(self.account, subject)
+                premapped = True
+            if not perms.can_publish(subject, time.monotonic()):
+                self.send_err(pub_violation(subject))
+                return
         if self.verbose:
             self.write(_OK)
-        self.account.publish(self, subject, reply, headers, payload)
+        self.account.publish(self, subject, reply, headers, payload, premapped)
 
     def _on_traced_pub(self, mt: msgtrace.MsgTrace, subject: str, reply: str | None,
                        headers: bytes, payload: bytes) -> None:

@@ -46,8 +46,8 @@ DEFAULT_RESPONSE_TTL = 120.0
 MAX_PENDING_RESPONSES = 100_000
 # Service imports followed for one request (A -> B -> C ...).
 MAX_SERVICE_HOPS = 8
-# Subjects remembered as reaching nobody (the table is cleared when full).
-QUIET_MAX = 4096
+# Routing plans remembered per account (the account's table is cleared when full).
+PLANS_MAX = 4096
 
 
 @dataclass
@@ -58,6 +58,20 @@ class ResponseRoute:
     reply: str
     singleton: bool
     deadline: float
+
+
+class _Plan:
+    """Where a publish on one subject in one account goes beyond the account itself."""
+
+    __slots__ = ("service", "deliveries", "quiet")
+
+    def __init__(self, service: ServiceRoute | None,
+                 deliveries: tuple[tuple[Account, str], ...]) -> None:
+        self.service = service  # the service import serving it, if any
+        self.deliveries = deliveries  # (importer, subject there) per stream import
+        # SubList.changes when a publish reached nobody (valid until any subscription
+        # changes); -1: not quiet; -2: never (a random transform takes part).
+        self.quiet = -1
 
 
 class Router:
@@ -76,8 +90,8 @@ class Router:
         self.cluster = cluster
         self.rng = rng or random.Random()
         self.responses: OrderedDict[str, ResponseRoute] = OrderedDict()
-        # (account, subject) -> SubList.changes when a publish there reached nobody.
-        self._quiet: dict[tuple[Account, str], int] = {}
+        # account -> subject -> _Plan: where a publish goes, memoised for this config.
+        self._plans: dict[Account, dict[str, _Plan]] = {}
 
     def needs_router(self, name: str) -> bool:
         """Whether publishes in account `name` need more than its sublist (the domain's
@@ -102,50 +116,84 @@ class Router:
 
     # ------------------------------------------------------------------ publish
 
+    def mapped(self, account: Account, subject: str) -> str:
+        """The subject a publish on `subject` in `account` is routed on: its mapping
+        applied, once (a weighted mapping draws at random). A publisher's permissions
+        apply to this subject, as nats-server checks them after mapping; its publish
+        then goes through `publish(..., premapped=True)`."""
+        mappings = self.mappings_of(account)
+        if mappings:
+            out = mappings.apply(subject, self.rng, cluster=self.cluster)
+            if out is not None:
+                return out
+        return subject
+
     def publish(self, account: Account, publisher: Any, subject: str, reply: str | None,
-                headers: bytes | None, payload: bytes) -> int:
+                headers: bytes | None, payload: bytes, premapped: bool = False) -> int:
         if headers is not None and msgtrace.active is not None:
             return self._publish_traced(msgtrace.active, account, publisher, subject, reply,
                                         headers, payload)
-        stamp: int | None = SubList.changes
         mappings = self.mappings_of(account)
-        if mappings:
-            stamp = None  # a weighted mapping picks at random: nothing is remembered
+        if mappings and not premapped:
             mapped = mappings.apply(subject, self.rng, cluster=self.cluster)
             if mapped is not None:
                 subject = mapped
-        if stamp is not None and self._quiet.get((account, subject)) == stamp:
+        plans = self._plans.get(account)
+        if plans is None:
+            plans = self._plans[account] = {}
+        plan = plans.get(subject)
+        if plan is None:
+            plan = self._plan(account, subject, plans)
+        if plan.quiet == SubList.changes:
             count = 0  # nobody listens here or in an importer, and no service import
         else:
-            count = self._route(account, publisher, subject, reply, headers, payload, stamp)
+            count = self._route(plan, account, publisher, subject, reply, headers, payload,
+                                not mappings)
         if count == 0 and reply and publisher is not None and publisher.no_responders:
             publisher.send_no_responders(subject, reply)
         return count
 
-    def _route(self, account: Account, publisher: Any, subject: str, reply: str | None,
-               headers: bytes | None, payload: bytes, stamp: int | None) -> int:
-        """Steps 2-5 for one subject; with a `stamp` (no mapping took part), a subject
-        that reached nobody is remembered as quiet until any subscription changes."""
-        count = 0
-        if subject.startswith(RESPONSE_PREFIX):
-            count += self._respond(publisher, subject, headers, payload)
-            stamp = None
-        count += self._serve(account, publisher, subject, reply, headers, payload)
-        count += account.deliver_local(publisher, subject, reply, headers, payload)
-        quiet = stamp is not None and account.routes is None
+    def _plan(self, account: Account, subject: str, plans: dict[str, _Plan]) -> _Plan:
+        """Where a publish on `subject` in `account` goes across accounts. Kept (in
+        `plans`, this Router's: a config change builds a new Router) unless a random
+        transform took part, which must be drawn again for each message."""
+        service = self.index.service_route(account.name, subject)
+        deliveries = []
         for delivery in self.index.stream_deliveries(account.name, subject):
             importer = self.accounts.get(delivery.account)
             if importer is not None:
-                count += importer.deliver_local(publisher, delivery.subject, reply, headers,
-                                                payload)
-                quiet = quiet and importer.routes is None
-        if count == 0 and quiet and self.index.settled(account.name, subject) \
-                and self.index.service_route(account.name, subject) is None:
+                deliveries.append((importer, delivery.subject))
+        plan = _Plan(service, tuple(deliveries))
+        if self.index.settled(account.name, subject) \
+                and not subject.startswith(RESPONSE_PREFIX):  # a reply's token is used once
+            if len(plans) >= PLANS_MAX:
+                plans.clear()
+            plans[subject] = plan
+        else:
+            plan.quiet = -2  # never remembered as quiet either
+        return plan
+
+    def _route(self, plan: _Plan, account: Account, publisher: Any, subject: str,
+               reply: str | None, headers: bytes | None, payload: bytes,
+               may_quiet: bool) -> int:
+        """Steps 2-5 for one subject; a plan that reached nobody is remembered as quiet
+        (`plan.quiet`) until any subscription changes, when nothing random took part."""
+        count = 0
+        if subject.startswith(RESPONSE_PREFIX):
+            count += self._respond(publisher, subject, headers, payload)
+            may_quiet = False
+        if plan.service is not None:
+            count += self._follow(account, publisher, subject, reply, headers, payload,
+                                  plan.service, {account.name})
+            may_quiet = False
+        count += account.deliver_local(publisher, subject, reply, headers, payload)
+        for importer, local in plan.deliveries:
+            count += importer.deliver_local(publisher, local, reply, headers, payload)
+        if count == 0 and may_quiet and plan.quiet != -2 and account.routes is None \
+                and all(importer.routes is None for importer, _ in plan.deliveries):
             # Remote interest arrives without a local subscription change: clustered
             # accounts (routes) are never remembered as quiet.
-            if len(self._quiet) >= QUIET_MAX:
-                self._quiet.clear()
-            self._quiet[(account, subject)] = stamp
+            plan.quiet = SubList.changes
         return count
 
     def _publish_traced(self, mt: msgtrace.MsgTrace, account: Account, publisher: Any,

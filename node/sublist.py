@@ -139,13 +139,15 @@ class SubList:
         self._root = _Node()
         self._nodes = 0  # trie nodes below the root, to prove pruning works
         self._count = 0
+        # Never rebound (only cleared): the account's fast path holds `cached`, its `get`.
         self._cache: dict[str, MatchResult] = {}
+        self.cached = self._cache.get
         self._cache_max = cache_max
         self._cache_sweep = cache_sweep
         self._inserts = 0
         self._removes = 0
-        self._matches = 0
-        self._hits = 0
+        self._misses = 0
+        self.hits = 0  # public: a caller that used `cached` itself counts its hit here
 
     # -- mutation -----------------------------------------------------------
 
@@ -277,11 +279,11 @@ class SubList:
 
     def match(self, subject: str) -> MatchResult:
         """Every subscription interested in a message published to `subject`."""
-        self._matches += 1
         cached = self._cache.get(subject)
         if cached is not None:
-            self._hits += 1
+            self.hits += 1
             return cached
+        self._misses += 1
         result = MatchResult()
         for node in self._walk(subject, result):
             node.add_to(result)
@@ -350,13 +352,14 @@ class SubList:
     def stats(self) -> dict[str, Any]:
         """The counters nats-server shows on /subsz; fanout is over cached results."""
         fanouts = [result.fanout() for result in self._cache.values()]
+        matches = self.hits + self._misses
         return {
             "num_subscriptions": self._count,
             "num_cache": len(self._cache),
             "num_inserts": self._inserts,
             "num_removes": self._removes,
-            "num_matches": self._matches,
-            "cache_hit_rate": self._hits / self._matches if self._matches else 0.0,
+            "num_matches": matches,
+            "cache_hit_rate": self.hits / matches if matches else 0.0,
             "max_fanout": max(fanouts, default=0),
             "avg_fanout": sum(fanouts) / len(fanouts) if fanouts else 0.0,
         }

@@ -30,7 +30,7 @@ def compiled_parser() -> Any:
         return None
     try:
         from . import parser_c  # type: ignore[attr-defined]
-    except ImportError:
+    except Exception:  # missing, or a stale build whose module code fails: interpreted
         return None
     if getattr(parser_c, "SOURCE_SHA256", None) != source_digest():
         return None

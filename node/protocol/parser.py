@@ -29,9 +29,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import Any
+from types import FunctionType
+from typing import TYPE_CHECKING, Any
 
 from .errors import ProtocolError
+
+if TYPE_CHECKING:  # only annotations of locals name it: never evaluated at run time
+    from mypy_extensions import i64  # a native int when compiled by mypyc
 from .events import Connect, Event, HPub, Ping, Pong, Pub, Sub, Unsub
 
 ERR_UNKNOWN_OP = "Unknown Protocol Operation"
@@ -72,11 +76,23 @@ _OPS: tuple[tuple[bytes, bool], ...] = (
 )
 _SKIP_OPS: dict[bytes, Event | None] = {b"PING": _PING, b"PONG": _PONG, b"+OK": None}
 
+class _Line:
+    """A parsed "PUB ..." line: what a frame with that exact control line needs."""
+
+    __slots__ = ("subject", "reply", "size", "arglen")
+
+    def __init__(self, subject: str, reply: str | None, size: int, arglen: int) -> None:
+        self.subject = subject
+        self.reply = reply
+        self.size = size
+        self.arglen = arglen  # what the control-line limit applies to
+
+
 # Parsed "PUB ..." lines, whole (op to LF), shared by every parser: publishers repeat a
-# set of lines, and a hit replaces split/int/decode with one lookup. The value records
+# set of lines, and a hit replaces split/int/decode with one lookup. The entry records
 # the size and argument length, so each parser still applies its own limits (a line over
 # them takes the slow path, which produces the error). Bounded: cleared when full.
-_lines: dict[bytes, tuple[str, str | None, int, int]] = {}
+_lines: dict[bytes, _Line] = {}
 _LINES_MAX = 8192
 
 OnPub = Callable[[str, "str | None", bytes], Any]  # feed_into's PUB callback
@@ -121,6 +137,40 @@ def _split_pub(arg: bytes) -> list[bytes]:
     if 13 not in arg:
         return arg.split()  # same result, faster
     return [a for a in arg.replace(b"\t", b" ").split(b" ") if a]
+
+
+def _find_lf(data: bytes, pos: int, n: int) -> int:
+    """data.find(b"\\n", pos), as a loop: compiled (native i64 indexes), it costs less
+    than the method call, whose argument parsing alone outweighs the scan."""
+    i: i64 = pos
+    end: i64 = n
+    while i < end:
+        if data[i] == 10:
+            return i
+        i += 1
+    return -1
+
+
+def _same(data: bytes, pos: int, line: bytes, ll: int) -> bool:
+    """data.startswith(line, pos) for a line of ll bytes, as a loop (see _find_lf).
+    From the end: the subject, where a publisher's lines differ, is nearer the end
+    than the start ("PUB " and a common subject prefix)."""
+    start: i64 = pos
+    k: i64 = ll
+    if start + k > len(data):
+        return False
+    k -= 1
+    while k >= 0:
+        if data[start + k] != line[k]:
+            return False
+        k -= 1
+    return True
+
+
+# Compiled by mypyc (node/protocol/native.py), module functions are not Python functions:
+# then the byte loops above replace bytes.find/startswith, whose argument parsing costs
+# more than the scan itself on CPython 3.11. Interpreted, the methods are faster.
+_NATIVE = not isinstance(_size, FunctionType)
 
 
 def _line_end(data: bytes, pos: int, nl: int) -> int:
@@ -415,21 +465,22 @@ class Parser:
         # when the bytes at pos are exactly the last PUB line, its parse is reused and a
         # frame costs one startswith(). The line holds a single LF (its last byte), so a
         # match also means the same line boundary. Kept per call: limits may change.
-        line: bytes | tuple[()] = ()  # startswith(()) is always False: no line yet
-        lines_get = _lines.get
+        native = _NATIVE
+        line = b""  # the last PUB line; ll == 0 while there is none
+        lines = _lines
         ll = size = 0
         subject = ""
         reply: str | None = None
         while pos < n:
-            if not startswith(line, pos):
-                nl = find(b"\n", pos)
+            if ll == 0 or not (_same(data, pos, line, ll) if native else startswith(line, pos)):
+                nl = _find_lf(data, pos, n) if native else find(b"\n", pos)
                 if nl < 0:
                     return pos
                 # A line seen before (by any connection): its parse is one dict lookup.
                 key = data[pos : nl + 1]
-                hit = lines_get(key)
-                if hit is not None and hit[3] <= mcl and hit[2] <= max_payload:
-                    subject, reply, size, _ = hit
+                hit = lines.get(key)
+                if hit is not None and hit.arglen <= mcl and hit.size <= max_payload:
+                    subject, reply, size = hit.subject, hit.reply, hit.size
                 elif startswith(b"PUB ", pos):
                     # First PUB with this line: the slow path handles every variant and
                     # produces the errors; this handles the usual shape.
@@ -439,10 +490,10 @@ class Parser:
                         if pos < 0:
                             return -pos - 1
                         continue
-                    subject, reply, size, _ = parsed
-                    if len(_lines) >= _LINES_MAX:
-                        _lines.clear()
-                    _lines[key] = parsed
+                    subject, reply, size = parsed.subject, parsed.reply, parsed.size
+                    if len(lines) >= _LINES_MAX:
+                        lines.clear()
+                    lines[key] = parsed
                 elif startswith(b"PING", pos):
                     emit(_PING)
                     pos = nl + 1
@@ -468,9 +519,8 @@ class Parser:
     @staticmethod
     def _pub_line(
         data: bytes, pos: int, nl: int, mcl: int, max_payload: int
-    ) -> tuple[str, str | None, int, int] | None:
-        """(subject, reply, size, argument length) of a well-formed "PUB " line; None for
-        the slow path. The length is what the control-line limit applies to."""
+    ) -> _Line | None:
+        """The parse of a well-formed "PUB " line; None for the slow path."""
         end = nl - 1 if data[nl - 1] == 13 else nl
         line = data[pos + 4 : end]
         args = line.split()
@@ -491,11 +541,11 @@ class Parser:
         ):
             return None  # errors, and lines nats-server splits differently
         try:
-            return (subject.decode(), reply.decode() if reply is not None else None, size,
-                    end - pos - 4)
+            return _Line(subject.decode(), reply.decode() if reply is not None else None,
+                         size, end - pos - 4)
         except UnicodeDecodeError:
-            return (_text(subject), _text(reply) if reply is not None else None, size,
-                    end - pos - 4)
+            return _Line(_text(subject), _text(reply) if reply is not None else None, size,
+                         end - pos - 4)
 
     def _incomplete(self, data: bytes, pos: int, stop: int) -> int:
         """A frame whose payload has not fully arrived: remember its size, stop parsing."""

@@ -161,3 +161,42 @@ authorization { users: [{user: g, password: g}] }
         table = conf.mappings_for(account)
         ours = [[table.apply(s) or s] for s in subjects]
         assert theirs == ours, account
+
+
+MAPPED_PERMS = """
+accounts {
+  A: { users: [{user: a, password: a},
+               {user: p, password: p, permissions: {publish: {deny: "old.>"}}},
+               {user: q, password: q, permissions: {publish: {allow: "old.>"}}},
+               {user: r, password: r, permissions: {publish: {deny: "ev.>"}}}],
+       mappings: { "old.y": "ev.mapped" } }
+}
+"""
+
+
+def test_publish_permissions_apply_to_the_mapped_subject(servers, raw) -> None:
+    """nats-server maps first and checks the publisher's permissions on the result:
+    a user allowed only old.> may not reach ev.mapped through a mapping, one denied
+    old.> may, one denied ev.> may not; the -ERR names the mapped subject."""
+    seen = {}
+    for impl in ("nats-server", "jetraft"):
+        proc = servers.nats_server(MAPPED_PERMS) if impl == "nats-server" \
+            else servers.jetraft(MAPPED_PERMS)
+        conns = {}
+        for user in "apqr":
+            conns[user] = raw(proc.port)
+            conns[user].send(b'CONNECT {"verbose":false,"user":"%s","pass":"%s"}\r\nPING\r\n'
+                             % (user.encode(), user.encode()))
+            assert conns[user].read_until(b"PONG\r\n").endswith(b"PONG\r\n")
+        assert conns["a"].exchange(b"SUB ev.mapped 1\r\nSUB old.y 2\r\nSUB old.z 3\r\n") == b""
+        out = {}
+        for user in "pqr":
+            conns[user].send(b"PUB old.y 2\r\n%s1\r\nPUB old.z 2\r\n%s2\r\nPING\r\n"
+                             % (user.encode(), user.encode()))
+            out[user] = conns[user].read_until(b"PONG\r\n")
+        out["a"] = conns["a"].read_close_or_wait(1.0).replace(b"PING\r\n", b"")
+        seen[impl] = out
+        proc.stop()
+    assert seen["jetraft"] == seen["nats-server"]
+    assert b'Publish to "ev.mapped"' in seen["nats-server"]["q"]
+    assert b"MSG ev.mapped 1 2\r\np1\r\n" in seen["nats-server"]["a"]

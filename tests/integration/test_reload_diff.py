@@ -204,3 +204,64 @@ def test_signal_command_and_sys_request_reload(servers: Any, raw: Any) -> None:
     body = asyncio.run(request_reload())
     assert set(body) == {"server"}
     assert not _can_login(raw, proc.port, "new")
+
+
+IMPORTS_BEFORE = """
+accounts {
+  A: { users: [{user: a, password: a}, {user: p, password: p}],
+       exports: [{stream: "ev.>"}, {service: "svc.>"}],
+       mappings: {"old.x": "ev.mapped"} }
+  B: { users: [{user: b, password: b}],
+       imports: [{stream: {account: A, subject: "ev.>"}},
+                 {service: {account: A, subject: "svc.>"}}] }
+  C: { users: [{user: c, password: c}] }
+}
+"""
+# B loses both imports, C gains the stream import with a prefix, A's mapping moves, and
+# A's user p may no longer publish on ev.>.
+IMPORTS_AFTER = """
+accounts {
+  A: { users: [{user: a, password: a},
+               {user: p, password: p, permissions: {publish: {deny: "ev.>"}}}],
+       exports: [{stream: "ev.>"}, {service: "svc.>"}],
+       mappings: {"old.y": "ev.mapped"} }
+  B: { users: [{user: b, password: b}] }
+  C: { users: [{user: c, password: c}],
+       imports: [{stream: {account: A, subject: "ev.>"}, prefix: "from"}] }
+}
+"""
+_WARM = {"a": (b"PUB ev.1 1\r\n1\r\nPUB ev.quiet 1\r\nq\r\nPUB old.x 1\r\nx\r\n"
+               b"PUB old.y 1\r\ny\r\n") * 3,
+         "p": b"PUB ev.1 1\r\np\r\nPUB ev.quiet 1\r\nP\r\n" * 3}
+
+
+def test_routes_across_accounts_follow_a_reload_as_nats_server(servers: Any, raw: Any) -> None:
+    """Publishes before the reload fill every cache of the routing path (the router's
+    plans and quiet subjects, the sublists' match caches, the parser's line cache, the
+    publishers' fast path); after it, the same publishes must go where the new config
+    sends them, on the same connections, as with nats-server."""
+    seen: dict[str, dict[str, bytes]] = {}
+    for impl in IMPLS:
+        proc = (servers.nats_server(IMPORTS_BEFORE) if impl == "nats-server"
+                else servers.jetraft(IMPORTS_BEFORE))
+        conns = {user: _login(raw, proc.port, user) for user in "apbc"}
+        assert conns["b"].exchange(b"SUB ev.> 1\r\nSUB svc.> 2\r\n") == b""
+        assert conns["c"].exchange(b"SUB ev.> 1\r\nSUB from.ev.> 2\r\n") == b""
+        assert conns["a"].exchange(b"SUB svc.> 3\r\nSUB ev.mapped 4\r\n") == b""
+        for user in "pa":
+            conns[user].send(_WARM[user] + b"PING\r\n")
+            assert conns[user].read_until(b"PONG\r\n").endswith(b"PONG\r\n")
+        before = {u: _without_pings(conns[u].read_close_or_wait(0.5)) for u in "apbc"}
+        assert "Reloaded server configuration (" in reload(proc, IMPORTS_AFTER), impl
+        for user in "pa":
+            conns[user].send(_WARM[user] + b"PING\r\n")
+        seen[impl] = {u: _without_pings(conns[u].read_close_or_wait(1.0)) for u in "apbc"}
+        seen[impl]["before"] = b"|".join(before[u] for u in "apbc")
+        proc.stop()
+    assert seen["jetraft"] == seen["nats-server"]
+    # Not only equal: B got ev.1 through its import before and nothing after; C gets a's
+    # (prefixed) after only; p's ev.> publishes are refused after the reload.
+    after = seen["nats-server"]
+    assert b"MSG ev.1 1 1\r\np\r\n" in after["before"] and after["b"] == b""
+    assert after["c"].count(b"MSG from.ev.1 2 1\r\n1\r\n") == 3 and b"p\r\n" not in after["c"]
+    assert after["p"].count(b"Permissions Violation for Publish to \"ev.1\"") == 3

@@ -135,6 +135,29 @@ async def test_fast_and_slow_paths_apply_the_same_delivery_rule():
     assert received(picky) == b"MSG svc.open 1 _INBOX.3 0\r\n\r\n" and received(req) == b""
 
 
+async def test_the_fast_path_sees_every_subscription_change():
+    """The fast path reads the sublist's match cache itself (SubList.cached): after a
+    subscriber leaves (one sub, or a client's batch) and another arrives, each PUB on
+    that path reaches exactly who is subscribed then."""
+    server = Server(Options())
+    pub = connect(server)
+    assert pub.fast_account is pub.account
+    first = connect(server)
+    first.data_received(b"SUB ev.1 1\r\n")
+    pub.data_received(b"PUB ev.1 1\r\na\r\n" * 2)  # the second PUB is a cache hit
+    assert received(first) == b"MSG ev.1 1 1\r\na\r\n" * 2
+    first.close("bye")  # its subscriptions leave in one batch
+    pub.data_received(b"PUB ev.1 1\r\nb\r\n")
+    second = connect(server)
+    second.data_received(b"SUB ev.* 7\r\n")
+    pub.data_received(b"PUB ev.1 1\r\nc\r\n")
+    assert received(second) == b"MSG ev.1 7 1\r\nc\r\n"
+    second.data_received(b"UNSUB 7\r\n")
+    pub.data_received(b"PUB ev.1 1\r\nd\r\n")
+    assert received(second) == b""
+    assert server.global_account.sublist.stats()["num_matches"] == 5
+
+
 async def test_clients_live_in_their_identitys_account():
     server = Server(Options(users=[User("u", "p")]))
     c = connect(server, b'{"verbose":false,"user":"u","pass":"p"}')

@@ -15,6 +15,7 @@ from node.accountconf import parse_accounts_config
 from node.config import parse_config
 from node.crossaccount import RESPONSE_PREFIX, Router
 from node.message import Message, Subscription
+from node.sublist import SubList
 
 CONFIG = """
 accounts {
@@ -107,7 +108,7 @@ def test_a_subject_that_reached_nobody_reaches_a_later_subscriber() -> None:
         account.router = router
     for _ in range(2):
         assert accounts["A"].publish(None, "ev.1", None, None, b"nobody") == 0
-    assert router._quiet  # remembered
+    assert router._plans[accounts["A"]]["ev.1"].quiet == SubList.changes  # remembered
     c = Recorder()
     accounts["C"].subscribe(Subscription("from.ev.1", None, "1", c))
     assert accounts["A"].publish(None, "ev.1", None, None, b"c") == 1
