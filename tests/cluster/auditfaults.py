@@ -11,7 +11,6 @@ of the (group, index) they name, on that node only.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -163,11 +162,12 @@ def replace_message_data(node_dir: Path, group: str, seq: int, new: bytes) -> No
 
 def move_ack_floor(node_dir: Path, group: str, consumer: str, by: int) -> None:
     from audit.jsstore import prefix
+    from node.jetstream.consumer import ConsumerState
 
-    def change(old: bytes) -> bytes:
-        state = json.loads(old)
-        state["f"] = [state["f"][0] + by, state["f"][1] + by]
-        return json.dumps(state, separators=(",", ":")).encode()
+    def change(old: bytes) -> bytes:  # the record as the node wrote it (binary, or old JSON)
+        state = ConsumerState.decode(old)
+        state.floor_sseq, state.floor_cseq = state.floor_sseq + by, state.floor_cseq + by
+        return state.encode()
     lmdb_edit(node_dir, "js_consumers", prefix(group) + consumer.encode(), change)
 
 
