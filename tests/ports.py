@@ -7,6 +7,7 @@ socket is closed, so ports given out in this test run are never given out again.
 from __future__ import annotations
 
 import socket
+import time
 
 _given: set[int] = set()
 
@@ -20,3 +21,16 @@ def free_port(host: str = "127.0.0.1") -> int:
             _given.add(port)
             return port
     raise RuntimeError("no free port found")
+
+
+def wait_listening(port: int, host: str = "127.0.0.1", timeout: float = 15.0) -> None:
+    """Until a server started by a test accepts connections on `port`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            socket.create_connection((host, port), timeout=0.5).close()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)

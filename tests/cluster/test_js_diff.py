@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from tests.cluster.jshelp import JsCluster, api
-from tests.ports import free_port
+from tests.ports import free_port, wait_listening
 
 
 @pytest.fixture
@@ -38,6 +38,8 @@ def nats3(tmp_path: Path) -> Iterator[list[str]]:
                 f"cluster {{ name: C1, listen: 127.0.0.1:{cports[i]}, routes: [{routes}] }}\n")
             procs.append(subprocess.Popen(["nats-server", "-c", str(conf)],
                                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        for port in ports:  # listening before the script connects
+            wait_listening(port)
         yield [f"nats://127.0.0.1:{p}" for p in ports]
     finally:
         for p in procs:

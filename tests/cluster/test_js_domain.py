@@ -16,10 +16,12 @@ from pathlib import Path
 from typing import Any
 
 import nats
+import nats.errors
+import nats.js.errors
 import pytest
 
 from tests.cluster.jshelp import JsCluster
-from tests.ports import free_port
+from tests.ports import free_port, wait_listening
 
 
 @pytest.fixture
@@ -39,6 +41,8 @@ def nats3(tmp_path: Path) -> Iterator[list[str]]:
                 f"cluster {{ name: C1, listen: 127.0.0.1:{cports[i]}, routes: [{routes}] }}\n")
             procs.append(subprocess.Popen(["nats-server", "-c", str(conf)],
                                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        for port in ports:  # listening before the script connects
+            wait_listening(port)
         yield [f"nats://127.0.0.1:{p}" for p in ports]
     finally:
         for p in procs:
@@ -69,6 +73,19 @@ async def _kv_read(kv: Any) -> list[Any]:
             await asyncio.sleep(0.2)
 
 
+async def _publish(js: Any, subject: str) -> Any:
+    """A cluster that just created the stream may not route its subject everywhere yet
+    (nats-server answers no responders for a moment): retry for a while."""
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            return await js.publish(subject, b"x")
+        except (nats.errors.NoRespondersError, nats.js.errors.NoStreamResponseError):
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.2)
+
+
 async def _script(urls: list[str]) -> list[Any]:
     ncs = [await nats.connect(u) for u in urls]
     out: list[Any] = [[nc._server_info.get("domain") for nc in ncs]]  # noqa: SLF001
@@ -88,7 +105,7 @@ async def _script(urls: list[str]) -> list[Any]:
         out.append(_shape(r))
         for i, nc in enumerate(ncs):  # through every node, leader or not
             js = nc.jetstream(domain="hub")
-            ack = await js.publish(f"s.{i}", b"x")
+            ack = await _publish(js, f"s.{i}")
             out.append([ack.stream, ack.seq, ack.domain])
             out.append(_shape(await _req(nc, "$JS.hub.API.INFO")))
             info = await _req(nc, "$JS.hub.API.STREAM.INFO.S")
@@ -122,7 +139,9 @@ async def _script(urls: list[str]) -> list[Any]:
             except Exception:  # noqa: BLE001 (nothing more)
                 break
             seen.append((m.subject, json.loads(m.data).get("domain")))
-        out.append(sorted(seen))
+        # S is R3 by now: a 2.15.1 cluster advises an R3 stream's consumers deleted in some
+        # runs and not in others (its stream and consumer removals race): not compared
+        out.append(sorted(e for e in seen if not e[0].endswith("CONSUMER.DELETED.S.D")))
     finally:
         for nc in ncs:
             await nc.close()
