@@ -5,15 +5,20 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
+import subprocess
 import time
 import urllib.error
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import nats
+import pytest
 
 from node.cluster.local import LocalCluster, LocalNode
+from tests.ports import free_port, wait_listening
 
 
 class JsCluster(LocalCluster):
@@ -82,3 +87,32 @@ def errors_in_logs(cluster: LocalCluster) -> list[str]:
             if "[ERR]" in line or "[FTL]" in line or "Traceback" in line:
                 bad.append(f"{n.name}: {line}")
     return bad
+
+
+@contextmanager
+def nats_server_cluster3(tmp_path: Path, jetstream_extra: str = "") -> Iterator[list[str]]:
+    """A 3-node nats-server cluster with JetStream on loopback (the oracle for cluster
+    differential tests), listening when this yields its client URLs."""
+    if shutil.which("nats-server") is None:
+        pytest.skip("nats-server not installed")
+    ports = [free_port() for _ in range(3)]
+    cports = [free_port() for _ in range(3)]
+    routes = ",".join(f"nats-route://127.0.0.1:{p}" for p in cports)
+    procs = []
+    try:
+        for i in range(3):
+            conf = tmp_path / f"n{i}.conf"
+            conf.write_text(
+                f"server_name: n{i + 1}\nlisten: 127.0.0.1:{ports[i]}\n"
+                f"jetstream {{ store_dir: \"{tmp_path}/d{i}\"{jetstream_extra} }}\n"
+                f"cluster {{ name: C1, listen: 127.0.0.1:{cports[i]}, routes: [{routes}] }}\n")
+            procs.append(subprocess.Popen(["nats-server", "-c", str(conf)],
+                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        for port in ports:
+            wait_listening(port)
+        yield [f"nats://127.0.0.1:{p}" for p in ports]
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            p.wait(10)

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,35 +18,13 @@ import nats.errors
 import nats.js.errors
 import pytest
 
-from tests.cluster.jshelp import JsCluster
-from tests.ports import free_port, wait_listening
+from tests.cluster.jshelp import JsCluster, nats_server_cluster3
 
 
 @pytest.fixture
 def nats3(tmp_path: Path) -> Iterator[list[str]]:
-    if shutil.which("nats-server") is None:
-        pytest.skip("nats-server not installed")
-    ports = [free_port() for _ in range(3)]
-    cports = [free_port() for _ in range(3)]
-    routes = ",".join(f"nats-route://127.0.0.1:{p}" for p in cports)
-    procs = []
-    try:
-        for i in range(3):
-            conf = tmp_path / f"n{i}.conf"
-            conf.write_text(
-                f"server_name: n{i + 1}\nlisten: 127.0.0.1:{ports[i]}\n"
-                f"jetstream {{ store_dir: \"{tmp_path}/d{i}\", domain: hub }}\n"
-                f"cluster {{ name: C1, listen: 127.0.0.1:{cports[i]}, routes: [{routes}] }}\n")
-            procs.append(subprocess.Popen(["nats-server", "-c", str(conf)],
-                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        for port in ports:  # listening before the script connects
-            wait_listening(port)
-        yield [f"nats://127.0.0.1:{p}" for p in ports]
-    finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            p.wait(10)
+    with nats_server_cluster3(tmp_path, ", domain: hub") as urls:
+        yield urls
 
 
 async def _req(nc: Any, subject: str, body: Any = None, timeout: float = 10) -> dict[str, Any]:
