@@ -218,9 +218,12 @@ class Account:
                              match_subject=route)
 
     def deliver_local(self, publisher: Any, subject: str, reply: str | None,
-                      headers: bytes | None, payload: bytes) -> int:
+                      headers: bytes | None, payload: bytes, fanout: Any = None) -> int:
         """This account's subscribers only, without mappings, imports or
-        no-responders: the router's step for each account a message reaches."""
+        no-responders: the router's step for each account a message reaches.
+        `fanout` (node/cluster Fanout): the peers this account's interest needs are
+        added to it instead of being sent their own copy (a stream export's publish
+        crosses each route once, in the exporter's account)."""
         result = self._cached(subject)  # SubList.match's cache lookup, without its call
         if result is None:
             result = self._match(subject)
@@ -237,16 +240,17 @@ class Account:
                 if sub.direct and not sub.dead and (publisher is None or publisher.echo
                                                     or sub.client is not publisher):
                     return 1 if sub.client.deliver_direct(sub, subject, reply, payload) else 0
-        return self._deliver(result, publisher, subject, reply, headers, payload, False)
+        return self._deliver(result, publisher, subject, reply, headers, payload, False,
+                             fanout=fanout)
 
     def _deliver(self, result: Any, publisher: Any, subject: str, reply: str | None,
                  headers: bytes | None, payload: bytes, answer: bool = True,
-                 match_subject: str | None = None) -> int:
+                 match_subject: str | None = None, fanout: Any = None) -> int:
         """`answer`: send no-responders when nobody received it (the router
         decides that once, over every account the message reached)."""
         if headers is not None and msgtrace.active is not None:
             return self._deliver_traced(msgtrace.active, result, publisher, subject, reply,
-                                        headers, payload, answer, match_subject)
+                                        headers, payload, answer, match_subject, fanout)
         psubs, qsubs = result.psubs, result.qsubs
         count = 0
         served: set[str] | tuple = ()
@@ -276,7 +280,10 @@ class Account:
                 self.reap()
         routes = self.routes
         if routes is not None and not getattr(publisher, "from_route", False):
-            count += routes.forward(subject, reply, headers, payload, served, match_subject)
+            if fanout is not None:
+                fanout.add(routes, subject, served, match_subject)
+            else:
+                count += routes.forward(subject, reply, headers, payload, served, match_subject)
         if count == 0 and answer and reply and publisher is not None and publisher.no_responders:
             publisher.send_no_responders(subject, reply)
         return count
@@ -284,7 +291,8 @@ class Account:
 
     def _deliver_traced(self, mt: msgtrace.MsgTrace, result: Any, publisher: Any,
                         subject: str, reply: str | None, headers: bytes, payload: bytes,
-                        answer: bool, match_subject: str | None = None) -> int:
+                        answer: bool, match_subject: str | None = None,
+                        fanout: Any = None) -> int:
         """`_deliver` for a traced message: one egress event per subscription it
         reaches (with nats-server's error when it may not have it), and no
         delivery at all for a trace-only message, which still counts where it
@@ -314,22 +322,32 @@ class Account:
         if self.expired:
             self.reap()
         if routes is not None:
-            count += routes.forward_traced(mt, subject, reply, headers, payload, served,
-                                           match_subject)
+            if fanout is not None:
+                fanout.add(routes, subject, served, match_subject)
+            else:
+                count += routes.forward_traced(mt, subject, reply, headers, payload, served,
+                                               match_subject)
         if count == 0 and answer and reply and publisher is not None and publisher.no_responders:
             publisher.send_no_responders(subject, reply)
         return count
 
     def deliver_routed(self, publisher: Any, subject: str, reply: str | None,
                        headers: bytes | None, payload: bytes, queues: Any,
-                       match_subject: str | None = None) -> int:
+                       match_subject: str | None = None, imports: bool = True) -> int:
         """A message a peer forwarded: every local plain subscriber, and one local
         member of each queue group in `queues` (the groups the peer chose this
-        node for). Never forwarded again, never answered with no-responders."""
+        node for); then, in each account importing it (`imports`), the same
+        (a peer forwards a stream export's publish in the exporter only).
+        Never forwarded again, never answered with no-responders."""
         count = 0
-        if self.router is not None and subject.startswith("_R_."):
-            # A reply to a service import whose response route this node may hold.
-            count += self.router.deliver_response(publisher, subject, headers, payload)
+        router = self.router
+        if router is not None:
+            if subject.startswith("_R_."):
+                # A reply to a service import whose response route this node may hold.
+                count += router.deliver_response(publisher, subject, headers, payload)
+            if imports:
+                count += router.deliver_imported(self, publisher, subject, reply, headers,
+                                                 payload, queues)
         result = self._match(match_subject or subject)
         psubs, qsubs = result.psubs, result.qsubs
         if not psubs and not (queues and qsubs):
@@ -340,7 +358,9 @@ class Account:
             count += self._deliver_routed_traced(msgtrace.active, result, queues, publisher, msg)
         else:
             for sub in psubs:
-                if not sub.dead and sub.client.deliver(sub, msg):
+                # A JetStream capture (local_only) took the message on the node it was
+                # published on: a routed copy must not be stored twice.
+                if not sub.dead and not sub.client.local_only and sub.client.deliver(sub, msg):
                     count += 1
             for queue in queues:
                 members = qsubs.get(queue)
@@ -354,7 +374,8 @@ class Account:
                                publisher: Any, msg: Message) -> int:
         count = 0
         for sub in result.psubs:
-            if not sub.dead and _traced_delivery(mt, sub, publisher, msg, None, self.name):
+            if not sub.dead and not sub.client.local_only \
+                    and _traced_delivery(mt, sub, publisher, msg, None, self.name):
                 count += 1
         for queue in queues:
             members = result.qsubs.get(queue)
@@ -392,8 +413,16 @@ def _traced_group_delivery(mt: msgtrace.MsgTrace, members: list, publisher: Any,
 
 def _traced_delivery(mt: msgtrace.MsgTrace, sub: Subscription, publisher: Any, msg: Message,
                      queue: str | None, account: str) -> bool:
-    """Record the egress to `sub` and deliver unless the trace is trace-only."""
+    """Record the egress to `sub` and deliver unless the trace is trace-only. While a
+    stream import delivers (`mt.export`), a `se` event comes first, as nats-server
+    records one per importer subscription it reaches; an import without allow_trace
+    gets the message untraced, with no egress event (nothing when trace-only)."""
     client = sub.client
+    export = mt.export
+    if export is not None:
+        mt.stream_export(export.account, export.subject)
+        if not export.allow_trace:
+            return True if mt.only else bool(client.deliver(sub, msg))
     stream = getattr(sub.callback, "trace_stream", None)
     if stream is not None:  # a JetStream stream's capture: nats-server's `js` event
         mt.jetstream(stream, msg.subject)

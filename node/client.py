@@ -767,18 +767,28 @@ class Client(asyncio.Protocol):
             self.send_err(pub_violation(mt.dest))
             return
         name = self.opts.get("name") or ""
-        if perms is not None and not perms.can_publish(subject, now):
+        mapped, premapped = subject, False
+        router = self.account.router
+        if perms is not None and router is not None and router.mappings_of(self.account):
+            # As on the untraced path: the permission applies to the subject the
+            # account's mapping makes (drawn once); the `in` event names the published one.
+            mapped, premapped = router.mapped(self.account, subject), True
+        if perms is not None and not perms.can_publish(mapped, now):
             mt.ingress(self.kind.value, self.cid, name, self.account.name, subject,
-                       f'Permissions Violation for Publish to "{subject}"')
+                       f'Permissions Violation for Publish to "{mapped}"')
+            if mapped != subject:
+                mt.mapping(mapped)
             self._send_trace(mt)
-            self.send_err(pub_violation(subject))
+            self.send_err(pub_violation(mapped))
             return
         if self.verbose:
             self.write(_OK)
         mt.ingress(self.kind.value, self.cid, name, self.account.name, subject)
+        if mapped != subject:
+            mt.mapping(mapped)
         msgtrace.active = mt
         try:
-            self.account.publish(self, subject, reply, headers, payload)
+            self.account.publish(self, mapped, reply, headers, payload, premapped)
         finally:
             msgtrace.active = None
         self._send_trace(mt)

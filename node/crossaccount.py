@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from node import msgtrace
 from node.accountconf import AccountsConfig, ImportIndex, ResponseType, ServiceRoute
+from node.fanout import importer_queues
 from node.jetstream.domain import merged
 from node.mapping import MappingTable
 from node.sublist import SubList
@@ -132,7 +133,7 @@ class Router:
                 headers: bytes | None, payload: bytes, premapped: bool = False) -> int:
         if headers is not None and msgtrace.active is not None:
             return self._publish_traced(msgtrace.active, account, publisher, subject, reply,
-                                        headers, payload)
+                                        headers, payload, premapped)
         mappings = self.mappings_of(account)
         if mappings and not premapped:
             mapped = mappings.apply(subject, self.rng, cluster=self.cluster)
@@ -186,9 +187,13 @@ class Router:
             count += self._follow(account, publisher, subject, reply, headers, payload,
                                   plan.service, {account.name})
             may_quiet = False
-        count += account.deliver_local(publisher, subject, reply, headers, payload)
+        routes = account.routes
+        fanout = routes.fanout() if routes is not None and plan.deliveries else None
+        count += account.deliver_local(publisher, subject, reply, headers, payload, fanout)
         for importer, local in plan.deliveries:
-            count += importer.deliver_local(publisher, local, reply, headers, payload)
+            count += importer.deliver_local(publisher, local, reply, headers, payload, fanout)
+        if fanout is not None:
+            count += fanout.send(subject, reply, headers, payload)
         if count == 0 and may_quiet and plan.quiet != -2 and account.routes is None \
                 and all(importer.routes is None for importer, _ in plan.deliveries):
             # Remote interest arrives without a local subscription change: clustered
@@ -198,7 +203,7 @@ class Router:
 
     def _publish_traced(self, mt: msgtrace.MsgTrace, account: Account, publisher: Any,
                         subject: str, reply: str | None, headers: bytes,
-                        payload: bytes) -> int:
+                        payload: bytes, premapped: bool = False) -> int:
         """`publish` for a traced message, step for step, recording the mapping,
         the service import and each stream export. The trace ends at an account
         boundary: the exporter receives the request with the trace disabled, the
@@ -208,7 +213,7 @@ class Router:
         make counts for nothing: a trace-only request that only a service
         import would serve gets no-responders, as nats-server answers it."""
         mappings = self.mappings_of(account)
-        if mappings:
+        if mappings and not premapped:  # premapped: the client recorded the `sm`
             mapped = mappings.apply(subject, self.rng, cluster=self.cluster)
             if mapped is not None:
                 if mapped != subject:
@@ -230,24 +235,63 @@ class Router:
             elif not mt.only:
                 count += self._untraced(self._serve, account, publisher, subject, reply,
                                         msgtrace.disabled_headers(headers), payload)
-        count += account.deliver_local(publisher, subject, reply, headers, payload)
-        for delivery in self.index.stream_deliveries(account.name, subject):
+        deliveries = self.index.stream_deliveries(account.name, subject)
+        routes = account.routes
+        fanout = routes.fanout() if routes is not None and deliveries else None
+        count += account.deliver_local(publisher, subject, reply, headers, payload, fanout)
+        for delivery in deliveries:
             importer = self.accounts.get(delivery.account)
-            if importer is None:
-                continue
-            mt.stream_export(delivery.account, delivery.subject)
-            if delivery.allow_trace:
-                mt.shadow = delivery.source.exporter_subject if delivery.source else None
-                try:
-                    count += importer.deliver_local(publisher, delivery.subject, reply, headers,
-                                                    payload)
-                finally:
-                    mt.shadow = None
-            elif not mt.only:
-                count += self._untraced(importer.deliver_local, publisher, delivery.subject,
-                                        reply, headers, payload)
+            if importer is not None:
+                count += self._exported(mt, delivery, importer.deliver_local, publisher,
+                                        delivery.subject, reply, headers, payload, fanout)
+        if fanout is not None:
+            count += fanout.send(subject, reply, headers, payload)
         if count == 0 and reply and publisher is not None and publisher.no_responders:
             publisher.send_no_responders(subject, reply)
+        return count
+
+    @staticmethod
+    def _exported(mt: msgtrace.MsgTrace, delivery: Any, step: Any, *args: Any) -> int:
+        """One stream import's delivery of a traced message: each importer
+        subscription reached records a `se` (node/account.py `_traced_delivery`), and
+        with allow_trace its egress, naming the subscription in the exporter's
+        subjects (nats-server's shadow subscription)."""
+        mt.export = delivery
+        if delivery.allow_trace:
+            mt.shadow = delivery.source.exporter_subject if delivery.source else None
+        try:
+            return int(step(*args))
+        finally:
+            mt.export = mt.shadow = None
+
+    def deliver_imported(self, account: Account, publisher: Any, subject: str,
+                         reply: str | None, headers: bytes | None, payload: bytes,
+                         queues: Any) -> int:
+        """A publish in `account` that a peer forwarded (node/cluster Fanout): each
+        stream import of it delivers here too, to this node's subscribers in the
+        importer (and the importer's queue groups the peer chose this node for)."""
+        plans = self._plans.get(account)
+        if plans is None:
+            plans = self._plans[account] = {}
+        plan = plans.get(subject)
+        if plan is None:
+            plan = self._plan(account, subject, plans)
+        if not plan.deliveries:
+            return 0
+        mt = msgtrace.active if headers is not None else None
+        count = 0
+        if mt is None:
+            for importer, local in plan.deliveries:
+                count += importer.deliver_routed(publisher, local, reply, headers, payload,
+                                                 importer_queues(queues, importer.name),
+                                                 imports=False)
+            return count
+        for delivery in self.index.stream_deliveries(account.name, subject):
+            importer = self.accounts.get(delivery.account)
+            if importer is not None:
+                count += self._exported(mt, delivery, importer.deliver_routed, publisher,
+                                        delivery.subject, reply, headers, payload,
+                                        importer_queues(queues, importer.name), None, False)
         return count
 
     def _trace_return(self, account: Account, mt: msgtrace.MsgTrace, headers: bytes,

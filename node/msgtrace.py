@@ -208,7 +208,7 @@ class MsgTrace:
     """The events of one traced message, in the order they happened."""
 
     __slots__ = ("dest", "only", "header", "msgsize", "events", "account", "shadow", "hop",
-                 "hops")
+                 "hops", "export")
 
     def __init__(self, dest: str, only: bool, header: dict[str, list[str]],
                  msgsize: int) -> None:
@@ -221,6 +221,9 @@ class MsgTrace:
         # While a stream import delivers (allow_trace): nats-server names the importer's
         # subscription in the exporter's subject space (its shadow subscription).
         self.shadow: Callable[[str], str] | None = None
+        # While a stream import delivers: its accountconf.StreamDelivery (each importer
+        # subscription reached gets a `se` event first).
+        self.export: Any = None
         self.hop = ""  # the Nats-Trace-Hop this copy came with ("" at the origin)
         self.hops = 0  # copies sent over routes
 

@@ -44,6 +44,7 @@ from node.cluster.wire import (
     public_host,
 )
 from node.crossaccount import RESPONSE_PREFIX
+from node.fanout import Fanout
 from proto import cluster_pb2 as pb
 from proto import cluster_pb2_grpc as pb_grpc
 
@@ -108,6 +109,11 @@ class AccountRoutes:
         targets = self.remote.targets(self.name, match_subject or subject, done_queues)
         if not targets:
             return 0
+        return self.send(targets, subject, reply, headers, payload, match_subject)
+
+    def send(self, targets: dict[int, list[str]], subject: str, reply: str | None,
+             headers: bytes | None, payload: bytes, match_subject: str | None = None) -> int:
+        """The message, in this account, to each peer of `targets` (with its queue groups)."""
         if headers is not None and msgtrace.TRACE_HOP_MARK in headers \
                 and self._peer_would_trace(headers):
             headers = msgtrace.without_hop(headers)  # untraced here: the peer must not trace it
@@ -126,6 +132,11 @@ class AccountRoutes:
         of `mt` and carries its hop number in `Nats-Trace-Hop`, so that the peer
         traces it and sends its own document (as nats-server's routes do)."""
         targets = self.remote.targets(self.name, match_subject or subject, done_queues)
+        return self.send_traced(mt, targets, subject, reply, headers, payload, match_subject)
+
+    def send_traced(self, mt: msgtrace.MsgTrace, targets: dict[int, list[str]], subject: str,
+                    reply: str | None, headers: bytes, payload: bytes,
+                    match_subject: str | None = None) -> int:
         sent = 0
         cluster = self.cluster
         for peer, queues in targets.items():
@@ -136,6 +147,9 @@ class AccountRoutes:
                                      msgtrace.route_copy(mt, self.name, headers, hop), payload,
                                      match_subject)
         return sent
+
+    def fanout(self) -> Fanout:
+        return Fanout(self)
 
 
 class Cluster:

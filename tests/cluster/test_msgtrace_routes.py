@@ -30,6 +30,7 @@ import nats
 import pytest
 
 from node.cluster.local import LocalCluster
+from tests.msgtrace_support import EVENT_FIELDS, unordered_runs
 from tests.ports import free_port
 
 ACCOUNTS = """
@@ -39,7 +40,8 @@ accounts {
       {user: a, password: a}
       {user: ad, password: ad, permissions: {subscribe: {allow: [">"], deny: ["deny.x"]}}}
     ]
-    exports: [{service: "svc.>"}, {service: "tsvc.>", allow_trace: true}, {stream: "news.>"}]
+    exports: [{service: "svc.>"}, {service: "tsvc.>", allow_trace: true}, {stream: "news.>"}
+              {stream: "plain.>"}]
     msg_trace: {dest: "trace.acc"}
   }
   B: {
@@ -47,6 +49,7 @@ accounts {
     imports: [
       {service: {account: A, subject: "svc.>"}}, {service: {account: A, subject: "tsvc.>"}}
       {stream: {account: A, subject: "news.>"}, prefix: "fa", allow_trace: true}
+      {stream: {account: A, subject: "plain.>"}}
     ]
     mappings: {"m.in": "loc.mapped"}
   }
@@ -56,7 +59,6 @@ accounts {
 # Removed before comparing, and why:
 SERVER_FIELDS = ("host", "id", "ver", "seq", "time",  # per process / per release
                  "feature_flags")  # nats-server's, Jetraft's $SYS envelope has none
-EVENT_FIELDS = ("ts", "cid")  # timestamps; connection ids count differently
 # nats-server adds Nats-Request-Info to a service-import request (not a tracing matter):
 # removed from delivered headers and from the documents' request headers (and its
 # line's size from their msgsize).
@@ -153,7 +155,7 @@ def _strip(doc: dict[str, Any]) -> dict[str, Any]:
     out = dict(doc)
     out["request"] = _request(doc["request"])
     out["server"] = {k: v for k, v in doc["server"].items() if k not in SERVER_FIELDS}
-    out["events"] = _unordered_runs(
+    out["events"] = unordered_runs(
         [{k: v for k, v in ev.items() if k not in EVENT_FIELDS} for ev in doc["events"]])
     return out
 
@@ -172,21 +174,6 @@ def _request(request: dict[str, Any]) -> dict[str, Any]:
                 v = RANDOM_R
             header[key].append(v)
     return {"header": header, "msgsize": size}
-
-
-def _unordered_runs(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """nats-server's order among consecutive egress events comes from Go map
-    iteration: such a run is compared as a set."""
-    out: list[dict[str, Any]] = []
-    run: list[dict[str, Any]] = []
-    for ev in [*events, {"type": "end"}]:
-        if ev["type"] == "eg":
-            run.append(ev)
-            continue
-        out += sorted(run, key=lambda e: json.dumps(e, sort_keys=True))
-        run = []
-        out.append(ev)
-    return out[:-1]
 
 
 async def _script(urls: list[str]) -> list[dict[str, Any]]:
@@ -368,61 +355,118 @@ async def test_traced_queue_group_served_once_across_the_route(
             assert subject in got[who], (name, subject, who, got)
 
 
-async def _stream_import_script(urls: list[str]) -> dict[str, Any]:
-    a1 = await nats.connect(urls[0], user="a", password="a", name="a1")
-    b1 = await nats.connect(urls[0], user="b", password="b", name="b1")
-    b2 = await nats.connect(urls[1], user="b", password="b", name="b2")
-    docs: dict[str, list[dict[str, Any]]] = {"A": [], "B": []}
-    got: list[str] = []
+# Stream imports across the route (publisher a1 on n1): nats-server forwards the
+# message in the EXPORTER's account (A) and the peer applies B's imports, recording
+# a `se` per B subscription it reaches (then its egress with allow_trace, naming the
+# subscription in A's subjects; without allow_trace, `se` alone).
+STREAM_CASES: list[tuple[str, dict[str, str]]] = [
+    ("news.1", {T: "trace.a"}),  # B's only subscriber is on n2: n1 records no `se`
+    ("news.two.x", {T: "trace.a"}),  # two B subscriptions on n2: two `se`
+    ("plain.1", {T: "trace.a"}),  # import without allow_trace: n2 records `se` only
+    ("news.1", {T: "trace.a", ONLY: "true"}),  # trace-only: n2 traces, delivers nothing
+    ("plain.1", {T: "trace.a", ONLY: "true"}),
+    ("news.both", {T: "trace.a"}),  # A and B subscribers on n2: ONE copy
+    ("news.loc", {T: "trace.a"}),  # B subscribers on both nodes
+    ("news.u", {}),  # untraced: each subscriber once
+    ("news.p", {"traceparent": PARENT}),  # the account's msg_trace, sampled
+]
+
+
+async def _stream_import_script(urls: list[str]) -> list[dict[str, Any]]:
+    conns = {who: await nats.connect(url, user=who[0], password=who[0], name=who,
+                                     max_reconnect_attempts=0)
+             for who, url in (("a1", urls[0]), ("a2", urls[1]), ("b1", urls[0]),
+                              ("b2", urls[1]))}
+    a1, a2, b1, b2 = (conns[k] for k in ("a1", "a2", "b1", "b2"))
+    docs: list[tuple[str, dict[str, Any]]] = []
+    got: list[tuple[str, str, dict[str, str]]] = []
 
     def collect(acc: str) -> Any:
         async def cb(msg: Any) -> None:
-            docs[acc].append(json.loads(msg.data))
+            docs.append((acc, _strip(json.loads(msg.data))))
         return cb
 
-    async def on_news(msg: Any) -> None:
-        got.append(msg.subject)
+    def deliver(who: str) -> Any:
+        async def cb(msg: Any) -> None:
+            got.append((who, msg.subject, dict(msg.headers or {})))
+        return cb
 
     async def fence(msg: Any) -> None:
-        await b2.publish(msg.reply, b"")
+        await conns["a2" if msg.subject == "fence.a" else "b2"].publish(msg.reply, b"")
 
     await a1.subscribe("trace.>", cb=collect("A"))
-    await b1.subscribe("trace.>", cb=collect("B"))
-    await b2.subscribe("fa.news.>", cb=on_news)
+    await b1.subscribe("trace.>", cb=collect("B"))  # nothing may arrive here
+    await b2.subscribe("fa.news.>", cb=deliver("b2"))
+    await b2.subscribe("fa.news.two.*", cb=deliver("b2two"))
+    await b2.subscribe("plain.>", cb=deliver("b2p"))
+    await a2.subscribe("news.both", cb=deliver("a2"))
+    await b1.subscribe("fa.news.loc", cb=deliver("b1"))
+    await a2.subscribe("fence.a", cb=fence)
     await b2.subscribe("fence.b", cb=fence)
-    await b2.flush()
-    await _until_routed(None, b1)
-    await a1.publish("news.1", b"x", headers={T: "trace.a"})
-    await a1.flush()
-    await b1.request("fence.b", b"", timeout=5)
-    await asyncio.sleep(0.3)
-    for nc in (a1, b1, b2):
+    for nc in conns.values():
+        await nc.flush()
+    await _until_routed(a1, b1)
+    out = []
+    for subject, headers in STREAM_CASES:
+        docs.clear()
+        got.clear()
+        await a1.publish(subject, b"hello", headers=headers or None)
+        await a1.flush()
+        await a1.request("fence.a", b"", timeout=5)
+        await b1.request("fence.b", b"", timeout=5)
+        await asyncio.sleep(0.05)
+        out.append({"case": [subject, headers], "delivered": sorted(got),
+                    "traces": sorted(docs, key=lambda t: (t[1]["server"]["name"],
+                                                          json.dumps(t, sort_keys=True)))})
+    out.append(await _import_queue(conns))
+    for nc in conns.values():
         await nc.close()
-    return {"docs": docs, "got": got}
+    return out
 
 
-async def test_stream_import_trace_across_the_route_stays_in_the_trace_account(
+async def _import_queue(conns: dict[str, nats.NATS], n: int = 30) -> dict[str, Any]:
+    """`n` messages (every other one traced) to B's queue group with a member on each
+    node, through the import: each reaches exactly one member, and B's plain
+    subscriber on n2 gets every one."""
+    got: dict[str, list[str]] = {"b1q": [], "b2q": [], "b2p": []}
+
+    def member(who: str) -> Any:
+        async def cb(msg: Any) -> None:
+            got[who].append(msg.subject)
+        return cb
+
+    subs = [await conns["b1"].subscribe("plain.q.*", queue="g", cb=member("b1q")),
+            await conns["b2"].subscribe("plain.q.*", queue="g", cb=member("b2q")),
+            await conns["b2"].subscribe("plain.q.*", cb=member("b2p"))]
+    for nc in conns.values():
+        await nc.flush()
+    await asyncio.sleep(0.3)  # the new interest crosses the route
+    for i in range(n):
+        await conns["a1"].publish(f"plain.q.{i}", b"x", headers={T: "trace.q"} if i % 2 else None)
+    await conns["a1"].flush()
+    await conns["b1"].request("fence.b", b"", timeout=5)
+    await asyncio.sleep(0.1)
+    for sub in subs:
+        await sub.unsubscribe()
+    every = sorted(f"plain.q.{i}" for i in range(n))
+    return {"once": sorted(got["b1q"] + got["b2q"]) == every,
+            "both members": bool(got["b1q"] and got["b2q"]), "plain": sorted(got["b2p"]) == every}
+
+
+async def test_stream_import_across_the_route_as_nats_server(
         clusters: dict[str, list[str]]) -> None:
-    """A traced message that reaches a peer through a stream import with
-    allow_trace: both nodes' documents go to the trace destination in the
-    publisher's account (A), none to the importer's (B), and the importer's
-    subscriber on n2 gets the message once, on both clusters.
-
-    NOT compared, a known difference: nats-server forwards the message in the
-    exporter's account and the peer records the `se` (n1: in, eg route; n2: in
-    with A's subject, se, eg naming the shadow subscription); Jetraft forwards the
-    importer's copy (n1: in, se, eg route; n2: in with B's subject, eg), with
-    `Nats-Trace-Origin-Account: A` on it so that n2 sends its document in A."""
-    for name, urls in clusters.items():
-        out = await _stream_import_script(urls)
-        assert out["got"] == ["fa.news.1"], name
-        assert out["docs"]["B"] == [], name
-        by_node = {d["server"]["name"]: d for d in out["docs"]["A"]}
-        assert sorted(by_node) == ["n1", "n2"], name
-        assert by_node["n1"]["hops"] == 1, name
-        assert {"type": "eg", "kind": 1, "name": "n2", "hop": "1"} in [
-            {k: v for k, v in e.items() if k not in EVENT_FIELDS}
-            for e in by_node["n1"]["events"]], name
-        n2 = by_node["n2"]["events"]
-        assert n2[0]["kind"] == 1 and n2[0]["name"] == "n1", name
-        assert n2[-1]["type"] == "eg" and n2[-1]["name"] == "b2", name
+    """A publish in A that reaches B's subscribers through a stream import crosses
+    the route once, in A: the same documents (n2's with `in` in A, then `se` and B's
+    egress), deliveries and headers as a nats-server cluster; queue groups in B are
+    served once cluster-wide."""
+    theirs = await _stream_import_script(clusters["nats-server"])
+    ours = await _stream_import_script(clusters["jetraft"])
+    for t, o in zip(theirs, ours, strict=True):
+        assert o == t, f"case {t.get('case')}:\nnats-server {json.dumps(t, indent=1)}\n" \
+                       f"jetraft {json.dumps(o, indent=1)}"
+    assert theirs[-1] == {"once": True, "both members": True, "plain": True}
+    # The oracle did what the cases claim: n2's document has the `se` and B's egress.
+    n2 = [d for acc, d in theirs[0]["traces"] if d["server"]["name"] == "n2"]
+    assert [e["type"] for e in n2[0]["events"]] == ["in", "se", "eg"]
+    assert n2[0]["events"][0]["acc"] == "A" and n2[0]["events"][2]["acc"] == "B"
+    assert all(acc == "A" for r in theirs[:-1] for acc, _ in r["traces"])

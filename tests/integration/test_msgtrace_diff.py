@@ -16,8 +16,10 @@ from typing import Any
 import nats
 import pytest
 
+from node import msgtrace
 from node.accountconf import parse_accounts_config
 from node.config import ConfigError, parse_config
+from tests.msgtrace_support import EVENT_FIELDS, run_cases, strip_document
 
 CONFIG = """
 accounts {
@@ -37,6 +39,9 @@ accounts {
     ]
     mappings: {"m.in": "svc.mapped", "loc.in": "local.mapped"}
   }
+  # Imports news.> but nobody subscribes in C: nats-server records no `se` for it (a
+  # `se` comes with each importer subscription the message reaches).
+  C: { imports: [{stream: {account: A, subject: "news.>"}, prefix: "fc"}] }
 }
 """
 
@@ -45,7 +50,6 @@ SERVER_FIELDS = ("name", "host", "id", "ver", "seq", "time",
                  # nats-server 2.15 adds feature flags to every $SYS server block;
                  # Jetraft's $SYS envelope (node/sysaccount.py) has none.
                  "feature_flags")
-EVENT_FIELDS = ("ts", "cid")  # timestamps; client ids count differently
 # Jetraft does not add nats-server's Nats-Request-Info to service-import requests
 # (a service-import gap, not a tracing one).
 DELIVERED_HEADERS_IGNORED = ("Nats-Request-Info",)
@@ -77,25 +81,7 @@ CASES: list[tuple[str, str, dict[str, str], bool]] = [
 
 
 def _strip(doc: dict[str, Any]) -> dict[str, Any]:
-    server = {k: v for k, v in doc["server"].items() if k not in SERVER_FIELDS}
-    events = [{k: v for k, v in ev.items() if k not in EVENT_FIELDS} for ev in doc["events"]]
-    return {"server": server, "request": doc["request"], "events": _unordered_runs(events)}
-
-
-def _unordered_runs(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """nats-server's order among egress and stream-export events that follow each
-    other comes from its sublist's Go map iteration (random): each such run is
-    compared as a set; every other event keeps its place."""
-    out: list[dict[str, Any]] = []
-    run: list[dict[str, Any]] = []
-    for ev in [*events, {"type": "end"}]:
-        if ev["type"] in ("eg", "se"):
-            run.append(ev)
-            continue
-        out += sorted(run, key=lambda e: json.dumps(e, sort_keys=True))
-        run = []
-        out.append(ev)
-    return out[:-1]
+    return strip_document(doc, SERVER_FIELDS)
 
 
 async def _run(url: str, cases: list[tuple[str, str, dict[str, str], bool]] = CASES,
@@ -140,32 +126,7 @@ async def _run(url: str, cases: list[tuple[str, str, dict[str, str], bool]] = CA
     await as_.subscribe("deny.>", cb=deliver("as"))
     for nc in conns.values():
         await nc.flush()
-    out = []
-    for user, subject, headers, request in cases:
-        traces.clear()
-        got.clear()
-        for errs in errors.values():
-            errs.clear()
-        nc = conns[user]
-        reply = "-"
-        if request:
-            try:
-                msg = await nc.request(subject, b"hello", headers=headers, timeout=0.5)
-                reply = msg.data.decode()
-            except nats.errors.NoRespondersError:
-                reply = "no responders"
-            except nats.errors.TimeoutError:
-                reply = "timeout"
-        else:
-            await nc.publish(subject, b"hello", headers=headers)
-        await nc.flush()
-        for c in conns.values():
-            await c.flush()
-        await asyncio.sleep(0.15)  # internal deliveries and the -ERR callbacks
-        out.append({"case": (user, subject, headers), "reply": reply,
-                    "delivered": sorted(got, key=repr),
-                    "errors": {u: sorted(e) for u, e in errors.items() if e},
-                    "traces": [(s, _strip(d)) for s, d in traces]})
+    out = await run_cases(conns, errors, cases, traces, got, _strip)
     for nc in conns.values():
         await nc.close()
     return out
@@ -396,3 +357,95 @@ def test_chained_service_imports_traced_as_nats_server(servers: Any, allow_b: st
     assert got["jetraft"] == got["nats-server"]
     traced = got["nats-server"]["only=False"]["events"][0]
     assert [e["type"] for e in traced].count("si") == (2 if allow_b == "true" else 1)
+
+
+# Permission checks on the traced path, in nats-server's order: the trace destination
+# first (the whole message refused), then the publish permission on the subject the
+# account's mapping made (an `in` event with the error), then each subscriber's
+# permission at delivery (an egress error), in the importer too.
+CONFIG_PERMS = """
+accounts {
+  A: {
+    users: [
+      {user: a, password: a}
+      {user: pm, password: pm, permissions: {publish: {allow: ["old.>", "trace.>"]}}}
+      {user: pd, password: pd, permissions: {publish: {deny: ["ev.>"]}}}
+      {user: as, password: as, permissions: {subscribe: {allow: [">"], deny: ["news.deny"]}}}
+    ]
+    mappings: {"old.y": "ev.mapped", "old.z": "ok.mapped", "ev.back": "old.back"}
+    exports: [{stream: "news.>"}]
+  }
+  B: {
+    users: [{user: bs, password: bs,
+             permissions: {subscribe: {allow: [">"], deny: ["fa.news.deny"]}}}]
+    imports: [{stream: {account: A, subject: "news.>"}, prefix: "fa", allow_trace: true}]
+  }
+}
+"""
+PERM_CASES: list[tuple[str, str, dict[str, str], bool]] = [
+    ("pm", "old.y", {T: "trace.a"}, False),  # allowed old.>, mapped to ev.mapped: refused
+    ("pm", "old.z", {T: "trace.a"}, False),  # mapped outside its allow list
+    ("pm", "old.z", {T: "trace.a", ONLY: "true"}, False),
+    ("pd", "old.y", {T: "trace.a"}, False),  # mapped INTO its deny list
+    ("pd", "ev.back", {T: "trace.a"}, False),  # denied subject mapped out of it
+    ("pd", "ev.x", {T: "trace.a"}, False),  # denied, unmapped
+    ("pd", "ev.x", {T: "trace.a", ONLY: "true"}, False),
+    ("pm", "news.1", {T: "trace.a"}, False),  # not in the allow list at all
+    ("a", "news.deny", {T: "trace.a"}, False),  # both subscribers deny it
+    ("a", "news.deny", {T: "trace.a", ONLY: "true"}, False),
+    ("a", "news.ok", {T: "trace.a"}, False),
+]
+
+
+async def _run_perms(url: str) -> list[dict[str, Any]]:
+    errors: dict[str, list[str]] = {}
+    conns: dict[str, nats.NATS] = {}
+    for user in ("a", "pm", "pd", "as", "bs"):
+        errors[user] = []
+
+        async def on_error(e: Exception, user: str = user) -> None:
+            errors[user].append(str(e))
+
+        conns[user] = await nats.connect(url, user=user, password=user, name=user,
+                                         error_cb=on_error, max_reconnect_attempts=0)
+    traces: list[tuple[str, dict[str, Any]]] = []
+    got: list[tuple[str, str]] = []
+
+    async def on_trace(msg: Any) -> None:
+        traces.append((msg.subject, json.loads(msg.data)))
+
+    def deliver(who: str) -> Any:
+        async def cb(msg: Any) -> None:
+            got.append((who, msg.subject))
+        return cb
+
+    await conns["a"].subscribe("trace.>", cb=on_trace)
+    for subject in ("ev.>", "ok.>", "old.>", "news.>"):
+        await conns["as"].subscribe(subject, cb=deliver("as"))
+    await conns["bs"].subscribe("fa.news.>", cb=deliver("bs"))
+    for nc in conns.values():
+        await nc.flush()
+    await asyncio.sleep(0.2)  # nats-server's import interest settles asynchronously
+    out = await run_cases(conns, errors, PERM_CASES, traces, got, _strip)
+    for nc in conns.values():
+        await nc.close()
+    return out
+
+
+def test_permission_checks_on_the_traced_path_as_nats_server(servers: Any) -> None:
+    got = {name: asyncio.run(_run_perms(proc.url))
+           for name, proc in servers.both(CONFIG_PERMS).items()}
+    for t, o in zip(got["nats-server"], got["jetraft"], strict=True):
+        assert o == t, f"case {t['case']}:\nnats-server {json.dumps(t, indent=1)}\n" \
+                       f"jetraft {json.dumps(o, indent=1)}"
+    # What the comparison relies on (so that an empty run cannot pass):
+    theirs = got["nats-server"]
+    first = theirs[0]["traces"][0][1]["events"]  # refused on the mapped subject
+    assert [e["type"] for e in first] == ["in", "sm"] and first[0]["subj"] == "old.y"
+    assert first[0]["error"] == 'Permissions Violation for Publish to "ev.mapped"'
+    assert theirs[0]["delivered"] == [] and theirs[0]["errors"]["pm"]
+    assert theirs[4]["delivered"] == [("as", "old.back")]  # denied ev.back, mapped out
+    deny = theirs[8]["traces"][0][1]["events"]  # both subscribers deny news.deny
+    assert sum(e.get("error") == msgtrace.SUB_DENIED for e in deny) == 2
+    assert {"type": "eg", "kind": 0, "name": "bs", "acc": "B", "sub": "news.>",
+            "error": msgtrace.SUB_DENIED} in deny

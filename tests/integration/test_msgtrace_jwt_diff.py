@@ -25,6 +25,7 @@ import pytest
 
 from tests import jwt_issuer as ji
 from tests.integration.test_msgtrace_diff import _strip
+from tests.msgtrace_support import run_cases
 
 T = "Nats-Trace-Dest"
 ONLY = "Nats-Trace-Only"
@@ -115,31 +116,7 @@ async def _run(url: str, creds: dict[str, str]) -> list[dict[str, Any]]:
     for nc in conns.values():
         await nc.flush()
     await asyncio.sleep(0.2)  # nats-server's import interest settles asynchronously
-    out = []
-    for user, subject, headers, request in CASES:
-        traces.clear()
-        got.clear()
-        for errs in errors.values():
-            errs.clear()
-        nc = conns[user]
-        reply = "-"
-        if request:
-            try:
-                reply = (await nc.request(subject, b"hi", headers=headers, timeout=0.5)).data \
-                    .decode()
-            except nats.errors.NoRespondersError:
-                reply = "no responders"
-            except nats.errors.TimeoutError:
-                reply = "timeout"
-        else:
-            await nc.publish(subject, b"hi", headers=headers)
-        for c in conns.values():
-            await c.flush()
-        await asyncio.sleep(0.15)
-        out.append({"case": [user, subject, headers], "reply": reply,
-                    "delivered": sorted(got, key=repr),
-                    "errors": {u: sorted(e) for u, e in errors.items() if e},
-                    "traces": sorted(((s, _strip(d)) for s, d in traces), key=repr)})
+    out = await run_cases(conns, errors, CASES, traces, got, _strip)
     for nc in conns.values():
         await nc.close()
     return out
