@@ -39,13 +39,18 @@ accounts {
     users: [
       {user: a, password: a}
       {user: ad, password: ad, permissions: {subscribe: {allow: [">"], deny: ["deny.x"]}}}
+      {user: pm, password: pm, permissions: {publish: {allow: ["old.>", "x.old", "trace.>"]}}}
     ]
+    mappings: {"old.x": "x.old", "old.y": "x.mapped"}
     exports: [{service: "svc.>"}, {service: "tsvc.>", allow_trace: true}, {stream: "news.>"}
               {stream: "plain.>"}]
     msg_trace: {dest: "trace.acc"}
   }
   B: {
-    users: [{user: b, password: b}]
+    users: [
+      {user: b, password: b}
+      {user: bs, password: bs, permissions: {subscribe: {allow: [">"], deny: ["fa.news.deny"]}}}
+    ]
     imports: [
       {service: {account: A, subject: "svc.>"}}, {service: {account: A, subject: "tsvc.>"}}
       {stream: {account: A, subject: "news.>"}, prefix: "fa", allow_trace: true}
@@ -94,6 +99,9 @@ CASES: list[tuple[str, str, dict[str, str], bool]] = [
     ("a1", "x.7", {T: "trace.a", ORIGIN: "B"}, False),
     ("a1", "both.3", {T: "trace.a", ORIGIN: "B", ONLY: "true"}, False),  # delivered to nobody
     ("a1", "x.8", {"traceparent": PARENT, ORIGIN: "A"}, False),
+    # Publish permissions apply to the mapped subject, on the publisher's node.
+    ("pm1", "old.x", {T: "trace.a"}, False),  # mapped to x.old (allowed): crosses to n2
+    ("pm1", "old.y", {T: "trace.a"}, False),  # mapped to x.mapped (not allowed): refused
 ]
 
 
@@ -179,7 +187,7 @@ def _request(request: dict[str, Any]) -> dict[str, Any]:
 async def _script(urls: list[str]) -> list[dict[str, Any]]:
     conns: dict[str, nats.NATS] = {}
     for who, user, url in (("a1", "a", urls[0]), ("a2", "a", urls[1]), ("b1", "b", urls[0]),
-                           ("b2", "b", urls[1]), ("ad2", "ad", urls[1])):
+                           ("b2", "b", urls[1]), ("ad2", "ad", urls[1]), ("pm1", "pm", urls[0])):
         conns[who] = await nats.connect(url, user=user, password=user, name=who,
                                         max_reconnect_attempts=0)
     traces: list[tuple[str, dict[str, Any]]] = []
@@ -279,6 +287,10 @@ async def test_tracing_across_a_route_as_nats_server(clusters: dict[str, list[st
     assert first["traces"][0][1]["hops"] == 1
     assert first["delivered"] == [("a2", "x.1", {T: "trace.a", "Zed": "z",
                                                  "Nats-Trace-Hop": "1"})]
+    refused = theirs[-1]  # pm1's old.y: refused on n1 for the mapped subject, nothing sent
+    assert [[e["type"] for e in d["events"]] for _, d in refused["traces"]] == [["in", "sm"]]
+    assert refused["traces"][0][1]["events"][0]["error"] == \
+        'Permissions Violation for Publish to "x.mapped"' and refused["delivered"] == []
 
 
 async def _queue_script(urls: list[str], n: int = 30) -> dict[str, Any]:
@@ -369,14 +381,15 @@ STREAM_CASES: list[tuple[str, dict[str, str]]] = [
     ("news.loc", {T: "trace.a"}),  # B subscribers on both nodes
     ("news.u", {}),  # untraced: each subscriber once
     ("news.p", {"traceparent": PARENT}),  # the account's msg_trace, sampled
+    ("news.deny", {T: "trace.a"}),  # bs2 (B, on n2) may not receive it: egress error there
 ]
 
 
 async def _stream_import_script(urls: list[str]) -> list[dict[str, Any]]:
-    conns = {who: await nats.connect(url, user=who[0], password=who[0], name=who,
+    conns = {who: await nats.connect(url, user=who[:-1], password=who[:-1], name=who,
                                      max_reconnect_attempts=0)
              for who, url in (("a1", urls[0]), ("a2", urls[1]), ("b1", urls[0]),
-                              ("b2", urls[1]))}
+                              ("b2", urls[1]), ("bs2", urls[1]))}
     a1, a2, b1, b2 = (conns[k] for k in ("a1", "a2", "b1", "b2"))
     docs: list[tuple[str, dict[str, Any]]] = []
     got: list[tuple[str, str, dict[str, str]]] = []
@@ -399,6 +412,7 @@ async def _stream_import_script(urls: list[str]) -> list[dict[str, Any]]:
     await b2.subscribe("fa.news.>", cb=deliver("b2"))
     await b2.subscribe("fa.news.two.*", cb=deliver("b2two"))
     await b2.subscribe("plain.>", cb=deliver("b2p"))
+    await conns["bs2"].subscribe("fa.news.>", cb=deliver("bs2"))
     await a2.subscribe("news.both", cb=deliver("a2"))
     await b1.subscribe("fa.news.loc", cb=deliver("b1"))
     await a2.subscribe("fence.a", cb=fence)
@@ -467,6 +481,9 @@ async def test_stream_import_across_the_route_as_nats_server(
     assert theirs[-1] == {"once": True, "both members": True, "plain": True}
     # The oracle did what the cases claim: n2's document has the `se` and B's egress.
     n2 = [d for acc, d in theirs[0]["traces"] if d["server"]["name"] == "n2"]
-    assert [e["type"] for e in n2[0]["events"]] == ["in", "se", "eg"]
+    assert [e["type"] for e in n2[0]["events"]] == ["in", "se", "eg", "se", "eg"]  # b2, bs2
     assert n2[0]["events"][0]["acc"] == "A" and n2[0]["events"][2]["acc"] == "B"
     assert all(acc == "A" for r in theirs[:-1] for acc, _ in r["traces"])
+    deny = [d for _, d in theirs[-2]["traces"] if d["server"]["name"] == "n2"][0]["events"]
+    assert {"type": "eg", "kind": 0, "name": "bs2", "acc": "B", "sub": "news.>",
+            "error": "Not delivered because subscription denies this subject"} in deny
