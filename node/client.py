@@ -55,6 +55,7 @@ from node.message import (
 )
 from node.protocol import ProtocolError, ServerParser, writer
 from node.protocol.events import Connect, HPub, Ping, Pong, Pub, Sub, Unsub
+from node.protocol.parser import ERR_MAX_CONTROL_LINE
 from node.subject import subject_matches, valid_literal_subject, valid_queue_name, valid_subject
 
 STALE_CONNECTION = "Stale Connection"
@@ -74,6 +75,13 @@ _heads, _msg_head, _size_lines, _size_line = heads, msg_head, size_lines, size_l
 # (and counted), as a slow consumer's would be.
 INTERNAL_QUEUE_MAX = 65536
 _INTERNAL_BATCH = 256  # callbacks per loop turn, so one busy client cannot hog the loop
+
+
+def _connect_too_long(err: ProtocolError) -> bool:
+    """A CONNECT line over max_control_line: nats-server answers -ERR 'maximum control
+    line exceeded' even under auth (any other op first is an authorization violation)."""
+    return err.message == ERR_MAX_CONTROL_LINE and \
+        err.detail.upper().replace('"', "'").find("PROTO=B'CONNECT") >= 0
 
 
 class Kind(enum.Enum):
@@ -375,7 +383,7 @@ class Client(asyncio.Protocol):
             self.server.log.debug(f"{self.host}:{self.port} - cid:{self.cid} - "
                                   f"protocol error: {err}")
             if self._awaiting_connect() and "state=JSON_ARG" not in err.detail \
-                    and self._no_auth_identity() is None:
+                    and not _connect_too_long(err) and self._no_auth_identity() is None:
                 # nats-server refuses anything but CONNECT first under auth (HPUB included).
                 self.send_err(AUTH_VIOLATION, close=True)
             elif getattr(err, "send_err", True):

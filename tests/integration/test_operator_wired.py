@@ -10,7 +10,9 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import random
 import socket
+import string
 import time
 from pathlib import Path
 from typing import Any
@@ -317,3 +319,55 @@ def test_account_jwt_exports_and_imports_route_like_nats_server(servers, tmp_pat
     assert seen["jetraft"] == seen["nats-server"]
     assert seen["nats-server"]["ask.q"] == "served:help.q"
     assert "from_a.news.x" in seen["nats-server"]["streams"]
+
+
+# ---------------------------------------------------------------------- fuzzed JWTs
+
+def _fuzzed(world: World) -> tuple[list[tuple[str, str]], ji.Key]:
+    """(name, token) pairs made from one valid user JWT, all signed for by its key:
+    garbage, truncations, one character changed, a wrong signature, oversized."""
+    user = ji.user_key()
+    valid = ji.user_jwt(user, world.acc)
+    rnd = random.Random(7)
+    head, payload, _ = valid.split(".")
+    other_sig = ji.user_jwt(user, world.limited).split(".")[2]
+    out = [("garbage", "".join(rnd.choice(string.ascii_letters + ".-_") for _ in range(200))),
+           ("binary", base64.b64encode(rnd.randbytes(300)).decode()),
+           ("wrong_signature", f"{head}.{payload}.{other_sig}"),
+           ("no_signature", f"{head}.{payload}."),
+           ("two_parts", f"{head}.{payload}"), ("empty", ""),
+           ("oversized", ji.user_jwt(user, world.acc, tags=["t" * 60] * 500)),
+           ("deep_json", head + "." + base64.urlsafe_b64encode(b"[" * 5000).rstrip(b"=").decode()
+            + "." + valid.split(".")[2])]
+    for n in sorted(rnd.sample(range(1, len(valid)), 8)):
+        out.append((f"truncated_{n}", valid[:n]))
+    for i in sorted(rnd.sample(range(len(head) + 1, len(valid)), 8)):
+        c = "A" if valid[i] != "A" else "B"
+        out.append((f"changed_{i}", valid[:i] + c + valid[i + 1:]))
+    return out, user
+
+
+def _first_line_and_close(port: int, token: str, key: ji.Key) -> tuple[str, bool]:
+    s, _ = _login(port, token, key)
+    try:
+        s.settimeout(5)
+        first = s.makefile("rb").readline().decode().strip()
+        closed = first == "PONG" or not _read_until_closed(s, 5).replace(b"PING\r\n", b"")
+        return first, closed
+    finally:
+        s.close()
+
+
+def test_fuzzed_jwts_are_refused_cleanly_and_the_node_stays_up(world: World, both) -> None:
+    """Every malformed or wrongly signed user JWT on the wire gets nats-server's
+    answer (-ERR 'Authorization Violation' and a close); the node then still
+    logs in a valid user."""
+    tokens, key = _fuzzed(world)
+    seen = {impl: {name: _first_line_and_close(both[impl].port, t, key) for name, t in tokens}
+            for impl in IMPLS}
+    assert seen["jetraft"] == seen["nats-server"]
+    refused = [n for n, (line, closed) in seen["jetraft"].items() if line == AUTH_VIOLATION]
+    assert len(refused) >= len(tokens) - 4 and all(seen["jetraft"][n][1] for n in refused)
+    user = ji.user_key()
+    assert _first_line_and_close(both["jetraft"].port, ji.user_jwt(user, world.acc), user) \
+        == ("PONG", True)
