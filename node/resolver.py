@@ -217,10 +217,23 @@ def verify_account_jwt(cfg: OperatorConfig, token: str, now: float,
     claims.claims.check_time(now)
     from node.activation import import_token_issues  # activation imports accountconf
 
-    issues = import_token_issues(claims)
+    issues = import_token_issues(claims) + limit_issues(claims)
     if issues:
         raise JWTError("account JWT has validation issues: " + "; ".join(issues))
     return claims
+
+
+def limit_issues(claims: AccountClaims) -> list[str]:
+    """nats-jwt's validation errors for an account JWT over its own `imports` or
+    `exports` limit: nats-server then refuses the whole account (no login, and its
+    exports reach nobody), as it does for any JWT with validation errors."""
+    issues = []
+    lim = claims.limits
+    if 0 <= lim.imports < len(claims.imports):
+        issues.append("the account contains more imports than allowed by the operator")
+    if 0 <= lim.exports < len(claims.exports):
+        issues.append("the account contains more exports than allowed by the operator")
+    return issues
 
 
 class MemoryResolver:

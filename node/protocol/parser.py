@@ -502,6 +502,13 @@ class Parser:
                     pos = self._slow(data, pos, nl, on_pub, emit)
                     if pos < 0:
                         return -pos - 1
+                    # A CONNECT may have tightened the limits (its account's max_payload):
+                    # the frames after it in this read obey the new ones, as in nats-server.
+                    mcl = self.max_control_line
+                    max_payload = self.max_payload
+                    if max_payload < 0:
+                        max_payload = 1 << 62
+                    ll = 0
                     continue
                 line = key
                 ll = nl + 1 - pos

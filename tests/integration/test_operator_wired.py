@@ -371,3 +371,83 @@ def test_fuzzed_jwts_are_refused_cleanly_and_the_node_stays_up(world: World, bot
     user = ji.user_key()
     assert _first_line_and_close(both["jetraft"].port, ji.user_jwt(user, world.acc), user) \
         == ("PONG", True)
+
+
+# ---------------------------------------------------------------------- account JWT limits
+
+def _limits(**kw: int) -> dict[str, Any]:
+    base = {"subs": -1, "data": -1, "payload": -1, "imports": -1, "exports": -1,
+            "wildcards": True, "conn": -1, "leaf": -1}
+    return {**base, **kw}
+
+
+def _limits_config(tmp: Path) -> tuple[str, dict[str, ji.Key]]:
+    """E exports two streams; I imports both but may import one; X exports two but may
+    export one (J imports both); S has subs, payload and data limits."""
+    op, sys_ = ji.operator_key(), ji.account_key()
+    k = {n: ji.account_key() for n in ("E", "I", "X", "J", "S")}
+    streams = [{"name": f"s{i}", "subject": f"{n}.>", "type": "stream"}
+               for i, n in enumerate(("e", "f"))]
+    preload = {
+        sys_.public: ji.account_jwt(sys_, op, name="SYS"),
+        k["E"].public: ji.account_jwt(k["E"], op, name="E", exports=streams),
+        k["I"].public: ji.account_jwt(k["I"], op, name="I", limits=_limits(imports=1), imports=[
+            {"name": f"i{j}", "subject": s["subject"], "account": k["E"].public, "type": "stream"}
+            for j, s in enumerate(streams)]),
+        k["X"].public: ji.account_jwt(k["X"], op, name="X", limits=_limits(exports=1),
+                                      exports=streams),
+        k["J"].public: ji.account_jwt(k["J"], op, name="J", imports=[
+            {"name": f"j{j}", "subject": s["subject"], "account": k["X"].public, "type": "stream"}
+            for j, s in enumerate(streams)]),
+        k["S"].public: ji.account_jwt(k["S"], op, name="S",
+                                      limits=_limits(subs=2, payload=64, data=256)),
+    }
+    (tmp / "op.jwt").write_text(ji.operator_jwt(op, system_account=sys_.public))
+    lines = [f"  {a}: {b}" for a, b in preload.items()]
+    return (f"operator: {tmp / 'op.jwt'}\nsystem_account: {sys_.public}\n"
+            "resolver: MEMORY\nresolver_preload: {\n" + "\n".join(lines) + "\n}\n"), k
+
+
+def _session(port: int, account: ji.Key, script: bytes, wait: float = 0.5) -> str:
+    """Log a new user of `account` in, send `script`, and return what came back."""
+    user = ji.user_key()
+    s, _ = _login(port, ji.user_jwt(user, account), user)
+    try:
+        s.sendall(script + b"PING\r\n")
+        return _read_until_closed(s, wait).decode(errors="replace")
+    finally:
+        s.close()
+
+
+def _limit_outcomes(port: int, k: dict[str, ji.Key]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name in ("I", "X", "J"):
+        out[f"login {name}"] = _session(port, k[name], b"", 0.3).split("\r\n")[0]
+    # Which imports survived: a subscriber in I/J, a publisher in E/X.
+    for importer, exporter in (("I", "E"), ("J", "X")):
+        user = ji.user_key()
+        s, _ = _login(port, ji.user_jwt(user, k[importer]), user)
+        s.sendall(b"SUB e.> 1\r\nSUB f.> 2\r\nPING\r\n")
+        _read_until_closed(s, 0.3)
+        time.sleep(0.2)
+        _session(port, k[exporter], b"PUB e.1 1\r\nx\r\nPUB f.1 1\r\ny\r\n", 0.3)
+        got = _read_until_closed(s, 0.5).decode(errors="replace")
+        s.close()
+        out[f"{importer} receives"] = sorted(line.split(" ")[1] for line in got.split("\r\n")
+                                            if line.startswith("MSG "))
+    out["S subs"] = _session(port, k["S"], b"SUB a 1\r\nSUB b 2\r\nSUB c 3\r\n")
+    out["S payload"] = _session(port, k["S"], b"PUB a 65\r\n" + b"x" * 65 + b"\r\n")
+    out["S data"] = _session(port, k["S"], b"".join(b"PUB a 60\r\n" + b"x" * 60 + b"\r\n"
+                                                      for _ in range(10)))
+    return out
+
+
+def test_account_jwt_limits_like_nats_server(servers, tmp_path: Path) -> None:
+    """The account claim's limits as nats-server applies them: `imports` and
+    `exports` (an account JWT over them), `subs`, `payload` and `data`."""
+    config, keys = _limits_config(tmp_path)
+    seen = {}
+    for impl in IMPLS:
+        server = servers.nats_server(config) if impl == "nats-server" else servers.jetraft(config)
+        seen[impl] = _limit_outcomes(server.port, keys)
+    assert seen["jetraft"] == seen["nats-server"], json.dumps(seen, indent=1)

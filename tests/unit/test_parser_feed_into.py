@@ -70,6 +70,30 @@ def test_cached_line_respects_a_lowered_max_payload_on_the_next_call() -> None:
     assert info.value.message == "Maximum Payload Violation"
 
 
+@pytest.mark.parametrize("form", ["interpreted", "compiled"])
+def test_limits_a_connect_sets_apply_to_the_frames_after_it_in_the_same_read(form: str) -> None:
+    """A client pipelines PUBs behind its CONNECT; the CONNECT's account has a
+    smaller max_payload: those PUBs must obey it (they slipped through when the
+    parser kept the limits it read at the start of the call)."""
+    from node.protocol import native
+
+    cls = Parser if form == "interpreted" else native.compiled_parser()
+    if cls is None:
+        pytest.skip("compiled parser not built")
+    parser = cls()
+    seen: list = []
+
+    def on_event(event: object) -> None:
+        seen.append(event)
+        parser.max_payload = 3  # what Client does once the CONNECT is authenticated
+
+    data = b'CONNECT {}\r\nPUB a 3\r\nabc\r\nPUB a 4\r\nabcd\r\n'
+    with pytest.raises(ProtocolError) as info:
+        parser.feed_into(data, lambda s, r, p: seen.append(Pub(s, r, p)), on_event)
+    assert info.value.message == "Maximum Payload Violation"
+    assert seen[1:] == [Pub("a", None, b"abc")]
+
+
 def test_callbacks_before_an_error_have_run_and_the_parser_is_dead() -> None:
     parser = Parser()
     seen: list = []
