@@ -12,6 +12,10 @@ The same accounts config and the same nats-py script run against a nats-server
 cluster and a jetraft cluster, each of two nodes named n1 and n2 in cluster `core`;
 the documents (sorted by the node that sent them), the deliveries and the request
 outcomes must be equal once the fields listed below are removed.
+
+The same two clusters (started once for the module) also serve the accounts tests
+that need routes: stream imports crossing a route, permissions on the traced path
+across it, and `$SYS.REQ.SERVER.PING.<endpoint>` answered by every node.
 """
 
 from __future__ import annotations
@@ -34,7 +38,9 @@ from tests.msgtrace_support import EVENT_FIELDS, unordered_runs
 from tests.ports import free_port
 
 ACCOUNTS = """
+system_account: SYS
 accounts {
+  SYS: { users: [{user: sys, password: sys}] }
   A: {
     users: [
       {user: a, password: a}
@@ -487,3 +493,54 @@ async def test_stream_import_across_the_route_as_nats_server(
     deny = [d for _, d in theirs[-2]["traces"] if d["server"]["name"] == "n2"][0]["events"]
     assert {"type": "eg", "kind": 0, "name": "bs2", "acc": "B", "sub": "news.>",
             "error": "Not delivered because subscription denies this subject"} in deny
+
+
+async def _sys_script(urls: list[str]) -> dict[str, Any]:
+    """`$SYS.REQ.SERVER.PING.<endpoint>` from n1: every node answers; then the
+    id-addressed request for n2's VARZ, sent on n1, is answered by n2."""
+    nc = await nats.connect(urls[0], user="sys", password="sys", max_reconnect_attempts=0)
+    out: dict[str, Any] = {}
+    ids: dict[str, str] = {}
+    for endpoint in ("", ".VARZ", ".IDZ", ".STATSZ", ".SUBSZ"):
+        inbox = nc.new_inbox()
+        replies: list[dict[str, Any]] = []
+
+        async def cb(msg: Any, replies: list[dict[str, Any]] = replies) -> None:
+            replies.append(json.loads(msg.data))
+
+        sub = await nc.subscribe(inbox, cb=cb)
+        await nc.publish("$SYS.REQ.SERVER.PING" + endpoint, b"", reply=inbox)
+        deadline = time.monotonic() + 3
+        while len(replies) < 2 and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.2)  # no third answer
+        await sub.unsubscribe()
+        for r in replies:
+            srv = r.get("server", r)  # IDZ answers with the server block alone
+            ids[srv["name"]] = srv["id"]
+        # The answer's body: `data` (endpoints) or the rest of it (the bare PING's statsz).
+        out[endpoint] = sorted((r.get("server", r)["name"],
+                                sorted(r["data"] if "data" in r else set(r) - {"server"}))
+                               for r in replies)
+    r = json.loads((await nc.request(f"$SYS.REQ.SERVER.{ids['n2']}.VARZ", b"", timeout=3)).data)
+    out["n2 by id"] = r["server"]["name"]
+    await nc.close()
+    return out
+
+
+async def test_sys_ping_requests_are_answered_by_every_node_as_nats_server(
+        clusters: dict[str, list[str]]) -> None:
+    """`$SYS.REQ.SERVER.PING[.<endpoint>]` published on one node: one answer per
+    node, each naming its server, as a nats-server cluster gives (the answers'
+    `data` keys compared too); a request addressed to n2's id, sent on n1,
+    is answered by n2."""
+    theirs = await _sys_script(clusters["nats-server"])
+    ours = await _sys_script(clusters["jetraft"])
+    for key, answers in theirs.items():
+        if not isinstance(answers, list):
+            continue
+        assert [name for name, _ in ours[key]] == [name for name, _ in answers] \
+            == ["n1", "n2"], key
+        for (_, our_keys), (_, their_keys) in zip(ours[key], answers, strict=True):
+            assert set(our_keys) <= set(their_keys), (key, set(our_keys) - set(their_keys))
+    assert ours.get("n2 by id") == theirs.get("n2 by id") == "n2"
