@@ -526,6 +526,14 @@ class Client(asyncio.Protocol):
     def peer_cert(self) -> dict | None:
         return tls.peer_cert(self.transport) if self.server.tls_ctx is not None else None
 
+    def limits_reloaded(self) -> None:
+        """Config reload: a changed max_payload (the server's or the account's) applies
+        to this connection at once, as nats-server applies it to connected clients."""
+        identity = self.identity
+        own = self.account.max_payload if identity is None \
+            else _tighter(self.account.max_payload, identity.max_payload)
+        self.parser.max_payload = _tighter(self.server.options.max_payload, own)
+
     def set_tracing(self, on: bool) -> None:
         """Config reload: -V / trace on or off for this connection."""
         self.tracing = on

@@ -245,6 +245,7 @@ class Reloader:
             server.system.accounts_changed()
         for client in list(server.clients.values()):
             client.set_tracing(new.trace)
+            client.limits_reloaded()
             if plan.auth and new.operator is None:
                 self._recheck(client)
             else:

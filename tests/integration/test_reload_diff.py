@@ -265,3 +265,40 @@ def test_routes_across_accounts_follow_a_reload_as_nats_server(servers: Any, raw
     assert b"MSG ev.1 1 1\r\np\r\n" in after["before"] and after["b"] == b""
     assert after["c"].count(b"MSG from.ev.1 2 1\r\n1\r\n") == 3 and b"p\r\n" not in after["c"]
     assert after["p"].count(b"Permissions Violation for Publish to \"ev.1\"") == 3
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    from tests import certs
+
+    if not certs.available():
+        pytest.skip("openssl CLI not installed")
+    return certs.make_pki(tmp_path_factory.mktemp("pki"))
+
+
+def test_tls_log_and_limits_reload_like_nats_server(servers: Any, raw: Any, pki: Any) -> None:
+    """A reload that turns TLS on, lowers max_payload and max_connections, and turns
+    debug logging on: new connections see it (INFO, -ERRs), the log says what was
+    reloaded, as nats-server does."""
+    before = "max_payload: 1000\nmax_connections: 10\n"
+    after = (f"max_payload: 100\nmax_connections: 2\ndebug: true\n"
+             f"tls {{ cert_file: '{pki.server_cert}', key_file: '{pki.server_key}' }}\n")
+    seen: dict[str, Any] = {}
+    for impl in IMPLS:
+        proc = servers.nats_server(before) if impl == "nats-server" else servers.jetraft(before)
+        keep = [raw(proc.port), raw(proc.port)]
+        for c in keep:
+            assert c.exchange(b'CONNECT {"verbose":false}\r\n') == b""
+        line = reload(proc, after)
+        fresh = raw(proc.port)  # over the new max_connections (2 kept)
+        out: dict[str, Any] = {"outcome": line.split("] ", 1)[1].split(" (")[0],
+                               "info": {k: fresh.info.get(k) for k in
+                                        ("tls_required", "max_payload")},
+                               "third": fresh.read_close_or_wait(1.0).decode()}
+        keep[0].send(b"PUB a 150\r\n" + b"x" * 150 + b"\r\nPING\r\n")
+        out["kept, big PUB"] = keep[0].read_close_or_wait(1.0).decode()
+        out["logged"] = sorted(set(re.findall(r"Reloaded: (debug|tls|max_payload|"
+                                              r"max_connections) = ", proc.log_text())))
+        seen[impl] = out
+    assert seen["jetraft"] == seen["nats-server"], json.dumps(seen, indent=1)
+    assert seen["nats-server"]["info"] == {"tls_required": True, "max_payload": 100}
