@@ -32,6 +32,7 @@ accounts {{
     exports: [
       {{stream: "news.>"}}, {{stream: "priv.>", accounts: [B]}}
       {{service: "help.*"}}, {{service: "many", response_type: stream}}, {{service: "one"}}
+      {{service: "chunks", response_type: chunked}}
     ]
     mappings: {{ "amap.*": "amapped.$1" }}
   }}
@@ -48,6 +49,7 @@ accounts {{
       {{service: {{account: A, subject: "help.*"}}, to: "ask.*"}}
       {{service: {{account: A, subject: "many"}}}}
       {{service: {{account: A, subject: "one"}}}}
+      {{service: {{account: A, subject: "chunks"}}}}
     ]
   }}
   C: {{
@@ -189,10 +191,11 @@ async def _response_types(server: Any) -> dict[str, int]:
 
     await srv.subscribe("many", cb=triple)
     await srv.subscribe("one", cb=triple)
+    await srv.subscribe("chunks", cb=triple)
     await srv.flush()
     req = await _connect(server, "b")
     out = {}
-    for subject in ("many", "one"):
+    for subject in ("many", "one", "chunks"):
         inbox = req.new_inbox()
         sub = await req.subscribe(inbox)
         await req.publish(subject, b"", reply=inbox)
@@ -207,7 +210,7 @@ async def _response_types(server: Any) -> dict[str, int]:
 
 def test_service_response_types_bound_the_replies(both) -> None:
     seen = _each(both, _response_types)
-    assert seen["jetraft"] == seen["nats-server"] == {"many": 3, "one": 1}
+    assert seen["jetraft"] == seen["nats-server"] == {"many": 3, "one": 1, "chunks": 3}
 
 
 # ---------------------------------------------------------------------- login into accounts
