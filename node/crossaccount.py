@@ -269,7 +269,8 @@ class Router:
                          queues: Any) -> int:
         """A publish in `account` that a peer forwarded (node/cluster Fanout): each
         stream import of it delivers here too, to this node's subscribers in the
-        importer (and the importer's queue groups the peer chose this node for)."""
+        importer (and the importer's queue groups the peer chose this node for).
+        The plan lookup is `publish`'s (inlined there: the hot path makes no call)."""
         plans = self._plans.get(account)
         if plans is None:
             plans = self._plans[account] = {}
