@@ -70,6 +70,40 @@ async def test_stream_created_on_one_node_used_from_every_other(js5: JsCluster,
             await nc.close()
 
 
+async def test_a_core_publish_with_a_plain_subscriber_elsewhere_is_stored_once(
+        js5: JsCluster) -> None:
+    """Each node captures its own clients' publishes; a plain subscriber on another node
+    makes the publish cross the route, and that copy must not be captured again there
+    (it was: every message stored twice; now `deliver_routed` skips `local_only` subs)."""
+    a, b = await connect(js5.nodes[0]), await connect(js5.nodes[1])
+    name = f"ONCE_{uuid.uuid4().hex[:6]}"
+    try:
+        got: list[str] = []
+
+        async def cb(msg) -> None:  # noqa: ANN001
+            got.append(msg.subject)
+
+        await b.subscribe(f"{name}.>", cb=cb)
+        await b.flush()
+        await a.jetstream(timeout=10).add_stream(name=name, subjects=[f"{name}.>"],
+                                                  num_replicas=1)
+        await asyncio.sleep(0.5)  # b's interest has reached node 0 (and the capture is set)
+        for i in range(5):  # core publishes: no PubAck awaited
+            await a.publish(f"{name}.{i}", b"x")
+        await a.flush()
+        await until(lambda: len(got) == 5)
+        await asyncio.sleep(1.0)  # a second capture would have landed by now
+
+        async def stored() -> int:
+            return (await api(a, f"STREAM.INFO.{name}"))["state"]["messages"]
+        await until(lambda: stored())
+        assert await stored() == 5
+        await api(a, f"STREAM.DELETE.{name}")
+    finally:
+        await a.close()
+        await b.close()
+
+
 async def test_kv_on_r3_from_every_node(js5: JsCluster) -> None:
     ncs = [await connect(n) for n in js5.nodes]
     try:
