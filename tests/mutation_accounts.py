@@ -80,6 +80,9 @@ MUTANTS = [
     (R, "    if has_accounts:", "    if False:", "jwt"),
     (R, "if claims is not None and claims.key != account_key:", "if False:", "jwt"),
     (R, "            claims.claims.check_time(now)\n", "            pass\n", "jwt"),
+    # Account JWT over its imports/exports limit (test_operator_wired, branch trace).
+    (R, "import_token_issues(claims) + limit_issues(claims)", "import_token_issues(claims)",
+     "wire"),
     # ---- wiring: each guarded check of the node, against its node-level test
     (C, "        if not self.connected and not self._admit_before_connect():\n            return\n"
         "        if self.tracing:\n            self._trace_pub",
