@@ -118,6 +118,13 @@ class Account:
     def has_interest(self, subject: str) -> bool:
         """Whether a publish on `subject` would reach anyone, here or (in a
         cluster) on a peer that announced interest."""
+        if self.has_own_interest(subject):
+            return True
+        router = self.router
+        return router is not None and router.importers_interested(self, subject)
+
+    def has_own_interest(self, subject: str) -> bool:
+        """`has_interest` without the accounts that import `subject` from this one."""
         if self.sublist.has_interest(subject):
             return True
         routes = self.routes
@@ -205,7 +212,8 @@ class Account:
         if self.router is not None:
             return self.router.publish(self, publisher, subject, reply, headers, payload,
                                        premapped)
-        if self.domain_prefix is not None and subject.startswith(self.domain_prefix):
+        if self.domain_prefix is not None and subject.startswith(self.domain_prefix) \
+                and not premapped:
             return self.domain_router.publish(self, publisher, subject, reply, headers, payload)
         return self._deliver(self._match(subject), publisher, subject, reply, headers, payload)
 
@@ -213,7 +221,16 @@ class Account:
                    headers: bytes | None, payload: bytes) -> int:
         """Deliver to the subscribers of `route` a message that shows `subject`: a
         JetStream delivery reaches a pull request's inbox with the stored message's own
-        subject, as nats-server sends it."""
+        subject, as nats-server sends it. With a router it also crosses accounts: back
+        through a service import's response route, and into a stream export's importers."""
+        if self.router is not None:
+            return self.router.deliver_as(self, publisher, route, subject, reply, headers,
+                                          payload)
+        return self.deliver_as_local(publisher, route, subject, reply, headers, payload)
+
+    def deliver_as_local(self, publisher: Any, route: str, subject: str, reply: str | None,
+                         headers: bytes | None, payload: bytes) -> int:
+        """`deliver_as` in this account only (and its peers in a cluster)."""
         return self._deliver(self._match(route), publisher, subject, reply, headers, payload,
                              match_subject=route)
 

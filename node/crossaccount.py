@@ -279,17 +279,57 @@ class Router:
         """A reply on a `_R_.` subject back to the requester: a chained import's reply
         passes back through each exporter's own response route until it reaches the
         requester's reply subject."""
-        route = self._response_route(subject)
-        for _ in range(MAX_SERVICE_HOPS):
-            if route is None or not route.reply.startswith(RESPONSE_PREFIX):
-                break
-            back = self._response_route(route.reply)
-            if back is None:
-                break
-            route = back
+        route = self._requester(subject)
         if route is None:
             return 0
         return route.account.deliver_local(publisher, route.reply, None, headers, payload)
+
+    def _requester(self, subject: str, consume: bool = True) -> ResponseRoute | None:
+        """The requester's end of the response route `subject`, through each exporter's
+        own route of a chained import (`consume`: a singleton route is used up)."""
+        route = self._response_route(subject, consume)
+        for _ in range(MAX_SERVICE_HOPS):
+            if route is None or not route.reply.startswith(RESPONSE_PREFIX):
+                break
+            back = self._response_route(route.reply, consume)
+            if back is None:
+                break
+            route = back
+        return route
+
+    def deliver_as(self, account: Account, publisher: Any, route: str, subject: str,
+                   reply: str | None, headers: bytes | None, payload: bytes) -> int:
+        """A JetStream delivery (routed by `route`, showing the stored `subject`) from
+        `account`: to a requester in another account when `route` is a service import's
+        response subject (a pull request made through an import), else to `account`'s
+        subscribers and those of every account importing `route` as a stream (a push
+        consumer's deliver subject exported), as nats-server delivers them."""
+        if route.startswith(RESPONSE_PREFIX):
+            back = self._requester(route)
+            if back is not None:
+                return back.account.deliver_as_local(publisher, back.reply, subject, reply,
+                                                     headers, payload)
+            # opened on another node (the request came in there): its peer answers it
+            return account.deliver_as_local(publisher, route, subject, reply, headers, payload)
+        count = account.deliver_as_local(publisher, route, subject, reply, headers, payload)
+        for delivery in self.index.stream_deliveries(account.name, route):
+            importer = self.accounts.get(delivery.account)
+            if importer is not None:
+                count += importer.deliver_as_local(publisher, delivery.subject, subject, reply,
+                                                   headers, payload)
+        return count
+
+    def importers_interested(self, account: Account, subject: str) -> bool:
+        """Whether another account listens on `subject` of `account`: the requester of a
+        service import's response subject, or an account importing it as a stream."""
+        if subject.startswith(RESPONSE_PREFIX):
+            back = self._requester(subject, consume=False)
+            return back is not None and back.account.has_own_interest(back.reply)
+        for delivery in self.index.stream_deliveries(account.name, subject):
+            importer = self.accounts.get(delivery.account)
+            if importer is not None and importer.has_own_interest(delivery.subject):
+                return True
+        return False
 
     def _serve(self, account: Account, publisher: Any, subject: str, reply: str | None,
                headers: bytes | None, payload: bytes) -> int:
@@ -360,14 +400,14 @@ class Router:
     def _new_response_subject() -> str:
         return RESPONSE_PREFIX + secrets.token_urlsafe(12).replace("-", "a").replace("_", "b")
 
-    def _response_route(self, subject: str) -> ResponseRoute | None:
+    def _response_route(self, subject: str, consume: bool = True) -> ResponseRoute | None:
         route = self.responses.get(subject)
         if route is None:
             return None
         if route.deadline < time.monotonic():
             del self.responses[subject]
             return None
-        if route.singleton:
+        if route.singleton and consume:
             del self.responses[subject]  # one reply only: a second is dropped
         return route
 

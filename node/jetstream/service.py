@@ -2161,11 +2161,9 @@ class JetStreamService:
         return "".join(secrets.choice(_NAME_CHARS) for _ in range(22)), self._now()
 
     def _has_interest(self, subject: str, stream_key: str) -> bool:
-        account = self._client(stream_key).account
-        if self.jsc is not None:  # a push consumer's subscriber may be on another node
-            return bool(account.has_interest(subject))
-        result = account.sublist.match(subject)
-        return bool(result.psubs or result.qsubs)
+        # here, on a peer (a push consumer's subscriber may be on another node), or in an
+        # account that imports the subject (or asked through a service import)
+        return bool(self._client(stream_key).account.has_interest(subject))
 
     async def _tick_loop(self) -> None:
         """Expire pull requests (408), redeliver what fell due, feed push consumers, delete
