@@ -344,10 +344,13 @@ class Account:
         member of each queue group in `queues` (the groups the peer chose this
         node for). Never forwarded again, never answered with no-responders."""
         count = 0
-        if self.router is not None and subject.startswith("_R_."):
-            # A reply to a service import whose response route this node may hold.
-            count += self.router.deliver_response(publisher, subject, headers, payload)
-        result = self._match(match_subject or subject)
+        route = match_subject or subject
+        if self.router is not None and route.startswith("_R_."):
+            # A reply to a service import whose response route this node may hold (or a
+            # JetStream delivery to it, which shows its stored subject: deliver_as).
+            count += self.router.deliver_response(publisher, route, subject, reply, headers,
+                                                  payload)
+        result = self._match(route)
         psubs, qsubs = result.psubs, result.qsubs
         if not psubs and not (queues and qsubs):
             return count

@@ -376,14 +376,19 @@ class Router:
 
     # ------------------------------------------------------------------ responses
 
-    def deliver_response(self, publisher: Any, subject: str, headers: bytes | None,
-                         payload: bytes) -> int:
+    def deliver_response(self, publisher: Any, route: str, subject: str, reply: str | None,
+                         headers: bytes | None, payload: bytes) -> int:
         """A `_R_.` reply that came in over a route (the responder is on another
-        node): back to the requester's account if this node opened that route."""
-        route = self._response_route(subject)
-        if route is None:
+        node): back to the requester's account if this node opened that route. A plain
+        reply (`subject` is `route`) arrives on the requester's reply subject; a
+        JetStream delivery keeps its own subject and ack reply."""
+        back = self._response_route(route)
+        if back is None:
             return 0
-        return route.account.deliver_local(publisher, route.reply, None, headers, payload)
+        if subject == route:
+            return back.account.deliver_local(publisher, back.reply, None, headers, payload)
+        return back.account.deliver_as_local(publisher, back.reply, subject, reply, headers,
+                                             payload)
 
     def _open_response(self, requester: Account, reply: str, export: Any) -> str:
         """A fresh subject in the exporter that leads back to `reply` in the
