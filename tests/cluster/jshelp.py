@@ -40,6 +40,16 @@ class JsCluster(LocalCluster):
                                 f"jetstream {{ store_dir: {store}{extra} }}")
         return conf
 
+    @contextmanager
+    def running(self) -> Iterator[JsCluster]:
+        """Started, JetStream caught up on every node; stopped on the way out."""
+        try:
+            self.start()
+            self.wait_js()
+            yield self
+        finally:
+            self.stop()
+
     def wait_js(self, nodes: Sequence[LocalNode] | None = None, timeout: float = 40.0) -> None:
         """Until /healthz says every node caught up with the meta group (and its groups)."""
         deadline = time.monotonic() + timeout

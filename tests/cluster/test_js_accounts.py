@@ -28,12 +28,8 @@ accounts {
 def js3acc(tmp_path: Path) -> Iterator[JsCluster]:
     c = JsCluster(tmp_path / "c", 3)
     c.extra_config = ACCOUNTS
-    try:
-        c.start()
-        c.wait_js()
+    with c.running():
         yield c
-    finally:
-        c.stop()
 
 
 async def test_two_accounts_same_stream_name_on_three_nodes(js3acc: JsCluster) -> None:

@@ -44,12 +44,8 @@ accounts {
 def js3imp(tmp_path: Path) -> Iterator[JsCluster]:
     c = JsCluster(tmp_path / "c", 3)
     c.extra_config = ACCOUNTS
-    try:
-        c.start()
-        c.wait_js()
+    with c.running():
         yield c
-    finally:
-        c.stop()
 
 
 async def test_a_stream_used_and_sourced_through_imports_from_every_node(

@@ -83,14 +83,20 @@ async def _sample(nc: Any, name: str) -> list[Any]:
     return out
 
 
-async def _script(port: int) -> list[Any]:
+async def _origin(port: int, count: int) -> tuple[Any, Any, Any]:
+    """Clients of A and B, and A's ORIGIN stream holding `count` messages."""
     a = await nats.connect(f"nats://a:p@127.0.0.1:{port}")
     b = await nats.connect(f"nats://b:p@127.0.0.1:{port}")
+    ja = a.jetstream()
+    await ja.add_stream(name="ORIGIN", subjects=["o.>"])
+    await _publish(ja, 0, count)
+    return a, b, ja
+
+
+async def _script(port: int) -> list[Any]:
+    a, b, ja = await _origin(port, FIRST)
     out: list[Any] = []
     try:
-        ja = a.jetstream()
-        await ja.add_stream(name="ORIGIN", subjects=["o.>"])
-        await _publish(ja, 0, FIRST)
         for cfg in ({"name": "T", "sources": [{"name": "ORIGIN", "external": EXT}]},
                     {"name": "F", "sources": [{"name": "ORIGIN", "filter_subject": "o.3",
                                                "external": EXT}]},
@@ -126,12 +132,8 @@ async def test_a_recreated_external_origin_is_sourced_from_its_start(
     origin is deleted and made again, the source starts over at its first message. (nats-
     server 2.15 gets there too, measured: about 16 s later, after its stall detection.)"""
     srv = servers.jetraft(CONF % (tmp_path / "ours"))
-    a = await nats.connect(f"nats://a:p@127.0.0.1:{srv.port}")
-    b = await nats.connect(f"nats://b:p@127.0.0.1:{srv.port}")
+    a, b, ja = await _origin(srv.port, 4)
     try:
-        ja = a.jetstream()
-        await ja.add_stream(name="ORIGIN", subjects=["o.>"])
-        await _publish(ja, 0, 4)
         cfg = {"name": "T", "sources": [{"name": "ORIGIN", "external": EXT}]}
         await b.request("$JS.API.STREAM.CREATE.T", json.dumps(cfg).encode(), timeout=10)
         await _settle(b, "T", 4)
@@ -169,13 +171,9 @@ async def _consume_script(port: int) -> list[Any]:
     """B (no JetStream of its own) pulls from A's consumer through an imported MSG.NEXT,
     acks through an imported ack subject, and receives a push consumer's deliveries
     through a stream import of its deliver subject."""
-    a = await nats.connect(f"nats://a:p@127.0.0.1:{port}")
-    b = await nats.connect(f"nats://b:p@127.0.0.1:{port}")
+    a, b, ja = await _origin(port, 6)
     out: list[Any] = []
     try:
-        ja = a.jetstream()
-        await ja.add_stream(name="ORIGIN", subjects=["o.>"])
-        await _publish(ja, 0, 6)
         await ja.add_consumer("ORIGIN", durable_name="C", ack_policy="explicit")
         inbox = b.new_inbox()
         sub = await b.subscribe(inbox)
