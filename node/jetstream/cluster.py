@@ -162,8 +162,7 @@ class ClusterJS:
         out: dict[str, int] = {}
         for key, sm in list(self.svc.streams.items()):
             if self.leads(key):
-                with sm.lock:
-                    out[key] = sm.store.bytes()
+                out[key] = sm.counted_bytes()
         return out
 
     def _on_usage_frame(self, _peer: int, _subject: str, _reply: str | None,
@@ -175,8 +174,7 @@ class ClusterJS:
         sm = self.svc.streams.get(key)
         local = None
         if sm is not None:
-            with sm.lock:
-                local = sm.store.bytes()
+            local = sm.counted_bytes()  # with what it holds in flight as the leader
         return self.usage.bytes_of(key, time.monotonic(),
                                    local if self.leads(key) else None, local)
 

@@ -682,32 +682,38 @@ class JetStreamService:
     def _accept_publish(self, name: str, subject: str, reply: str, hdr: bytes, payload: bytes
                         ) -> None:
         """A publish this node (the stream's leader) proposes. Its PubAck is an apply
-        effect; a refusal (or an unknown outcome) is logged by `_not_acked`."""
+        effect; a refusal (or an unknown outcome) is logged by `_not_acked`. Its bytes are
+        held in the stream's in-flight count (inflight.py) from here until the entry
+        carrying it is applied, so the limit checks of the publishes behind it count it."""
         sm = self.streams.get(name)
         if sm is None:
             return None
-        op = ops.StreamMsg(time.time_ns(), subject, reply, hdr, payload)
-        if self._over_account_limit(sm, op):
+        inflight = sm.inflight
+        op = ops.StreamMsg(inflight.key(time.time_ns()), subject, reply, hdr, payload)
+        size = (memory_size if sm.memory else file_size)(subject, hdr, payload)
+        if self._over_account_limit(sm, op, size):
             return None
         if BatchCollector.is_batch(op):
             self._batch_message(sm, op)
             return None
+        inflight.add(op.now_ns, size, len(subject) + len(reply) + len(hdr) + len(payload))
         # No task nor Future per publish (the PubAck is an apply effect): the driver
         # reports only a failure. Publishes queued between two drain passes become one
         # STREAM_MSGS entry (`merge`): one Raft entry, WAL record and apply dispatch.
         assert self.mr is not None
         try:
-            self.mr.propose_quiet(sm.group, ops.encode(op), self._not_acked, sm,
-                                  merge=ops.merge_msgs)
+            self.mr.propose_quiet(sm.group, ops.encode(op), self._not_acked,
+                                  (sm, op.now_ns), merge=ops.merge_msgs)
         except (ProposalDropped, KeyError, NotLeader) as exc:
-            self._not_acked(sm, exc)
+            self._not_acked((sm, op.now_ns), exc)
         return None
 
-    def _over_account_limit(self, sm: StreamMachine, op: ops.StreamMsg) -> bool:
+    def _over_account_limit(self, sm: StreamMachine, op: ops.StreamMsg, size: int) -> bool:
         """nats-server refuses a publish that takes the stored bytes of the stream's tier
         and storage type past the tier's `max_mem` / `max_file` (10002, jsaccount.py), or
-        finds no tier for the stream (10120); True: refused (and answered). A check
-        before the proposal, as nats-server's: entries in flight are not counted."""
+        finds no tier for the stream (10120); True: refused (and answered). Checked before
+        the proposal against the bytes stored AND the bytes of the publishes proposed here
+        and not yet applied (`_stream_bytes`), as nats-server's in-order checks see them."""
         account = jsaccount.account_of(sm.name)
         tiers = self.limits.get(account)
         if tiers is None:
@@ -720,7 +726,6 @@ class JetStreamService:
                 and limits.memory_max_stream_bytes <= 0
                 and limits.storage_max_stream_bytes <= 0):
             return self._over_server_limit(sm, op)
-        size = (memory_size if sm.memory else file_size)(op.subject, op.hdr, op.data)
         # the account's streams of this tier and storage type, wherever they are led
         used = sum(self._stream_bytes(k) * _weight(tier, cfg)
                    for k, cfg in self._stored_configs()
@@ -743,8 +748,7 @@ class JetStreamService:
         used = 0
         for other in list(self.streams.values()):
             if other.memory == sm.memory:
-                with other.lock:
-                    used += other.store.bytes()
+                used += other.counted_bytes()
         if not jsaccount.server_full(limit, used):
             return False
         self.log.error(f"JetStream {'memory' if sm.memory else 'file'} resource limits "
@@ -759,14 +763,14 @@ class JetStreamService:
         return [(k, sm.stream.cfg) for k, sm in list(self.streams.items())]
 
     def _stream_bytes(self, key: str) -> int:
-        """A stream's stored bytes: clustered, as reported by its leader (usage.py)."""
+        """A stream's stored bytes plus those its leader holds in flight: clustered, as
+        reported by its leader (usage.py)."""
         if self.jsc is not None:
             return int(self.jsc.stream_bytes(key))
         sm = self.streams.get(key)
         if sm is None:
             return 0
-        with sm.lock:
-            return int(sm.store.bytes())
+        return sm.counted_bytes()
 
     def _refuse_publish(self, sm: StreamMachine, op: ops.StreamMsg, err: ApiError) -> bool:
         if op.reply:
@@ -782,9 +786,12 @@ class JetStreamService:
             return
         self._client(stream_key).publish(subject, None, payload, hdr)
 
-    def _not_acked(self, sm: StreamMachine, exc: BaseException | None) -> None:
+    def _not_acked(self, held: tuple[StreamMachine, int], exc: BaseException | None) -> None:
         # Not stored (or outcome unknown): no PubAck; the client's request times out and
-        # it may retry (with Nats-Msg-Id, exactly once).
+        # it may retry (with Nats-Msg-Id, exactly once). Its reservation goes (a no-op if
+        # the entry was applied after all, or the leader changed meanwhile).
+        sm, key = held
+        sm.inflight.release(key)
         self.log.warn(f"JetStream publish to {sm.name} not acknowledged: {exc!r}")
 
     def _batch_message(self, sm: StreamMachine, op: ops.StreamMsg) -> None:
