@@ -9,8 +9,10 @@ applied (node/jetstream/inflight.py), as far as the stream's own limits let it i
 publish its max_bytes / max_msgs will refuse gets 10077, not the account's 10002).
 
 The same script runs against both servers; the answers (each error code and description,
-counted) and the stored bytes must be equal. Mutation (docs/notes/acctlim.md): without
-`inflight.add` in `_accept_publish` every publish of the burst is acked.
+counted) and the stored bytes must be equal. Mutations (docs/notes/acctlim.md): without
+`inflight.add` in `_accept_publish` every publish of the burst is acked; without the
+release on apply the burst after the purge is refused; without the max_msgs bound in
+`Inflight.bound` stream N's surplus gets 10002.
 """
 
 from __future__ import annotations
@@ -51,6 +53,9 @@ async def _script(url: str) -> dict[str, Any]:
             await js.add_stream(name=name, subjects=[name], storage=storage)
             out[name] = await _burst(js, name, 400)
             out[name + " bytes"] = (await js.stream_info(name)).state.bytes
+            # what was in flight is stored now and counted once: room again after a purge
+            await js.purge_stream(name)
+            out[name + " again"] = await _burst(js, name, 50)
             await js.delete_stream(name)
         # Inside the account's limit, the stream's own discard-new limits answer (10077).
         await js.add_stream(name="B", subjects=["b"], max_bytes=50000, discard="new")
