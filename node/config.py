@@ -805,17 +805,19 @@ _JS_HANDLERS: dict[str, Handler] = {
     "prev_encryption_key": _setter("prev_key", _str),
     "audit_archive": _setter("audit_archive", _bool),  # jetraft's: keep old WAL segments
     "strict": _setter("strict", _bool),
+    "max_buffered_msgs": _setter("max_buffered_msgs", _int),
+    "max_buffered_size": _setter("max_buffered_size", _size),
 }
 _JS_UNSUPPORTED = frozenset({
     "max_outstanding_catchup", "tpm", "extension_hint", "max_catchup",
 })
 
-# Limits nats-server enforces that Jetraft does not (the API request queue, clustered
-# proposal buffers, and the `limits {}` keys outside the block where nats-server ignores
-# them): a limit the operator set but Jetraft would not hold fails closed ([FTL]).
+# Limits nats-server enforces that Jetraft does not (the API request queue, and the
+# `limits {}` keys outside the block where nats-server ignores them): a limit the operator
+# set but Jetraft would not hold fails closed ([FTL]).
 _JS_UNENFORCED = frozenset({
     "max_ack_pending", "max_request_batch", "max_ha_assets", "duplicate_window",
-    "max_buffered_msgs", "max_buffered_size", "request_queue_limit",
+    "request_queue_limit",
 })
 
 

@@ -25,6 +25,11 @@ from typing import Any
 
 from node.jetstream import ops
 
+# nats-server's bounds of a stream's ingest queue when `max_buffered_msgs` /
+# `max_buffered_size` are not set (stream.go, 2.11+): past either, a publish is dropped.
+DEFAULT_MAX_MSGS = 100_000
+DEFAULT_MAX_SIZE = 128 * 1024 * 1024
+
 
 class Inflight:
     """One stream's reservations: clock -> (stored bytes, buffered bytes)."""

@@ -53,6 +53,7 @@ from node.jetstream import (
     requests,
 )
 from node.jetstream import config as stream_config
+from node.jetstream import inflight as inflight_mod
 from node.jetstream.batch import BatchCollector
 from node.jetstream.cluster import ClusterJS, Frames, _request_json
 from node.jetstream.consumer import (
@@ -216,6 +217,12 @@ class JetStreamService:
         # `jetstream { domain }` (node/jetstream/domain.py): named in PubAcks, stream and account
         # info and advisories; "" none.
         self.domain: str = server.options.jetstream.domain
+        # A stream's publishes in flight past which more are dropped (inflight.py).
+        self.max_buffered = (server.options.jetstream.max_buffered_msgs
+                             or inflight_mod.DEFAULT_MAX_MSGS,
+                             server.options.jetstream.max_buffered_size
+                             or inflight_mod.DEFAULT_MAX_SIZE)
+        self._dropping_logged: dict[str, float] = {}  # stream key -> last [WRN] (monotonic)
         self.store_dir = os.path.abspath(server.options.jetstream.store_dir)
         self.env: NodeEnv | None = None
         self.mr: MultiRaft | None = None
@@ -690,13 +697,17 @@ class JetStreamService:
             return None
         inflight = sm.inflight
         op = ops.StreamMsg(inflight.key(time.time_ns()), subject, reply, hdr, payload)
+        buffered = len(subject) + len(reply) + len(hdr) + len(payload)
+        if inflight.msgs >= self.max_buffered[0] or \
+                inflight.buffered + buffered > self.max_buffered[1]:
+            return self._too_many(sm, op, inflight.msgs >= self.max_buffered[0])
         size = (memory_size if sm.memory else file_size)(subject, hdr, payload)
         if self._over_account_limit(sm, op, size):
             return None
         if BatchCollector.is_batch(op):
             self._batch_message(sm, op)
             return None
-        inflight.add(op.now_ns, size, len(subject) + len(reply) + len(hdr) + len(payload))
+        inflight.add(op.now_ns, size, buffered)
         # No task nor Future per publish (the PubAck is an apply effect): the driver
         # reports only a failure. Publishes queued between two drain passes become one
         # STREAM_MSGS entry (`merge`): one Raft entry, WAL record and apply dispatch.
@@ -707,6 +718,17 @@ class JetStreamService:
         except (ProposalDropped, KeyError, NotLeader) as exc:
             self._not_acked((sm, op.now_ns), exc)
         return None
+
+    def _too_many(self, sm: StreamMachine, op: ops.StreamMsg, by_count: bool) -> None:
+        """`max_buffered_msgs` / `max_buffered_size`: nats-server drops a publish its full
+        ingest queue cannot take, answers 429 (10167) and warns (here once a second)."""
+        now = time.monotonic()
+        if now - self._dropping_logged.get(sm.name, -2.0) >= 1.0:
+            self._dropping_logged[sm.name] = now
+            self.log.warn("Dropping messages due to excessive stream ingest rate on "
+                          f"{_acc(sm.name)!r} > {_name(sm.name)!r}: IPQ "
+                          f"{'len' if by_count else 'size'} limit reached")
+        self._refuse_publish(sm, op, ApiError.of("JSStreamTooManyRequests"))
 
     def _over_account_limit(self, sm: StreamMachine, op: ops.StreamMsg, size: int) -> bool:
         """nats-server refuses a publish that takes the stored bytes of the stream's tier
