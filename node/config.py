@@ -826,9 +826,11 @@ def _ns(f: _Field) -> int:
 
 
 # `jetstream { limits {} }`: server-wide caps and defaults for streams and consumers.
-# max_ha_assets (replicated assets per server) is not held by placement: it fails closed.
+# max_ha_assets: replicated streams and consumers per server (placement.py), clustered only
+# (a single node holds no replicated asset, as a standalone nats-server).
 _JS_LIMITS: dict[str, Handler] = {
     "max_ack_pending": lambda d, f: d.__setitem__("max_ack_pending", _int(f)),
+    "max_ha_assets": lambda d, f: d.__setitem__("max_ha_assets", _int(f)),
     "max_request_batch": lambda d, f: d.__setitem__("max_request_batch", _int(f)),
     "duplicate_window": lambda d, f: d.__setitem__("duplicate_window", _ns(f)),
 }
@@ -837,8 +839,7 @@ _JS_LIMITS: dict[str, Handler] = {
 def _js_limits(js: Any, f: _Field, opts: Options) -> None:
     if not isinstance(f.value, dict):
         raise f.fail(f'invalid use of field "{f.key}": expected a map')
-    _apply_block(js.limits, f.value, f.path + ".", _JS_LIMITS, frozenset(), opts,
-                 unenforced=frozenset({"max_ha_assets"}))
+    _apply_block(js.limits, f.value, f.path + ".", _JS_LIMITS, frozenset(), opts)
 
 
 def _js_domain(f: _Field) -> str:

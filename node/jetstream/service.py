@@ -54,6 +54,7 @@ from node.jetstream import (
 )
 from node.jetstream import config as stream_config
 from node.jetstream import inflight as inflight_mod
+from node.jetstream import placement as placement_mod
 from node.jetstream.batch import BatchCollector
 from node.jetstream.cluster import ClusterJS, Frames, _request_json
 from node.jetstream.consumer import (
@@ -1557,6 +1558,8 @@ class JetStreamService:
             cap = jsaccount.consumer_cap(limits, int(sm.stream.cfg.get("max_consumers") or -1))
             if 0 < cap <= len(existing):
                 raise ApiError.of("JSMaximumConsumersLimitErr")
+        if created:
+            self._check_ha_assets(k, cfg, sm.stream.cfg)
         wire = consumer_config.to_wire(cfg)
         if not (created or existing.get(name) is not cfg):
             return self._consumer_info("consumer_create_response", sm, name)
@@ -1595,6 +1598,30 @@ class JetStreamService:
         return info
 
     _h_consumer_durable_create = _h_consumer_create
+
+    def _check_ha_assets(self, key: str, cfg: dict[str, Any], stream_cfg: dict[str, Any]
+                         ) -> None:
+        """`limits { max_ha_assets }`: a new replicated consumer needs every peer of its
+        stream to take one more replicated asset; nats-server answers 10023 otherwise."""
+        cap = int(self.server_limits.get("max_ha_assets") or 0)
+        if cap <= 0 or self.jsc is None or not _replicated_consumer(cfg, stream_cfg):
+            return
+        ha = self.jsc.ha_assets()
+        peers = self.jsc.catalogue().streams.get(key, {}).get("peers", [])
+        if any(placement_mod.ha_over(ha.get(p, 0), cap) for p in peers):
+            self.log.warn(f"Maximum HA Assets limit reached: {cap}")
+            raise ApiError.of("JSInsufficientResourcesErr")
+
+    def ha_consumers_here(self) -> int:
+        """The replicated durable consumers of the streams this node hosts (`max_ha_assets`
+        counts each on every node of its stream, as nats-server counts its Raft groups)."""
+        n = 0
+        for sm in list(self.streams.values()):
+            scfg = sm.stream.cfg
+            if int(scfg.get("num_replicas") or 1) > 1:
+                n += sum(1 for c in list(sm.stream.consumers.values())
+                         if _replicated_consumer(c.cfg, scfg))
+        return n
 
     # ------------------------------------------------------------------ snapshot / restore
 
@@ -2321,6 +2348,12 @@ def _tier_usage() -> dict[str, int]:
     """One tier's figures in `$JS.API.INFO`, in nats-server's key order."""
     return dict.fromkeys(("memory", "storage", "reserved_memory", "reserved_storage",
                           "streams", "consumers"), 0)
+
+
+def _replicated_consumer(cfg: dict[str, Any], stream_cfg: dict[str, Any]) -> bool:
+    """A durable consumer of more than one replica (0: its stream's): an HA asset. An
+    ephemeral one is not (nats-server: R1, not counted)."""
+    return bool(cfg.get("durable_name")) and cgroup.replicas(cfg, stream_cfg) > 1
 
 
 def _weight(tier: str, cfg: dict[str, Any]) -> int:
