@@ -807,17 +807,16 @@ _JS_HANDLERS: dict[str, Handler] = {
     "strict": _setter("strict", _bool),
     "max_buffered_msgs": _setter("max_buffered_msgs", _int),
     "max_buffered_size": _setter("max_buffered_size", _size),
+    "request_queue_limit": _setter("request_queue_limit", _int),
 }
 _JS_UNSUPPORTED = frozenset({
     "max_outstanding_catchup", "tpm", "extension_hint", "max_catchup",
 })
 
-# Limits nats-server enforces that Jetraft does not (the API request queue, and the
-# `limits {}` keys outside the block where nats-server ignores them): a limit the operator
-# set but Jetraft would not hold fails closed ([FTL]).
+# The `limits {}` keys outside the block, where nats-server ignores them: a limit the
+# operator meant but neither server would hold fails closed ([FTL]).
 _JS_UNENFORCED = frozenset({
     "max_ack_pending", "max_request_batch", "max_ha_assets", "duplicate_window",
-    "request_queue_limit",
 })
 
 

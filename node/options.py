@@ -118,6 +118,8 @@ class JetStreamOptions:
     # messages, 128 MiB); past either, a publish is dropped with 429 (10167).
     max_buffered_msgs: int = 0
     max_buffered_size: int = 0
+    # JetStream API requests served at once (node/jetstream/apiqueue.py): 0 = 10,000.
+    request_queue_limit: int = 0
 
 
 @dataclass

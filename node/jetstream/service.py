@@ -55,6 +55,7 @@ from node.jetstream import (
 from node.jetstream import config as stream_config
 from node.jetstream import inflight as inflight_mod
 from node.jetstream import placement as placement_mod
+from node.jetstream.apiqueue import ApiQueues
 from node.jetstream.batch import BatchCollector
 from node.jetstream.cluster import ClusterJS, Frames, _request_json
 from node.jetstream.consumer import (
@@ -224,6 +225,8 @@ class JetStreamService:
                              server.options.jetstream.max_buffered_size
                              or inflight_mod.DEFAULT_MAX_SIZE)
         self._dropping_logged: dict[str, float] = {}  # stream key -> last [WRN] (monotonic)
+        # `request_queue_limit`: API requests being served (apiqueue.py)
+        self.api_queues = ApiQueues(server.options.jetstream.request_queue_limit)
         self.store_dir = os.path.abspath(server.options.jetstream.store_dir)
         self.env: NodeEnv | None = None
         self.mr: MultiRaft | None = None
@@ -895,7 +898,17 @@ class JetStreamService:
         if self.limits.get(account) is None:
             self._not_enabled(call, reply, body)
             return
-        self._spawn(self._serve(call, subject, reply, body))
+        queue = ApiQueues.queue_of(call.op)
+        if queue is None:
+            self._spawn(self._serve(call, subject, reply, body))
+            return
+        if not self.api_queues.admit(queue):
+            warning = self.api_queues.warning(queue, time.monotonic())
+            if warning is not None:
+                self.log.warn(warning)
+            return
+        task = self._spawn(self._serve(call, subject, reply, body))
+        task.add_done_callback(lambda _t: self.api_queues.done(queue))
 
     def _system_api(self, subject: str, reply: str | None, body: bytes) -> None:
         """The system account has no JetStream of its own: nats-server answers every
