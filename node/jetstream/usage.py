@@ -30,11 +30,6 @@ def encode(streams: Mapping[str, int], ha_consumers: int | None = None) -> bytes
     return json.dumps(body, separators=(",", ":")).encode()
 
 
-def ha_consumers(report: Mapping[str, int]) -> int | None:
-    """The replicated consumers the reporting node hosts, if its report says."""
-    return report.get(HA_KEY)
-
-
 def decode(payload: bytes) -> dict[str, int]:
     """A report; a malformed one reads as empty (a peer's bug must not stop publishes)."""
     try:
