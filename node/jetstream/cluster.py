@@ -142,7 +142,8 @@ class ClusterJS:
             if not self.meta_started:
                 continue
             led = self._led_bytes()
-            led[usage.HA_KEY] = self.svc.ha_consumers_here()
+            if self.svc.server_limits.get("max_ha_assets"):  # else nobody reads it
+                led[usage.HA_KEY] = self.svc.ha_consumers_here()
             self.usage.forget(set(self.usage.reports) - set(self.catalogue().streams))
             rounds += 1
             if led == last and rounds % 8:
@@ -590,7 +591,7 @@ class ClusterJS:
     def candidates(self) -> list[Candidate]:
         load = self.catalogue().load()
         removed = set(self.catalogue().removed)
-        ha = self.ha_assets()
+        ha = self.ha_assets() if self.svc.server_limits.get("max_ha_assets") else {}
         out = []
         for m in self.cluster.members().values():
             if not m.jetstream or m.peer_id in removed:
