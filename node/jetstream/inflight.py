@@ -11,7 +11,7 @@ when its proposal fails, and all at once when the group's leader changes: a depo
 leader keeps no reservation and a new one starts from the applied state.
 
 A publish is known by its entry's clock (`now_ns`), which the leader makes unique among
-the publishes it holds (`key`); applying an entry releases the clocks it carries
+the publishes it holds (`reserve`); applying an entry releases the clocks it carries
 (`ops.msg_clocks`). Releasing a clock that is not held (an entry of an earlier term, a
 failure after the apply) does nothing, so each publish is released at most once.
 """
@@ -43,41 +43,40 @@ class Inflight:
         self.bytes = 0      # their size as the store will count it (limits)
         self.buffered = 0   # their subject + reply + headers + data (max_buffered_size)
 
-    def key(self, now_ns: int) -> int:
-        """A clock for a new publish: `now_ns`, or the next free one after it."""
-        held = self._held
-        while now_ns in held:
-            now_ns += 1
-        return now_ns
-
-    def add(self, key: int, stored: int, buffered: int) -> None:
+    def reserve(self, now_ns: int, stored: int, buffered: int) -> int:
+        """Hold a new publish; its key: `now_ns`, or the next clock not held after it
+        (the caller then proposes the entry with that clock)."""
         with self._lock:
-            if key in self._held:  # a caller bug; never count one publish twice
-                return
-            self._held[key] = (stored, buffered)
+            held = self._held
+            while now_ns in held:
+                now_ns += 1
+            held[now_ns] = (stored, buffered)
             self.msgs += 1
             self.bytes += stored
             self.buffered += buffered
+        return now_ns
 
     def release(self, key: int) -> None:
-        with self._lock:
-            self._release(key)
-
-    def _release(self, key: int) -> None:
-        got = self._held.pop(key, None)
-        if got is not None:
-            self.msgs -= 1
-            self.bytes -= got[0]
-            self.buffered -= got[1]
+        self._release_all([key])
 
     def release_entries(self, run: Iterable[tuple[int, bytes]]) -> None:
         """The publishes the applied entries carry (called under the stream's lock)."""
+        if self._held:
+            self._release_all([c for _, data in run for c in ops.msg_clocks(data)])
+
+    def _release_all(self, clocks: list[int]) -> None:
+        n = stored = buffered = 0
         with self._lock:
-            if not self._held:
-                return
-            for _, data in run:
-                for clock in ops.msg_clocks(data):
-                    self._release(clock)
+            pop = self._held.pop
+            for clock in clocks:
+                got = pop(clock, None)
+                if got is not None:
+                    n += 1
+                    stored += got[0]
+                    buffered += got[1]
+            self.msgs -= n
+            self.bytes -= stored
+            self.buffered -= buffered
 
     def bound(self, stored: int, stored_msgs: int, cfg: dict[str, Any]) -> int:
         """The most bytes the stream can hold once what is held here is applied: a

@@ -700,7 +700,7 @@ class JetStreamService:
         if sm is None:
             return None
         inflight = sm.inflight
-        op = ops.StreamMsg(inflight.key(time.time_ns()), subject, reply, hdr, payload)
+        op = ops.StreamMsg(time.time_ns(), subject, reply, hdr, payload)
         buffered = len(subject) + len(reply) + len(hdr) + len(payload)
         if inflight.msgs >= self.max_buffered[0] or \
                 inflight.buffered + buffered > self.max_buffered[1]:
@@ -711,7 +711,9 @@ class JetStreamService:
         if BatchCollector.is_batch(op):
             self._batch_message(sm, op)
             return None
-        inflight.add(op.now_ns, size, buffered)
+        key = inflight.reserve(op.now_ns, size, buffered)
+        if key != op.now_ns:  # another publish held has this clock: the next free one
+            op = ops.StreamMsg(key, subject, reply, hdr, payload)
         # No task nor Future per publish (the PubAck is an apply effect): the driver
         # reports only a failure. Publishes queued between two drain passes become one
         # STREAM_MSGS entry (`merge`): one Raft entry, WAL record and apply dispatch.

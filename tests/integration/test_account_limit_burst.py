@@ -10,7 +10,7 @@ publish its max_bytes / max_msgs will refuse gets 10077, not the account's 10002
 
 The same script runs against both servers; the answers (each error code and description,
 counted) and the stored bytes must be equal. Mutations (docs/notes/acctlim.md): without
-`inflight.add` in `_accept_publish` every publish of the burst is acked; without the
+`inflight.reserve` in `_accept_publish` every publish of the burst is acked; without the
 release on apply the burst after the purge is refused; without the max_msgs bound in
 `Inflight.bound` stream N's surplus gets 10002.
 """
