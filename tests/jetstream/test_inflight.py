@@ -70,3 +70,22 @@ def test_an_apply_thread_releasing_while_the_loop_reserves_keeps_the_totals() ->
         f.reserve(k, 3, 1)
     t.join()
     assert done.is_set() and (f.msgs, f.bytes, f.buffered) == (n, 3 * n, n)
+
+
+def test_a_stream_machine_releases_on_apply_and_forgets_all_at_a_leader_change() -> None:
+    from node.jetstream import config
+    from node.jetstream.machines import StreamMachine
+    from node.jetstream.store.base import memory_size
+
+    cfg, pedantic = config.parse_request(b'{"name":"S","subjects":["s"],"storage":"memory"}')
+    sm = StreamMachine("S", "js.S.1", config.check_create("S", cfg, pedantic, {})[0], None,
+                       lambda _sm, _e: None, 1)
+    size = memory_size("s", b"", b"x")
+    for ns in (10, 11, 12):
+        sm.inflight.reserve(ns, size, 1)
+    assert sm.counted_bytes() == 3 * size
+    sm.apply_batch([(1, ops.merge_msgs([_msg(10), _msg(11)]))])
+    # stored or held, each publish once
+    assert (sm.store.msgs(), sm.inflight.msgs, sm.counted_bytes()) == (2, 1, 3 * size)
+    sm.on_leader_change(2, 7)  # deposed: the proposal of clock 12 is not ours to count
+    assert (sm.inflight.msgs, sm.counted_bytes()) == (0, 2 * size)
