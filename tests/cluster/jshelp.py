@@ -25,15 +25,18 @@ class JsCluster(LocalCluster):
     """A LocalCluster whose `jetstream {}` block can carry `unique_tag` and `domain`."""
 
     def __init__(self, directory: str | Path, n: int = 3, *, unique_tag: str = "",
-                 tags: Sequence[Sequence[str]] = (), name: str = "C1", domain: str = "") -> None:
+                 tags: Sequence[Sequence[str]] = (), name: str = "C1", domain: str = "",
+                 js_extra: str = "") -> None:
         super().__init__(directory, n, name=name, tags=tags)
         self.unique_tag = unique_tag
         self.domain = domain
+        self.js_extra = js_extra  # more of the `jetstream {}` block, e.g. ", limits {...}"
 
     def config_for(self, node: LocalNode) -> str:
         conf = super().config_for(node)
         extra = "".join(f", {k}: {json.dumps(v)}" for k, v in
                         (("unique_tag", self.unique_tag), ("domain", self.domain)) if v)
+        extra += self.js_extra
         if extra:
             store = json.dumps(str(node.dir / "data"))
             conf = conf.replace(f"jetstream {{ store_dir: {store} }}",
