@@ -109,9 +109,11 @@ class Target:
             return [n.proc.pid for n in self.cluster.nodes if n.proc is not None]
         return [p.pid for p in self.procs]
 
-    def schedstat(self) -> tuple[int, int]:
-        """(CPU ns, run-queue wait ns) of every thread of the target's servers so far."""
-        cpu = wait = 0
+    def schedstat(self) -> tuple[int, int, int]:
+        """(CPU ns, run-queue wait ns, run periods) of every thread of the target's servers
+        so far. A run period starts at each wake-up (or preemption): under load each one
+        waits in the run queue first, so their number per publish matters as much as CPU."""
+        cpu = wait = runs = 0
         for pid in self.pids():
             try:
                 tids = os.listdir(f"/proc/{pid}/task")
@@ -120,12 +122,13 @@ class Target:
             for tid in tids:
                 try:
                     with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
-                        c, w, _ = f.read().split()
+                        c, w, r = f.read().split()
                 except (OSError, ValueError):
                     continue
                 cpu += int(c)
                 wait += int(w)
-        return cpu, wait
+                runs += int(r)
+        return cpu, wait, runs
 
     def stop(self) -> None:
         if self.cluster is not None:
@@ -187,7 +190,7 @@ async def run(args: argparse.Namespace) -> None:
     tmp = Path(tempfile.mkdtemp(prefix="syncab-", dir=args.dir))
     targets = [Target(lb, tmp, args.replicas) for lb in labels]
     lat: dict[str, list[float]] = {lb: [] for lb in labels}
-    sched: dict[str, list[int]] = {lb: [0, 0] for lb in labels}
+    sched: dict[str, list[int]] = {lb: [0, 0, 0] for lb in labels}
     try:
         for t in targets:
             t.start()
@@ -200,14 +203,13 @@ async def run(args: argparse.Namespace) -> None:
             for lb in order:
                 _, js, data = conns[lb]
                 t = by_label[lb]
-                c0, w0 = t.schedstat()
+                before = t.schedstat()
                 for _ in range(args.per):
                     s = time.perf_counter()
                     await js.publish("ab.x", data)
                     lat[lb].append((time.perf_counter() - s) * 1e6)
-                c1, w1 = t.schedstat()
-                sched[lb][0] += c1 - c0
-                sched[lb][1] += w1 - w0
+                for k, v in enumerate(t.schedstat()):
+                    sched[lb][k] += v - before[k]
         up1 = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
         for nc, _, _ in conns.values():
             await nc.close()
@@ -220,13 +222,13 @@ async def run(args: argparse.Namespace) -> None:
           f"{args.rounds} x {args.per} per target, interleaved; load {load0:.1f} at start")
     print(f"uptime before: {up0}\nuptime after:  {up1}\n")
     print("| target | p50 us | p90 us | p99 us | p50 / nats always | srv CPU us/pub | "
-          "srv run-queue wait us/pub |\n|---|---|---|---|---|---|---|")
+          "srv run-queue wait us/pub | srv run periods/pub |\n|---|---|---|---|---|---|---|---|")
     for lb in labels:
         v = sorted(lat[lb])
         n = len(v)
         print(f"| {lb} | {statistics.median(v):.0f} | {_q(v, 0.9):.0f} | {_q(v, 0.99):.0f} | "
               f"{statistics.median(v) / ref:.2f}x | {sched[lb][0] / n / 1e3:.0f} | "
-              f"{sched[lb][1] / n / 1e3:.0f} |")
+              f"{sched[lb][1] / n / 1e3:.0f} | {sched[lb][2] / n:.1f} |")
 
 
 def _q(v: list[float], q: float) -> float:

@@ -118,6 +118,13 @@ class Account:
     def has_interest(self, subject: str) -> bool:
         """Whether a publish on `subject` would reach anyone, here or (in a
         cluster) on a peer that announced interest."""
+        if self.has_own_interest(subject):
+            return True
+        router = self.router
+        return router is not None and router.importers_interested(self, subject)
+
+    def has_own_interest(self, subject: str) -> bool:
+        """`has_interest` without the accounts that import `subject` from this one."""
         if self.sublist.has_interest(subject):
             return True
         routes = self.routes
@@ -205,7 +212,8 @@ class Account:
         if self.router is not None:
             return self.router.publish(self, publisher, subject, reply, headers, payload,
                                        premapped)
-        if self.domain_prefix is not None and subject.startswith(self.domain_prefix):
+        if self.domain_prefix is not None and subject.startswith(self.domain_prefix) \
+                and not premapped:
             return self.domain_router.publish(self, publisher, subject, reply, headers, payload)
         return self._deliver(self._match(subject), publisher, subject, reply, headers, payload)
 
@@ -213,9 +221,19 @@ class Account:
                    headers: bytes | None, payload: bytes) -> int:
         """Deliver to the subscribers of `route` a message that shows `subject`: a
         JetStream delivery reaches a pull request's inbox with the stored message's own
-        subject, as nats-server sends it."""
+        subject, as nats-server sends it. With a router it also crosses accounts: back
+        through a service import's response route, and into a stream export's importers."""
+        if self.router is not None:
+            return self.router.deliver_as(self, publisher, route, subject, reply, headers,
+                                          payload)
+        return self.deliver_as_local(publisher, route, subject, reply, headers, payload)
+
+    def deliver_as_local(self, publisher: Any, route: str, subject: str, reply: str | None,
+                         headers: bytes | None, payload: bytes, fanout: Any = None) -> int:
+        """`deliver_as` in this account only (and its peers in a cluster, or the peers
+        it adds to `fanout`: see deliver_local)."""
         return self._deliver(self._match(route), publisher, subject, reply, headers, payload,
-                             match_subject=route)
+                             match_subject=route, fanout=fanout)
 
     def deliver_local(self, publisher: Any, subject: str, reply: str | None,
                       headers: bytes | None, payload: bytes, fanout: Any = None) -> int:
@@ -340,15 +358,18 @@ class Account:
         (a peer forwards a stream export's publish in the exporter only).
         Never forwarded again, never answered with no-responders."""
         count = 0
+        route = match_subject or subject
         router = self.router
         if router is not None:
-            if subject.startswith("_R_."):
-                # A reply to a service import whose response route this node may hold.
-                count += router.deliver_response(publisher, subject, headers, payload)
+            if route.startswith("_R_."):
+                # A reply to a service import whose response route this node may hold (or
+                # a JetStream delivery to it, which shows its stored subject: deliver_as).
+                count += router.deliver_response(publisher, route, subject, reply, headers,
+                                                  payload)
             if imports:
                 count += router.deliver_imported(self, publisher, subject, reply, headers,
-                                                 payload, queues)
-        result = self._match(match_subject or subject)
+                                                 payload, queues, match_subject)
+        result = self._match(route)
         psubs, qsubs = result.psubs, result.qsubs
         if not psubs and not (queues and qsubs):
             return count

@@ -805,17 +805,18 @@ _JS_HANDLERS: dict[str, Handler] = {
     "prev_encryption_key": _setter("prev_key", _str),
     "audit_archive": _setter("audit_archive", _bool),  # jetraft's: keep old WAL segments
     "strict": _setter("strict", _bool),
+    "max_buffered_msgs": _setter("max_buffered_msgs", _int),
+    "max_buffered_size": _setter("max_buffered_size", _size),
+    "request_queue_limit": _setter("request_queue_limit", _int),
 }
 _JS_UNSUPPORTED = frozenset({
     "max_outstanding_catchup", "tpm", "extension_hint", "max_catchup",
 })
 
-# Limits nats-server enforces that Jetraft does not (the API request queue, clustered
-# proposal buffers, and the `limits {}` keys outside the block where nats-server ignores
-# them): a limit the operator set but Jetraft would not hold fails closed ([FTL]).
+# The `limits {}` keys outside the block, where nats-server ignores them: a limit the
+# operator meant but neither server would hold fails closed ([FTL]).
 _JS_UNENFORCED = frozenset({
     "max_ack_pending", "max_request_batch", "max_ha_assets", "duplicate_window",
-    "max_buffered_msgs", "max_buffered_size", "request_queue_limit",
 })
 
 
@@ -824,9 +825,11 @@ def _ns(f: _Field) -> int:
 
 
 # `jetstream { limits {} }`: server-wide caps and defaults for streams and consumers.
-# max_ha_assets (replicated assets per server) is not held by placement: it fails closed.
+# max_ha_assets: replicated streams and consumers per server (placement.py), clustered only
+# (a single node holds no replicated asset, as a standalone nats-server).
 _JS_LIMITS: dict[str, Handler] = {
     "max_ack_pending": lambda d, f: d.__setitem__("max_ack_pending", _int(f)),
+    "max_ha_assets": lambda d, f: d.__setitem__("max_ha_assets", _int(f)),
     "max_request_batch": lambda d, f: d.__setitem__("max_request_batch", _int(f)),
     "duplicate_window": lambda d, f: d.__setitem__("duplicate_window", _ns(f)),
 }
@@ -835,8 +838,7 @@ _JS_LIMITS: dict[str, Handler] = {
 def _js_limits(js: Any, f: _Field, opts: Options) -> None:
     if not isinstance(f.value, dict):
         raise f.fail(f'invalid use of field "{f.key}": expected a map')
-    _apply_block(js.limits, f.value, f.path + ".", _JS_LIMITS, frozenset(), opts,
-                 unenforced=frozenset({"max_ha_assets"}))
+    _apply_block(js.limits, f.value, f.path + ".", _JS_LIMITS, frozenset(), opts)
 
 
 def _js_domain(f: _Field) -> str:

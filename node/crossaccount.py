@@ -266,33 +266,38 @@ class Router:
 
     def deliver_imported(self, account: Account, publisher: Any, subject: str,
                          reply: str | None, headers: bytes | None, payload: bytes,
-                         queues: Any) -> int:
-        """A publish in `account` that a peer forwarded (node/cluster Fanout): each
-        stream import of it delivers here too, to this node's subscribers in the
-        importer (and the importer's queue groups the peer chose this node for).
+                         queues: Any, match_subject: str | None = None) -> int:
+        """A publish in `account` that a peer forwarded (node/fanout.py): each stream
+        import of it delivers here too, to this node's subscribers in the importer (and
+        the importer's queue groups the peer chose this node for). A JetStream delivery
+        (`match_subject`: its route, `deliver_as`) keeps showing its stored subject.
         The plan lookup is `publish`'s (inlined there: the hot path makes no call)."""
+        route = match_subject or subject
         plans = self._plans.get(account)
         if plans is None:
             plans = self._plans[account] = {}
-        plan = plans.get(subject)
+        plan = plans.get(route)
         if plan is None:
-            plan = self._plan(account, subject, plans)
+            plan = self._plan(account, route, plans)
         if not plan.deliveries:
             return 0
         mt = msgtrace.active if headers is not None else None
         count = 0
         if mt is None:
             for importer, local in plan.deliveries:
-                count += importer.deliver_routed(publisher, local, reply, headers, payload,
-                                                 importer_queues(queues, importer.name),
-                                                 imports=False)
+                shown, via = (subject, local) if match_subject else (local, None)
+                count += importer.deliver_routed(publisher, shown, reply, headers, payload,
+                                                 importer_queues(queues, importer.name), via,
+                                                 False)
             return count
-        for delivery in self.index.stream_deliveries(account.name, subject):
+        for delivery in self.index.stream_deliveries(account.name, route):
             importer = self.accounts.get(delivery.account)
             if importer is not None:
+                shown, via = (subject, delivery.subject) if match_subject \
+                    else (delivery.subject, None)
                 count += self._exported(mt, delivery, importer.deliver_routed, publisher,
-                                        delivery.subject, reply, headers, payload,
-                                        importer_queues(queues, importer.name), None, False)
+                                        shown, reply, headers, payload,
+                                        importer_queues(queues, importer.name), via, False)
         return count
 
     def _trace_return(self, account: Account, mt: msgtrace.MsgTrace, headers: bytes,
@@ -324,17 +329,64 @@ class Router:
         """A reply on a `_R_.` subject back to the requester: a chained import's reply
         passes back through each exporter's own response route until it reaches the
         requester's reply subject."""
-        route = self._response_route(subject)
-        for _ in range(MAX_SERVICE_HOPS):
-            if route is None or not route.reply.startswith(RESPONSE_PREFIX):
-                break
-            back = self._response_route(route.reply)
-            if back is None:
-                break
-            route = back
+        route = self._requester(subject)
         if route is None:
             return 0
         return route.account.deliver_local(publisher, route.reply, None, headers, payload)
+
+    def _requester(self, subject: str, consume: bool = True) -> ResponseRoute | None:
+        """The requester's end of the response route `subject`, through each exporter's
+        own route of a chained import (`consume`: a singleton route is used up)."""
+        route = self._response_route(subject, consume)
+        for _ in range(MAX_SERVICE_HOPS):
+            if route is None or not route.reply.startswith(RESPONSE_PREFIX):
+                break
+            back = self._response_route(route.reply, consume)
+            if back is None:
+                break
+            route = back
+        return route
+
+    def deliver_as(self, account: Account, publisher: Any, route: str, subject: str,
+                   reply: str | None, headers: bytes | None, payload: bytes) -> int:
+        """A JetStream delivery (routed by `route`, showing the stored `subject`) from
+        `account`: to a requester in another account when `route` is a service import's
+        response subject (a pull request made through an import), else to `account`'s
+        subscribers and those of every account importing `route` as a stream (a push
+        consumer's deliver subject exported), as nats-server delivers them."""
+        if route.startswith(RESPONSE_PREFIX):
+            back = self._requester(route)
+            if back is not None:
+                return back.account.deliver_as_local(publisher, back.reply, subject, reply,
+                                                     headers, payload)
+            # opened on another node (the request came in there): its peer answers it
+            return account.deliver_as_local(publisher, route, subject, reply, headers, payload)
+        deliveries = self.index.stream_deliveries(account.name, route)
+        routes = account.routes
+        # One copy per peer, in this account; the peer applies the imports (node/fanout.py).
+        fanout = routes.fanout() if routes is not None and deliveries else None
+        count = account.deliver_as_local(publisher, route, subject, reply, headers, payload,
+                                         fanout)
+        for delivery in deliveries:
+            importer = self.accounts.get(delivery.account)
+            if importer is not None:
+                count += importer.deliver_as_local(publisher, delivery.subject, subject, reply,
+                                                   headers, payload, fanout)
+        if fanout is not None:
+            count += fanout.send(subject, reply, headers, payload, route)
+        return count
+
+    def importers_interested(self, account: Account, subject: str) -> bool:
+        """Whether another account listens on `subject` of `account`: the requester of a
+        service import's response subject, or an account importing it as a stream."""
+        if subject.startswith(RESPONSE_PREFIX):
+            back = self._requester(subject, consume=False)
+            return back is not None and back.account.has_own_interest(back.reply)
+        for delivery in self.index.stream_deliveries(account.name, subject):
+            importer = self.accounts.get(delivery.account)
+            if importer is not None and importer.has_own_interest(delivery.subject):
+                return True
+        return False
 
     def _serve(self, account: Account, publisher: Any, subject: str, reply: str | None,
                headers: bytes | None, payload: bytes) -> int:
@@ -381,14 +433,19 @@ class Router:
 
     # ------------------------------------------------------------------ responses
 
-    def deliver_response(self, publisher: Any, subject: str, headers: bytes | None,
-                         payload: bytes) -> int:
+    def deliver_response(self, publisher: Any, route: str, subject: str, reply: str | None,
+                         headers: bytes | None, payload: bytes) -> int:
         """A `_R_.` reply that came in over a route (the responder is on another
-        node): back to the requester's account if this node opened that route."""
-        route = self._response_route(subject)
-        if route is None:
+        node): back to the requester's account if this node opened that route. A plain
+        reply (`subject` is `route`) arrives on the requester's reply subject; a
+        JetStream delivery keeps its own subject and ack reply."""
+        back = self._response_route(route)
+        if back is None:
             return 0
-        return route.account.deliver_local(publisher, route.reply, None, headers, payload)
+        if subject == route:
+            return back.account.deliver_local(publisher, back.reply, None, headers, payload)
+        return back.account.deliver_as_local(publisher, back.reply, subject, reply, headers,
+                                             payload)
 
     def _open_response(self, requester: Account, reply: str, export: Any) -> str:
         """A fresh subject in the exporter that leads back to `reply` in the
@@ -405,14 +462,14 @@ class Router:
     def _new_response_subject() -> str:
         return RESPONSE_PREFIX + secrets.token_urlsafe(12).replace("-", "a").replace("_", "b")
 
-    def _response_route(self, subject: str) -> ResponseRoute | None:
+    def _response_route(self, subject: str, consume: bool = True) -> ResponseRoute | None:
         route = self.responses.get(subject)
         if route is None:
             return None
         if route.deadline < time.monotonic():
             del self.responses[subject]
             return None
-        if route.singleton:
+        if route.singleton and consume:
             del self.responses[subject]  # one reply only: a second is dropped
         return route
 

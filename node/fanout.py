@@ -41,13 +41,14 @@ class Fanout:
             have.extend(queues if own else [routes.name + IMPORTER_QUEUE + q for q in queues])
 
     def send(self, subject: str, reply: str | None, headers: bytes | None,
-             payload: bytes) -> int:
+             payload: bytes, match_subject: str | None = None) -> int:
         if not self.targets:
             return 0
         mt = msgtrace.active if headers is not None else None
         if mt is not None:
-            return self.routes.send_traced(mt, self.targets, subject, reply, headers, payload)
-        return self.routes.send(self.targets, subject, reply, headers, payload)
+            return self.routes.send_traced(mt, self.targets, subject, reply, headers, payload,
+                                           match_subject)
+        return self.routes.send(self.targets, subject, reply, headers, payload, match_subject)
 
 
 def importer_queues(queues: Any, importer: str) -> list[str]:

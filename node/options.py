@@ -113,6 +113,13 @@ class JetStreamOptions:
     strict: bool = True
     # The server-wide `limits {}` block (node/jetstream/config.py ServerLimits): 0 = none.
     limits: dict[str, int] = field(default_factory=dict)
+    # Per stream, the publishes its leader holds proposed and not yet applied (inflight.py),
+    # as nats-server bounds a stream's ingest queue: 0 = nats-server's defaults (100,000
+    # messages, 128 MiB); past either, a publish is dropped with 429 (10167).
+    max_buffered_msgs: int = 0
+    max_buffered_size: int = 0
+    # JetStream API requests served at once (node/jetstream/apiqueue.py): 0 = 10,000.
+    request_queue_limit: int = 0
 
 
 @dataclass

@@ -142,6 +142,8 @@ class ClusterJS:
             if not self.meta_started:
                 continue
             led = self._led_bytes()
+            if self.svc.server_limits.get("max_ha_assets"):  # else nobody reads it
+                led[usage.HA_KEY] = self.svc.ha_consumers_here()
             self.usage.forget(set(self.usage.reports) - set(self.catalogue().streams))
             rounds += 1
             if led == last and rounds % 8:
@@ -162,21 +164,32 @@ class ClusterJS:
         out: dict[str, int] = {}
         for key, sm in list(self.svc.streams.items()):
             if self.leads(key):
-                with sm.lock:
-                    out[key] = sm.store.bytes()
+                out[key] = sm.counted_bytes()
         return out
 
-    def _on_usage_frame(self, _peer: int, _subject: str, _reply: str | None,
+    def _on_usage_frame(self, peer: int, _subject: str, _reply: str | None,
                         _hdr: bytes | None, data: bytes, _tag: str) -> None:
-        self.usage.receive(usage.decode(data), time.monotonic())
+        self.usage.receive(usage.decode(data), time.monotonic(), peer)
+
+    def ha_assets(self) -> dict[int, int]:
+        """Replicated assets per peer, the meta group not included (`max_ha_assets`): the
+        R>1 streams the catalogue places there (exact, at once) plus the R>1 durable
+        consumers of its streams, this node's counted now, the others' as last reported
+        (usage reports, up to INTERVAL old, as nats-server's statsz)."""
+        out: dict[int, int] = dict(self.usage.ha)
+        out[self.self_id] = self.svc.ha_consumers_here()
+        for a in self.catalogue().streams.values():
+            if int(a["config"].get("num_replicas") or 1) > 1:
+                for p in a.get("peers", []):
+                    out[p] = out.get(p, 0) + 1
+        return out
 
     def stream_bytes(self, key: str) -> int:
         """A stream's bytes as this node best knows them, wherever it is led."""
         sm = self.svc.streams.get(key)
         local = None
         if sm is not None:
-            with sm.lock:
-                local = sm.store.bytes()
+            local = sm.counted_bytes()  # with what it holds in flight as the leader
         return self.usage.bytes_of(key, time.monotonic(),
                                    local if self.leads(key) else None, local)
 
@@ -578,13 +591,15 @@ class ClusterJS:
     def candidates(self) -> list[Candidate]:
         load = self.catalogue().load()
         removed = set(self.catalogue().removed)
+        ha = self.ha_assets() if self.svc.server_limits.get("max_ha_assets") else {}
         out = []
         for m in self.cluster.members().values():
             if not m.jetstream or m.peer_id in removed:
                 continue
             free = m.store_max - m.store_used if m.store_max > 0 else None
             out.append(Candidate(m.peer_id, m.name, self.cluster_name, tuple(m.tags),
-                                 self.is_up(m.peer_id), free, load.get(m.peer_id, 0)))
+                                 self.is_up(m.peer_id), free, load.get(m.peer_id, 0),
+                                 ha.get(m.peer_id, 0)))
         return out
 
     def place(self, cfg: dict[str, Any], keep: list[int] = (), exclude: list[int] = ()  # type: ignore[assignment]
@@ -595,7 +610,8 @@ class ClusterJS:
         return placement.select_peers(
             self.candidates(), replicas, Placement.from_config(cfg.get("placement")),
             our_cluster=self.cluster_name, unique_tag=self.unique_tag, keep=keep,
-            exclude=exclude, max_bytes=max(int(cfg.get("max_bytes") or 0), 0))
+            exclude=exclude, max_bytes=max(int(cfg.get("max_bytes") or 0), 0),
+            max_ha_assets=int(self.svc.server_limits.get("max_ha_assets") or 0))
 
     async def propose_meta(self, entry: dict[str, Any]) -> int:
         return await self.svc.mr.propose(META_GROUP, cluster_meta.encode(entry))

@@ -37,6 +37,7 @@ from typing import Any
 from node.jetstream import config as stream_config
 from node.jetstream.cluster_meta import Catalogue
 from node.jetstream.crypt import read_file, write_file
+from node.jetstream.inflight import Inflight
 from node.jetstream.store.lmdbstore import (
     IMAGE_MAGIC,
     LmdbStore,
@@ -221,6 +222,8 @@ class StreamMachine:
         self.full_images = False
         # Clustered: told when the group's leader changes (on the event loop).
         self.leader_hook: Callable[[int, int], None] | None = None
+        # Publishes this node proposed as the leader, not yet applied (inflight.py).
+        self.inflight = Inflight()
 
     def _new_store(self) -> Any:
         if self.env is None:
@@ -231,6 +234,12 @@ class StreamMachine:
     def memory(self) -> bool:
         return self.env is None
 
+    def counted_bytes(self) -> int:
+        """The bytes the limits count for this stream: stored, plus the publishes this node
+        (its leader) holds in flight as far as the stream's own limits let them in."""
+        with self.lock:
+            return self.inflight.bound(self.store.bytes(), self.store.msgs(), self.stream.cfg)
+
     def apply(self, index: int, data: bytes) -> None:
         self.apply_batch([(index, data)])
 
@@ -239,6 +248,9 @@ class StreamMachine:
         effects kept per entry so a request can find the result of its own entry."""
         with self.lock:
             effects = self.stream.apply_batch(run, self._keep if self.track else None)
+            # Under the same lock as the stored bytes it makes visible: a limit check reads
+            # store + in flight at once and sees each publish exactly once.
+            self.inflight.release_entries(run)
         if effects:
             self.sink(self, effects)
 
@@ -345,6 +357,9 @@ class StreamMachine:
                 self.events.clear()
 
     def on_leader_change(self, leader_id: int, term: int) -> None:
+        # A deposed leader holds no reservation; a new one starts from the applied state
+        # (its own proposals of an earlier term, if still applied, release nothing).
+        self.inflight.clear()
         if self.leader_hook is not None:
             self.leader_hook(leader_id, term)
 

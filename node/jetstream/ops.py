@@ -336,6 +336,30 @@ def merge_msgs(entries: list[bytes]) -> bytes:
     return b"".join(parts)
 
 
+def msg_clocks(entry: bytes) -> list[int]:
+    """The clock of each publish a STREAM_MSG or STREAM_MSGS entry carries (the leader's
+    in-flight reservations are keyed by it, inflight.py); none for any other entry. Reads
+    only the heads: a malformed entry yields what it can (its apply refuses it anyway)."""
+    if len(entry) < _HEAD.size:
+        return []
+    code, now_ns = _HEAD.unpack_from(entry)
+    if code == EntryOp.STREAM_MSG:
+        return [now_ns]
+    if code != EntryOp.STREAM_MSGS or len(entry) < _HEAD.size + _COUNT.size:
+        return []
+    (count,) = _COUNT.unpack_from(entry, _HEAD.size)
+    at = _HEAD.size + _COUNT.size
+    clocks = []
+    head, size_of = _HEAD.unpack_from, _COUNT.unpack_from
+    for _ in range(count):
+        if at + _COUNT.size + _HEAD.size > len(entry):
+            break
+        (size,) = size_of(entry, at)
+        clocks.append(head(entry, at + _COUNT.size)[1])
+        at += _COUNT.size + size
+    return clocks
+
+
 def decode(entry: bytes) -> Op:
     if len(entry) < _HEAD.size:
         raise EntryFormatError(f"entry of {len(entry)} bytes is shorter than its header")

@@ -39,6 +39,7 @@ class Candidate:
     up: bool = True
     free_storage: int | None = None  # bytes; None = unknown (never the reason for a refusal)
     load: int = 0  # replicas already assigned to it
+    ha_assets: int = 0  # replicated streams and consumers it holds (the meta group aside)
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,7 @@ class _Why:
     tags: int = 0
     storage: int = 0
     unique: int = 0
+    misc: int = 0  # over `max_ha_assets`
     reasons: list[str] = field(default_factory=list)
 
 
@@ -88,9 +90,12 @@ def unique_value(tags: Iterable[str], unique_tag: str) -> str | None:
 
 def select_peers(candidates: Sequence[Candidate], replicas: int, placement: Placement, *,
                  our_cluster: str = "", unique_tag: str = "", keep: Sequence[int] = (),
-                 exclude: Iterable[int] = (), max_bytes: int = 0) -> list[int]:
+                 exclude: Iterable[int] = (), max_bytes: int = 0, max_ha_assets: int = 0
+                 ) -> list[int]:
     """`replicas` peer ids for a stream (the peers in `keep` that still qualify come first:
-    scaling up keeps the replicas that hold the data). Raises ApiError when it cannot."""
+    scaling up keeps the replicas that hold the data). Raises ApiError when it cannot.
+    `max_ha_assets` (`jetstream { limits {} }`): a replicated stream is not placed on a
+    server whose replicated assets, its meta group included, are past it already."""
     if placement.preferred:
         raise ApiError.of("JSStreamInvalidConfigF",
                           err="preferred server not permitted in placement")
@@ -119,6 +124,9 @@ def select_peers(candidates: Sequence[Candidate], replicas: int, placement: Plac
         if unique_tag and unique_value(c.tags, unique_tag) is None:
             why.unique += 1
             continue
+        if replicas > 1 and ha_over(c.ha_assets, max_ha_assets):
+            why.misc += 1
+            continue
         eligible.append(c)
     kept = [c for p in keep for c in eligible if c.peer == p]
     rest = sorted((c for c in eligible if c.peer not in set(keep)),
@@ -140,8 +148,16 @@ def select_peers(candidates: Sequence[Candidate], replicas: int, placement: Plac
     return [c.peer for c in chosen]
 
 
+def ha_over(assets: int, max_ha_assets: int) -> bool:
+    """Whether a server holding `assets` replicated streams and consumers takes no more:
+    nats-server counts its Raft groups (the meta group too) and refuses once they are past
+    the limit (checked against 2.15.1: `max_ha_assets: 2` takes two R3 streams, or one and
+    an R3 consumer, then 10005 / 10023). 0 = no limit."""
+    return max_ha_assets > 0 and 1 + assets > max_ha_assets
+
+
 def _refusal(why: _Why, want_tags: tuple[str, ...]) -> ApiError:
-    if why.storage and not (why.tags or why.unique or why.offline):
+    if why.storage and not (why.tags or why.unique or why.offline or why.misc):
         return ApiError.of("JSInsufficientResourcesErr")
     reasons = []
     if why.tags:
@@ -152,6 +168,8 @@ def _refusal(why: _Why, want_tags: tuple[str, ...]) -> ApiError:
         reasons.append("server tag not unique")
     if why.offline:
         reasons.append("peer offline")
+    if why.misc:
+        reasons.append("miscellaneous issue")
     text = ", ".join(["no suitable peers for placement", *reasons])
     return ApiError.of("JSClusterNoPeersErrF", err=text)
 

@@ -53,6 +53,9 @@ from node.jetstream import (
     requests,
 )
 from node.jetstream import config as stream_config
+from node.jetstream import inflight as inflight_mod
+from node.jetstream import placement as placement_mod
+from node.jetstream.apiqueue import ApiQueues
 from node.jetstream.batch import BatchCollector
 from node.jetstream.cluster import ClusterJS, Frames, _request_json
 from node.jetstream.consumer import (
@@ -216,6 +219,14 @@ class JetStreamService:
         # `jetstream { domain }` (node/jetstream/domain.py): named in PubAcks, stream and account
         # info and advisories; "" none.
         self.domain: str = server.options.jetstream.domain
+        # A stream's publishes in flight past which more are dropped (inflight.py).
+        self.max_buffered = (server.options.jetstream.max_buffered_msgs
+                             or inflight_mod.DEFAULT_MAX_MSGS,
+                             server.options.jetstream.max_buffered_size
+                             or inflight_mod.DEFAULT_MAX_SIZE)
+        self._dropping_logged: dict[str, float] = {}  # stream key -> last [WRN] (monotonic)
+        # `request_queue_limit`: API requests being served (apiqueue.py)
+        self.api_queues = ApiQueues(server.options.jetstream.request_queue_limit)
         self.store_dir = os.path.abspath(server.options.jetstream.store_dir)
         self.env: NodeEnv | None = None
         self.mr: MultiRaft | None = None
@@ -682,32 +693,55 @@ class JetStreamService:
     def _accept_publish(self, name: str, subject: str, reply: str, hdr: bytes, payload: bytes
                         ) -> None:
         """A publish this node (the stream's leader) proposes. Its PubAck is an apply
-        effect; a refusal (or an unknown outcome) is logged by `_not_acked`."""
+        effect; a refusal (or an unknown outcome) is logged by `_not_acked`. Its bytes are
+        held in the stream's in-flight count (inflight.py) from here until the entry
+        carrying it is applied, so the limit checks of the publishes behind it count it."""
         sm = self.streams.get(name)
         if sm is None:
             return None
+        inflight = sm.inflight
         op = ops.StreamMsg(time.time_ns(), subject, reply, hdr, payload)
-        if self._over_account_limit(sm, op):
+        buffered = len(subject) + len(reply) + len(hdr) + len(payload)
+        if inflight.msgs >= self.max_buffered[0] or \
+                inflight.buffered + buffered > self.max_buffered[1]:
+            return self._too_many(sm, op, inflight.msgs >= self.max_buffered[0])
+        size = (memory_size if sm.memory else file_size)(subject, hdr, payload)
+        if self._over_account_limit(sm, op, size):
             return None
         if BatchCollector.is_batch(op):
             self._batch_message(sm, op)
             return None
+        key = inflight.reserve(op.now_ns, size, buffered)
+        if key != op.now_ns:  # another publish held has this clock: the next free one
+            op = ops.StreamMsg(key, subject, reply, hdr, payload)
         # No task nor Future per publish (the PubAck is an apply effect): the driver
         # reports only a failure. Publishes queued between two drain passes become one
         # STREAM_MSGS entry (`merge`): one Raft entry, WAL record and apply dispatch.
         assert self.mr is not None
         try:
-            self.mr.propose_quiet(sm.group, ops.encode(op), self._not_acked, sm,
-                                  merge=ops.merge_msgs)
+            self.mr.propose_quiet(sm.group, ops.encode(op), self._not_acked,
+                                  (sm, op.now_ns), merge=ops.merge_msgs)
         except (ProposalDropped, KeyError, NotLeader) as exc:
-            self._not_acked(sm, exc)
+            self._not_acked((sm, op.now_ns), exc)
         return None
 
-    def _over_account_limit(self, sm: StreamMachine, op: ops.StreamMsg) -> bool:
+    def _too_many(self, sm: StreamMachine, op: ops.StreamMsg, by_count: bool) -> None:
+        """`max_buffered_msgs` / `max_buffered_size`: nats-server drops a publish its full
+        ingest queue cannot take, answers 429 (10167) and warns (here once a second)."""
+        now = time.monotonic()
+        if now - self._dropping_logged.get(sm.name, -2.0) >= 1.0:
+            self._dropping_logged[sm.name] = now
+            self.log.warn("Dropping messages due to excessive stream ingest rate on "
+                          f"{_acc(sm.name)!r} > {_name(sm.name)!r}: IPQ "
+                          f"{'len' if by_count else 'size'} limit reached")
+        self._refuse_publish(sm, op, ApiError.of("JSStreamTooManyRequests"))
+
+    def _over_account_limit(self, sm: StreamMachine, op: ops.StreamMsg, size: int) -> bool:
         """nats-server refuses a publish that takes the stored bytes of the stream's tier
         and storage type past the tier's `max_mem` / `max_file` (10002, jsaccount.py), or
-        finds no tier for the stream (10120); True: refused (and answered). A check
-        before the proposal, as nats-server's: entries in flight are not counted."""
+        finds no tier for the stream (10120); True: refused (and answered). Checked before
+        the proposal against the bytes stored AND the bytes of the publishes proposed here
+        and not yet applied (`_stream_bytes`), as nats-server's in-order checks see them."""
         account = jsaccount.account_of(sm.name)
         tiers = self.limits.get(account)
         if tiers is None:
@@ -720,7 +754,6 @@ class JetStreamService:
                 and limits.memory_max_stream_bytes <= 0
                 and limits.storage_max_stream_bytes <= 0):
             return self._over_server_limit(sm, op)
-        size = (memory_size if sm.memory else file_size)(op.subject, op.hdr, op.data)
         # the account's streams of this tier and storage type, wherever they are led
         used = sum(self._stream_bytes(k) * _weight(tier, cfg)
                    for k, cfg in self._stored_configs()
@@ -743,8 +776,7 @@ class JetStreamService:
         used = 0
         for other in list(self.streams.values()):
             if other.memory == sm.memory:
-                with other.lock:
-                    used += other.store.bytes()
+                used += other.counted_bytes()
         if not jsaccount.server_full(limit, used):
             return False
         self.log.error(f"JetStream {'memory' if sm.memory else 'file'} resource limits "
@@ -759,14 +791,14 @@ class JetStreamService:
         return [(k, sm.stream.cfg) for k, sm in list(self.streams.items())]
 
     def _stream_bytes(self, key: str) -> int:
-        """A stream's stored bytes: clustered, as reported by its leader (usage.py)."""
+        """A stream's stored bytes plus those its leader holds in flight: clustered, as
+        reported by its leader (usage.py)."""
         if self.jsc is not None:
             return int(self.jsc.stream_bytes(key))
         sm = self.streams.get(key)
         if sm is None:
             return 0
-        with sm.lock:
-            return int(sm.store.bytes())
+        return sm.counted_bytes()
 
     def _refuse_publish(self, sm: StreamMachine, op: ops.StreamMsg, err: ApiError) -> bool:
         if op.reply:
@@ -782,9 +814,12 @@ class JetStreamService:
             return
         self._client(stream_key).publish(subject, None, payload, hdr)
 
-    def _not_acked(self, sm: StreamMachine, exc: BaseException | None) -> None:
+    def _not_acked(self, held: tuple[StreamMachine, int], exc: BaseException | None) -> None:
         # Not stored (or outcome unknown): no PubAck; the client's request times out and
-        # it may retry (with Nats-Msg-Id, exactly once).
+        # it may retry (with Nats-Msg-Id, exactly once). Its reservation goes (a no-op if
+        # the entry was applied after all, or the leader changed meanwhile).
+        sm, key = held
+        sm.inflight.release(key)
         self.log.warn(f"JetStream publish to {sm.name} not acknowledged: {exc!r}")
 
     def _batch_message(self, sm: StreamMachine, op: ops.StreamMsg) -> None:
@@ -865,7 +900,17 @@ class JetStreamService:
         if self.limits.get(account) is None:
             self._not_enabled(call, reply, body)
             return
-        self._spawn(self._serve(call, subject, reply, body))
+        queue = ApiQueues.queue_of(call.op)
+        if queue is None:
+            self._spawn(self._serve(call, subject, reply, body))
+            return
+        if not self.api_queues.admit(queue):
+            warning = self.api_queues.warning(queue, time.monotonic())
+            if warning is not None:
+                self.log.warn(warning)
+            return
+        task = self._spawn(self._serve(call, subject, reply, body))
+        task.add_done_callback(lambda _t: self.api_queues.done(queue))
 
     def _system_api(self, subject: str, reply: str | None, body: bytes) -> None:
         """The system account has no JetStream of its own: nats-server answers every
@@ -1528,6 +1573,8 @@ class JetStreamService:
             cap = jsaccount.consumer_cap(limits, int(sm.stream.cfg.get("max_consumers") or -1))
             if 0 < cap <= len(existing):
                 raise ApiError.of("JSMaximumConsumersLimitErr")
+        if created:
+            self._check_ha_assets(k, cfg, sm.stream.cfg)
         wire = consumer_config.to_wire(cfg)
         if not (created or existing.get(name) is not cfg):
             return self._consumer_info("consumer_create_response", sm, name)
@@ -1566,6 +1613,30 @@ class JetStreamService:
         return info
 
     _h_consumer_durable_create = _h_consumer_create
+
+    def _check_ha_assets(self, key: str, cfg: dict[str, Any], stream_cfg: dict[str, Any]
+                         ) -> None:
+        """`limits { max_ha_assets }`: a new replicated consumer needs every peer of its
+        stream to take one more replicated asset; nats-server answers 10023 otherwise."""
+        cap = int(self.server_limits.get("max_ha_assets") or 0)
+        if cap <= 0 or self.jsc is None or not _replicated_consumer(cfg, stream_cfg):
+            return
+        ha = self.jsc.ha_assets()
+        peers = self.jsc.catalogue().streams.get(key, {}).get("peers", [])
+        if any(placement_mod.ha_over(ha.get(p, 0), cap) for p in peers):
+            self.log.warn(f"Maximum HA Assets limit reached: {cap}")
+            raise ApiError.of("JSInsufficientResourcesErr")
+
+    def ha_consumers_here(self) -> int:
+        """The replicated durable consumers of the streams this node hosts (`max_ha_assets`
+        counts each on every node of its stream, as nats-server counts its Raft groups)."""
+        n = 0
+        for sm in list(self.streams.values()):
+            scfg = sm.stream.cfg
+            if int(scfg.get("num_replicas") or 1) > 1:
+                n += sum(1 for c in list(sm.stream.consumers.values())
+                         if _replicated_consumer(c.cfg, scfg))
+        return n
 
     # ------------------------------------------------------------------ snapshot / restore
 
@@ -2161,11 +2232,9 @@ class JetStreamService:
         return "".join(secrets.choice(_NAME_CHARS) for _ in range(22)), self._now()
 
     def _has_interest(self, subject: str, stream_key: str) -> bool:
-        account = self._client(stream_key).account
-        if self.jsc is not None:  # a push consumer's subscriber may be on another node
-            return bool(account.has_interest(subject))
-        result = account.sublist.match(subject)
-        return bool(result.psubs or result.qsubs)
+        # here, on a peer (a push consumer's subscriber may be on another node), or in an
+        # account that imports the subject (or asked through a service import)
+        return bool(self._client(stream_key).account.has_interest(subject))
 
     async def _tick_loop(self) -> None:
         """Expire pull requests (408), redeliver what fell due, feed push consumers, delete
@@ -2292,6 +2361,12 @@ def _tier_usage() -> dict[str, int]:
     """One tier's figures in `$JS.API.INFO`, in nats-server's key order."""
     return dict.fromkeys(("memory", "storage", "reserved_memory", "reserved_storage",
                           "streams", "consumers"), 0)
+
+
+def _replicated_consumer(cfg: dict[str, Any], stream_cfg: dict[str, Any]) -> bool:
+    """A durable consumer of more than one replica (0: its stream's): an HA asset. An
+    ephemeral one is not (nats-server: R1, not counted)."""
+    return bool(cfg.get("durable_name")) and cgroup.replicas(cfg, stream_cfg) > 1
 
 
 def _weight(tier: str, cfg: dict[str, Any]) -> int:

@@ -48,12 +48,20 @@ _B62 = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 def source_key(src: dict[str, Any]) -> str:
     """A source's index name, nats-server's `iname`: origin name (with a hash of an external
     API prefix), its filters and its destinations. Two sources of one origin differ by it."""
-    name = src["name"]
-    external = src.get("external") or {}
-    if external.get("api"):
-        name += ":" + _hash(external["api"])
     srcs, dests = _filters_and_dests(src)
-    return f"{name} {srcs} {dests}"
+    return f"{_origin_name(src)} {srcs} {dests}"
+
+
+def _origin_name(src: dict[str, Any]) -> str:
+    """The origin's name, with a hash of its API prefix when it is external."""
+    api = (src.get("external") or {}).get("api")
+    return f"{src['name']}:{_server_hash(api)}" if api else src["name"]
+
+
+def _server_hash(text: str) -> str:
+    """nats-server's 8-character name hash (its `getHash`): each of the first 8 bytes of
+    the SHA-256, modulo 62, picks a digit. Source index names and headers carry it."""
+    return "".join(_B62[b % 62] for b in hashlib.sha256(text.encode()).digest()[:8])
 
 
 def _filters_and_dests(src: dict[str, Any]) -> tuple[str, str]:
@@ -103,7 +111,7 @@ def _hash(text: str) -> str:
 
 def source_header(src: dict[str, Any], origin_seq: int, subject: str, ident: str) -> str:
     srcs, dests = _filters_and_dests(src)
-    value = f"{src['name']} {origin_seq} {srcs} {dests} {subject}"
+    value = f"{_origin_name(src)} {origin_seq} {srcs} {dests} {subject}"
     return f"{value} {ident}" if ident else value
 
 

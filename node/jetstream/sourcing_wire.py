@@ -19,10 +19,12 @@ different nodes (the cluster forwards the `$JS.API` request to the origin's lead
   heartbeats, and ends when nobody listens on its deliver subject for its inactive
   threshold, on CONSUMER.DELETE, or when the origin goes.
 
-Accounts: origin and target are in the same account (the config's origin name is looked up
-in the target's account). Streams are named by their registry key (jsaccount.py) here;
-subjects carry bare names. Each account has its own sourcing client, so requests,
-deliveries and flow control stay inside the account.
+Accounts: without `external`, origin and target are in the same account (the config's origin
+name is looked up in the target's account). With it, the link's requests use the external API
+prefix and its deliveries the deliver prefix, and the target account's imports (the origin
+account's exports) carry them across, as nats-server's users configure them. Streams are
+named by their registry key (jsaccount.py) here; subjects carry bare names. Each account has
+its own sourcing client, so requests, deliveries and flow control start in the account.
 """
 
 from __future__ import annotations
@@ -48,6 +50,9 @@ FC_EVERY = 512                    # deliveries between flow-control requests
 READ_BATCH = 256                  # messages read from the origin store under one lock
 ENTRY_MAX = 512                   # sourced messages per SOURCE_MSGS entry
 REQUEST_TIMEOUT_S = 5.0
+# Jetraft's own field of a sourcing consumer's create reply: the origin's incarnation, for a
+# target that cannot read it from its catalogue (an origin in another account or domain).
+ORIGIN_IDENTITY = "origin_identity"
 _CHARS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
 _FC_REQUEST = b"NATS/1.0 100 FlowControl Request\r\n\r\n"
 _GONE = b"NATS/1.0 409 Consumer Deleted\r\n\r\n"
@@ -86,7 +91,15 @@ class SourceLink:
         self.src = src
         self.mirror = key == sourcing.MIRROR_KEY
         self.account = jsaccount.account_of(target)
-        self.origin = jsaccount.key(self.account, src["name"])  # same account as the target
+        external = src.get("external") or {}
+        # An origin in another account (or domain) is reached through the target account's
+        # imports: its API under `api`, its deliveries under the `deliver` prefix.
+        self.api = external.get("api") or "$JS.API"
+        self.deliver_prefix = external.get("deliver") or ("$JS.M" if self.mirror else "$JS.S")
+        # The origin's registry key when it is in the target's account. An external one is
+        # not in this node's catalogue: its incarnation comes with the consumer it creates.
+        self.origin = "" if external.get("api") else jsaccount.key(self.account, src["name"])
+        self.external_ident = ""
         self.lag = 0
         self.last_heard = 0       # time.monotonic_ns() of the last delivery or heartbeat
         self.error: dict[str, Any] | None = None
@@ -131,9 +144,10 @@ class SourceLink:
         if not self.wire.leads(sm):
             raise _Restart  # only the target's leader sources; a follower waits its turn
         with sm.lock:
-            done = sourcing.resume_after(sm.store, self.key, self.wire.identity(self.origin))
+            done = sourcing.resume_after(sm.store, self.key, self._ident())
         name = ("JS_MIRROR_" if self.mirror else "JS_SRC_") + _token()
-        deliver = ("$JS.M." if self.mirror else "$JS.S.") + _token()
+        kind = "M" if self.mirror else "S"
+        deliver = f"{self.deliver_prefix}.{kind}.{_token()}".replace("..", ".")
         inbox: asyncio.Queue[tuple[str, str | None, bytes | None, bytes]] = asyncio.Queue()
         client = self.wire.client_for(self.account)
 
@@ -145,12 +159,13 @@ class SourceLink:
         try:
             body = sourcing.consumer_request(self.src, name, deliver, done, self.mirror,
                                              HEARTBEAT_NS)
-            reply = await self.wire.request(
-                client, f"$JS.API.CONSUMER.CREATE.{self.src['name']}.{name}",
-                json.dumps(body).encode())
+            reply = await self.wire.request(client, self._create_subject(body, name),
+                                            json.dumps(body).encode())
             if "error" in reply:
                 self.error = reply["error"]
                 raise _Restart
+            if not self.origin:
+                self._learn_identity(sm, reply.get(ORIGIN_IDENTITY, ""), done, name)
             self.error = None
             self.consumer = name
             self.last_heard = time.monotonic_ns()
@@ -160,14 +175,34 @@ class SourceLink:
             if self.consumer:
                 # With a reply subject (the API ignores requests without one); the answer
                 # is not awaited: a reader nobody listens to ends on its own anyway.
-                client.publish(f"$JS.API.CONSUMER.DELETE.{self.src['name']}.{self.consumer}",
+                client.publish(f"{self.api}.CONSUMER.DELETE.{self.src['name']}.{self.consumer}",
                                self.wire.reply_inbox(), b"")
                 self.consumer = ""
+
+    def _learn_identity(self, sm: Any, ident: str, done: int, consumer: str) -> None:
+        """An external origin says which incarnation it is: a re-created one (the stored
+        progress names another) means starting over, with a new consumer."""
+        self.external_ident = ident
+        with sm.lock:
+            again = sourcing.resume_after(sm.store, self.key, ident)
+        if again != done:
+            self.consumer = consumer  # deleted on the way out
+            raise _Restart
+
+    def _ident(self) -> str:
+        return self.wire.identity(self.origin) if self.origin else self.external_ident
+
+    def _create_subject(self, body: dict[str, Any], name: str) -> str:
+        """nats-server's subject for a source consumer: its users export exactly these
+        (`CONSUMER.CREATE.<origin>`, or with the name and the one filter subject)."""
+        subject = f"{self.api}.CONSUMER.CREATE.{self.src['name']}"
+        one = body["config"].get("filter_subject")
+        return (f"{subject}.{name}.{one}" if one else subject).replace("..", ".")
 
     async def _consume(self, inbox: asyncio.Queue[Any]) -> None:
         svc = self.wire.svc
         expected = 1  # the next delivery sequence
-        ident = self.wire.identity(self.origin)
+        ident = self._ident()
         stall_s = STALL_BEATS * HEARTBEAT_NS / 1e9
         while True:
             try:
@@ -437,7 +472,7 @@ class SourcingWire:
         for key in [k for k in links if k not in wanted or links[k].src != wanted[k]]:
             links.pop(key).stop()
         for key, src in wanted.items():
-            if key not in links and not (src.get("external") or {}).get("api"):
+            if key not in links:
                 links[key] = SourceLink(self, target, key, src)
                 links[key].start()
         if not links:
@@ -470,7 +505,9 @@ class SourcingWire:
         fut: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
         self._replies[inbox] = fut
         try:
-            client.publish(subject, inbox, body)
+            # Unmapped: nats-server applies no account mapping (the domain's `$JS.<domain>.
+            # API` included) to JetStream's own requests; imports still carry them.
+            client.account.publish(client, subject, inbox, None, body, premapped=True)
             raw = await asyncio.wait_for(fut, REQUEST_TIMEOUT_S)
         except TimeoutError:
             raise _Restart from None
@@ -544,7 +581,8 @@ class SourcingWire:
         return {"type": TYPE_PREFIX + "consumer_create_response",
                 "stream_name": jsaccount.name_of(origin),
                 "name": name, "config": cfg,
-                "delivered": {"consumer_seq": 0, "stream_seq": reader.next_seq - 1}}
+                "delivered": {"consumer_seq": 0, "stream_seq": reader.next_seq - 1},
+                ORIGIN_IDENTITY: self.identity(origin)}
 
     def delete_direct(self, origin: str, name: str) -> bool:
         reader = self.readers.get(name)

@@ -18,10 +18,16 @@ from dataclasses import dataclass, field
 
 INTERVAL = 0.25  # seconds between reports (nats-server's minimum usage update window)
 STALE = 10.0  # a report older than this no longer stands for its stream
+# The report's key for the node's replicated consumers (`max_ha_assets`): no stream key is
+# empty, and a decoder that predates it takes it for a stream nobody has, then forgets it.
+HA_KEY = ""
 
 
-def encode(streams: Mapping[str, int]) -> bytes:
-    return json.dumps(dict(streams), separators=(",", ":")).encode()
+def encode(streams: Mapping[str, int], ha_consumers: int | None = None) -> bytes:
+    body = dict(streams)
+    if ha_consumers is not None:
+        body[HA_KEY] = ha_consumers
+    return json.dumps(body, separators=(",", ":")).encode()
 
 
 def decode(payload: bytes) -> dict[str, int]:
@@ -41,9 +47,13 @@ class UsageBook:
     """The newest reported bytes of each stream: key -> (time received, bytes)."""
 
     reports: dict[str, tuple[float, int]] = field(default_factory=dict)
+    ha: dict[int, int] = field(default_factory=dict)  # peer -> its replicated consumers
 
-    def receive(self, streams: Mapping[str, int], now: float) -> None:
+    def receive(self, streams: Mapping[str, int], now: float, peer: int = 0) -> None:
         for key, size in streams.items():
+            if key == HA_KEY:
+                self.ha[peer] = size
+                continue
             self.reports[key] = (now, size)
 
     def forget(self, keys: set[str]) -> None:

@@ -25,20 +25,33 @@ class JsCluster(LocalCluster):
     """A LocalCluster whose `jetstream {}` block can carry `unique_tag` and `domain`."""
 
     def __init__(self, directory: str | Path, n: int = 3, *, unique_tag: str = "",
-                 tags: Sequence[Sequence[str]] = (), name: str = "C1", domain: str = "") -> None:
+                 tags: Sequence[Sequence[str]] = (), name: str = "C1", domain: str = "",
+                 js_extra: str = "") -> None:
         super().__init__(directory, n, name=name, tags=tags)
         self.unique_tag = unique_tag
         self.domain = domain
+        self.js_extra = js_extra  # more of the `jetstream {}` block, e.g. ", limits {...}"
 
     def config_for(self, node: LocalNode) -> str:
         conf = super().config_for(node)
         extra = "".join(f", {k}: {json.dumps(v)}" for k, v in
                         (("unique_tag", self.unique_tag), ("domain", self.domain)) if v)
+        extra += self.js_extra
         if extra:
             store = json.dumps(str(node.dir / "data"))
             conf = conf.replace(f"jetstream {{ store_dir: {store} }}",
                                 f"jetstream {{ store_dir: {store}{extra} }}")
         return conf
+
+    @contextmanager
+    def running(self) -> Iterator[JsCluster]:
+        """Started, JetStream caught up on every node; stopped on the way out."""
+        try:
+            self.start()
+            self.wait_js()
+            yield self
+        finally:
+            self.stop()
 
     def wait_js(self, nodes: Sequence[LocalNode] | None = None, timeout: float = 40.0) -> None:
         """Until /healthz says every node caught up with the meta group (and its groups)."""

@@ -5,9 +5,9 @@ Probed (docs/notes/clsrc.md): nats-server copies nothing for an external origin 
 through the server's own domain prefix (`jetstream { domain: hub }` and
 `external.api: "$JS.hub.API"`) nor through an account mapping of that prefix; the blocks show
 `external` (a source's `deliver` as "" when not given), `lag` 0 and `active` -1; an api
-prefix overlapping `$JS.API` is refused (10021). Jetraft does the same. Cross-account
-external origins (an imported `$JS.API` of another JetStream account) need JetStream per
-account (the jsacct branch)."""
+prefix overlapping `$JS.API` is refused (10021). Jetraft does the same (its sourcing
+requests skip account mappings, as nats-server's do). Origins in another account, reached
+through imports: test_jetstream_external_sources.py."""
 
 from __future__ import annotations
 

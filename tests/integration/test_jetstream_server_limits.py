@@ -1,5 +1,6 @@
 """`jetstream { limits {} }` against nats-server 2.15: the server-wide duplicate window,
-consumer max_ack_pending and max_request_batch, as defaults and as caps, with the same
+consumer max_ack_pending and max_request_batch, as defaults and as caps (and
+`max_ha_assets`, which a standalone server never reaches), with the same
 nats-py script on both and each reply compared whole (issue 8, the `jetstream {}` block)."""
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ import nats
 CONF = """
 jetstream {
   store_dir: "%s"
-  limits { max_ack_pending: 100, max_request_batch: 50, duplicate_window: 30s }
+  limits { max_ack_pending: 100, max_request_batch: 50, duplicate_window: 30s,
+           max_ha_assets: 1 }
 }
 """
 # fields that differ by nature (times, generated names)
@@ -50,6 +52,9 @@ async def _script(url: str) -> list[Any]:
             await api("STREAM.UPDATE.C", {"name": "C", "subjects": ["c"],
                                           "duplicate_window": 40_000_000_000}),
             await api("STREAM.CREATE.A", {"name": "A", "subjects": ["a"]}),  # the same again
+            # max_ha_assets: standalone, nothing is replicated (nor counted)
+            await api("STREAM.CREATE.R", {"name": "R", "subjects": ["r"], "num_replicas": 3}),
+            await api("STREAM.CREATE.R2", {"name": "R2", "subjects": ["r2"]}),
             await consumer("c1", ack_policy="explicit"),
             await consumer("c2", ack_policy="explicit", max_ack_pending=500),
             await consumer("c3", ack_policy="explicit", max_batch=500),
@@ -77,6 +82,7 @@ def test_server_limits_as_nats_server(servers: Any, tmp_path: Path) -> None:
     # the script exercises each limit: a default lowered and a request refused
     assert want[0]["config"]["duplicate_window"] == 30_000_000_000
     assert want[1]["error"]["err_code"] == 10052
-    assert want[6]["config"]["max_ack_pending"] == 100
-    assert want[6]["config"]["max_batch"] == 50
-    assert want[7]["error"]["err_code"] == 10121 and want[8]["error"]["err_code"] == 10125
+    assert want[8]["config"]["max_ack_pending"] == 100
+    assert want[8]["config"]["max_batch"] == 50
+    assert want[9]["error"]["err_code"] == 10121 and want[10]["error"]["err_code"] == 10125
+    assert want[6]["error"]["err_code"] == 10074 and "error" not in want[7]

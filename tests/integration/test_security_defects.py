@@ -189,9 +189,8 @@ UNENFORCED = {
     "ws-authorization": 'websocket { listen: "127.0.0.1:-1", no_tls: true, '
                         "authorization { user: a, password: b } }\n",
     "ws-jwt-cookie": 'websocket { listen: "127.0.0.1:-1", no_tls: true, jwt_cookie: c }\n',
-    # server-wide JetStream limits nats-server enforces and Jetraft does not (yet)
-    "js-limits": "jetstream { store_dir: {store}, limits { max_ha_assets: 10 } }\n",
-    "js-request-queue": "jetstream { store_dir: {store}, request_queue_limit: 100 }\n",
+    # a `limits {}` key outside the block (nats-server ignores it there: not what was meant)
+    "js-limits-outside": "jetstream { store_dir: {store}, max_ha_assets: 10 }\n",
 }
 
 

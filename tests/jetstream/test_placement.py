@@ -130,3 +130,17 @@ def test_meta_stepdown_preference() -> None:
     assert pick_leader(cands, voters, 1, Placement(tags=("az:c",))) in (21, 22)
     with pytest.raises(ApiError):
         pick_leader(cands, voters, 1, Placement(preferred="nobody"))
+
+
+def test_max_ha_assets_leaves_out_full_servers_for_replicated_streams_only() -> None:
+    # nats-server counts its meta group too: with a cap of 2 a server takes 2 assets
+    cands = [Candidate(peer=p, name=f"n{p}", cluster="C1", ha_assets=a)
+             for p, a in ((1, 2), (2, 1), (3, 0), (4, 1))]
+    assert sorted(select_peers(cands, 3, Placement(), max_ha_assets=2)) == [2, 3, 4]
+    assert select_peers(cands, 1, Placement(), max_ha_assets=2)  # R1: not an HA asset
+    assert sorted(select_peers(cands, 3, Placement(), max_ha_assets=0)) != []  # no cap
+    with pytest.raises(ApiError) as err:
+        select_peers(cands, 4, Placement(), max_ha_assets=2)
+    assert err.value.to_dict()["error"] == {
+        "code": 400, "err_code": 10005,
+        "description": "no suitable peers for placement, miscellaneous issue"}

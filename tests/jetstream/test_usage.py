@@ -30,3 +30,9 @@ def test_leader_first_then_fresh_report_then_own_replica() -> None:
     assert book.bytes_of("A/S", 11.0 + usage.STALE + 1, None, None) == 0
     book.forget({"A/S"})
     assert book.bytes_of("A/S", 11.0, None, None) == 0
+
+
+def test_a_report_carries_the_nodes_replicated_consumers_apart() -> None:
+    book = usage.UsageBook()
+    book.receive(usage.decode(usage.encode({"A/S": 7}, ha_consumers=3)), now=1.0, peer=2)
+    assert book.ha == {2: 3} and set(book.reports) == {"A/S"}

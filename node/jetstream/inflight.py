@@ -1,0 +1,101 @@
+"""Publishes a stream's leader has proposed and not yet applied (pure, thread-safe).
+
+The account limits (`max_file` / `max_mem`), the server's and `max_buffered_*` are checked
+on the leader BEFORE a publish is proposed, but its bytes reach the store only when the
+entry is applied, after the drain pass, the fsync and the commit; batching merges hundreds
+of publishes into one entry. Counting the stored bytes alone let a burst pass the check
+as a whole (400 x 1 KB acked against a 100 KB `max_file`). So the leader reserves each
+publish it proposes here and releases it when the entry carrying it is applied (in the
+same critical section that makes the stored bytes visible, `StreamMachine.apply_batch`),
+when its proposal fails, and all at once when the group's leader changes: a deposed
+leader keeps no reservation and a new one starts from the applied state.
+
+A publish is known by its entry's clock (`now_ns`), which the leader makes unique among
+the publishes it holds (`reserve`); applying an entry releases the clocks it carries
+(`ops.msg_clocks`). Releasing a clock that is not held (an entry of an earlier term, a
+failure after the apply) does nothing, so each publish is released at most once.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Iterable
+from typing import Any
+
+from node.jetstream import ops
+
+# nats-server's bounds of a stream's ingest queue when `max_buffered_msgs` /
+# `max_buffered_size` are not set (stream.go, 2.11+): past either, a publish is dropped.
+DEFAULT_MAX_MSGS = 100_000
+DEFAULT_MAX_SIZE = 128 * 1024 * 1024
+
+
+class Inflight:
+    """One stream's reservations: clock -> (stored bytes, buffered bytes)."""
+
+    __slots__ = ("_lock", "_held", "msgs", "bytes", "buffered")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()  # the loop reserves, the apply worker releases
+        self._held: dict[int, tuple[int, int]] = {}
+        self.msgs = 0       # publishes held
+        self.bytes = 0      # their size as the store will count it (limits)
+        self.buffered = 0   # their subject + reply + headers + data (max_buffered_size)
+
+    def reserve(self, now_ns: int, stored: int, buffered: int) -> int:
+        """Hold a new publish; its key: `now_ns`, or the next clock not held after it
+        (the caller then proposes the entry with that clock)."""
+        with self._lock:
+            held = self._held
+            while now_ns in held:
+                now_ns += 1
+            held[now_ns] = (stored, buffered)
+            self.msgs += 1
+            self.bytes += stored
+            self.buffered += buffered
+        return now_ns
+
+    def release(self, key: int) -> None:
+        self._release_all([key])
+
+    def release_entries(self, run: Iterable[tuple[int, bytes]]) -> None:
+        """The publishes the applied entries carry (called under the stream's lock)."""
+        if self._held:
+            self._release_all([c for _, data in run for c in ops.msg_clocks(data)])
+
+    def _release_all(self, clocks: list[int]) -> None:
+        n = stored = buffered = 0
+        with self._lock:
+            pop = self._held.pop
+            for clock in clocks:
+                got = pop(clock, None)
+                if got is not None:
+                    n += 1
+                    stored += got[0]
+                    buffered += got[1]
+            self.msgs -= n
+            self.bytes -= stored
+            self.buffered -= buffered
+
+    def bound(self, stored: int, stored_msgs: int, cfg: dict[str, Any]) -> int:
+        """The most bytes the stream can hold once what is held here is applied: a
+        publish its own limits will refuse (max_bytes; max_msgs with discard new) does not
+        count against the account, as nats-server, which checks one publish at a time,
+        answers it with the stream's error (10077), not the account's (10002)."""
+        with self._lock:
+            held, msgs = self.bytes, self.msgs
+            if msgs and cfg.get("discard") == "new" and cfg.get("max_msgs", -1) > 0:
+                room = max(cfg["max_msgs"] - stored_msgs, 0)
+                if room < msgs:  # the first `room` in proposal order are the ones stored
+                    held = sum(v[0] for v in itertools.islice(self._held.values(), room))
+        total = stored + held
+        max_bytes = cfg.get("max_bytes", -1)
+        if 0 < max_bytes < total:
+            total = max(stored, max_bytes)
+        return total
+
+    def clear(self) -> None:
+        with self._lock:
+            self._held.clear()
+            self.msgs = self.bytes = self.buffered = 0
