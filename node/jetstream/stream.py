@@ -483,12 +483,54 @@ class Stream:
 
     def _apply_msgs(self, op: ops.StreamMsgs) -> list[Effect]:
         """Publishes merged into one entry: each exactly as its own STREAM_MSG entry, in
-        order (its checks see the messages before it; its own PubAck or error)."""
+        order (its checks see the messages before it; its own PubAck or error). A part
+        without headers on a stream with none of the features that look at a message
+        (`_plain_room`) takes `_apply_plain`: the same outcome with the checks that cannot
+        refuse it left out (tests/jetstream/test_apply_plain.py compares both paths)."""
         effects: list[Effect] = []
         apply_msg = self._apply_msg
+        room = self._plain_room()  # constant within the entry: only other ops change cfg
+        if room < 0:
+            for msg in op.msgs:
+                effects += apply_msg(msg)
+            return effects
+        plain = self._apply_plain
+        max_size = self.cfg["max_msg_size"]
         for msg in op.msgs:
-            effects += apply_msg(msg)
+            if msg.hdr or len(msg.subject) > room or 0 <= max_size < len(msg.data):
+                effects += apply_msg(msg)  # headers, or a refusal: the full path says which
+            else:
+                effects += plain(msg)
         return effects
+
+    def _plain_room(self) -> int:
+        """-1 unless this stream's config lets a headerless publish be stored with no check
+        that can refuse it besides its size and subject length (sealed, counters, discard
+        new, transforms, republish, interest/workqueue retention take the full path;
+        schedules, TTLs and rollups need a header; expiry and delete markers happen in
+        `_expire`, which both paths run); else a subject length in characters (a
+        character is at most 4 UTF-8 bytes) under which `_check_key_sizes` cannot refuse."""
+        cfg = self.cfg
+        if (cfg["sealed"] or cfg["discard"] == "new" or cfg["retention"] != "limits"
+                or cfg.get("allow_msg_counter") or cfg.get("subject_transform")
+                or cfg.get("republish")):
+            return -1
+        return max(_MAX_KEY - 2 - len(cfg["name"].encode()) - 9, -1) // 4
+
+    def _apply_plain(self, op: ops.StreamMsg) -> list[Effect]:
+        """`_apply_msg` of a headerless publish that `_apply_msgs` found cannot be refused:
+        expiry, then store, limits, PubAck, in `_store_msg`'s order. With no header there
+        is no msg id, rollup, TTL or schedule; the subject is stored as published."""
+        effects: list[Effect] = self._expire(op.now_ns)
+        seq = self._next_seq()
+        subject = op.subject
+        self._put(StoredMsg(seq, subject, b"", op.data, op.now_ns))
+        self.last_seq, self.last_ts, self.last_msg_id = seq, op.now_ns, ""
+        effects.append(Stored(seq, subject))
+        removed = self._enforce_limits(subject)
+        if removed:
+            effects.append(Removed(tuple(removed)))
+        return effects + self._pub_ack(op.reply, seq)
 
     def _check_key_sizes(self, subject: str, hdr: bytes) -> None:
         """The subject and the Nats-Msg-Id become parts of LMDB keys (511 bytes at most,
