@@ -221,6 +221,9 @@ class StreamMachine:
         self.full_images = False
         # Clustered: told when the group's leader changes (on the event loop).
         self.leader_hook: Callable[[int, int], None] | None = None
+        # Clustered: does this node lead the group now? Only a leader's PubAcks are sent
+        # (JetStreamService._on_effects), so a follower's apply does not build them.
+        self.leads: Callable[[], bool] | None = None
 
     def _new_store(self) -> Any:
         if self.env is None:
@@ -238,6 +241,9 @@ class StreamMachine:
         """Every entry of the run in ONE store transaction (consumer states written once);
         effects kept per entry so a request can find the result of its own entry."""
         with self.lock:
+            # Read once per run: a leader change during the run costs at most the PubAcks
+            # of that run (the client's publish times out; no message is lost or doubled).
+            self.stream.acks = self.leads is None or self.leads()
             effects = self.stream.apply_batch(run, self._keep if self.track else None)
         if effects:
             self.sink(self, effects)

@@ -579,6 +579,7 @@ class JetStreamService:
             # a replaced peer) joins empty and is caught up by its leader.
             voters = [] if entry.get("scaled") else list(entry["peers"])
             sm.leader_hook = lambda lid, _term: self._on_stream_leader(name, lid)
+            sm.leads = lambda: self.jsc is not None and self.jsc.leads(name)
             sm.full_images = True
             self.mr.add_group(group, voters, state_machine=sm)
             sm.track = True

@@ -134,6 +134,9 @@ class Stream:
         # expiry looks at it on every entry, and it changes only when that message goes.
         self._head: tuple[int, int] | None = None
         self._ack_prefix: tuple[str, str, str] = ("", "", "")  # name, domain -> PubAck head
+        # False: PubAcks are not built (a cluster follower's apply: nobody sends them).
+        # Errors and every other effect are the same either way.
+        self.acks = True
         for name in store.consumers():  # consumers created by CONSUMER_UPSERT entries
             raw = store.get_meta(_CONSUMER_CFG + name)
             if raw:
@@ -459,7 +462,7 @@ class Stream:
 
     def _pub_ack(self, reply: str, seq: int, duplicate: bool = False,
                  total: int | None = None) -> list[Effect]:
-        if not reply or self.cfg["no_ack"]:
+        if not reply or not self.acks or self.cfg["no_ack"]:
             return []
         name, domain, head = self._ack_prefix
         if name != self.cfg["name"] or domain != self.domain:
@@ -892,6 +895,8 @@ class Stream:
                 self._remove(seq)
                 aged.append(msg)
         self.store.prune_dedup(now_ns - self.cfg["duplicate_window"], EXPIRE_BATCH)
+        if not aged and not fired:
+            return []  # the common case, on every applied message: nothing was due
         effects: list[Effect] = [Removed(tuple(m.seq for m in aged))] if aged else []
         return fired + effects + self._delete_markers(aged, now_ns)
 

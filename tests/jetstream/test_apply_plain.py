@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from node.jetstream import config, ops
+from node.jetstream.machines import StreamMachine
 from node.jetstream.store.lmdbstore import DB_NAMES, LmdbStore, NodeEnv
 from node.jetstream.stream import Reply, Stream
 from tests.jetstream.test_apply_batching import T0, S, _hdr, make_cfg
@@ -123,3 +124,26 @@ def test_the_plain_path_stores_and_answers_as_the_full_path(
         assert 10039 not in errors and errors, errors  # refusals happened (size, key, sealed)
         acked = sum("error" not in r for r in replies)
         assert acked > (20 if name == "discard_new" else publishes // 3), acked
+
+
+def test_a_follower_builds_no_pubacks_and_stores_the_same(tmp_path: Path) -> None:
+    """A cluster follower's StreamMachine (`leads` says no) applies without building
+    PubAcks (nobody sends them); its store and every other effect, publish errors
+    included, are what the leader's apply gives."""
+    log = _log("limits", seed=3)
+    entries = [(i, ops.encode(op)) for i, op in enumerate(log, start=1)]
+    got: dict[str, list[Any]] = {"leader": [], "follower": []}
+    dumps = {}
+    for role in got:
+        env = NodeEnv(str(tmp_path / role))
+        sm = StreamMachine("T", "js.T.1", make_cfg(**CONFIGS["limits"]), env,
+                           lambda _sm, effects, role=role: got[role].extend(effects), 1)
+        sm.leads = lambda role=role: role == "leader"
+        for lo in range(0, len(entries), 5):
+            sm.apply_batch(entries[lo:lo + 5])
+        dumps[role] = _dump(env)
+        env.close()
+    assert dumps["follower"] == dumps["leader"]
+    acks = [e for e in got["leader"] if isinstance(e, Reply) and b'"error"' not in e.payload]
+    assert len(acks) > 100
+    assert got["follower"] == [e for e in got["leader"] if e not in acks]
