@@ -51,7 +51,10 @@ _CONSUMER_CREATED = "consumer-created:"  # ... of its creation time (the creatin
 _EMPTY = (0, 1 << 64)  # Stream._head of a stream without messages: nothing ever too old
 
 
-@dataclass(frozen=True, slots=True)
+# Reply and Stored are made once per applied publish (on every replica): not frozen (a
+# frozen dataclass's __init__ sets each field through object.__setattr__); nothing assigns
+# to an effect, and unsafe_hash keeps them hashable as frozen ones are.
+@dataclass(slots=True, unsafe_hash=True)
 class Reply:
     subject: str
     payload: bytes
@@ -62,7 +65,7 @@ class Result:
     payload: dict[str, Any]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class Stored:
     seq: int
     subject: str
