@@ -446,11 +446,6 @@ class ClusterJS:
         elif hops < MAX_HOPS and name in self.catalogue().streams:
             self.forward_publish(name, subject, reply or "", hdr or b"", data, hops + 1)
 
-    def answer_token(self, subject: str, payload: bytes) -> bool:
-        """Forwarded publishes keep the client's reply subject, so no reply is intercepted
-        (the service's `_reply` asks)."""
-        return False
-
     # ------------------------------------------------------------------ acks
 
     def forward_ack(self, stream: str, subject: str, reply: str | None, body: bytes,

@@ -224,6 +224,9 @@ class StreamMachine:
         self.leader_hook: Callable[[int, int], None] | None = None
         # Publishes this node proposed as the leader, not yet applied (inflight.py).
         self.inflight = Inflight()
+        # Clustered: does this node lead the group now? Only a leader's PubAcks are sent
+        # (JetStreamService._on_effects), so a follower's apply does not build them.
+        self.leads: Callable[[], bool] | None = None
 
     def _new_store(self) -> Any:
         if self.env is None:
@@ -247,6 +250,9 @@ class StreamMachine:
         """Every entry of the run in ONE store transaction (consumer states written once);
         effects kept per entry so a request can find the result of its own entry."""
         with self.lock:
+            # Read once per run: a leader change during the run costs at most the PubAcks
+            # of that run (the client's publish times out; no message is lost or doubled).
+            self.stream.acks = self.leads is None or self.leads()
             effects = self.stream.apply_batch(run, self._keep if self.track else None)
             # Under the same lock as the stored bytes it makes visible: a limit check reads
             # store + in flight at once and sees each publish exactly once.

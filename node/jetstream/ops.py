@@ -65,7 +65,10 @@ _ONE_ACK = struct.Struct("<BQq")            # kind, stream seq, delay_ns
 DELETE_NO_ERASE = 0x01
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen (nothing assigns to an op after it is built; unsafe_hash keeps it hashable
+# as a frozen one is): a frozen dataclass's __init__ sets each field through
+# object.__setattr__, and every replica builds one StreamMsg per applied publish.
+@dataclass(slots=True, unsafe_hash=True)
 class StreamMsg:
     now_ns: int
     subject: str

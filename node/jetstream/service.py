@@ -590,6 +590,7 @@ class JetStreamService:
             # a replaced peer) joins empty and is caught up by its leader.
             voters = [] if entry.get("scaled") else list(entry["peers"])
             sm.leader_hook = lambda lid, _term: self._on_stream_leader(name, lid)
+            sm.leads = lambda: self.jsc is not None and self.jsc.leads(name)
             sm.full_images = True
             self.mr.add_group(group, voters, state_machine=sm)
             sm.track = True
@@ -808,10 +809,8 @@ class JetStreamService:
 
     def _reply(self, stream_key: str, subject: str, payload: bytes, hdr: bytes | None = None
                ) -> None:
-        """A reply to a publisher of the stream: a forwarded publish's goes back to the node
-        it came through (cluster.py), any other to the subject, in the stream's account."""
-        if self.jsc is not None and self.jsc.answer_token(subject, payload):
-            return
+        """A reply to a publisher of the stream, by core routing in the stream's account (a
+        forwarded publish keeps the client's reply subject: it goes back over the route)."""
         self._client(stream_key).publish(subject, None, payload, hdr)
 
     def _not_acked(self, held: tuple[StreamMachine, int], exc: BaseException | None) -> None:
@@ -870,14 +869,18 @@ class JetStreamService:
         if self.jsc is not None and not self.jsc.leads(sm.name):
             return
         stored = False
+        publish = None  # the account's internal client's, looked up once per run
         for effect in effects:
-            if isinstance(effect, Reply):
-                self._reply(sm.name, effect.subject, effect.payload)
+            kind = type(effect)  # the effect classes are final: no subclass to miss
+            if kind is Stored:
+                stored = True
+            elif kind is Reply:
+                if publish is None:
+                    publish = self._client(sm.name).publish
+                publish(effect.subject, None, effect.payload)
             elif isinstance(effect, Republish):
                 self._client(sm.name).publish(effect.subject, None, effect.data,
                                               effect.hdr or None)
-            elif isinstance(effect, Stored):
-                stored = True
         if stored:
             self.sourcing.on_stored(sm.name)
             for cname in list(sm.stream.consumers):

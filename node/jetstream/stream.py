@@ -51,7 +51,10 @@ _CONSUMER_CREATED = "consumer-created:"  # ... of its creation time (the creatin
 _EMPTY = (0, 1 << 64)  # Stream._head of a stream without messages: nothing ever too old
 
 
-@dataclass(frozen=True, slots=True)
+# Reply and Stored are made once per applied publish (on every replica): not frozen (a
+# frozen dataclass's __init__ sets each field through object.__setattr__); nothing assigns
+# to an effect, and unsafe_hash keeps them hashable as frozen ones are.
+@dataclass(slots=True, unsafe_hash=True)
 class Reply:
     subject: str
     payload: bytes
@@ -62,7 +65,7 @@ class Result:
     payload: dict[str, Any]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class Stored:
     seq: int
     subject: str
@@ -134,6 +137,9 @@ class Stream:
         # expiry looks at it on every entry, and it changes only when that message goes.
         self._head: tuple[int, int] | None = None
         self._ack_prefix: tuple[str, str, str] = ("", "", "")  # name, domain -> PubAck head
+        # False: PubAcks are not built (a cluster follower's apply: nobody sends them).
+        # Errors and every other effect are the same either way.
+        self.acks = True
         for name in store.consumers():  # consumers created by CONSUMER_UPSERT entries
             raw = store.get_meta(_CONSUMER_CFG + name)
             if raw:
@@ -459,7 +465,7 @@ class Stream:
 
     def _pub_ack(self, reply: str, seq: int, duplicate: bool = False,
                  total: int | None = None) -> list[Effect]:
-        if not reply or self.cfg["no_ack"]:
+        if not reply or not self.acks or self.cfg["no_ack"]:
             return []
         name, domain, head = self._ack_prefix
         if name != self.cfg["name"] or domain != self.domain:
@@ -483,12 +489,54 @@ class Stream:
 
     def _apply_msgs(self, op: ops.StreamMsgs) -> list[Effect]:
         """Publishes merged into one entry: each exactly as its own STREAM_MSG entry, in
-        order (its checks see the messages before it; its own PubAck or error)."""
+        order (its checks see the messages before it; its own PubAck or error). A part
+        without headers on a stream with none of the features that look at a message
+        (`_plain_room`) takes `_apply_plain`: the same outcome with the checks that cannot
+        refuse it left out (tests/jetstream/test_apply_plain.py compares both paths)."""
         effects: list[Effect] = []
         apply_msg = self._apply_msg
+        room = self._plain_room()  # constant within the entry: only other ops change cfg
+        if room < 0:
+            for msg in op.msgs:
+                effects += apply_msg(msg)
+            return effects
+        plain = self._apply_plain
+        max_size = self.cfg["max_msg_size"]
         for msg in op.msgs:
-            effects += apply_msg(msg)
+            if msg.hdr or len(msg.subject) > room or 0 <= max_size < len(msg.data):
+                effects += apply_msg(msg)  # headers, or a refusal: the full path says which
+            else:
+                effects += plain(msg)
         return effects
+
+    def _plain_room(self) -> int:
+        """-1 unless this stream's config lets a headerless publish be stored with no check
+        that can refuse it besides its size and subject length (sealed, counters, discard
+        new, transforms, republish, interest/workqueue retention take the full path;
+        schedules, TTLs and rollups need a header; expiry and delete markers happen in
+        `_expire`, which both paths run); else a subject length in characters (a
+        character is at most 4 UTF-8 bytes) under which `_check_key_sizes` cannot refuse."""
+        cfg = self.cfg
+        if (cfg["sealed"] or cfg["discard"] == "new" or cfg["retention"] != "limits"
+                or cfg.get("allow_msg_counter") or cfg.get("subject_transform")
+                or cfg.get("republish")):
+            return -1
+        return max(_MAX_KEY - 2 - len(cfg["name"].encode()) - 9, -1) // 4
+
+    def _apply_plain(self, op: ops.StreamMsg) -> list[Effect]:
+        """`_apply_msg` of a headerless publish that `_apply_msgs` found cannot be refused:
+        expiry, then store, limits, PubAck, in `_store_msg`'s order. With no header there
+        is no msg id, rollup, TTL or schedule; the subject is stored as published."""
+        effects: list[Effect] = self._expire(op.now_ns)
+        seq = self._next_seq()
+        subject = op.subject
+        self._put(StoredMsg(seq, subject, b"", op.data, op.now_ns))
+        self.last_seq, self.last_ts, self.last_msg_id = seq, op.now_ns, ""
+        effects.append(Stored(seq, subject))
+        removed = self._enforce_limits(subject)
+        if removed:
+            effects.append(Removed(tuple(removed)))
+        return effects + self._pub_ack(op.reply, seq)
 
     def _check_key_sizes(self, subject: str, hdr: bytes) -> None:
         """The subject and the Nats-Msg-Id become parts of LMDB keys (511 bytes at most,
@@ -850,6 +898,8 @@ class Stream:
                 self._remove(seq)
                 aged.append(msg)
         self.store.prune_dedup(now_ns - self.cfg["duplicate_window"], EXPIRE_BATCH)
+        if not aged and not fired:
+            return []  # the common case, on every applied message: nothing was due
         effects: list[Effect] = [Removed(tuple(m.seq for m in aged))] if aged else []
         return fired + effects + self._delete_markers(aged, now_ns)
 

@@ -275,7 +275,9 @@ async def test_wal_compaction_below_lmdb_then_kill_9(servers: Servers, tmp_path:
     await js.add_stream(name="C", subjects=["c"])
     snap_dir = store / "raft" / "snap"
     acks: list[Any] = []
-    for _round in range(50):  # until a snapshot is committed (the image is written async)
+    # until a snapshot is committed (the image is written async); the 100 publishes of a
+    # round are merged into a few STREAM_MSGS entries, so 50 rounds were not always enough
+    for _round in range(200):
         acks += await asyncio.gather(*(js.publish("c", f"{len(acks) + i}".encode())
                                        for i in range(100)))
         if any(p.suffix == ".meta" for p in snap_dir.iterdir()):

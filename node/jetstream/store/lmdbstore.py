@@ -257,6 +257,7 @@ class _Batch:
 
 
 _INF = 1 << 64  # above every u64 key time: "no entry in this index"
+_HEADS_MAX = 4096  # subjects whose index key head a store remembers (then starts over)
 
 
 class LmdbStore:
@@ -284,6 +285,7 @@ class LmdbStore:
         # applying thread uses them; an aborted batch or a replaced stream resets them.
         self._ttl_floor: int | None = None
         self._dedup_floor: int | None = None
+        self._heads: dict[str, bytes] = {}  # subject -> its index key head (_head_key)
 
     def _batch_now(self) -> _Batch | None:
         return getattr(self._local, "batch", None)
@@ -414,10 +416,32 @@ class LmdbStore:
         txn = b.txn
         added = txn.put(key, record, db=self._msgs_db, overwrite=False)
         assert added, f"seq {msg.seq} stored twice"
-        head = self._prefix + self._skey(msg.subject)
+        subject = msg.subject
+        head = self._heads.get(subject)
+        if head is None:
+            head = self._head_key(subject)
         txn.put(head + b"\x00" + seq, b"", db=self._subj_db)
-        self._bump(b, head, msg.subject, 1)
-        self._totals(b, 1, self.sizer(msg.subject, msg.hdr, msg.data))
+        entry = b.counts.get(head)
+        if entry is not None and entry[1] is not None:  # the subject's count, already read
+            entry[0] += 1
+            b.dirty.add(head)
+        else:
+            self._bump(b, head, subject, 1)
+        size = self.sizer(subject, msg.hdr, msg.data)
+        if b.msgs is None:
+            self._totals(b, 1, size)
+        else:
+            b.msgs += 1
+            b.bytes += size
+
+    def _head_key(self, subject: str) -> bytes:
+        """`prefix | skey(subject)`, the subject's index key head, remembered for the next
+        messages on it (encrypted stores: the keyed token is a MAC per call otherwise)."""
+        heads = self._heads
+        if len(heads) >= _HEADS_MAX:
+            heads.clear()
+        head = heads[subject] = self._prefix + self._skey(subject)
+        return head
 
     def load(self, seq: int) -> StoredMsg | None:
         with self._read() as txn:
