@@ -391,8 +391,12 @@ class ConsumerMachine:
 
     def __init__(self, stream: StreamMachine, consumer: str, group: str, cfg: dict[str, Any],
                  start_sseq: int, lps_until: int, created_ns: int, memory: bool,
-                 sink: Callable[[ConsumerMachine, list[Effect]], None]) -> None:
+                 sink: Callable[[ConsumerMachine, list[Effect]], None],
+                 initial: bytes = b"") -> None:
         self.stream_machine = stream
+        # the state the group starts from (a consumer that moved out of its stream's
+        # group brings its acks and redelivery counts: the meta entry's `state`)
+        self.initial = initial
         self.name = stream.name
         self.consumer = consumer
         self.group = group
@@ -412,7 +416,7 @@ class ConsumerMachine:
     def _load(self) -> Any:
         from node.jetstream.cgroup import ConsumerCore  # cgroup imports stream, not machines
         from node.jetstream.consumer import Consumer, ConsumerState
-        raw = self.own.get_consumer(self.consumer)
+        raw = self.own.get_consumer(self.consumer) or self.initial
         state = ConsumerState.decode(raw) if raw else None
         return ConsumerCore(self.consumer, Consumer(self.cfg, state, self.start, self.lps))
 
