@@ -1466,8 +1466,6 @@ class JetStreamService:
                 return
             cfg, scfg = c.cfg, sm.stream.cfg
         lowered = cgroup.capped(cfg, scfg)
-        self.log.info(f"DEBUG reconcile {stream} {name} lowered={lowered is not None} "
-                      f"g={self.meta.catalogue.consumer_group(stream, name)}")
         if lowered is not None:
             await self._propose(sm, ops.ConsumerUpsert(
                 time.time_ns(), name, _dumps(consumer_config.to_wire(lowered)), 0, 0))
