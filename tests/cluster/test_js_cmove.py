@@ -118,6 +118,7 @@ async def test_a_consumer_follows_replica_changes_with_its_state(js3: JsCluster)
         infos = await _everywhere(js3, lambda i: i["config"].get("num_replicas") == 1 and
                                   "replicas" not in i["cluster"])
         assert {_state(i)[:5] for i in infos} == {(5, 6, 3, 2, 1)}
+        assert all(sorted(i["cluster"]) == ["leader", "name"] for i in infos)  # R1's shape
 
         # the acks of 4 and 5 (delivered before the moves) reach the consumer where it is
         # now; nothing acked comes again, nothing is skipped
