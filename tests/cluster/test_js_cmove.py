@@ -9,7 +9,11 @@ the stream is scaled or the consumer's `num_replicas` is updated, as nats-server
 * stream scaled back to R1: the consumer's explicit replicas are lowered to 1.
 
 After every step CONSUMER.INFO (from every node) says what the client acked: ack floor,
-delivered, redelivery counts; no acked message is delivered again, none is skipped."""
+delivered, redelivery counts; no acked message is delivered again, none is skipped.
+
+Then the audit (Spark local mode) replays the consumer group's log into consumer state from
+the state its meta entry carried and finds every node's record equal; with one node's ack
+floor moved in its LMDB record, it reports that node's consumer group."""
 
 from __future__ import annotations
 
@@ -18,6 +22,9 @@ from typing import Any
 import nats
 import pytest
 
+from audit.model import STORE_MISMATCH
+from tests.cluster.auditfaults import move_ack_floor
+from tests.cluster.audithelp import audit_cluster, node_dirs, run_audit, violations
 from tests.cluster.jshelp import JsCluster, api, connect, errors_in_logs, until
 
 pytestmark = pytest.mark.timeout(300)
@@ -73,7 +80,8 @@ async def _fetch(nc: nats.NATS, n: int) -> list[Any]:
         await sub.unsubscribe()
 
 
-async def test_a_consumer_follows_replica_changes_with_its_state(js3: JsCluster) -> None:
+async def test_a_consumer_follows_replica_changes_with_its_state(js3: JsCluster,
+                                                                 audit_spark: Any) -> None:
     nc = await connect(js3.nodes[0])
     try:
         r = await api(nc, "STREAM.CREATE.MV", {"name": "MV", "subjects": ["mv"],
@@ -133,3 +141,15 @@ async def test_a_consumer_follows_replica_changes_with_its_state(js3: JsCluster)
         await nc.close()
     assert final["ack_floor"]["stream_seq"] == 12 and final["num_ack_pending"] == 0
     assert errors_in_logs(js3) == []
+    if audit_spark is None:
+        return  # no pyspark / Java here: the audit step is .ci/run's
+    host = next(n for n in js3.nodes if n.name == final["cluster"]["leader"])
+    group = next(g for g in host.get("/jsz?raft=1")["raft"] if g.startswith("jc.MV.c."))
+    report = audit_cluster(audit_spark, js3)
+    assert violations(report) == [], report["findings"][:5]
+    about = [f for f in report["findings"] if f.get("group") == group]
+    assert about == [], about  # not even a note: its store was compared
+    move_ack_floor(host.dir, group, "c", 1)  # one node's consumer record damaged
+    report = run_audit(audit_spark, node_dirs(js3))
+    bad = {(f["kind"], f.get("node"), f.get("group")) for f in violations(report)}
+    assert bad == {(STORE_MISMATCH, host.dir.name, group)}, violations(report)
