@@ -311,10 +311,7 @@ class StreamMachine:
             with self.lock:
                 self.store = store
                 self.stream = Stream(self.initial_cfg, self.store, self.domain)
-                self.results.clear()
-                self.delivered.clear()
-                self._delivered_kept = 0
-                self.events.clear()
+                self._forget_effects()
             return
         body = None
         if self.env is not None and os.path.getsize(path):
@@ -326,10 +323,7 @@ class StreamMachine:
                     with self.lock:
                         load_image(self.store, src)
                         self.stream = Stream(self.initial_cfg, self.store, self.domain)
-                        self.results.clear()
-                        self.delivered.clear()
-                        self._delivered_kept = 0
-                        self.events.clear()
+                        self._forget_effects()
                     return
                 body = head + src.read()
         if _check_marker(path, self.applied_index(), self.group, self.env, body):
@@ -339,10 +333,15 @@ class StreamMachine:
                 else:
                     self.store = self._new_store()
                 self.stream = Stream(self.initial_cfg, self.store, self.domain)
-                self.results.clear()
-                self.delivered.clear()
-                self._delivered_kept = 0
-                self.events.clear()
+                self._forget_effects()
+
+    def _forget_effects(self) -> None:
+        """A restored state: the effects kept for proposers describe entries of the state
+        it replaced (the proposers get none)."""
+        self.results.clear()
+        self.delivered.clear()
+        self._delivered_kept = 0
+        self.events.clear()
 
     def on_leader_change(self, leader_id: int, term: int) -> None:
         if self.leader_hook is not None:
