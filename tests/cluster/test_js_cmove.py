@@ -5,7 +5,8 @@ the stream is scaled or the consumer's `num_replicas` is updated, as nats-server
 
 * R1 stream, consumer with explicit `num_replicas: 1`, stream scaled to R3: the consumer
   stays R1 (ours: it leaves the stream's group for an R1 group of its own, with its state);
-* consumer updated to `num_replicas: 3`: its group grows to three members;
+* consumer updated to `num_replicas: 3`: its group grows to three members (its log compacted
+  before: the new members install the leader's snapshot image);
 * stream scaled back to R1: the consumer's explicit replicas are lowered to 1.
 
 After every step CONSUMER.INFO (from every node) says what the client acked: ack floor,
@@ -18,6 +19,7 @@ floor moved in its LMDB record, it reports that node's consumer group."""
 from __future__ import annotations
 
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,12 +28,33 @@ import pytest
 
 from audit.model import STORE_MISMATCH
 from tests.cluster.auditfaults import move_ack_floor
-from tests.cluster.audithelp import node_dirs, run_audit, violations
+from tests.cluster.audithelp import (
+    ArchiveCluster,
+    node_dirs,
+    run_audit,
+    small_segments,
+    violations,
+)
 from tests.cluster.jshelp import JsCluster, api, connect, errors_in_logs, until
 
 pytestmark = pytest.mark.timeout(300)
 
 WAIT_NS = 30_000_000_000  # no redelivery by ack_wait during the test
+
+
+@pytest.fixture
+def js3(tmp_path: Path) -> Iterator[JsCluster]:
+    """Three nodes that compact every group's log after 8 applied entries (archiving the
+    segments for the audit): a member added to the consumer group later cannot replay its
+    log from the start, it installs the leader's snapshot image."""
+    with small_segments(snapshot_every=8):
+        c = ArchiveCluster(tmp_path / "c", 3)
+        try:
+            c.start()
+            c.wait_js()
+            yield c
+        finally:
+            c.stop()
 
 
 async def _update_stream(nc: nats.NATS, replicas: int) -> None:
@@ -113,30 +136,34 @@ async def test_a_consumer_follows_replica_changes_with_its_state(js3: JsCluster,
                                   .startswith("jc."))
         assert {_state(i) for i in infos} == {(5, 6, 3, 2, 1, 1)}
         assert all(sorted(i["cluster"]) == ["leader", "name"] for i in infos)  # R1's shape
+        for _ in range(5):  # 6..10, one entry each for delivery and ack: its log compacts
+            for m in await _fetch(nc, 1):
+                await m.ack_sync(timeout=5)
 
-        # 2. the consumer is updated to R3: its group grows, the state goes to the new members
+        # 2. the consumer is updated to R3: its group grows, the new members install the
+        # leader's image (the log is compacted)
         await _update_consumer(nc, num_replicas=3)
         infos = await _everywhere(js3, lambda i: len(i["cluster"].get("replicas", [])) == 2)
-        assert {_state(i) for i in infos} == {(5, 6, 3, 2, 1, 3)}
+        assert {_state(i) for i in infos} == {(10, 11, 3, 2, 1, 3)}
         old = infos[0]["cluster"]["leader"]
         r = await api(nc, "CONSUMER.LEADER.STEPDOWN.MV.c")
         assert r.get("success") is True, r
         infos = await _everywhere(js3, lambda i: i["cluster"].get("leader") not in (None, old))
-        assert {_state(i) for i in infos} == {(5, 6, 3, 2, 1, 3)}  # a new member leads
+        assert {_state(i) for i in infos} == {(10, 11, 3, 2, 1, 3)}  # a new member leads
 
         # 3. the stream goes back to R1: the consumer's explicit replicas follow (1)
         await _update_stream(nc, 1)
         infos = await _everywhere(js3, lambda i: i["config"].get("num_replicas") == 1 and
                                   "replicas" not in i["cluster"])
-        assert {_state(i)[:5] for i in infos} == {(5, 6, 3, 2, 1)}
+        assert {_state(i)[:5] for i in infos} == {(10, 11, 3, 2, 1)}
         assert all(sorted(i["cluster"]) == ["leader", "name"] for i in infos)  # R1's shape
 
         # the acks of 4 and 5 (delivered before the moves) reach the consumer where it is
         # now; nothing acked comes again, nothing is skipped
         for m in (again[0], msgs[4]):
             await m.ack_sync(timeout=5)
-        rest = await _fetch(nc, 7)
-        assert [m.metadata.sequence.stream for m in rest] == list(range(6, 13))
+        rest = await _fetch(nc, 2)
+        assert [m.metadata.sequence.stream for m in rest] == [11, 12]
         for m in rest:
             await m.ack_sync(timeout=5)
         final = await api(nc, "CONSUMER.INFO.MV.c")
