@@ -124,6 +124,7 @@ async def test_a_consumer_follows_replica_changes_with_its_state(js3: JsCluster,
         for m in msgs[:3]:
             await m.ack_sync(timeout=5)
         await msgs[3].nak()
+        await api(nc, "CONSUMER.INFO.MV.c")  # the nak applied before the next pull
         again = await _fetch(nc, 1)  # 4 again: redelivered once
         assert [(m.metadata.sequence.stream, m.metadata.num_delivered) for m in again] == \
             [(4, 2)]
