@@ -188,3 +188,42 @@ async def test_a_consumer_follows_replica_changes_with_its_state(js3: JsCluster,
     assert [f for f in report["findings"] if f.get("node") != "bad"] == [], \
         report["findings"][:5]
     assert group in report["stats"]["replayed_groups"]
+
+
+async def test_peer_removal_moves_the_consumer_group_with_its_state(js3: JsCluster) -> None:
+    """STREAM.PEER.REMOVE of the node hosting an R1 consumer's group: the group is
+    re-placed on a remaining stream peer (it joins, installs the state, takes over), with
+    its ack floor and pending messages; acks go on there."""
+    nc = await connect(js3.nodes[0])
+    try:
+        r = await api(nc, "STREAM.CREATE.P", {"name": "P", "subjects": ["p"],
+                                             "num_replicas": 3})
+        assert "error" not in r, r
+        js = nc.jetstream()
+        for _ in range(6):
+            await js.publish("p", b"x")
+        r = await api(nc, "CONSUMER.CREATE.P.c", {"stream_name": "P", "config": {
+            "durable_name": "c", "ack_policy": "explicit", "ack_wait": WAIT_NS,
+            "num_replicas": 1}})
+        assert "error" not in r, r
+        host = r["cluster"]["leader"]
+        sub = await js.pull_subscribe_bind("c", "P")
+        msgs = await sub.fetch(4, timeout=5)
+        for m in msgs[:2]:
+            await m.ack_sync(timeout=5)
+        r = await api(nc, "STREAM.PEER.REMOVE.P", {"peer": host}, timeout=20)
+        assert r.get("success") is True, r
+
+        async def moved() -> dict[str, Any] | None:
+            i = await api(nc, "CONSUMER.INFO.P.c")
+            return i if "error" not in i and i["cluster"].get("leader") not in (None, host) \
+                else None
+        info = await until(moved, timeout=40, every=0.3)
+        assert (info["ack_floor"]["stream_seq"], info["num_ack_pending"],
+                info["delivered"]["stream_seq"]) == (2, 2, 4)
+        await msgs[2].ack_sync(timeout=5)
+        info = await api(nc, "CONSUMER.INFO.P.c")
+        await sub.unsubscribe()
+    finally:
+        await nc.close()
+    assert info["ack_floor"]["stream_seq"] == 3 and info["num_ack_pending"] == 1
