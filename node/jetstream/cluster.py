@@ -545,7 +545,9 @@ class ClusterJS:
             if cat.consumer_group(stream, consumer) is not None:
                 await self.propose_meta(cluster_meta.consumer_delete(stream, consumer))
             return
-        want = cgroup.replicas(req["config"], a["config"])
+        # never more than the stream has peers (a PEER.REMOVE with no spare node shrank it):
+        # nats-server then maps the consumer onto the stream's peers too
+        want = min(cgroup.replicas(req["config"], a["config"]), len(a["peers"]))
         g = cat.consumer_group(stream, consumer)
         if g is not None:
             await self._replace_consumer(stream, consumer, a, g, req["config"], want)
