@@ -17,6 +17,8 @@ node's code (the audit must not share a bug with what it checks):
                                              `consumers` (every field but op/name/consumer/
                                              account, + `rev`); a retry or a stream that is
                                              gone changes nothing
+    {"op":"consumer_update","name","consumer","peers","config"}  that group re-placed
+                                             (`scaled` once its peers changed)
     {"op":"consumer_delete","name","consumer"}  that consumer's group forgotten
 
 A single-node `create` has no `peers` (it means the node itself, whose id the log does not
@@ -94,7 +96,7 @@ class Catalogue:
                 self.streams[name] = a
         elif op == "delete":
             self.streams.pop(name, None)
-        elif op in ("consumer", "consumer_delete"):
+        elif op in ("consumer", "consumer_update", "consumer_delete"):
             self._consumer(index, op, name, entry)
         elif op in ("remove_server", "seen"):
             peer = entry.get("peer")
@@ -119,6 +121,12 @@ class Catalogue:
             groups[consumer] = {k: v for k, v in entry.items()
                                 if k not in ("op", "name", "consumer", "account")}
             groups[consumer]["rev"] = index
+        elif op == "consumer_update" and consumer in groups:
+            g = dict(groups[consumer], config=entry.get("config"), rev=index)
+            if list(entry.get("peers") or []) != g.get("peers"):
+                g["scaled"] = True
+            g["peers"] = list(entry.get("peers") or [])
+            groups[consumer] = g
         elif op == "consumer_delete":
             groups.pop(consumer, None)
         if groups:

@@ -201,21 +201,26 @@ class _Scratch:
             self.run = []
 
     def items(self, db: str) -> Iterator[tuple[bytes, bytes]]:
-        from audit.jsstore import prefix
-
-        head = prefix(self.group)
-        with self.env.env.begin() as txn:
-            cur = txn.cursor(db=self.env.dbs[db])
-            if not cur.set_range(head):
-                return
-            for key, value in cur:
-                if not key.startswith(head):
-                    return
-                yield bytes(key[len(head):]), bytes(value)
+        return scratch_items(self.env, self.group, db)
 
     def close(self) -> None:
         self.env.close()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def scratch_items(env: Any, group: str, db: str) -> Iterator[tuple[bytes, bytes]]:
+    """(key without the group's prefix, value) of one group in a scratch environment."""
+    from audit.jsstore import prefix
+
+    head = prefix(group)
+    with env.env.begin() as txn:
+        cur = txn.cursor(db=env.dbs[db])
+        if not cur.set_range(head):
+            return
+        for key, value in cur:
+            if not key.startswith(head):
+                return
+            yield bytes(key[len(head):]), bytes(value)
 
 
 def _walk(group: str, entries: Iterable[CommittedEntry], nodes: dict[str, NodeStore],

@@ -49,13 +49,16 @@ class ReplayHook(Protocol):
 
 def default_hooks(keyring: Any = None) -> list[ReplayHook]:
     """Every registered hook, the first that wants a group replays it: JetStream's stream
-    groups (`js.*`) and meta group (`$js`), then raft.node's LMDB append log. `keyring`
-    (audit/keyring.py) opens the LMDB values of stores encrypted at rest."""
+    groups (`js.*`), consumer groups (`jc.*`) and meta group (`$js`), then raft.node's
+    LMDB append log. `keyring` (audit/keyring.py) opens the LMDB values of stores
+    encrypted at rest."""
+    from audit.hook_jsconsumer import JetStreamConsumerHook
     from audit.hook_jsmeta import JetStreamMetaHook
     from audit.hook_jsstream import JetStreamStreamHook
     from audit.hook_lmdbsm import LmdbAppendLogHook
 
-    return [JetStreamStreamHook(keyring), JetStreamMetaHook(keyring), LmdbAppendLogHook()]
+    return [JetStreamStreamHook(keyring), JetStreamConsumerHook(keyring),
+            JetStreamMetaHook(keyring), LmdbAppendLogHook()]
 
 
 def header_len_at(head: bytes) -> int:

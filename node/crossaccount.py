@@ -33,12 +33,15 @@ from node.accountconf import AccountsConfig, ImportIndex, ResponseType, ServiceR
 from node.fanout import importer_queues
 from node.jetstream.domain import merged
 from node.mapping import MappingTable
-from node.sublist import SubList
+from node.sublist import UNIQUE_HEAD, SubList
 
 if TYPE_CHECKING:
     from node.account import Account
 
 RESPONSE_PREFIX = "_R_."
+# Subjects each used by one message: no routing plan is kept for them (it would only push
+# out the plans of subjects that repeat).
+_ONCE = (RESPONSE_PREFIX, UNIQUE_HEAD)
 # nats-server keeps a streamed or chunked response route open this long
 # unless the export names a response_threshold.
 DEFAULT_RESPONSE_TTL = 120.0
@@ -166,7 +169,7 @@ class Router:
                 deliveries.append((importer, delivery.subject))
         plan = _Plan(service, tuple(deliveries))
         if self.index.settled(account.name, subject) \
-                and not subject.startswith(RESPONSE_PREFIX):  # a reply's token is used once
+                and not subject.startswith(_ONCE):  # a reply's token, an ack: used once
             if len(plans) >= PLANS_MAX:
                 plans.clear()
             plans[subject] = plan

@@ -40,6 +40,13 @@ from node.subject import (
 
 CACHE_MAX = 1024
 CACHE_SWEEP = 256
+# Subjects under this head are unique per message (JetStream ack replies, `$JS.ACK.<stream>.
+# <consumer>.<delivered>.<sseq>...`): caching each would only evict the subjects that repeat,
+# and walking the trie for each costs an ack more than its own work. While no subscription
+# looks past the head's two tokens (only `>` there, the usual case: JetStream's own
+# `$JS.ACK.>`), every subject under it has the same match: computed once per change.
+UNIQUE_HEAD = "$JS.ACK."
+_HEAD_TOKENS = ("$JS", "ACK")
 
 
 class Subscription(Protocol):
@@ -148,6 +155,7 @@ class SubList:
         self._removes = 0
         self._misses = 0
         self.hits = 0  # public: a caller that used `cached` itself counts its hit here
+        self._head: MatchResult | bool | None = None  # UNIQUE_HEAD's match; None: unknown
 
     # -- mutation -----------------------------------------------------------
 
@@ -171,6 +179,7 @@ class SubList:
         self._count += 1
         self._inserts += 1
         SubList.changes += 1
+        self._head = None
         self._invalidate(subject)
 
     @staticmethod
@@ -194,6 +203,7 @@ class SubList:
         if not self._detach(sub):
             return False
         SubList.changes += 1
+        self._head = None
         self._invalidate(sub.subject)
         return True
 
@@ -203,6 +213,7 @@ class SubList:
         removed = sum(1 for sub in subs if self._detach(sub))
         if removed:
             SubList.changes += 1
+            self._head = None
             self._cache.clear()
         return removed
 
@@ -284,10 +295,47 @@ class SubList:
             self.hits += 1
             return cached
         self._misses += 1
+        if subject.startswith(UNIQUE_HEAD):
+            head = self._head_match(subject)
+            if head is not None:
+                return head  # not cached: the subject never comes again
         result = MatchResult()
         for node in self._walk(subject, result):
             node.add_to(result)
         self._remember(subject, result)
+        return result
+
+    def _head_match(self, subject: str) -> MatchResult | None:
+        """The match of a subject under UNIQUE_HEAD without walking it (None: walk it)."""
+        if subject.endswith(SEP) or ".." in subject:
+            return None  # empty tokens: `_walk` decides (nothing)
+        head = self._head
+        if head is None:
+            head = self._head = self._compute_head()
+        return head if head is not False else None  # type: ignore[return-value]
+
+    def _compute_head(self) -> MatchResult | bool:
+        """The `>` subscriptions every subject under UNIQUE_HEAD reaches, or False when some
+        subscription has a literal or `*` token past the head (the match then depends on
+        the rest of the subject)."""
+        result = MatchResult()
+        level = [self._root]
+        for token in _HEAD_TOKENS:
+            nxt: list[_Node] = []
+            for node in level:
+                if node.fwc is not None:
+                    node.fwc.add_to(result)
+                if node.pwc is not None:
+                    nxt.append(node.pwc)
+                child = node.children.get(token) if node.children is not None else None
+                if child is not None:
+                    nxt.append(child)
+            level = nxt
+        for node in level:
+            if node.children is not None or node.pwc is not None:
+                return False
+            if node.fwc is not None:
+                node.fwc.add_to(result)
         return result
 
     def _walk(self, subject: str, result: MatchResult) -> list[_Node]:

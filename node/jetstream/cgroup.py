@@ -72,6 +72,31 @@ def place(stream_peers: Sequence[int], want: int, up: Callable[[int], bool],
     return sorted(active, key=lambda p: (load.get(p, 0), ties[p]))[:want]
 
 
+def replace(current: Sequence[int], stream_peers: Sequence[int], want: int,
+            up: Callable[[int], bool], load: Mapping[int, int], leader: int = 0,
+            pick: Callable[[int], int] = secrets.randbelow) -> list[int]:
+    """The peers of an assigned consumer group after its replicas or its stream's peers
+    changed: its peers that still hold a stream replica stay (the group's leader first,
+    so a shrink keeps it), new ones come from the stream's other peers as `place` picks
+    them. [] when too few are up to grow it."""
+    keep = [p for p in current if p in stream_peers]
+    keep.sort(key=lambda p: p != leader)  # stable: the leader first, else as assigned
+    if len(keep) >= want:
+        return keep[:want]
+    extra = place([p for p in stream_peers if p not in keep], want - len(keep), up, load, pick)
+    return keep + extra if extra else []
+
+
+def capped(cfg: Mapping[str, Any], stream_cfg: Mapping[str, Any]) -> dict[str, Any] | None:
+    """A consumer config whose explicit replicas exceed its stream's after the stream
+    shrank: nats-server lowers them to the stream's (probed on 2.15: R3 consumer, stream
+    R3 -> R1, INFO then says `num_replicas: 1`). None: the config stands."""
+    want = int(cfg.get("num_replicas") or 0)
+    if want > stream_replicas(stream_cfg):
+        return dict(cfg, num_replicas=stream_replicas(stream_cfg))
+    return None
+
+
 class ConsumerCore:
     """The state machine of one consumer group: the consumer's entries, in log order."""
 

@@ -511,12 +511,16 @@ class ClusterJS:
     async def consumer_target(self, stream: str, consumer: str) -> int:
         return await self._wait(lambda: self._consumer_pick(stream, consumer))
 
-    async def place_consumer(self, stream: str, consumer: str, config: dict[str, Any],
-                             start: int, lps: int) -> None:
+    async def place_consumer(self, stream: str, consumer: str, config: dict[str, Any] | None,
+                             start: int, lps: int, state: bytes = b"", prefer: int = 0
+                             ) -> None:
         """The meta leader gives the consumer a group of its own (or forgets it: `config`
-        None); returns once the meta entry is committed."""
+        None; or re-places the group it has: `config` changed, its stream's peers changed);
+        returns once the meta entry is committed. `state`: the consumer's state record to
+        start from (it moves out of its stream's group), `prefer`: a peer to keep it on
+        (the stream leader it leaves: its replica is current)."""
         body = {"stream": stream, "consumer": consumer, "config": config, "start": start,
-                "lps": lps}
+                "lps": lps, "state": _b64(state), "prefer": prefer}
         leader = await self._wait(self.meta_leader)
         if leader == self.self_id:
             await self._place_consumer(body)
@@ -549,16 +553,37 @@ class ClusterJS:
             if cat.consumer_group(stream, consumer) is not None:
                 await self.propose_meta(cluster_meta.consumer_delete(stream, consumer))
             return
-        if cat.consumer_group(stream, consumer) is not None:
-            return  # placed already (a retried create)
-        want = cgroup.replicas(req["config"], a["config"])
-        peers = cgroup.place(list(a["peers"]), want, self.is_up, cat.consumer_load())
+        # never more than the stream has peers (a PEER.REMOVE with no spare node shrank it):
+        # nats-server then maps the consumer onto the stream's peers too
+        want = min(cgroup.replicas(req["config"], a["config"]), len(a["peers"]))
+        g = cat.consumer_group(stream, consumer)
+        if g is not None:
+            await self._replace_consumer(stream, consumer, a, g, req["config"], want)
+            return
+        prefer = [p for p in [int(req.get("prefer") or 0)] if p in a["peers"] and self.is_up(p)]
+        peers = cgroup.replace(prefer, list(a["peers"]), want, self.is_up, cat.consumer_load())
         if not peers:
             raise ApiError.of("JSClusterNoPeersErrF", err="no suitable peers for placement")
         now = time.time_ns()
         await self.propose_meta(cluster_meta.consumer(
             stream, consumer, cgroup.group_name(stream, consumer, now), peers, req["config"],
-            int(req["start"]), int(req["lps"]), now))
+            int(req["start"]), int(req["lps"]), now, req.get("state") or ""))
+
+    async def _replace_consumer(self, stream: str, consumer: str, a: dict[str, Any],
+                                g: dict[str, Any], config: dict[str, Any], want: int) -> None:
+        """An assigned consumer group follows its replicas and its stream's peers (a
+        retried create with the same config and peers changes nothing)."""
+        try:
+            leader = self.svc.mr.leader(g["group"])
+        except KeyError:
+            leader = 0  # not hosted here: the assignment's order decides
+        peers = cgroup.replace(g["peers"], list(a["peers"]), want, self.is_up,
+                               self.catalogue().consumer_load(), leader)
+        if not peers:
+            raise ApiError.of("JSClusterNoPeersErrF", err="no suitable peers for placement")
+        if peers != g["peers"] or config != g["config"]:
+            await self.propose_meta(cluster_meta.consumer_update(stream, consumer, peers,
+                                                                 config))
 
     async def report_group_state(self, stream: str, entry: bytes) -> None:
         """A consumer group's CONSUMER_GROUP_STATE entry for its stream's group, proposed
@@ -869,7 +894,9 @@ class ClusterJS:
                               f"within 10 s: {mr.status(sm.group)}")
                 continue
             if same_config and done:
+                await self.svc._reconcile_consumers(name)  # they follow the stream
                 self.in_line[sm.group] = key
+        await self._consumer_group_duties()
         now = time.monotonic()
         for name in list(self.svc.streams):
             a = self.catalogue().streams.get(name)
@@ -885,6 +912,40 @@ class ClusterJS:
             if self.self_id not in st["voters"] or now - since > UNASSIGNED_GRACE_S:
                 self._unassigned.pop(name, None)
                 await self.svc._close_stream(name)
+
+    async def _consumer_group_duties(self) -> None:
+        """Each consumer group led here takes the peers its assignment names (one change a
+        round; a new member installs the leader's image: its acks and redelivery counts);
+        a node no longer assigned a group it hosts lets it go once removed (or after the
+        grace period), as for streams."""
+        mr = self.svc.mr
+        cat = self.catalogue()
+        now = time.monotonic()
+        for key, cm in list(self.svc.cgroups.items()):
+            g = cat.consumer_group(*key)
+            if g is None or g["group"] != cm.group:
+                continue  # `_sync_consumer_groups` closes it
+            leads = mr.leader(cm.group) == self.self_id
+            if self.self_id not in g["peers"] and not leads:
+                since = self._unassigned.setdefault(cm.group, now)
+                if self.self_id not in mr.status(cm.group)["voters"] or \
+                        now - since > UNASSIGNED_GRACE_S:
+                    self._unassigned.pop(cm.group, None)
+                    await self.svc._close_consumer_group(key, cm)
+                continue
+            self._unassigned.pop(cm.group, None)
+            if not leads:
+                continue  # a leader no longer assigned hands over first (_sync_members)
+            in_line = (int(g.get("rev", 0)), self.leader_since.get(cm.group, 0))
+            if self.in_line.get(cm.group) == in_line:
+                continue
+            try:
+                done = await asyncio.wait_for(self._sync_members(cm.group, list(g["peers"])),
+                                              10.0)
+            except TimeoutError:
+                continue
+            if done:
+                self.in_line[cm.group] = in_line
 
     async def _forget_replaced(self) -> None:
         """A node whose store was wiped came back with a new id at the same address

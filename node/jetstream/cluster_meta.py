@@ -8,7 +8,8 @@ Every entry of the `$js` Raft group is one compact JSON object with an `op`:
     {"op":"remove_server","peer":P}
     {"op":"seen","peer":P}
     {"op":"consumer","name":S,"consumer":C,"group":G,"peers":[P,...],"config":{...},
-     "start":N,"lps":N,"created_ns":N[,"account":A]}
+     "start":N,"lps":N,"created_ns":N[,"state":B64][,"account":A]}
+    {"op":"consumer_update","name":S,"consumer":C,"peers":[P,...],"config":{...}[,"account":A]}
     {"op":"consumer_delete","name":S,"consumer":C[,"account":A]}
 
 `name` is the stream's registry key (node/jetstream/jsaccount.py): the stream name in the
@@ -38,7 +39,12 @@ the node itself. The catalogue is the fold of the entries in log order:
   group of its own (node/jetstream/cgroup.py): `group`, `peers` (a subset of the stream's),
   the consumer `config` (wire form) and its start position (`start`, `lps`, as the stream's
   CONSUMER_UPSERT carries them); kept under the stream's assignment, `consumers` -> C. A retry
-  (C already assigned) keeps the first; a stream that is gone ignores it.
+  (C already assigned) keeps the first; a stream that is gone ignores it. `state` (base64 of
+  the binary consumer state record) is the state the group starts from when the consumer
+  moved out of its stream's group (a replicas change): its acks and redelivery counts so far.
+  `consumer_update` re-places an assigned group (its replicas changed, its stream was scaled
+  or lost the peer): new `peers` and `config`; once the peers changed it carries
+  `"scaled": true` (a peer that opens the group from then on joins it empty, as for streams).
   `consumer_delete` forgets it; deleting the stream forgets its consumers.
 
 Every other consumer is not here: it is entries of its stream's own group (docs/jetstream.md).
@@ -106,10 +112,20 @@ def seen(peer: int) -> dict[str, Any]:
 
 
 def consumer(name: str, consumer_name: str, group: str, peers: list[int],
-             config: dict[str, Any], start: int, lps: int, created_ns: int) -> dict[str, Any]:
-    return _account({"op": "consumer", "name": name, "consumer": consumer_name, "group": group,
-                     "peers": list(peers), "config": config, "start": start, "lps": lps,
-                     "created_ns": created_ns})
+             config: dict[str, Any], start: int, lps: int, created_ns: int,
+             state: str = "") -> dict[str, Any]:
+    entry = {"op": "consumer", "name": name, "consumer": consumer_name, "group": group,
+             "peers": list(peers), "config": config, "start": start, "lps": lps,
+             "created_ns": created_ns}
+    if state:
+        entry["state"] = state
+    return _account(entry)
+
+
+def consumer_update(name: str, consumer_name: str, peers: list[int], config: dict[str, Any]
+                    ) -> dict[str, Any]:
+    return _account({"op": "consumer_update", "name": name, "consumer": consumer_name,
+                     "peers": list(peers), "config": config})
 
 
 def consumer_delete(name: str, consumer_name: str) -> dict[str, Any]:
@@ -148,7 +164,7 @@ class Catalogue:
             return name
         if op == "delete" and isinstance(name, str):
             return name if self.streams.pop(name, None) is not None else None
-        if op in ("consumer", "consumer_delete") and isinstance(name, str):
+        if op in ("consumer", "consumer_update", "consumer_delete") and isinstance(name, str):
             return self._apply_consumer(op, name, entry, index)
         if op == "remove_server":
             peer = int(entry["peer"])
@@ -172,6 +188,15 @@ class Catalogue:
                 return None  # a retried placement keeps the first
             groups[cname] = {k: v for k, v in entry.items()
                              if k not in ("op", "name", "consumer", "account")} | {"rev": index}
+        elif op == "consumer_update":
+            g = groups.get(cname)
+            if g is None:
+                return None
+            g = dict(g, config=entry["config"], rev=index)
+            if list(entry["peers"]) != g["peers"]:
+                g["scaled"] = True  # peers added from now on join the group empty
+            g["peers"] = list(entry["peers"])
+            groups[cname] = g
         elif groups.pop(cname, None) is None:
             return None
         a = dict(a)

@@ -329,10 +329,7 @@ class StreamMachine:
             with self.lock:
                 self.store = store
                 self.stream = Stream(self.initial_cfg, self.store, self.domain)
-                self.results.clear()
-                self.delivered.clear()
-                self._delivered_kept = 0
-                self.events.clear()
+                self._forget_effects()
             return
         body = None
         if self.env is not None and os.path.getsize(path):
@@ -344,10 +341,7 @@ class StreamMachine:
                     with self.lock:
                         load_image(self.store, src)
                         self.stream = Stream(self.initial_cfg, self.store, self.domain)
-                        self.results.clear()
-                        self.delivered.clear()
-                        self._delivered_kept = 0
-                        self.events.clear()
+                        self._forget_effects()
                     return
                 body = head + src.read()
         if _check_marker(path, self.applied_index(), self.group, self.env, body):
@@ -357,10 +351,15 @@ class StreamMachine:
                 else:
                     self.store = self._new_store()
                 self.stream = Stream(self.initial_cfg, self.store, self.domain)
-                self.results.clear()
-                self.delivered.clear()
-                self._delivered_kept = 0
-                self.events.clear()
+                self._forget_effects()
+
+    def _forget_effects(self) -> None:
+        """A restored state: the effects kept for proposers describe entries of the state
+        it replaced (the proposers get none)."""
+        self.results.clear()
+        self.delivered.clear()
+        self._delivered_kept = 0
+        self.events.clear()
 
     def on_leader_change(self, leader_id: int, term: int) -> None:
         # A deposed leader holds no reservation; a new one starts from the applied state
@@ -412,8 +411,12 @@ class ConsumerMachine:
 
     def __init__(self, stream: StreamMachine, consumer: str, group: str, cfg: dict[str, Any],
                  start_sseq: int, lps_until: int, created_ns: int, memory: bool,
-                 sink: Callable[[ConsumerMachine, list[Effect]], None]) -> None:
+                 sink: Callable[[ConsumerMachine, list[Effect]], None],
+                 initial: bytes = b"") -> None:
         self.stream_machine = stream
+        # the state the group starts from (a consumer that moved out of its stream's
+        # group brings its acks and redelivery counts: the meta entry's `state`)
+        self.initial = initial
         self.name = stream.name
         self.consumer = consumer
         self.group = group
@@ -433,7 +436,7 @@ class ConsumerMachine:
     def _load(self) -> Any:
         from node.jetstream.cgroup import ConsumerCore  # cgroup imports stream, not machines
         from node.jetstream.consumer import Consumer, ConsumerState
-        raw = self.own.get_consumer(self.consumer)
+        raw = self.own.get_consumer(self.consumer) or self.initial
         state = ConsumerState.decode(raw) if raw else None
         return ConsumerCore(self.consumer, Consumer(self.cfg, state, self.start, self.lps))
 

@@ -25,6 +25,7 @@ checked against 2.15.1); so do we, and both layouts are accepted back.
 from __future__ import annotations
 
 import asyncio
+import base64
 import dataclasses
 import functools
 import json
@@ -238,6 +239,8 @@ class JetStreamService:
         self._subscribed: dict[str, list[str]] = {}  # the subjects `subs` listen on
         self.pulls: dict[tuple[str, str], _Pull] = {}
         self.creating: set[tuple[str, str]] = set()  # consumers whose create has not replied
+        # consumers moving out of their stream's group: the acks that arrived meanwhile
+        self._moving: dict[tuple[str, str], list[tuple[Any, ...]]] = {}
         self._reporting: dict[tuple[str, str], bool] = {}  # consumer groups' reports in flight
         self.batches: dict[str, BatchCollector] = {}  # open atomic batches, per stream
         self._expiring: set[str] = set()  # streams with an EXPIRE entry in flight
@@ -1451,10 +1454,13 @@ class JetStreamService:
     def _sync_consumer_groups(self) -> None:
         """Host the consumer groups the catalogue assigns to this node (once their stream
         is hosted here); let go of the others."""
-        want = {key: g for key, g in self._own_groups().items() if self.node_id in g["peers"]}
+        own = self._own_groups()
         for key, cm in list(self.cgroups.items()):
-            if key not in want or want[key]["group"] != cm.group:
+            # a peer the group no longer names stays until its leader removed it (the
+            # cluster duty lets it go, as for streams): leaving now could cost the quorum
+            if key not in own or own[key]["group"] != cm.group:
                 self._spawn(self._close_consumer_group(key, cm))
+        want = {key: g for key, g in own.items() if self.node_id in g["peers"]}
         for key, g in want.items():
             if key not in self.cgroups and key[0] in self.streams:
                 self._host_consumer_group(key, g)
@@ -1465,10 +1471,14 @@ class JetStreamService:
         cfg = consumer_config.from_wire(g["config"])
         cm = ConsumerMachine(sm, key[1], g["group"], cfg, int(g["start"]), int(g["lps"]),
                              int(g["created_ns"]), cgroup.memory(cfg, sm.stream.cfg),
-                             self._cg_effects_threadsafe)
+                             self._cg_effects_threadsafe,
+                             base64.b64decode(g.get("state") or ""))
         cm.leader_hook = lambda lid, _term: self._on_consumer_leader(key, lid)
         self.cgroups[key] = cm
-        self.mr.add_group(g["group"], list(g["peers"]), state_machine=cm)
+        # the first peers bootstrap it; a peer added by a re-placement joins empty and
+        # installs its leader's image (the consumer's state)
+        voters = [] if g.get("scaled") else list(g["peers"])
+        self.mr.add_group(g["group"], voters, state_machine=cm)
         cm.track = True
 
     async def _close_consumer_group(self, key: tuple[str, str], cm: ConsumerMachine) -> None:
@@ -1479,6 +1489,84 @@ class JetStreamService:
         self.mr.remove_group(cm.group)
         await self.mr.removed(cm.group)
         cm.drop()
+
+    async def _reconcile_consumers(self, stream: str) -> None:
+        """The stream's leader, once its group is in line with a changed assignment: each
+        consumer follows (nats-server 2.15, probed on 3 nodes): explicit replicas above
+        the stream's are lowered to them; a consumer with a group of its own is re-placed
+        when its replicas or its stream's peers changed; one whose replicas now differ from
+        the stream's leaves the stream's group for a group of its own."""
+        sm = self.streams.get(stream)
+        if sm is None:
+            return
+        with sm.lock:
+            names = list(sm.stream.consumers)
+        for name in names:
+            await self._reconcile_consumer(stream, name)
+
+    async def _reconcile_consumer(self, stream: str, name: str) -> None:
+        sm = self.streams.get(stream)
+        if sm is None or self.jsc is None or self.meta is None or not self.jsc.leads(stream):
+            return
+        with sm.lock:
+            c = sm.stream.consumers.get(name)
+            if c is None:
+                return
+            cfg, scfg = c.cfg, sm.stream.cfg
+        lowered = cgroup.capped(cfg, scfg)
+        if lowered is not None:
+            await self._propose(sm, ops.ConsumerUpsert(
+                time.time_ns(), name, _dumps(consumer_config.to_wire(lowered)), 0, 0))
+            cfg = lowered
+        wire = consumer_config.to_wire(cfg)
+        g = self.meta.catalogue.consumer_group(stream, name)
+        if g is not None:
+            peers = self.meta.catalogue.peers(stream, self.node_id)
+            if g["config"] != wire or not set(g["peers"]) <= set(peers) or \
+                    len(g["peers"]) != cgroup.replicas(cfg, scfg):
+                await self.jsc.place_consumer(stream, name, wire, int(g["start"]),
+                                              int(g["lps"]))
+        elif cgroup.own_group(cfg, scfg):
+            await self._move_to_own_group(stream, name, wire)
+
+    async def _move_to_own_group(self, stream: str, name: str, wire: dict[str, Any]) -> None:
+        """The consumer leaves its stream's group for a group of its own, with its state:
+        deliveries stop and acks wait here; once the ones proposed are applied, the
+        state record (acks, pending, redelivery counts) goes into the meta entry that
+        places the group, whose members start from it; then the waiting acks go to it."""
+        key = (stream, name)
+        if key in self._moving:
+            return
+        self._moving[key] = []  # no delivery round starts (and a running pump stops)
+        try:
+            await self._quiesce(key)
+            sm = self.streams[stream]
+            with sm.lock:
+                c = sm.stream.consumers.get(name)
+                if c is None:
+                    return
+                state = c.state.encode()
+            assert self.jsc is not None
+            await self.jsc.place_consumer(stream, name, wire, 0, 0, state,
+                                          prefer=self.node_id)
+            self.pulls.pop(key, None)  # its waiting requests' clients ask again
+        except ApiError as err:
+            self.log.warn(f"JetStream: consumer {name} of {_name(stream)} stays in its "
+                          f"stream's group: {err}")
+        finally:
+            for args in self._moving.pop(key, []):
+                self._on_ack(*args)
+
+    async def _quiesce(self, key: tuple[str, str]) -> None:
+        """Wait until the consumer's delivery round in flight and its acks are applied."""
+        pull = self.pulls.get(key)
+        deadline = time.monotonic() + 5
+        while pull is not None and pull.pumping and time.monotonic() < deadline:
+            if pull.round is not None:
+                await asyncio.wait((pull.round,), timeout=1)
+            else:
+                await asyncio.sleep(0.01)
+        await self._acks_settled(*key)
 
     def _on_consumer_leader(self, key: tuple[str, str], leader: int) -> None:
         """A consumer group's leader changed: the new leader runs its pumps and timers and
@@ -1605,6 +1693,9 @@ class JetStreamService:
             if old is not None:
                 fresh.queue.waiting = old.queue.waiting
                 fresh.delivered_ns, fresh.acked_ns = old.delivered_ns, old.acked_ns
+            if not created:
+                await self._reconcile_consumer(k, name)  # its replicas may have changed
+                own = own or (k, name) in self._own_groups()
             if own:
                 info = await self._group_consumer_info(call, name)
             else:
@@ -1821,7 +1912,7 @@ class JetStreamService:
         if pull.pumping:
             pull.again = True  # the running pump looks again before it stops
             return
-        if not pull.wants() or (stream, name) in self.creating:
+        if not pull.wants() or (stream, name) in self.creating or (stream, name) in self._moving:
             return  # nothing to serve (each ack lands here), or its create pumps after
         pull.pumping = True
         self._spawn(self._run_pump(stream, name, pull))
@@ -1830,7 +1921,8 @@ class JetStreamService:
         try:
             while True:
                 pull.again = False
-                while pull.wants() and await self._deliver_batch(stream, name, pull):
+                while pull.wants() and (stream, name) not in self._moving and \
+                        await self._deliver_batch(stream, name, pull):
                     pass
                 if not pull.again:
                     return
@@ -2037,6 +2129,10 @@ class JetStreamService:
         if info is None:
             return
         k = jsaccount.key(account, info.stream)  # an ack reaches its own account's stream
+        moving = self._moving.get((k, info.consumer))
+        if moving is not None:  # to its new group once it is placed
+            moving.append((account, _sub, subject, reply, hdr, body))
+            return
         if self.jsc is not None and not self._leads_consumer(k, info.consumer):
             if self.meta is not None and k in self.meta.streams:
                 self.jsc.forward_ack(k, subject, reply, body)

@@ -553,9 +553,9 @@ class Stream:
             raise ApiError.of("JSStreamStoreFailedF",
                               err=f"Nats-Msg-Id longer than {room} bytes for this stream")
 
-    def _check_msg(self, op: ops.StreamMsg) -> int | tuple[str, int]:
+    def _check_msg(self, op: ops.StreamMsg) -> int | tuple[str, int, sch.Schedule | None]:
         """Every refusal, in nats-server's order. -> the original seq of a duplicate, or
-        (rollup, ttl_ns) for a message to store."""
+        (rollup, ttl_ns, the schedule it holds) for a message to store."""
         cfg = self.cfg
         if cfg["sealed"]:
             raise ApiError.of("JSStreamSealedErr")
@@ -581,18 +581,18 @@ class Stream:
             raise ApiError.of("JSStreamWrongLastMsgIDErrF", id=self.last_msg_id)
         rollup = self._check_rollup(op.hdr)
         ttl = self._check_ttl(op.hdr)
-        self._check_schedule(op.hdr, op.subject)
+        schedule = self._check_schedule(op.hdr, op.subject)
         self._check_discard_new(op)
-        return rollup, ttl
+        return rollup, ttl, schedule
 
-    def _check_headerless(self, op: ops.StreamMsg) -> tuple[str, int]:
+    def _check_headerless(self, op: ops.StreamMsg) -> tuple[str, int, None]:
         """`_check_msg`'s remaining checks for a message without headers, in the same order:
         no expected-* header, msg id, rollup or TTL to look at."""
         self._check_key_sizes(op.subject, b"")
         if self.cfg.get("allow_msg_counter"):
             raise ApiError.of("JSMessageIncrMissingErr")  # a counter needs its Nats-Incr
         self._check_discard_new(op)
-        return "", 0
+        return "", 0, None
 
     def _check_counter(self, op: ops.StreamMsg) -> None:
         """Counter streams (`allow_msg_counter`): every message is an empty-payload
@@ -669,14 +669,16 @@ class Stream:
             raise ApiError.of("JSMessageTTLInvalidErr")
         return ttl
 
-    def _check_schedule(self, hdr: bytes, subject: str) -> None:
+    def _check_schedule(self, hdr: bytes, subject: str) -> sch.Schedule | None:
+        """-> the schedule the message holds (parsed once: `_store_msg` takes it)."""
         if not (h.get(hdr, sch.SCHEDULE) or h.get(hdr, sch.NEXT) is not None
                 or h.get(hdr, sch.SCHEDULER) is not None):
-            return
+            return None
         if not self.cfg.get("allow_msg_schedules"):
             raise ApiError.of("JSMessageSchedulesDisabledErr")
-        sch.check(hdr, subject, self._captures, self.cfg["allow_msg_ttl"])
+        checked = sch.check(hdr, subject, self._captures, self.cfg["allow_msg_ttl"])
         sch.check_cancel(hdr, subject)
+        return checked.schedule if checked is not None else None
 
     def _captures(self, subject: str) -> bool:
         return any(subject_matches(p, subject) for p in self.cfg["subjects"] or [self.cfg["name"]])
@@ -708,10 +710,13 @@ class Stream:
             return self.cfg["first_seq"]
         return self.last_seq + 1
 
-    def _store_msg(self, op: ops.StreamMsg, rollup: str, ttl: int) -> list[Effect]:
+    def _store_msg(self, op: ops.StreamMsg, rollup: str, ttl: int,
+                   schedule: sch.Schedule | None | bool = False) -> list[Effect]:
+        """`schedule`: what `_check_msg` parsed (False: not checked there, parsed here)."""
         subject = self._stored_subject(op.subject)
         data, total, hdr = op.data, None, op.hdr
-        schedule = self._schedule_of(hdr, subject)
+        if schedule is False:
+            schedule = self._schedule_of(hdr, subject)
         if schedule is not None:
             # one schedule per subject: nats-server stores it with a subject rollup
             hdr, rollup = _merge_headers(hdr, [(h.ROLLUP, "sub")]), "sub"

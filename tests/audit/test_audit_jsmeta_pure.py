@@ -101,6 +101,10 @@ def test_consumer_groups_replay_as_the_node_folds_them() -> None:
            cm.consumer("S", "c", "jc.S.c.10", [3], {}, 1, 0, 10),
            cm.consumer("S", "d", "jc.S.d.11", [1, 3], {}, 1, 0, 11),
            cm.update("S", {"name": "S", "max_msgs": 9}, [1, 2, 3]),
+           cm.consumer_update("S", "c", [2], {"num_replicas": 1}),  # config only
+           cm.consumer_update("S", "c", [2, 1, 3], {"num_replicas": 3}),  # grown: scaled
+           cm.consumer_update("S", "x", [1], {}),  # no such consumer group
+           cm.consumer("S", "m", "jc.S.m.12", [1], {}, 0, 0, 12, "AgU="),  # moved, with state
            cm.consumer_delete("S", "d"), cm.consumer_delete("S", "c")]
     for n in range(1, len(log) + 1):
         node = cm.Catalogue()

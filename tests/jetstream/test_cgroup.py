@@ -151,3 +151,21 @@ def test_group_state_entry_layout() -> None:
     for bad in (raw[:-1], raw + b"\0", raw[:9] + b"\x09" + raw[10:]):
         with pytest.raises(ops.EntryFormatError):
             ops.decode(bad)
+
+
+def test_replace_keeps_the_peers_still_in_the_stream_leader_first() -> None:
+    """Re-placing a consumer group: its peers that still hold a stream replica stay (the
+    group's leader first, so a shrink keeps it), new ones come from the stream's others."""
+    up = lambda p: p != 44  # noqa: E731
+    assert cgroup.replace([11, 22, 33], [11, 22, 33], 1, up, {}, leader=22) == [22]
+    assert cgroup.replace([11, 22, 33], [11, 22, 33], 2, up, {}, leader=33) == [33, 11]
+    assert cgroup.replace([11], [11, 22, 33], 3, up, {})[:1] == [11]
+    assert sorted(cgroup.replace([11], [11, 22, 33], 3, up, {})) == [11, 22, 33]
+    assert cgroup.replace([11], [22, 33], 1, up, {22: 5}) == [33]  # 11 left the stream
+    assert cgroup.replace([11], [11, 44], 2, up, {}) == []  # 44 is down: cannot grow
+
+
+def test_explicit_replicas_above_the_streams_are_lowered() -> None:
+    assert cgroup.capped({"num_replicas": 3}, {"num_replicas": 1}) == {"num_replicas": 1}
+    assert cgroup.capped({"num_replicas": 1}, {"num_replicas": 3}) is None
+    assert cgroup.capped({"num_replicas": 0}, {"num_replicas": 1}) is None

@@ -63,3 +63,21 @@ def test_consumer_groups_fold_under_their_stream() -> None:
     assert cat.consumer_groups() == {} and cat.consumer_load() == {}
     acc = cm.consumer("A/S", "c", "jc.A/S.c.1", [1], {}, 1, 0, 1)
     assert acc["account"] == "A" and cm.consumer_delete("A/S", "c")["account"] == "A"
+
+
+def test_consumer_update_re_places_a_group_and_marks_it_scaled() -> None:
+    """A consumer group's re-placement (replicas or stream peers changed): new peers and
+    config; `scaled` once the peers changed (a peer added later joins empty); a consumer
+    that moved out of its stream's group keeps its starting state in the assignment."""
+    cat = fold([cm.create("S", {"name": "S"}, 5, [1, 2, 3]),
+                cm.consumer("S", "c", "jc.S.c.9", [2], {"num_replicas": 1}, 0, 0, 9, "AgU=")])
+    g = cat.consumer_group("S", "c")
+    assert g["state"] == "AgU=" and "scaled" not in g
+    cat.apply(cm.consumer_update("S", "c", [2], {"num_replicas": 0}), 7, 4)
+    g = cat.consumer_group("S", "c")
+    assert g["config"] == {"num_replicas": 0} and g["rev"] == 4 and "scaled" not in g
+    cat.apply(cm.consumer_update("S", "c", [2, 3, 1], {"num_replicas": 3}), 7, 5)
+    g = cat.consumer_group("S", "c")
+    assert g["peers"] == [2, 3, 1] and g["scaled"] is True and g["group"] == "jc.S.c.9"
+    assert cat.apply(cm.consumer_update("S", "nope", [1], {}), 7, 6) is None
+    assert cat.consumer_groups().keys() == {("S", "c")}

@@ -120,3 +120,18 @@ def test_a_subject_that_reached_nobody_reaches_a_later_subscriber() -> None:
     assert accounts["A"].publish(None, "ev.1", None, None, b"c again") == 1
     assert [m.payload for m in c.got] == [b"c", b"a", b"c again"]
     assert [m.payload for m in a.got] == [b"a"]
+
+
+def test_ack_subjects_keep_no_routing_plan() -> None:
+    """Each `$JS.ACK.` subject is used by one message: routed (the subscriber gets it), but
+    neither a routing plan nor a match cache entry is kept for it, while a subject that
+    repeats keeps its plan."""
+    router, accounts, server, _requester = _world()
+    acks = [f"$JS.ACK.S.C.1.{i}.{i}.1795781188746700360.0" for i in range(1, 4)]
+    for subject in acks:
+        assert accounts["A"].publish(None, subject, None, None, b"+ACK") == 1
+    accounts["A"].publish(None, "ev.1", None, None, b"x")
+    assert [m.subject for m in server.got] == [*acks, "ev.1"]
+    plans = router._plans[accounts["A"]]
+    assert set(plans) == {"ev.1"}
+    assert not any(s in accounts["A"].sublist._cache for s in acks)

@@ -8,7 +8,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 import pytest
-from hypothesis import settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     Bundle,
@@ -347,3 +347,35 @@ def test_million_subscribe_unsubscribe_cycles_leave_no_nodes() -> None:
         assert sl.node_count() == 0
     assert sl.count() == 0
     assert sl.stats()["num_inserts"] == 1_000_000 == sl.stats()["num_removes"]
+
+
+_ACK_TOKENS = ["$JS", "ACK", "S", "c", "*", "1"]
+
+
+@settings(max_examples=100, deadline=None)
+@given(patterns=st.lists(st.lists(st.sampled_from(_ACK_TOKENS), min_size=1, max_size=5)
+                         .map(lambda t: ".".join(t)), max_size=6),
+       fwc=st.lists(st.integers(0, 4), max_size=3),
+       subjects=st.lists(st.lists(st.sampled_from(["S", "c", "1", "2"]), min_size=1,
+                                  max_size=7).map(lambda t: "$JS.ACK." + ".".join(t)),
+                         min_size=1, max_size=5),
+       drop=st.integers(0, 8))
+def test_ack_subjects_match_by_their_head_as_by_a_walk(patterns, fwc, subjects, drop
+                                                       ) -> None:
+    """Subjects under `$JS.ACK.` skip the cache and, while no subscription looks past the
+    head, take the head's one match: the same subscriptions a full walk finds, whatever
+    the subscriptions (wildcards anywhere, `>` at any depth), also after removals."""
+    subs = [Sub(p) for p in patterns if valid_subject(p)]
+    subs += [Sub(".".join(["$JS", "ACK", "*", "*"][:n] + [">"])) for n in fwc]
+    sl = SubList()
+    for sub in subs:
+        sl.insert(sub)
+    if subs and drop < len(subs):
+        sl.remove(subs[drop])
+        subs.pop(drop)
+    for subject in subjects:
+        want = ids([s for s in subs if subject_matches(s.subject, subject)])
+        got = sl.match(subject)
+        assert ids(got.psubs) == want, (subject, [s.subject for s in subs])
+        if sl._head is not False:  # the head path was taken
+            assert subject not in sl._cache  # never cached: each ack subject is unique
