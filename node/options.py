@@ -85,6 +85,11 @@ class ClusterOptions:
     auth_timeout: float = 2.0
     tls: TLSOptions | None = None  # mutual TLS between nodes (client certificates required)
     connect_retries: int = 0  # accepted for compatibility: Jetraft redials forever
+    # Raft's direct TCP lane (raft/tcp_lane.py), a second listener on `host`: 0 = an
+    # ephemeral port, announced to the other members by gossip (the default); N = that
+    # port; -1 = none (Raft rides the gRPC cluster port only). Same authorization and
+    # TLS as the cluster port; a member that announces no lane is reached over gRPC.
+    raft_port: int = 0
 
 
 @dataclass

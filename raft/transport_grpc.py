@@ -159,6 +159,8 @@ class GrpcTransport:
         direct: dict[int, str] | None = None,
         direct_cred: str | None = None,
         direct_allows: Callable[[str | None], bool] | None = None,
+        direct_ssl: tuple[Any, Any] | None = None,
+        on_direct_port: Callable[[int], None] | None = None,
     ) -> None:
         """`server`: a running gRPC server owned by someone else (the node's
         cluster port, node/cluster/) to register the Raft service on instead of
@@ -171,7 +173,12 @@ class GrpcTransport:
         as metadata); `direct_allows(cred)`: the check an accepted direct
         connection's authorization must pass before anything else is read (the
         cluster port's AuthInterceptor rule; None = no authorization configured,
-        as a gRPC server without the interceptor)."""
+        as a gRPC server without the interceptor). `direct_ssl`: (server, client)
+        contexts of the direct lane when `tls` is not given (the cluster port's
+        TLS: a CA-signed client certificate required, the acceptor verified
+        against the host it is dialed at, as the cluster's gRPC channels do).
+        `on_direct_port(port)`: told the bound port of this node's direct lane
+        (its address may name port 0: an ephemeral one)."""
         self.node_id = node_id
         self.listen_addr = listen_addr
         self.port = 0
@@ -188,6 +195,8 @@ class GrpcTransport:
         self._direct_server: asyncio.Server | None = None
         self._direct_cred = direct_cred
         self._direct_allows = direct_allows
+        self._direct_ssl = direct_ssl
+        self._on_direct_port = on_direct_port
         self._direct_handshakes = 0
         self.direct_refused = 0  # direct connections refused (authorization, identity, hello)
         self._ssl: tuple[Any, Any] | None = None  # (server, client) contexts of the direct lane
@@ -238,10 +247,14 @@ class GrpcTransport:
             return
         if self._tls:
             self._ssl = tcp_lane.contexts(*self._tls)
+        else:
+            self._ssl = self._direct_ssl
         host, port = tcp_lane.split_addr(mine)
         self._direct_server = await tcp_lane.listen(
             host, port, self._ssl[0] if self._ssl else None, MAX_GRPC_MESSAGE,
             self._on_direct_stream)
+        if self._on_direct_port is not None:
+            self._on_direct_port(self._direct_server.sockets[0].getsockname()[1])
 
     def _start_link(self, link: _Link) -> None:
         for lane in link.lanes:
@@ -576,8 +589,12 @@ class GrpcTransport:
         direct TCP connection if the peer has a direct address."""
         if link.direct is not None:
             ctx = self._ssl[1] if self._ssl else None
+            # With per-node certificates (`tls`) the acceptor must be node N;
+            # with the cluster's TLS, the host it is dialed at (gRPC's rule).
+            name = (self.tls_name(link.peer) if self._tls
+                    else tcp_lane.split_addr(link.direct)[0])
             async with asyncio.timeout(HANDSHAKE_TIMEOUT):
-                return await tcp_lane.dial(link.direct, ctx, self.tls_name(link.peer),
+                return await tcp_lane.dial(link.direct, ctx, name,
                                            MAX_GRPC_MESSAGE, self._direct_cred)
         if lane.channel is None:
             # The bulk lane has its own TCP connection: a full socket
@@ -675,8 +692,10 @@ class GrpcTransport:
         if hello is grpc.aio.EOF:
             return None
         link = self._links.get(hello.from_node)
+        # A known peer whose own direct address we have not learned yet (gossip)
+        # may dial us: the acceptor needs only who it is, not where it listens.
         if (not hello.hello or hello.to_node != self.node_id or link is None
-                or link.direct is None or hello.lane not in (LANE_PRIORITY, LANE_BULK)):
+                or hello.lane not in (LANE_PRIORITY, LANE_BULK)):
             return self._refuse_direct("unknown peer, node or lane")
         if self._tls and self.tls_name(hello.from_node).encode() not in stream.peer_names():
             return self._refuse_direct(f"certificate does not name "
