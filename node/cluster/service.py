@@ -257,7 +257,7 @@ class Cluster:
         return self.transport
 
     def _direct_lane(self) -> dict[str, Any]:
-        """Raft's direct TCP lane (`cluster { raft_port }`, on by default): a second
+        """Raft's direct TCP lane (`cluster { raft_port }`, opt-in): a second
         listener with the cluster port's authorization (the same Authorizer and
         credentials) and TLS (the same files, a client certificate required)."""
         o = self.opts

@@ -1,5 +1,5 @@
-"""Raft's direct TCP lane inside a real cluster: on by default, behind the
-cluster port's authorization. Real node processes, real sockets."""
+"""Raft's direct TCP lane inside a real cluster (`cluster { raft_port: 0 }`), behind
+the cluster port's authorization and TLS. Real node processes, real sockets."""
 
 from __future__ import annotations
 
@@ -38,7 +38,8 @@ async def _refused(port: int, cred: str | None) -> bool:
 
 
 async def test_r3_stream_commits_over_authorized_direct_lanes(tmp_path: Path) -> None:
-    c = LocalCluster(tmp_path, 3, name="dl", jetstream=True, cluster_extra=AUTH)
+    c = LocalCluster(tmp_path, 3, name="dl", jetstream=True,
+                     cluster_extra=AUTH + "\n  raft_port: 0")
     try:
         c.start()
         c.wait_routes()
@@ -54,10 +55,15 @@ async def test_r3_stream_commits_over_authorized_direct_lanes(tmp_path: Path) ->
         # The members' Raft traffic runs on those listeners: each node holds an
         # established connection per lane (priority, bulk) and peer, dialed to a
         # peer's lane port or accepted on its own.
+        # (A connection replaced by a redial after gossip may linger a moment.)
         for n, mine in zip(c.nodes, ports, strict=True):
-            conns = psutil.Process(n.proc.pid).net_connections(kind="tcp")
-            lanes = [x for x in conns if x.raddr and x.status == "ESTABLISHED"
-                     and (x.laddr.port == mine or x.raddr.port in set(ports) - {mine})]
+            for _ in range(100):
+                conns = psutil.Process(n.proc.pid).net_connections(kind="tcp")
+                lanes = [x for x in conns if x.raddr and x.status == "ESTABLISHED"
+                         and (x.laddr.port == mine or x.raddr.port in set(ports) - {mine})]
+                if len(lanes) == 4:
+                    break
+                await asyncio.sleep(0.1)
             assert len(lanes) == 4, (n.name, ports, conns)
         # Without the cluster secret, or with a wrong one, a dialer is refused
         # before its hello is read; the node says why.
@@ -78,7 +84,7 @@ async def test_direct_lanes_use_the_cluster_tls(tmp_path: Path) -> None:
     for name in ("n1", "n2", "n3"):
         certs.make_leaf(d, name, ext)
     certs.make_leaf(d, "bad", ext, ca="other")
-    c = LocalCluster(tmp_path / "c", 3, name="dlt", jetstream=True)
+    c = LocalCluster(tmp_path / "c", 3, name="dlt", jetstream=True, cluster_extra="raft_port: 0")
     try:
         for node, cert in zip(c.nodes, ("n1", "n2", "n3"), strict=True):
             c.start_node(node, wait=False, config=c.config_for(node).replace(
