@@ -1,6 +1,7 @@
 """Where the time of one window-1 Raft commit goes: a timestamped trace.
 
     PYTHONPATH=$PWD python benchmarks/raft_trace.py [--count 200] [--dir /dev/shm]
+        [--direct [--wakeups]]
 
 Three members as in `benchmarks/raft_bench.py` (node 1 in this process leads
 group g0; nodes 2 and 3 are `python -m raft.node` processes). Every process
@@ -77,6 +78,22 @@ def install(out: str) -> None:
         return None
 
     wrap(multigroup.MultiRaft, "propose", before=lambda *a, **k: ev("propose"))
+    if os.environ.get("TRACE_WAKEUPS"):
+        # When the process's loop woke with I/O ready, and when a socket's
+        # read callback ran (direct lane only: gRPC reads in its own threads).
+        import selectors
+        from asyncio import selector_events
+
+        wrap(selector_events._SelectorSocketTransport, "_read_ready",
+             before=lambda *a, **k: ev("sock readable"))
+        select = selectors.EpollSelector.select
+
+        def woke(self, timeout=None):
+            ready = select(self, timeout)
+            if ready:
+                ev("select woke")
+            return ready
+        selectors.EpollSelector.select = woke
     wrap(multigroup.MultiRaft, "_drain_once", before=lambda *a, **k: ev("drain start"))
     wrap(storage.NodeLog, "append", before=lambda *a, **k: ev("WAL append (buffered)"))
     wrap(storage.NodeLog, "_write", before=lambda *a, **k: ev("fsync start"),
@@ -226,6 +243,14 @@ def _first(evs, name, after, until):
     return None
 
 
+def with_wakeups() -> None:
+    """Put the two wake-up probes on the chain (before each receive)."""
+    at = CHAIN.index(("F", "recv APP"))
+    CHAIN[at:at] = [("F", "select woke"), ("F", "sock readable")]
+    at = CHAIN.index(("leader", "recv APP_RESP"))
+    CHAIN[at:at] = [("leader", "select woke"), ("leader", "sock readable")]
+
+
 def report(windows, streams: dict[str, list[tuple[float, str]]]) -> None:
     steps: list[list[float]] = [[] for _ in CHAIN]
     local: list[list[float]] = [[] for _ in LOCAL]
@@ -283,9 +308,15 @@ def main() -> None:
     ap.add_argument("--dir", default=os.environ.get("BENCH_TMP"))
     ap.add_argument("--direct", action="store_true",
                     help="members talk over the direct TCP lane (raft/tcp_lane.py)")
+    ap.add_argument("--wakeups", action="store_true",
+                    help="also time each process's wake-up and socket read callback "
+                         "(with --direct; gRPC lanes read in gRPC's threads)")
     args = ap.parse_args()
     if args.direct:
         os.environ["TRACE_DIRECT"] = "1"  # the followers' instrumentation reads it too
+    if args.wakeups:
+        os.environ["TRACE_WAKEUPS"] = "1"
+        with_wakeups()
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         out = f"{tmp}/trace-leader.json"
         install(out)

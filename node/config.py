@@ -940,6 +940,7 @@ _CLUSTER_HANDLERS: dict[str, Handler] = {
     "cluster_advertise": _setter("advertise", _str),
     "no_advertise": _setter("no_advertise", _bool),
     "connect_retries": _setter("connect_retries", _int),
+    "raft_port": _setter("raft_port", _int),
 }
 _CLUSTER_UNSUPPORTED = frozenset({
     "connect_backoff", "pool_size", "compression", "ping_interval",

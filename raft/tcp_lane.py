@@ -3,20 +3,28 @@
 Why it exists (an exception to "peers talk gRPC", measured on this 2-core
 machine, docs/raft.md "Direct TCP lane"): a 128 B ping-pong over a grpc.aio
 bidirectional stream costs p50 ~320 us, the same over asyncio streams ~65 us;
-inside a window-1 commit each gRPC direction took 0.5-0.6 ms, because every
+inside a window-1 commit each gRPC direction took 0.4-0.6 ms, because every
 received message crosses gRPC's I/O thread and its poller thread before the
-event loop sees it. Here the loop reads the socket itself.
+event loop sees it. Here the loop reads the socket itself, and once a stream
+is up each Batch is decoded and handed on inside the socket's read callback
+(no reader task, no loop turn per frame: a window-1 commit crosses two such
+hops, each a wake-up of a process that on a loaded machine waits for a core).
 
-The content and the checks are those of the gRPC lane: frames are a 4-byte
-big-endian length and a serialized `pb.Batch`; the dialer's first frame is
-a hello naming the lane, the acceptor answers with a hello; then both
-directions carry Batches, which the transport checks exactly as it checks
-gRPC ones. With TLS both sides present certificates from the cluster CA,
-the dialer verifies the acceptor's certificate against the peer's node name
-and the acceptor checks that the client certificate names the claimed node.
+Frames are a 4-byte big-endian length and a payload. The dialer's FIRST frame
+is its cluster authorization (`AUTH_MAGIC` + the same credential text the
+gRPC lanes send in their `x-jetraft-route-auth` metadata, empty when it has
+none); the acceptor checks it with the same rule as the cluster port's
+AuthInterceptor before it reads anything else, and closes the connection on
+a mismatch. Until then a connection may hold at most `AUTH_MAX_FRAME` bytes
+and `handshake` seconds (the transport bounds how many such connections
+exist at once). Then come serialized `pb.Batch`es: a hello naming the lane
+each way, then batches, which the transport checks exactly as it checks gRPC
+ones. With TLS both sides present certificates from the cluster CA, the
+dialer verifies the acceptor's certificate against the peer's node name and
+the acceptor checks that the client certificate names the claimed node.
 Snapshots stay on gRPC (their own RPC). A stream object here offers what the
 transport uses of a gRPC call: `write`, `read` (returns `grpc.aio.EOF` at the
-end), `cancel`.
+end), `cancel`; plus `serve(on_batch)`, the callback mode.
 """
 
 from __future__ import annotations
@@ -27,8 +35,11 @@ import socket
 import ssl
 import struct
 import tempfile
+from collections import deque
+from collections.abc import Callable
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from proto import cluster_pb2 as pb
 
@@ -36,64 +47,194 @@ HEADER = struct.Struct(">I")
 # TCP keepalive: a peer behind a partition is noticed like gRPC's keepalive does.
 KEEPALIVE_IDLE_S, KEEPALIVE_INTVL_S, KEEPALIVE_CNT = 10, 5, 2
 HIGH_WATER = 4 << 20  # buffered bytes above which a writer awaits drain
+AUTH_MAGIC = b"JRAUTH1\n"
+AUTH_MAX_FRAME = 4096  # the largest frame before the authorization passed
 
 
 class FrameTooLarge(ConnectionError):
     pass
 
 
-class TcpStream:
-    """One direction-pair of framed Batches over an asyncio stream."""
+class _Frames(asyncio.Protocol):
+    """Cuts the byte stream into frames: queued for `read()` (handshake) or,
+    once `serve` switched the mode, handed to a callback as they arrive."""
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                 max_frame: int) -> None:
-        self._r = reader
-        self._w = writer
+    def __init__(self, max_frame: int) -> None:
+        self.max_frame = max_frame
+        self.transport: asyncio.Transport | None = None
+        self._buf = bytearray()
+        self._frames: deque[bytes] = deque()
+        self._waiter: asyncio.Future[None] | None = None
+        self._on_frame: Callable[[bytes], None] | None = None
+        self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._paused = False
+        self._drained: asyncio.Future[None] | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        buf = self._buf
+        buf += data
+        pos = 0
+        while len(buf) - pos >= HEADER.size:
+            (n,) = HEADER.unpack_from(buf, pos)
+            if n > self.max_frame:
+                self._abort(FrameTooLarge(f"frame of {n} bytes"))
+                return
+            end = pos + HEADER.size + n
+            if len(buf) < end:
+                break
+            frame = bytes(buf[pos + HEADER.size:end])
+            pos = end
+            if self._on_frame is not None:
+                self._on_frame(frame)
+                if self.transport is None or self.transport.is_closing():
+                    return
+            else:
+                self._frames.append(frame)
+                self._wake()
+        if pos:
+            del buf[:pos]
+
+    def _abort(self, exc: BaseException) -> None:
+        del exc
+        self._buf.clear()
+        if self.transport is not None:
+            self.transport.abort()
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    def eof_received(self) -> bool:
+        return False  # close the transport (connection_lost follows)
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        if not self.closed.done():
+            self.closed.set_result(None)
+        self._wake()
+        if self._drained is not None and not self._drained.done():
+            self._drained.set_result(None)
+
+    def pause_writing(self) -> None:
+        self._paused = True
+
+    def resume_writing(self) -> None:
+        self._paused = False
+        if self._drained is not None and not self._drained.done():
+            self._drained.set_result(None)
+
+    async def drain(self) -> None:
+        if self._paused and not self.closed.done():
+            self._drained = asyncio.get_running_loop().create_future()
+            await self._drained
+
+    async def next_frame(self) -> bytes | None:
+        while not self._frames:
+            if self.closed.done():
+                return None
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        return self._frames.popleft()
+
+    def switch(self, on_frame: Callable[[bytes], None]) -> None:
+        """Callback mode: frames already queued first, then each as it arrives."""
+        self._on_frame = on_frame
+        while self._frames and not self.closed.done():
+            on_frame(self._frames.popleft())
+
+
+class TcpStream:
+    """One direction-pair of framed Batches over a TCP (or TLS) connection."""
+
+    def __init__(self, proto: _Frames, max_frame: int) -> None:
+        self._p = proto
+        self._t = proto.transport
         self._max = max_frame
-        self.writer = writer
+
+    @property
+    def transport(self) -> asyncio.Transport:
+        return self._t
 
     def buffered(self) -> int:
         """Bytes written but not yet handed to the kernel."""
-        return self._w.transport.get_write_buffer_size()
+        return self._t.get_write_buffer_size()
+
+    def _frame(self, data: bytes) -> None:
+        if self._t.is_closing():
+            raise ConnectionError("direct lane closed")
+        self._t.write(HEADER.pack(len(data)) + data)
 
     def write_now(self, batch: pb.Batch) -> None:
         """Hand a batch to the socket without awaiting (asyncio tries the
         send at once; what the kernel does not take stays buffered)."""
-        if self._w.is_closing():
-            raise ConnectionError("direct lane closed")
-        data = batch.SerializeToString()
-        self._w.write(HEADER.pack(len(data)) + data)
+        self._frame(batch.SerializeToString())
 
     async def write(self, batch: pb.Batch) -> None:
         self.write_now(batch)
         if self.buffered() > HIGH_WATER:
-            await self._w.drain()
+            await self._p.drain()
+
+    def write_auth(self, cred: str | None) -> None:
+        self._frame(AUTH_MAGIC + (cred or "").encode())
+
+    async def read_auth(self) -> str | None:
+        """The dialer's authorization frame: its credential text ("" = none),
+        or None when the first frame is not one (or the connection ended)."""
+        frame = await self._p.next_frame()
+        if frame is None or not frame.startswith(AUTH_MAGIC):
+            return None
+        try:
+            return frame[len(AUTH_MAGIC):].decode()
+        except UnicodeDecodeError:
+            return None
+
+    def authorized(self) -> None:
+        """The authorization passed: frames up to the stream's full size from now on."""
+        self._p.max_frame = self._max
 
     async def read(self) -> pb.Batch | object:
+        frame = await self._p.next_frame()
+        if frame is None:
+            return grpc.aio.EOF
         try:
-            head = await self._r.readexactly(HEADER.size)
-            (n,) = HEADER.unpack(head)
-            if n > self._max:
-                raise FrameTooLarge(f"frame of {n} bytes")
-            return pb.Batch.FromString(await self._r.readexactly(n))
-        except (asyncio.IncompleteReadError, ConnectionError, ssl.SSLError):
+            return pb.Batch.FromString(frame)
+        except DecodeError:
+            self.cancel()
             return grpc.aio.EOF
 
+    async def serve(self, on_batch: Callable[[pb.Batch], None]) -> None:
+        """Hand every further Batch to `on_batch` inside the read callback,
+        until the connection ends (an undecodable frame ends it)."""
+        def on_frame(frame: bytes) -> None:
+            try:
+                batch = pb.Batch.FromString(frame)
+            except DecodeError:
+                self.cancel()
+                return
+            on_batch(batch)
+        self._p.switch(on_frame)
+        await self._p.closed
+
     def cancel(self) -> None:
-        self._w.close()
+        self._t.close()
 
     def peer_names(self) -> set[bytes]:
         """DNS names and common names of the verified client certificate (TLS)."""
-        cert = self._w.get_extra_info("peercert") or {}
+        cert = self._t.get_extra_info("peercert") or {}
         names = {v.encode() for k, v in cert.get("subjectAltName", ()) if k == "DNS"}
         for rdn in cert.get("subject", ()):
             names.update(v.encode() for k, v in rdn if k == "commonName")
         return names
 
 
-def tune(writer: asyncio.StreamWriter) -> None:
+def tune(transport: asyncio.BaseTransport) -> None:
     """No Nagle delay (one small frame per commit step), and keepalive probes."""
-    sock = writer.get_extra_info("socket")
+    sock = transport.get_extra_info("socket")
     if sock is None:
         return
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -110,13 +251,36 @@ def split_addr(addr: str) -> tuple[str, int]:
 
 
 async def dial(addr: str, ctx: ssl.SSLContext | None, server_name: str | None,
-               max_frame: int) -> TcpStream:
+               max_frame: int, cred: str | None = None) -> TcpStream:
+    """Connect, and present `cred` (the cluster authorization) as the first frame."""
     host, port = split_addr(addr)
-    reader, writer = await asyncio.open_connection(
-        host, port, ssl=ctx, server_hostname=server_name if ctx is not None else None,
-        limit=1 << 20)
-    tune(writer)
-    return TcpStream(reader, writer, max_frame)
+    loop = asyncio.get_running_loop()
+    transport, proto = await loop.create_connection(
+        lambda: _Frames(max_frame), host, port, ssl=ctx,
+        server_hostname=server_name if ctx is not None else None)
+    tune(transport)
+    stream = TcpStream(proto, max_frame)
+    stream.write_auth(cred)
+    return stream
+
+
+async def listen(host: str, port: int, ctx: ssl.SSLContext | None, max_frame: int,
+                 on_stream: Callable[[TcpStream], None]) -> asyncio.Server:
+    """Accept connections; each becomes a TcpStream that reads at most
+    AUTH_MAX_FRAME-byte frames until `authorized()`."""
+    loop = asyncio.get_running_loop()
+
+    def factory() -> _Frames:
+        proto = _Frames(AUTH_MAX_FRAME)
+        made = proto.connection_made
+
+        def connection_made(transport: asyncio.BaseTransport) -> None:
+            made(transport)
+            tune(transport)
+            on_stream(TcpStream(proto, max_frame))
+        proto.connection_made = connection_made  # type: ignore[method-assign]
+        return proto
+    return await loop.create_server(factory, host, port, ssl=ctx)
 
 
 def contexts(cert: str | bytes, key: str | bytes, ca: str | bytes

@@ -70,6 +70,10 @@ LANE_PRIORITY, LANE_BULK = 0, 1  # traffic classes, each on its own stream and c
 PRIORITY_GROUPS = frozenset({"$meta"})  # groups whose appends never wait behind bulk data
 CHUNK_BYTES = 256 << 10
 HANDSHAKE_TIMEOUT = 3.0
+# Direct-lane connections not yet past their authorization and hello: more at
+# once are closed on arrival (each holds at most tcp_lane.AUTH_MAX_FRAME bytes
+# for at most HANDSHAKE_TIMEOUT), so unauthenticated dialers cost bounded memory.
+DIRECT_HANDSHAKES_MAX = 32
 LAZY_FLUSH_S = 0.002  # the longest a `send_lazy` message waits for a flush to ride with
 BACKOFF_MIN, BACKOFF_MAX = 0.05, 2.0
 
@@ -153,6 +157,10 @@ class GrpcTransport:
         server: grpc.aio.Server | None = None,
         channel_factory: Callable[[str, bool], grpc.aio.Channel] | None = None,
         direct: dict[int, str] | None = None,
+        direct_cred: str | None = None,
+        direct_allows: Callable[[str | None], bool] | None = None,
+        direct_ssl: tuple[Any, Any] | None = None,
+        on_direct_port: Callable[[int], None] | None = None,
     ) -> None:
         """`server`: a running gRPC server owned by someone else (the node's
         cluster port, node/cluster/) to register the Raft service on instead of
@@ -160,7 +168,17 @@ class GrpcTransport:
         dialing channels (the cluster's TLS and authorization) instead of `tls`.
         `direct`: node id -> address of its direct TCP lane (this node's entry
         is where it listens); peers listed there are reached over TCP, the
-        others over gRPC streams."""
+        others over gRPC streams. `direct_cred`: the cluster authorization this
+        node presents on the direct lanes it dials (the text the gRPC lanes send
+        as metadata); `direct_allows(cred)`: the check an accepted direct
+        connection's authorization must pass before anything else is read (the
+        cluster port's AuthInterceptor rule; None = no authorization configured,
+        as a gRPC server without the interceptor). `direct_ssl`: (server, client)
+        contexts of the direct lane when `tls` is not given (the cluster port's
+        TLS: a CA-signed client certificate required, the acceptor verified
+        against the host it is dialed at, as the cluster's gRPC channels do).
+        `on_direct_port(port)`: told the bound port of this node's direct lane
+        (its address may name port 0: an ephemeral one)."""
         self.node_id = node_id
         self.listen_addr = listen_addr
         self.port = 0
@@ -175,6 +193,12 @@ class GrpcTransport:
         self._priority_groups = priority_groups
         self._direct = dict(direct or {})
         self._direct_server: asyncio.Server | None = None
+        self._direct_cred = direct_cred
+        self._direct_allows = direct_allows
+        self._direct_ssl = direct_ssl
+        self._on_direct_port = on_direct_port
+        self._direct_handshakes = 0
+        self.direct_refused = 0  # direct connections refused (authorization, identity, hello)
         self._ssl: tuple[Any, Any] | None = None  # (server, client) contexts of the direct lane
         self._links: dict[int, _Link] = {}
         for p, a in peers.items():
@@ -188,6 +212,7 @@ class GrpcTransport:
         self._flush_handle: asyncio.Handle | None = None
         self._lazy_handle: asyncio.TimerHandle | None = None
         self._closing = False
+        self._queued = False  # the last flush queued a batch for a writer task
         self.dropped = 0  # messages reported UNREACHABLE
         self.dropped_in = 0  # received messages refused (forged sender, local or unknown type)
 
@@ -222,10 +247,14 @@ class GrpcTransport:
             return
         if self._tls:
             self._ssl = tcp_lane.contexts(*self._tls)
+        else:
+            self._ssl = self._direct_ssl
         host, port = tcp_lane.split_addr(mine)
-        self._direct_server = await asyncio.start_server(
-            self._accept_direct, host, port, ssl=self._ssl[0] if self._ssl else None,
-            limit=1 << 20)
+        self._direct_server = await tcp_lane.listen(
+            host, port, self._ssl[0] if self._ssl else None, MAX_GRPC_MESSAGE,
+            self._on_direct_stream)
+        if self._on_direct_port is not None:
+            self._on_direct_port(self._direct_server.sockets[0].getsockname()[1])
 
     def _start_link(self, link: _Link) -> None:
         for lane in link.lanes:
@@ -272,6 +301,13 @@ class GrpcTransport:
 
     def peers(self) -> list[int]:
         return list(self._links)
+
+    def all_direct(self) -> bool:
+        """Every peer is reached over a direct lane that is up (a send puts
+        its batch on the socket at once instead of waiting for a writer task)."""
+        return bool(self._links) and all(
+            link.direct is not None and isinstance(link.lanes[LANE_BULK].stream, tcp_lane.TcpStream)
+            for link in self._links.values())
 
     async def stop(self) -> None:
         self._closing = True
@@ -324,15 +360,20 @@ class GrpcTransport:
             link.lanes[self._lane_of(m)].pending.append(m)
         self._schedule_flush()
 
-    def send_now(self, msgs: list[Message]) -> None:
+    def send_now(self, msgs: list[Message]) -> bool:
         """`send`, then flush at once instead of at the end of this loop turn:
         for a caller that hands over everything of its turn in one call (the
         driver's drain pass) and would otherwise go on to await an fsync
-        first, keeping an append or a response off the wire meanwhile."""
+        first, keeping an append or a response off the wire meanwhile.
+        True if some of it waits for a writer task (a gRPC lane, or a backlog):
+        it leaves only once the caller lets the loop turn; False when all of
+        it is already in the sockets (idle direct lanes)."""
+        self._queued = False
         self.send(msgs)
         if self._flush_handle is not None:
             self._flush_handle.cancel()
             self._flush()
+        return self._queued
 
     def send_lazy(self, msgs: list[Message]) -> None:
         """Queue messages that may wait: they leave with the next flush to
@@ -399,6 +440,7 @@ class GrpcTransport:
             target.queue.append((batch, groups, size))
             target.queued_bytes += size
             target.ready.set()
+            self._queued = True
 
     def _write_now(self, link: _Link, lane: _Lane, batch: pb.Batch, size: int) -> bool:
         """A direct lane with nothing queued takes the batch on its socket now
@@ -554,9 +596,13 @@ class GrpcTransport:
         direct TCP connection if the peer has a direct address."""
         if link.direct is not None:
             ctx = self._ssl[1] if self._ssl else None
+            # With per-node certificates (`tls`) the acceptor must be node N;
+            # with the cluster's TLS, the host it is dialed at (gRPC's rule).
+            name = (self.tls_name(link.peer) if self._tls
+                    else tcp_lane.split_addr(link.direct)[0])
             async with asyncio.timeout(HANDSHAKE_TIMEOUT):
-                return await tcp_lane.dial(link.direct, ctx, self.tls_name(link.peer),
-                                           MAX_GRPC_MESSAGE)
+                return await tcp_lane.dial(link.direct, ctx, name,
+                                           MAX_GRPC_MESSAGE, self._direct_cred)
         if lane.channel is None:
             # The bulk lane has its own TCP connection: a full socket
             # buffer of appends must not hold heartbeats back.
@@ -578,7 +624,7 @@ class GrpcTransport:
                     raise ConnectionError(f"bad hello from {link.addr}")
                 self._attach(lane, link, call)
                 backoff = BACKOFF_MIN
-                await self._read_loop(link, call.read)
+                await self._read_loop(link, call)
             except (grpc.aio.AioRpcError, TimeoutError, OSError) as exc:
                 log.debug("transport: node %d -> %d: %r", self.node_id, link.peer, exc)
             except Exception:  # keep redialing whatever happened
@@ -590,9 +636,13 @@ class GrpcTransport:
             await asyncio.sleep(backoff * (0.5 + random.random()))
             backoff = min(backoff * 2, BACKOFF_MAX)
 
-    async def _read_loop(self, link: _Link, read: Callable[[], Awaitable[Any]]) -> None:
+    async def _read_loop(self, link: _Link, stream: Any) -> None:
+        if isinstance(stream, tcp_lane.TcpStream):
+            # Each batch is stepped inside the socket's read callback.
+            await stream.serve(lambda batch: self._on_batch(link, batch))
+            return
         while True:
-            batch = await read()
+            batch = await stream.read()
             if batch is grpc.aio.EOF:
                 return
             self._on_batch(link, batch)
@@ -619,47 +669,72 @@ class GrpcTransport:
         if me is not None:
             link.tasks.add(me)  # remove_peer ends this call
         try:
-            await self._read_loop(link, context.read)
+            await self._read_loop(link, context)
         finally:
             link.tasks.discard(me)
             self._detach(link, lane, context)
 
-    async def _accept_direct(self, reader: asyncio.StreamReader,
-                             writer: asyncio.StreamWriter) -> None:
-        """A peer dialed our direct lane: the same hello and identity checks
-        as `_accept`, then the same read loop."""
-        tcp_lane.tune(writer)
-        stream = tcp_lane.TcpStream(reader, writer, MAX_GRPC_MESSAGE)
+    def _on_direct_stream(self, stream: tcp_lane.TcpStream) -> None:
+        if self._closing or self._direct_handshakes >= DIRECT_HANDSHAKES_MAX:
+            self.direct_refused += 1
+            stream.cancel()
+            return
+        self._direct_handshakes += 1
+        self._spawn(self._accept_direct(stream))
+
+    async def _direct_hello(self, stream: tcp_lane.TcpStream) -> tuple[_Link, _Lane] | None:
+        """Authorization, then the hello and identity checks of `_accept`;
+        None (refused, logged) when any fails."""
+        try:
+            async with asyncio.timeout(HANDSHAKE_TIMEOUT):
+                cred = await stream.read_auth()
+                if cred is None:
+                    return self._refuse_direct("no authorization frame")
+                if self._direct_allows is not None and not self._direct_allows(cred or None):
+                    return self._refuse_direct("cluster authorization failed")
+                stream.authorized()
+                hello = await stream.read()
+        except TimeoutError:
+            return self._refuse_direct("handshake timed out")
+        if hello is grpc.aio.EOF:
+            return None
+        link = self._links.get(hello.from_node)
+        # A known peer whose own direct address we have not learned yet (gossip)
+        # may dial us: the acceptor needs only who it is, not where it listens.
+        if (not hello.hello or hello.to_node != self.node_id or link is None
+                or hello.lane not in (LANE_PRIORITY, LANE_BULK)):
+            return self._refuse_direct("unknown peer, node or lane")
+        if self._tls and self.tls_name(hello.from_node).encode() not in stream.peer_names():
+            return self._refuse_direct(f"certificate does not name "
+                                       f"{self.tls_name(hello.from_node)}")
+        return link, link.lanes[hello.lane]
+
+    def _refuse_direct(self, why: str) -> None:
+        self.direct_refused += 1
+        log.warning("transport: refused a direct stream: %s", why)
+        return None
+
+    async def _accept_direct(self, stream: tcp_lane.TcpStream) -> None:
+        """A peer dialed our direct lane: its authorization frame, then the
+        same hello and identity checks as `_accept`, then the same reading."""
         try:
             try:
-                async with asyncio.timeout(HANDSHAKE_TIMEOUT):
-                    hello = await stream.read()
-            except TimeoutError:
+                found = await self._direct_hello(stream)
+            finally:
+                self._direct_handshakes -= 1
+            if found is None:
                 return
-            if hello is grpc.aio.EOF:
-                return
-            link = self._links.get(hello.from_node)
-            if (not hello.hello or hello.to_node != self.node_id or link is None
-                    or link.direct is None or hello.lane not in (LANE_PRIORITY, LANE_BULK)):
-                log.warning("transport: refused a direct stream (unknown peer, node or lane)")
-                return
-            if self._tls and self.tls_name(hello.from_node).encode() not in stream.peer_names():
-                log.warning("transport: refused a direct stream claiming node %d: certificate "
-                            "does not name %s", hello.from_node, self.tls_name(hello.from_node))
-                return
-            lane = link.lanes[hello.lane]
+            link, lane = found
             stream.write_now(pb.Batch(from_node=self.node_id, to_node=link.peer, hello=True,
                                       lane=lane.kind))
             self._attach(lane, link, stream)  # a redial replaces an older stream
             me = asyncio.current_task()
-            if me is not None:  # remove_peer and stop end this connection
+            if me is not None:  # remove_peer ends this connection
                 link.tasks.add(me)
-                self._tasks.add(me)
             try:
-                await self._read_loop(link, stream.read)
+                await self._read_loop(link, stream)
             finally:
                 link.tasks.discard(me)
-                self._tasks.discard(me)
                 self._detach(link, lane, stream)
         except Exception:  # one bad connection must not disturb the others
             log.exception("transport: direct stream failed")

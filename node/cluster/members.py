@@ -17,7 +17,7 @@ from typing import Any
 
 GOSSIPED = ("peer_id", "name", "cluster_addr", "client_urls", "ws_urls", "tags", "jetstream",
             "version", "server_id", "healthy", "lame_duck", "store_max", "store_used",
-            "start_ms", "shutdown", "account_conns")
+            "start_ms", "shutdown", "account_conns", "raft_addr")
 
 
 @dataclass
@@ -39,6 +39,7 @@ class Member:
     start_ms: int = 0
     shutdown: bool = False
     account_conns: dict[str, int] = field(default_factory=dict)  # limited accounts only
+    raft_addr: str = ""  # host:port of its direct Raft lane ("" = Raft over gRPC only)
     up: bool = False  # local view only
     is_self: bool = False
 

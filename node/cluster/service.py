@@ -267,8 +267,32 @@ class Cluster:
         assert self.transport is None, "one Raft transport per cluster port"
         self.transport = GrpcTransport(
             self.self_id, "", {}, on_messages, on_liveness=on_liveness, server=self.grpc_server,
-            channel_factory=self.channels.raft_channel, **kw)
+            channel_factory=self.channels.raft_channel, **self._direct_lane(), **kw)
         return self.transport
+
+    def _direct_lane(self) -> dict[str, Any]:
+        """Raft's direct TCP lane (`cluster { raft_port }`, opt-in): a second
+        listener with the cluster port's authorization (the same Authorizer and
+        credentials) and TLS (the same files, a client certificate required)."""
+        o = self.opts
+        if o.raft_port < 0:
+            return {}
+        ssl_pair = None
+        if o.tls is not None:
+            from raft import tcp_lane
+
+            assert o.tls.cert_file and o.tls.key_file and o.tls.ca_file  # validate_options
+            ssl_pair = tcp_lane.contexts(o.tls.cert_file, o.tls.key_file, o.tls.ca_file)
+        return {"direct": {self.self_id: f"{o.host}:{o.raft_port}"}, "direct_ssl": ssl_pair,
+                "direct_cred": self.channels.default_cred, "direct_allows": self.auth.allows,
+                "on_direct_port": self._announce_raft_port}
+
+    def _announce_raft_port(self, port: int) -> None:
+        """Gossip where this node's direct Raft lane listens (host as advertised)."""
+        assert self.table is not None
+        host = self.table.me.cluster_addr.rpartition(":")[0]
+        self.log.info(f"Listening for Raft direct lanes on {self.opts.host}:{port}")
+        self.update_self(raft_addr=f"{host}:{port}")
 
     # ------------------------------------------------------------------ lifecycle
 

@@ -20,7 +20,7 @@ def member_to_pb(m: Member) -> pb.MemberInfo:
         ws_urls=m.ws_urls, tags=m.tags, jetstream=m.jetstream, version=m.version,
         server_id=m.server_id, healthy=m.healthy, lame_duck=m.lame_duck, store_max=m.store_max,
         store_used=m.store_used, start_ms=m.start_ms, shutdown=m.shutdown,
-        account_conns=m.account_conns)
+        account_conns=m.account_conns, raft_addr=m.raft_addr)
 
 
 def member_from_pb(p: pb.MemberInfo) -> Member:
@@ -29,7 +29,8 @@ def member_from_pb(p: pb.MemberInfo) -> Member:
         client_urls=list(p.client_urls), ws_urls=list(p.ws_urls), tags=list(p.tags),
         jetstream=p.jetstream, version=p.version, server_id=p.server_id, healthy=p.healthy,
         lame_duck=p.lame_duck, store_max=p.store_max, store_used=p.store_used,
-        start_ms=p.start_ms, shutdown=p.shutdown, account_conns=dict(p.account_conns))
+        start_ms=p.start_ms, shutdown=p.shutdown, account_conns=dict(p.account_conns),
+        raft_addr=p.raft_addr)
 
 
 def change_to_pb(c: Change) -> pb.RouteOp:

@@ -92,7 +92,7 @@ class ClusterJS:
         self.cluster_name: str = cluster.name or ""
         self.unique_tag = svc.server.options.jetstream.unique_tag or ""
         self.forwarders: dict[str, _Forwarder] = {}
-        self.peers_added: set[int] = set()
+        self.peers_added: dict[int, tuple[str, str]] = {}  # peer -> (cluster, raft addr)
         self.leader_since: dict[str, int] = {}
         self.meta_started = False
         self._unassigned: dict[str, float] = {}
@@ -198,10 +198,14 @@ class ClusterJS:
         if mr is None:
             return
         for m in self.cluster.members().values():
-            if m.peer_id == self.self_id or m.peer_id in self.peers_added or not m.cluster_addr:
+            addrs = (m.cluster_addr, m.raft_addr)
+            if (m.peer_id == self.self_id or self.peers_added.get(m.peer_id) == addrs
+                    or not m.cluster_addr):
                 continue
-            mr.add_peer(m.peer_id, m.cluster_addr)
-            self.peers_added.add(m.peer_id)
+            # A member announcing a direct Raft lane is reached over it (the
+            # transport keeps gRPC for one that announces none, an older node).
+            mr.add_peer(m.peer_id, m.cluster_addr, m.raft_addr or None)
+            self.peers_added[m.peer_id] = addrs
 
     def _expected_size(self) -> int:
         """Nodes a fresh cluster waits for before it forms the meta group: the distinct

@@ -156,3 +156,89 @@ async def test_raft_groups_commit_over_direct_lanes_and_survive_a_leader_restart
                    for n in c.nodes)
     finally:
         await c.close()
+
+
+def _cluster_auth(**kw):
+    """The cluster port's own rule (node/cluster/security.py) and credential text."""
+    from node.cluster.security import Authorizer, credentials_text
+    from node.options import ClusterOptions
+
+    return Authorizer(ClusterOptions(**kw)).allows, credentials_text(
+        kw.get("user"), kw.get("password"), kw.get("token"))
+
+
+@pytest.mark.parametrize("conf", [dict(token="s3cret"), dict(user="ruser", password="pw")])
+async def test_direct_lane_refuses_a_peer_without_the_cluster_secret(conf):
+    allows, cred = _cluster_auth(**conf)
+    peers, direct = _addrs((1, 2, 3)), _addrs((1, 2, 3))
+    inboxes = {i: Inbox() for i in (1, 2, 3)}
+    # Node 1 (the lowest id: it dials both others) knows the addresses, not the secret.
+    creds = {1: None, 2: cred, 3: cred}
+    ts = {i: GrpcTransport(i, peers[i], peers, inboxes[i], direct=direct, direct_cred=creds[i],
+                           direct_allows=allows) for i in (1, 2, 3)}
+    try:
+        for t in ts.values():
+            await t.start()
+        await until(lambda: ts[2].lanes_up(3) == 2, timeout=20)
+        await until(lambda: ts[2].direct_refused >= 2 and ts[3].direct_refused >= 2, timeout=20)
+        ts[2].send_now([_app(2, 3, 1)])
+        await until(lambda: len(inboxes[3].msgs) == 1)
+        assert ts[1].lanes_up(2) == 0 and ts[1].lanes_up(3) == 0
+        ts[1].send_now([_app(1, 2, 1), _app(1, 3, 1)])
+        # A hand-made dialer: wrong or missing secrets, a valid hello behind them.
+        for wrong in (None, "", "token nope", "user ruser:nope", "user other:pw", "s3cret"):
+            s = await tcp_lane.dial(direct[2], None, None, 1 << 20, wrong)
+            await s.write(tcp_lane.pb.Batch(from_node=3, to_node=2, hello=True))
+            await s.write(encode_batch(3, 2, [_app(3, 2, 2)]))
+            assert await s.read() is grpc.aio.EOF
+            s.cancel()
+        # The right secret through the same dialer is let in.
+        s = await tcp_lane.dial(direct[2], None, None, 1 << 20, cred)
+        await s.write(tcp_lane.pb.Batch(from_node=3, to_node=2, hello=True))
+        assert (await s.read()).hello
+        s.cancel()
+        await asyncio.sleep(0.2)
+        assert not inboxes[2].msgs and [m.frm for m in inboxes[3].msgs] == [2]
+    finally:
+        for t in ts.values():
+            await t.stop()
+
+
+async def test_direct_lane_bounds_what_an_unauthenticated_dialer_can_hold():
+    allows, cred = _cluster_auth(token="s3cret")
+    peers, direct = _addrs((1, 2)), _addrs((1, 2))
+    b = GrpcTransport(2, peers[2], peers, Inbox(), direct=direct, direct_allows=allows)
+    try:
+        await b.start()
+        host, port = tcp_lane.split_addr(direct[2])
+        from raft import transport_grpc
+
+        # A first frame past AUTH_MAX_FRAME: closed on its header (not after
+        # the handshake timeout, not after buffering what the frame claims).
+        r, w = await asyncio.open_connection(host, port)
+        w.write(tcp_lane.HEADER.pack(tcp_lane.AUTH_MAX_FRAME + 1) + b"x" * 100)
+        async with asyncio.timeout(transport_grpc.HANDSHAKE_TIMEOUT / 2):
+            assert await r.read() == b""
+        w.close()
+        # The secret right but the first frame not an authorization frame.
+        s = await tcp_lane.dial(direct[2], None, None, 1 << 20, cred)
+        await s.write(tcp_lane.pb.Batch(from_node=1, to_node=2, hello=True))
+        assert (await s.read()).hello
+        s.cancel()
+        r, w = await asyncio.open_connection(host, port)
+        w.write(tcp_lane.HEADER.pack(5) + b"hello")
+        async with asyncio.timeout(5):
+            assert await r.read() == b""
+        w.close()
+        # Connections that never finish their handshake: at most
+        # DIRECT_HANDSHAKES_MAX are held; the rest are closed on arrival.
+        held = [await asyncio.open_connection(host, port)
+                for _ in range(transport_grpc.DIRECT_HANDSHAKES_MAX + 5)]
+        async with asyncio.timeout(5):
+            closed = await asyncio.gather(*(r.read() for r, _ in held[-5:]))
+        assert closed == [b""] * 5
+        assert b._direct_handshakes == transport_grpc.DIRECT_HANDSHAKES_MAX
+        for _, w in held:
+            w.close()
+    finally:
+        await b.stop()
