@@ -166,9 +166,28 @@ def _note_spawned_processes(request: pytest.FixtureRequest) -> Iterator[None]:
             _SPAWNED_BY.setdefault(pid, (request.node.nodeid, cmd))
 
 
-def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+def _leaks() -> list[tuple[str, str]]:
     alive = _descendants(os.getpid())
-    leaks = [(test, cmd) for pid, (test, cmd) in _SPAWNED_BY.items() if pid in alive]
+    return [(test, cmd) for pid, (test, cmd) in _SPAWNED_BY.items() if pid in alive]
+
+
+_WORKER_LEAKS: list[tuple[str, str]] = []
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """An xdist worker hands its leaks to the controller, which prints the summary."""
+    if hasattr(session.config, "workeroutput"):
+        session.config.workeroutput["jetraft_leaks"] = _leaks()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: object, error: object) -> None:
+    _WORKER_LEAKS.extend(tuple(x) for x in getattr(node, "workeroutput", {}).get(
+        "jetraft_leaks", []))
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    leaks = _leaks() + _WORKER_LEAKS
     if leaks:
         terminalreporter.section("child processes still running")
         for test, cmd in sorted(leaks):
