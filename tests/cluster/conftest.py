@@ -7,14 +7,9 @@ from pathlib import Path
 
 import pytest
 
-import node.cluster.local
 from node.cluster.local import LocalCluster
 from tests.cluster.audithelp import spark_or_none, stop_active
 from tests.cluster.jshelp import JsCluster
-from tests.ports import free_port
-
-# One registry of ports handed out in this test run (nats-server oracles use tests.ports too).
-node.cluster.local.free_port = free_port
 
 ACCOUNTS = """
 accounts {

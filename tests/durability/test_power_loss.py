@@ -101,7 +101,9 @@ async def _get(js: Any, seq: int) -> str | None:
 async def _check_acked(url: str, acked: list[tuple[int, str]], where: str) -> dict[int, str]:
     """Every acked payload at the sequence its PubAck named; returns the stored messages."""
     nc = await nats.connect(url)
-    js = nc.jetstream()
+    # 64 requests in flight through a FUSE disk: on a loaded machine (4 test workers on 2
+    # cores) the last answers took over nats-py's default 5 s.
+    js = nc.jetstream(timeout=30)
     try:
         info = await js.stream_info("P")
         seqs = range(info.state.first_seq, info.state.last_seq + 1)

@@ -224,7 +224,7 @@ class RawConn:
         self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
         self.buf = b""
         self.eof = False
-        self.info = json.loads(self.read_line()[5:])
+        self.info = json.loads(self.read_line(timeout)[5:])
 
     def send(self, data: bytes) -> None:
         self.sock.sendall(data)
@@ -300,8 +300,8 @@ class RawConn:
 def raw() -> Iterator[Callable[[int], RawConn]]:
     conns: list[RawConn] = []
 
-    def connect(port: int) -> RawConn:
-        c = RawConn(port)
+    def connect(port: int, timeout: float = 10.0) -> RawConn:
+        c = RawConn(port, timeout)
         conns.append(c)
         return c
 

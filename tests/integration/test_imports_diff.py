@@ -53,6 +53,16 @@ async def _seen_by(url_pub: str, url_sub: str, subjects: list[str]) -> list[list
     await sub_nc.subscribe(">", cb=cb)
     await sub_nc.flush()
     marker = await sub_nc.subscribe("zz.marker")
+    # nats-server may make the subscriber's interest visible to the exporting account a little
+    # later (seen on a loaded machine: the first subject's delivery was missing). Before
+    # recording, wait until an imported subject ("one" -> "uno") gets through.
+    async with asyncio.timeout(15):
+        while "uno" not in got:
+            await pub_nc.publish("one", b"ready")
+            await pub_nc.flush()
+            await asyncio.sleep(0.05)
+    await sub_nc.publish("zz.marker", b"")  # the last "uno" is in before the first clear()
+    await marker.next_msg(timeout=5)
     out = []
     for subject in subjects:
         got.clear()

@@ -367,8 +367,11 @@ async def _check_exactly_once(url: str) -> int:
 async def _copied(url: str) -> tuple[int, int, int]:
     nc = await nats.connect(url)
     try:
-        return tuple([(await _info(nc, n))["state"]["last_seq"]  # type: ignore[return-value]
-                      for n in ("O", "M", "S")])
+        # The three requests at once: the node answers them back to back, so the copies are
+        # compared with the origin of (nearly) the same moment. One after the other on a
+        # loaded machine, the copies had caught up with an origin read a while earlier.
+        infos = await asyncio.gather(*(_info(nc, n) for n in ("O", "M", "S")))
+        return tuple(i["state"]["last_seq"] for i in infos)  # type: ignore[return-value]
     finally:
         await nc.close()
 
@@ -388,7 +391,13 @@ async def test_kill_9_while_sourcing_then_exactly_once(servers: Servers, tmp_pat
     await nc.close()
     behind = 0
     for cycle in range(KILL_CYCLES):
+        first = (await _copied(proc.url))[0]
         pub = asyncio.ensure_future(_keep_publishing(proc.url, f"c{cycle}"))
+        # The random wait starts once the publisher writes: on a loaded machine its connect
+        # alone outlasted the wait, and a kill before any new write caught no copy lagging.
+        async with asyncio.timeout(30):
+            while (await _copied(proc.url))[0] == first:
+                await asyncio.sleep(0.02)
         await asyncio.sleep(rng.uniform(0.05, 0.8))
         o, m, s = await _copied(proc.url)
         behind += m < o or s < o

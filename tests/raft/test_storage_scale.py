@@ -3,6 +3,7 @@ counted in executed Python lines (not time), with 100 and with 10,000 groups."""
 
 from __future__ import annotations
 
+import gc
 import sys
 from collections.abc import Callable
 
@@ -25,11 +26,16 @@ def traced(fn: Callable[[], object]) -> tuple[int, dict[str, int]]:
             calls[frame.f_code.co_name] = calls.get(frame.f_code.co_name, 0) + 1
         return tracer
 
+    # No garbage collection inside: a finalizer of some earlier test's object (an xdist
+    # worker runs many test files in one process) would add its lines to the count.
+    gc.collect()
+    gc.disable()
     sys.settrace(tracer)
     try:
         fn()
     finally:
         sys.settrace(None)
+        gc.enable()
     return lines, calls
 
 

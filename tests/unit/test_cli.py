@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from node.cli import UsageError, main, options_from_flags, parse_flags
+from tests.ports import free_port
 
 REPO = Path(__file__).resolve().parent.parent.parent
 LOG_LINE = re.compile(r"^\[\d+\] \d{4}/\d\d/\d\d \d\d:\d\d:\d\d\.\d{6} \[FTL\] ")
@@ -281,18 +282,12 @@ def test_signal_errors(tmp_path: Path) -> None:
 # ---- serve hands the options to node.server
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_serve_starts_a_server_with_the_flags(tmp_path: Path) -> None:
     try:
         import node.server  # noqa: F401
     except ImportError as e:  # another part of the tree is still being written
         pytest.skip(f"node.server not importable: {e}")
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "node.cli", "serve", "-a", "127.0.0.1", "-p", str(port),
          "-n", "cli-test", "-sd", str(tmp_path / "js")],
