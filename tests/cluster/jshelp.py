@@ -79,6 +79,24 @@ async def api(nc: nats.NATS, subject: str, body: Any = None, timeout: float = 10
     return json.loads(msg.data)
 
 
+async def first_create(nc: nats.NATS, subject: str, body: Any, within: float = 30.0,
+                       prefix: str = "$JS.API.") -> dict[str, Any]:
+    """A stream create's reply, asked again until the cluster has its meta leader (no
+    responders, a timeout or an error while it forms)."""
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            msg = await nc.request(prefix + subject, json.dumps(body).encode(), timeout=3)
+            reply: dict[str, Any] = json.loads(msg.data)
+            if "error" not in reply:
+                return reply
+        except Exception:  # noqa: BLE001 (no responders / timeout while forming)
+            pass
+        if time.monotonic() > deadline:
+            raise TimeoutError("no JetStream")
+        await asyncio.sleep(0.5)
+
+
 async def until(pred: Any, timeout: float = 15.0, every: float = 0.1) -> Any:
     """Await `pred()` (sync or async) until truthy; returns its value."""
     deadline = time.monotonic() + timeout

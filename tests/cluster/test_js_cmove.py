@@ -48,13 +48,8 @@ def js3(tmp_path: Path) -> Iterator[JsCluster]:
     segments for the audit): a member added to the consumer group later cannot replay its
     log from the start, it installs the leader's snapshot image."""
     with small_segments(snapshot_every=8):
-        c = ArchiveCluster(tmp_path / "c", 3)
-        try:
-            c.start()
-            c.wait_js()
+        with ArchiveCluster(tmp_path / "c", 3).running() as c:
             yield c
-        finally:
-            c.stop()
 
 
 async def _update_stream(nc: nats.NATS, replicas: int) -> None:

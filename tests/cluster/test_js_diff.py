@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.cluster.jshelp import JsCluster, api, nats_server_cluster3
+from tests.cluster.jshelp import JsCluster, api, first_create, nats_server_cluster3
 
 
 @pytest.fixture
@@ -28,18 +27,8 @@ async def _script(url: str) -> dict[str, Any]:
     import nats
 
     nc = await nats.connect(url)
-    deadline = time.monotonic() + 30
-    while True:  # until the cluster has its meta leader
-        try:
-            r = await api(nc, "STREAM.CREATE.D", {"name": "D", "subjects": ["d"],
-                                                  "num_replicas": 3}, timeout=3)
-            if "error" not in r:
-                break
-        except Exception:  # noqa: BLE001 (no responders / timeout while forming)
-            pass
-        if time.monotonic() > deadline:
-            raise TimeoutError("no JetStream")
-        await asyncio.sleep(0.5)
+    r = await first_create(nc, "STREAM.CREATE.D", {"name": "D", "subjects": ["d"],
+                                                   "num_replicas": 3})
     await nc.request("d", b"x", timeout=5)
     out = {"create": r}
     out["consumer"] = await api(nc, "CONSUMER.CREATE.D.c", {

@@ -18,7 +18,7 @@ import nats.errors
 import nats.js.errors
 import pytest
 
-from tests.cluster.jshelp import JsCluster, nats_server_cluster3
+from tests.cluster.jshelp import JsCluster, first_create, nats_server_cluster3
 
 
 @pytest.fixture
@@ -66,18 +66,8 @@ async def _script(urls: list[str]) -> list[Any]:
     ncs = [await nats.connect(u) for u in urls]
     out: list[Any] = [[nc._server_info.get("domain") for nc in ncs]]  # noqa: SLF001
     try:
-        deadline = time.monotonic() + 40
-        while True:  # until the cluster has its meta leader
-            try:
-                r = await _req(ncs[0], "$JS.hub.API.STREAM.CREATE.S", {
-                    "name": "S", "subjects": ["s.>"], "num_replicas": 3}, timeout=3)
-                if "error" not in r:
-                    break
-            except Exception:  # noqa: BLE001 (no responders / timeout while forming)
-                pass
-            if time.monotonic() > deadline:
-                raise TimeoutError("no JetStream")
-            await asyncio.sleep(0.5)
+        r = await first_create(ncs[0], "STREAM.CREATE.S", {
+            "name": "S", "subjects": ["s.>"], "num_replicas": 3}, 40, "$JS.hub.API.")
         out.append(_shape(r))
         for i, nc in enumerate(ncs):  # through every node, leader or not
             js = nc.jetstream(domain="hub")

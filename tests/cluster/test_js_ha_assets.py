@@ -14,8 +14,6 @@ and the third consumer are created.
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,7 +21,7 @@ from typing import Any
 import nats
 import pytest
 
-from tests.cluster.jshelp import JsCluster, api, nats_server_cluster3
+from tests.cluster.jshelp import JsCluster, api, first_create, nats_server_cluster3
 
 LIMITS = ", limits: {max_ha_assets: 2}"
 
@@ -37,18 +35,7 @@ def nats3(tmp_path: Path) -> Iterator[list[str]]:
 async def _script(url: str) -> list[Any]:
     nc = await nats.connect(url)
     try:
-        deadline = time.monotonic() + 30
-        while True:  # until the cluster has its meta leader
-            try:
-                r = await api(nc, "STREAM.CREATE.Q", {"name": "Q", "subjects": ["q"]},
-                              timeout=3)
-                if "error" not in r:
-                    break
-            except Exception:  # noqa: BLE001 (no responders / timeout while forming)
-                pass
-            if time.monotonic() > deadline:
-                raise TimeoutError("no JetStream")
-            await asyncio.sleep(0.5)
+        await first_create(nc, "STREAM.CREATE.Q", {"name": "Q", "subjects": ["q"]})
         steps: list[tuple[str, Any]] = [
             ("STREAM.CREATE.S0", {"name": "S0", "subjects": ["s0"], "num_replicas": 3}),
             ("CONSUMER.CREATE.S0.c", {"stream_name": "S0", "config": {
