@@ -281,20 +281,29 @@ class WsCodec:
 
     # ---------------------------------------------------------------- inbound
 
-    def feed(self, data: bytes) -> list[WsEvent]:
-        """Consume bytes from the client; raise WsError on a violation."""
+    def feed(self, data: bytes, limit: int = 0) -> list[WsEvent]:
+        """Consume bytes from the client; raise WsError on a violation. With `limit`,
+        stop after the frame that brings the events' payload to `limit` bytes: the rest
+        stays buffered for `feed(b"", limit)`, so a caller that acts on each batch (and
+        closes on the first bad one) never inflates a whole read of compressed frames."""
         if self.closed:
             return []
         self._buf += data
         events: list[WsEvent] = []
+        size = 0
         while not self.closed:
             if self._frame is None:
                 self._frame = self._parse_header()
                 if self._frame is None:
                     break
+            before = len(events)
             if not self._consume(self._frame, events):
                 break
             self._frame = None
+            if limit:
+                size += sum(len(e.data) for e in events[before:] if isinstance(e, Data))
+                if size >= limit:
+                    break
         return events
 
     def _parse_header(self) -> _Frame | None:
@@ -537,13 +546,25 @@ class WsProtocol(asyncio.Protocol):
             self._on_frames(rest)
 
     def _on_frames(self, data: bytes) -> None:
+        """Frames in batches of at most one message's worth of payload, each handed on
+        before the next is decoded: a connection the NATS parser closes (bad bytes before
+        CONNECT, ...) stops costing inflation at once, whatever else its read carried."""
         assert self._codec is not None and self._adapter is not None
-        try:
-            events = self._codec.feed(data)
-        except WsError as err:
-            log.debug("websocket protocol error: %s", err.reason)
-            self._adapter.close(err.code)
-            return
+        codec = self._codec
+        while not self._adapter.is_closing():
+            try:
+                events = codec.feed(data, codec.max_inflated)
+            except WsError as err:
+                log.debug("websocket protocol error: %s", err.reason)
+                self._adapter.close(err.code)
+                return
+            if not events:
+                return
+            self._hand_on(events)
+            data = b""
+
+    def _hand_on(self, events: list[WsEvent]) -> None:
+        assert self._adapter is not None
         for ev in events:
             if self._adapter.is_closing():
                 return

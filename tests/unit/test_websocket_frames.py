@@ -308,3 +308,18 @@ def test_a_bomb_is_stopped_without_inflating_it():
     codec = WsCodec(compress=True, max_inflated=1 << 20)
     with pytest.raises(WsError):
         codec.feed(masked(ws.OP_BINARY, bomb, rsv1=True))
+
+
+def test_a_read_of_many_compressed_messages_is_decoded_one_batch_at_a_time():
+    """A read full of compressed messages (a bomb spread over many frames, each under the
+    per-message bound) is inflated a batch at a time: the caller hands each batch to the
+    NATS parser, which closes a client sending garbage before CONNECT, so the rest of the
+    read is never inflated (without `limit` one feed inflated all 16 MB)."""
+    codec = WsCodec(compress=True, max_inflated=1 << 20)
+    one = masked(ws.OP_BINARY, _deflated(b"q" * (1 << 20)), rsv1=True)  # ~1 KB each
+    first = data_of(codec.feed(one * 16, codec.max_inflated))
+    assert len(first) == 1 << 20
+    rest = b""
+    while batch := codec.feed(b"", codec.max_inflated):
+        rest += data_of(batch)
+    assert len(rest) == 15 << 20  # nothing lost for a client that is not closed
