@@ -1124,6 +1124,7 @@ def validate_options(opts: Options) -> None:
         port = getattr(opts, name)
         if not -1 <= port <= 65535:
             raise ConfigError(f"{name} {port} is out of range")
+    _check_system_account(opts)
     if opts.accounts is not None and opts.accounts.accounts:
         from node.accountconf import validate_accounts_at_start  # imports this module
 
@@ -1161,3 +1162,16 @@ def _check_tls_files(tls: TLSOptions | None) -> None:
         path = getattr(tls, name)
         if path and not os.path.isfile(path):
             raise ConfigError(f"tls {name} {path!r}: no such file")
+
+
+def _check_system_account(opts: Options) -> None:
+    """A `system_account` named in the config must exist (nats-server will not start
+    otherwise: fail closed). Operator mode names it by key, resolved elsewhere."""
+    from node.accountconf import DEFAULT_SYSTEM_ACCOUNT  # imports this module
+
+    conf = opts.accounts
+    if conf is None or opts.operator is not None or conf.no_system_account:
+        return
+    name = conf.system_account
+    if name != DEFAULT_SYSTEM_ACCOUNT and name not in conf.accounts:
+        raise ConfigError("error resolving system account: account missing")

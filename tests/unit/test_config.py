@@ -279,6 +279,16 @@ def test_validate_options() -> None:
     validate_options(options("websocket { port: 8080, no_tls: true }\n"))
 
 
+def test_a_system_account_that_does_not_exist_stops_the_node() -> None:
+    """As nats-server: "error resolving system account: account missing" (fail closed)."""
+    for text in ("system_account: NOPE\n",
+                 "accounts { A { users: [{user: a, password: p}] } }\nsystem_account: NOPE\n"):
+        with pytest.raises(ConfigError, match="account missing"):
+            validate_options(options(text))
+    validate_options(options("accounts { S {} }\nsystem_account: S\n"))
+    validate_options(options("accounts { A {} }\n"))  # the default $SYS is made
+
+
 def test_validate_options_checks_tls_files_exist(tmp_path: Path) -> None:
     cert, key = tmp_path / "c.pem", tmp_path / "k.pem"
     cert.write_text("x")
