@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Collection, Sequence
 from typing import Any
 
@@ -22,3 +23,19 @@ def assert_same_steps(ours: Sequence[Any], theirs: Sequence[Any],
              for i, (a, b) in enumerate(zip(ours, theirs, strict=True))
              if masked(a, allowed) != masked(b, allowed)]
     assert not diffs, "\n".join(diffs)
+
+
+async def kv_history(kv: Any, key: str) -> list[Any]:
+    """`kv.history`, asked again when it found nothing: under load nats-py's history()
+    raised NoKeysError against nats-server for a key just written (CI, session 7); a key
+    really missing fails all three tries."""
+    from nats.js.errors import NoKeysError
+
+    for attempt in range(3):
+        try:
+            return list(await kv.history(key))
+        except NoKeysError:
+            if attempt == 2:
+                raise
+            await asyncio.sleep(0.2)
+    raise AssertionError("unreachable")

@@ -14,17 +14,15 @@ the account) fails test_two_accounts_same_stream_name and test_restart_keeps_acc
 
 from __future__ import annotations
 
-import asyncio
 import json
 import urllib.request
 from pathlib import Path
 from typing import Any
 
 import nats
-from nats.js.errors import NoKeysError
 
 from tests.integration.conftest import ServerProc, Servers
-from tests.integration.jsdiff import assert_same_steps
+from tests.integration.jsdiff import assert_same_steps, kv_history
 
 ALLOWED = {"created", "ts", "first_ts", "last_ts", "time", "last_active", "leader",
            "server_id", "now", "config"}
@@ -271,20 +269,6 @@ async def test_account_stream_limit_checks(servers: Servers, tmp_path: Path) -> 
     assert [s["error"]["err_code"] for s in ours[:4]] == [10026, 10113, 10122, 10122]
 
 
-async def _history(kv: Any, key: str) -> list[Any]:
-    """`kv.history`, asked again when it found nothing: under load nats-py's history()
-    raised NoKeysError against nats-server for a key just read (CI, session 7); a key
-    really missing fails all three tries."""
-    for attempt in range(3):
-        try:
-            return list(await kv.history(key))
-        except NoKeysError:
-            if attempt == 2:
-                raise
-            await asyncio.sleep(0.2)
-    raise AssertionError("unreachable")
-
-
 async def _kv_script(srv: ServerProc) -> list[Any]:
     """Key/Value and Object Store in two accounts under the same bucket names: direct gets,
     a watch (a push consumer with flow control and heartbeats in the account), history."""
@@ -300,7 +284,7 @@ async def _kv_script(srv: ServerProc) -> list[Any]:
         for user, nc in conns.items():
             kv = await nc.jetstream().key_value("cfg")
             steps.append((user, (await kv.get("k")).value.decode()))
-            steps.append((user, [e.value.decode() for e in await _history(kv, "k")]))
+            steps.append((user, [e.value.decode() for e in await kv_history(kv, "k")]))
             watcher = await kv.watchall()
             seen = []
             async for entry in watcher:

@@ -26,6 +26,7 @@ import nats
 import pytest
 
 from tests.integration.conftest import ServerProc, Servers
+from tests.integration.jsdiff import kv_history
 
 ALLOWED_TO_DIFFER = {"created", "ts", "first_ts", "last_ts", "time", "leader",
                      "opt_start_time"}
@@ -270,7 +271,7 @@ async def _kv_script(url: str) -> list[Any]:
         out.append([(e.key, e.value, e.revision) for e in [await ks.get("a"),
                                                             await ks.get("b")]])
         out.append(sorted(await ks.keys()))
-        out.append([(e.key, e.value) for e in await ks.history("a")])
+        out.append([(e.key, e.value) for e in await kv_history(ks, "a")])
         out.append(await ks.put("own", b"4"))
         await kv.put("b", b"5")
         await _settle(nc, "KV_KS", 4, 4)
