@@ -27,6 +27,16 @@ def _norm(subject: str, data: bytes) -> tuple[str, dict[str, Any]]:
     return subject, body
 
 
+MAX_DELIVERIES = "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.ADV.c"
+
+
+async def _until_advised(got: list[Any], subject: str, count: int) -> None:
+    """Until `count` advisories on `subject` arrived (at most 20 s)."""
+    async with asyncio.timeout(20):
+        while sum(s == subject for s, _ in got) < count:
+            await asyncio.sleep(0.02)
+
+
 async def _oracle(port: int) -> list[Any]:
     nc = await nats.connect(f"nats://127.0.0.1:{port}")
     got: list[Any] = []
@@ -51,15 +61,19 @@ async def _oracle(port: int) -> list[Any]:
         msgs = [await sub.next_msg(timeout=5) for _ in range(3)]
         await nc.request(msgs[0].reply, b"+TERM because", timeout=5)
         await nc.request(msgs[1].reply, b"-NAK", timeout=5)
-        await asyncio.sleep(0.6)  # ack_wait 200 ms: message 3 runs out of deliveries
+        # ack_wait 200 ms: message 3 runs out of deliveries (a loaded nats-server's timer
+        # and advisory can come well after 200 ms: wait for the advisory, not a fixed time)
+        await _until_advised(got, MAX_DELIVERIES, 1)
         await nc.publish("$JS.API.CONSUMER.MSG.NEXT.ADV.c", b'{"batch":3,"no_wait":true}',
                          reply=inbox)
-        await asyncio.sleep(0.5)
+        await _until_advised(got, MAX_DELIVERIES, 2)  # the nak'd message 2's, on this pull
         await nc.request("$JS.API.STREAM.UPDATE.ADV", json.dumps(
             {"name": "ADV", "subjects": ["adv.>"], "max_msgs": 10}).encode(), timeout=5)
         await nc.request("$JS.API.CONSUMER.DELETE.ADV.c", b"", timeout=5)
         await nc.request("$JS.API.STREAM.DELETE.ADV", b"", timeout=5)
-        await asyncio.sleep(0.3)
+        # a loaded nats-server sends the deletion's advisory after its reply
+        await _until_advised(got, "$JS.EVENT.ADVISORY.STREAM.DELETED.ADV", 1)
+        await asyncio.sleep(0.3)  # and nothing more may come
         return got
     finally:
         await nc.close()
