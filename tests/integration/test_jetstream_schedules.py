@@ -9,6 +9,7 @@ import asyncio
 import base64
 import datetime as dt
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -211,7 +212,15 @@ def test_a_schedule_survives_kill_9_and_fires_after_restart(servers: Any, tmp_pa
     node.stop(signal.SIGKILL)
     asyncio.run(asyncio.sleep(3))  # the one-shot falls due while no node runs
     node = servers.jetraft(args=["-js", "-sd", str(store)], port=node.port)
-    asyncio.run(asyncio.sleep(2.5))
+    # until both fired (a loaded machine restarts and recovers slowly; at most 30 s), then
+    # a second more: the one-shot must not fire again
+    deadline = time.monotonic() + 30
+    while True:
+        subjects = [s for _q, s, _h, _d in asyncio.run(read())]
+        if {"tgt.once", "tgt.cron"} <= set(subjects) or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    time.sleep(1.0)
     subjects = [s for _q, s, _h, _d in asyncio.run(read())]
     assert subjects.count("tgt.once") == 1 and "sch.once" not in subjects
     assert "sch.cron" in subjects and subjects.count("tgt.cron") >= 1
