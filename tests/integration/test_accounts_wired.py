@@ -184,10 +184,13 @@ def test_service_imports_route_requests_and_replies_across_accounts(both) -> Non
 
 async def _response_types(server: Any) -> dict[str, int]:
     srv = await _connect(server, "a")
+    served: list[str] = []
 
     async def triple(msg: Any) -> None:
         for i in range(3):
             await srv.publish(msg.reply, str(i).encode())
+        await srv.flush()  # the server has taken all three
+        served.append(msg.subject)
 
     await srv.subscribe("many", cb=triple)
     await srv.subscribe("one", cb=triple)
@@ -199,8 +202,12 @@ async def _response_types(server: Any) -> dict[str, int]:
         inbox = req.new_inbox()
         sub = await req.subscribe(inbox)
         await req.publish(subject, b"", reply=inbox)
-        await _settle(req, srv)
-        await asyncio.sleep(0.2)
+        # until the service sent its replies (a fixed wait fell short on a loaded machine),
+        # then a round trip on req: whatever the server let through is in req's buffer
+        async with asyncio.timeout(10):
+            while subject not in served:
+                await asyncio.sleep(0.02)
+        await req.flush()
         out[subject] = sub.pending_msgs
         await sub.unsubscribe()
     await req.close()
