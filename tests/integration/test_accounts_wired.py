@@ -150,6 +150,22 @@ def test_stream_imports_prefix_and_private_exports(both) -> None:
 
 # ---------------------------------------------------------------------- service imports
 
+async def _oracle_tolerant_request(server: Any, nc: Any, subject: str) -> str:
+    """A request's reply. On a loaded machine nats-server 2.15 answered the first request
+    to a responder subscribed (and flushed) a moment before with no responders, 4 times
+    in 60 at load 22, the next request to it was served: nats-server gets three tries.
+    Jetraft gets one (never seen there: 0 in 40 at the same load)."""
+    tries = 3 if server.name == "nats-server" else 1
+    for attempt in range(tries):
+        try:
+            return (await nc.request(subject, b"", timeout=5)).data.decode()
+        except nats.errors.NoRespondersError:
+            if attempt + 1 == tries:
+                raise
+            await asyncio.sleep(0.2)
+    raise AssertionError("unreachable")
+
+
 async def _services(server: Any) -> dict[str, Any]:
     srv = await _connect(server, "a")
     served: list[str] = []
@@ -165,7 +181,7 @@ async def _services(server: Any) -> dict[str, Any]:
                           (None, "ask.z")):
         nc = await _connect(server, user)
         try:
-            out[f"{user}:{subject}"] = (await nc.request(subject, b"", timeout=2)).data.decode()
+            out[f"{user}:{subject}"] = await _oracle_tolerant_request(server, nc, subject)
         except (nats.errors.NoRespondersError, nats.errors.TimeoutError) as err:
             out[f"{user}:{subject}"] = type(err).__name__
         await nc.close()
@@ -280,7 +296,7 @@ async def _permissions(server: Any) -> dict[str, Any]:
 
     await resp.subscribe("req.>", cb=answer)
     await resp.flush()
-    reply = (await asker.request("req.x", b"", timeout=2)).data.decode()
+    reply = await _oracle_tolerant_request(server, asker, "req.x")
     await _settle(resp)
     await resp.close()
     await asker.close()
