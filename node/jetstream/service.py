@@ -2402,7 +2402,8 @@ class JetStreamService:
                 return
             st = consumer.state
             due = consumer.next_deadline()
-            statuses = pull.queue.tick(now, st.delivered_cseq, st.delivered_sseq)
+            statuses = pull.queue.tick(now, st.delivered_cseq, st.delivered_sseq,
+                                       beat=pull.round is None)
         for status in statuses:
             self._send(status, stream)
         if pull.flow is not None:
