@@ -79,10 +79,21 @@ async def _script(port: int) -> dict[str, Any]:
         created = await _api(nc, "STREAM.CREATE.S", CREATE)
         out["create"] = {k: created["config"][k] for k in ("allow_msg_schedules",
                                                            "allow_rollup_hdrs")}
-        soon = (dt.datetime.now(dt.UTC) + dt.timedelta(seconds=2)).strftime("%Y-%m-%dT%H:%M:%SZ")
+        # The steps must all be stored before `soon` fires, or its targets land between them
+        # and move the later steps' sequences (2 s was too little at load 30: 27 requests).
+        soon_at = (dt.datetime.now(dt.UTC) + dt.timedelta(seconds=8)).replace(microsecond=0)
+        soon = soon_at.strftime("%Y-%m-%dT%H:%M:%SZ")
         out["acks"] = [await _pub(nc, *step) for step in _steps(soon)]
-        await asyncio.sleep(4)
+        assert dt.datetime.now(dt.UTC) < soon_at, "the steps outlasted the schedule time"
+        await asyncio.sleep((soon_at - dt.datetime.now(dt.UTC)).total_seconds() + 2)
+        # then until two reads 1 s apart agree (a loaded server fires late), at most 10 s
         out["stored"] = await _stored(nc)
+        for _ in range(10):
+            await asyncio.sleep(1)
+            again = await _stored(nc)
+            if again == out["stored"]:
+                break
+            out["stored"] = again
         return out
     finally:
         await nc.close()
