@@ -174,7 +174,11 @@ class PullQueue:
         self.waiting = deque(r for r in self.waiting if not r.no_wait)
         return [status(r.reply, 404, "No Messages") for r in done]
 
-    def tick(self, now_ns: int, last_cseq: int, last_sseq: int) -> list[Status]:
+    def tick(self, now_ns: int, last_cseq: int, last_sseq: int, beat: bool = True
+             ) -> list[Status]:
+        """Request timeouts and idle heartbeats due. `beat` False: a delivery round is in
+        flight (not idle, and the sequences may count messages not sent yet): the
+        heartbeats due are skipped and their wait restarts."""
         out: list[Status] = []
         keep: deque[PullRequest] = deque()
         for req in self.waiting:
@@ -184,8 +188,10 @@ class PullQueue:
                     ("Nats-Pending-Bytes", str(req.bytes_left if req.max_bytes else 0))]))
                 continue
             if req.heartbeat_ns and now_ns >= req.next_heartbeat_ns:
-                out.append(status(req.reply, 100, "Idle Heartbeat", [
-                    ("Nats-Last-Consumer", str(last_cseq)), ("Nats-Last-Stream", str(last_sseq))]))
+                if beat:
+                    out.append(status(req.reply, 100, "Idle Heartbeat", [
+                        ("Nats-Last-Consumer", str(last_cseq)),
+                        ("Nats-Last-Stream", str(last_sseq))]))
                 req.next_heartbeat_ns = now_ns + req.heartbeat_ns
             keep.append(req)
         self.waiting = keep

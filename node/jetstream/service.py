@@ -2402,13 +2402,20 @@ class JetStreamService:
                 return
             st = consumer.state
             due = consumer.next_deadline()
-            statuses = pull.queue.tick(now, st.delivered_cseq, st.delivered_sseq)
+            statuses = pull.queue.tick(now, st.delivered_cseq, st.delivered_sseq,
+                                       beat=pull.round is None)
         for status in statuses:
             self._send(status, stream)
         if pull.flow is not None:
-            beat = pull.flow.heartbeat(now, st.delivered_cseq, st.delivered_sseq, True)
-            if beat is not None:
-                self._client(stream).publish(pull.push, None, b"", beat)
+            if pull.round is not None:
+                # A delivery round is in flight: not idle. Its messages may already count as
+                # delivered in the applied state before they are sent, so a heartbeat now
+                # would name them ahead of them (an ordered consumer then resets itself).
+                pull.flow.heartbeat(now, 0, 0, listening=False)  # skipped, the wait restarts
+            else:
+                beat = pull.flow.heartbeat(now, st.delivered_cseq, st.delivered_sseq, True)
+                if beat is not None:
+                    self._client(stream).publish(pull.push, None, b"", beat)
         if pull.push or pull.paused or (due is not None and due <= now):
             self._pump(stream, name)
 

@@ -18,13 +18,30 @@ async def _connect(node, user: str = "a") -> nats.NATS:
                               connect_timeout=5)
 
 
-async def _until_delivered(pub: nats.NATS, subject: str, got: list, timeout: float = 10.0) -> None:
-    """Publish probes until one arrives: interest has crossed the cluster."""
+FENCE = b"fence"
+
+
+def _fences(got: list) -> int:
+    """The fences among what a callback recorded (messages or payloads)."""
+    return sum(getattr(x, "data", x) == FENCE for x in got)
+
+
+async def _until_delivered(pub: nats.NATS, subject: str, got: list, timeout: float = 10.0,
+                           copies: int = 1) -> None:
+    """Publish probes until one arrives: interest has crossed the cluster. Then a fence
+    after them, until it reached the `copies` subscriptions recording into `got`: on a
+    loaded machine a probe is still on its way when the next is sent, and one arriving
+    after the caller cleared `got` would count as a delivery of the test's own messages.
+    (A publisher's messages reach a subscription in order.)"""
     async with asyncio.timeout(timeout):
         while not got:
             await pub.publish(subject, b"probe")
             await pub.flush()
             await asyncio.sleep(0.05)
+        await pub.publish(subject, FENCE)
+        await pub.flush()
+        while _fences(got) < copies:
+            await asyncio.sleep(0.02)
 
 
 async def _drain(got: list, n: int, timeout: float = 10.0) -> None:
@@ -74,12 +91,11 @@ async def test_one_forward_per_peer_for_overlapping_subscriptions(core3: LocalCl
     got: list = []
 
     async def cb(m):
-        got.append(m.subject)
+        got.append(m)
 
     await sub.subscribe(subject + ".*", cb=cb)
     await sub.subscribe(subject + ".>", cb=cb)
-    await _until_delivered(pub, subject + ".probe", got)
-    await asyncio.sleep(0.2)
+    await _until_delivered(pub, subject + ".probe", got, copies=2)  # both subscriptions
     before = {r["remote_name"]: r["out_msgs"] for r in n1.get("/routez")["routes"]}
     got.clear()
     for _ in range(20):
@@ -99,21 +115,25 @@ async def test_queue_group_one_delivery_cluster_wide(core3: LocalCluster) -> Non
     pub, c2, c3 = await _connect(n1), await _connect(n2), await _connect(n3)
     subject = f"q.{uuid.uuid4().hex}"
     seen: dict[str, list[bytes]] = {"n2a": [], "n2b": [], "n3": [], "plain": []}
+    # Probes are kept apart: on a loaded machine some arrive after the test's messages went.
+    probed: dict[str, list[bytes]] = {k: [] for k in seen}
 
     def collector(key: str):
         async def cb(m):
-            seen[key].append(m.data)
+            (probed if m.data == b"probe" else seen)[key].append(m.data)
         return cb
 
     await c2.subscribe(subject, queue="workers", cb=collector("n2a"))
     await c2.subscribe(subject, queue="workers", cb=collector("n2b"))
     await c3.subscribe(subject, queue="workers", cb=collector("n3"))
     await c3.subscribe(subject, cb=collector("plain"))  # a plain sub gets every message
-    await _until_delivered(pub, subject, seen["plain"])
-    # Both nodes' queue interest must be in place before counting.
-    await asyncio.sleep(0.5)
-    for k in seen:
-        seen[k].clear()
+    # Both nodes' queue interest must be in place before counting: probes until the plain
+    # subscriber and a member on each node got one.
+    async with asyncio.timeout(30):
+        while not (probed["plain"] and probed["n3"] and probed["n2a"] + probed["n2b"]):
+            await pub.publish(subject, b"probe")
+            await pub.flush()
+            await asyncio.sleep(0.02)
     n = 300
     for i in range(n):
         await pub.publish(subject, str(i).encode())
@@ -138,6 +158,10 @@ async def test_queue_group_one_delivery_cluster_wide(core3: LocalCluster) -> Non
     for _ in range(60):
         await c3.publish(subject, b"local")
     await _drain(seen["plain"], 60)
+    # (n2's members get theirs over a route: later than n3's plain subscriber)
+    async with asyncio.timeout(10):
+        while len(seen["n2a"]) + len(seen["n2b"]) + len(seen["n3"]) < 60:
+            await asyncio.sleep(0.02)
     await asyncio.sleep(0.3)
     assert len(seen["n2a"]) + len(seen["n2b"]) + len(seen["n3"]) == 60
     assert seen["n3"] and seen["n2a"] + seen["n2b"]
@@ -329,13 +353,12 @@ async def _core_script(urls: list[str]) -> dict:
         return cb
 
     async def both_cb(m):
-        both.append(m.subject)
+        both.append(m)
 
     await c2.subscribe(subject, queue="g", cb=into(q["n2"]))
     await c3.subscribe(subject, queue="g", cb=into(q["n3"]))
     await c2.subscribe(subject + ".*", cb=both_cb)
     await c2.subscribe(subject + ".>", cb=both_cb)
-    await c3.subscribe(subject + ".marker", cb=into(marker))
     mapped: list[str] = []
 
     async def mapped_cb(m):
@@ -343,6 +366,8 @@ async def _core_script(urls: list[str]) -> dict:
 
     await c3.subscribe("m.new", cb=mapped_cb)
     await c3.subscribe("m.old", cb=mapped_cb)
+    # after the others: a marker delivered to c3 shows its earlier interest arrived too
+    await c3.subscribe(subject + ".marker", cb=into(marker))
     for c in (c2, c3):
         await c.flush()
     async with asyncio.timeout(10):
@@ -350,7 +375,12 @@ async def _core_script(urls: list[str]) -> dict:
             await c1.publish(subject + ".marker", b"m")
             await c1.flush()
             await asyncio.sleep(0.05)
-    await asyncio.sleep(0.5)
+        # a fence behind the markers, until it reached all three subscriptions: no marker
+        # still on its way lands in the lists cleared below
+        await c1.publish(subject + ".marker", FENCE)
+        await c1.flush()
+        while _fences(marker) < 1 or _fences(both) < 2:
+            await asyncio.sleep(0.02)
     for lst in (*q.values(), both, marker):
         lst.clear()
     for i in range(100):
@@ -373,7 +403,7 @@ async def _core_script(urls: list[str]) -> dict:
         # nats-server 2.15 does not prefer the publisher's node: both nodes get some.
         "local_publish_spread": any(x.startswith(b"local") for x in q["n2"])
         and any(x.startswith(b"local") for x in q["n3"]),
-        "overlapping_subs_on_one_node": sorted(both),
+        "overlapping_subs_on_one_node": sorted(m.subject for m in both),
         "no_responders": None,
         "mapped": mapped,
     }
@@ -428,7 +458,7 @@ async def test_service_and_stream_imports_across_nodes(core3: LocalCluster) -> N
     got: list = []
 
     async def on_ev(m):
-        got.append(m.subject)
+        got.append(m)
 
     await sub_b.subscribe("ev.>", cb=on_ev)
     await _until_delivered(pub_e, "ev.probe", got)
@@ -436,7 +466,7 @@ async def test_service_and_stream_imports_across_nodes(core3: LocalCluster) -> N
     await pub_e.publish("ev.one", b"")
     await _drain(got, 1)
     await asyncio.sleep(0.3)
-    assert got == ["ev.one"]
+    assert [m.subject for m in got] == ["ev.one"]
     for c in (req, svc, pub_e, sub_b):
         await c.close()
 
@@ -472,7 +502,7 @@ async def test_mapping_applies_once_at_the_publishers_node(core3: LocalCluster) 
     got: list = []
 
     async def cb(m):
-        got.append(m.subject)
+        got.append(m)
 
     await sub.subscribe("m.new", cb=cb)
     await sub.subscribe("m.old", cb=cb)  # the original subject is never delivered
@@ -482,6 +512,6 @@ async def test_mapping_applies_once_at_the_publishers_node(core3: LocalCluster) 
         await pub.publish("m.old", b"")
     await _drain(got, 5)
     await asyncio.sleep(0.3)
-    assert got == ["m.new"] * 5
+    assert [m.subject for m in got] == ["m.new"] * 5
     await pub.close()
     await sub.close()

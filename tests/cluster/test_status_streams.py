@@ -43,6 +43,9 @@ async def test_status_shows_stream_leader_and_lag_of_a_real_cluster(js3: JsClust
                                                   "num_replicas": 3})
         for i in range(20):
             await nc.request("st", str(i).encode(), timeout=5)
+        # the leader now (the create's reply may name none yet, or one a loaded cluster
+        # replaced since)
+        info = await api(nc, "STREAM.INFO.ST")
     finally:
         await nc.close()
     leader = info["cluster"]["leader"]

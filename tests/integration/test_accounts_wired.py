@@ -150,6 +150,22 @@ def test_stream_imports_prefix_and_private_exports(both) -> None:
 
 # ---------------------------------------------------------------------- service imports
 
+async def _oracle_tolerant_request(server: Any, nc: Any, subject: str) -> str:
+    """A request's reply. On a loaded machine nats-server 2.15 answered the first request
+    to a responder subscribed (and flushed) a moment before with no responders, 4 times
+    in 60 at load 22, the next request to it was served: nats-server gets three tries.
+    Jetraft gets one (never seen there: 0 in 40 at the same load)."""
+    tries = 3 if server.name == "nats-server" else 1
+    for attempt in range(tries):
+        try:
+            return (await nc.request(subject, b"", timeout=5)).data.decode()
+        except nats.errors.NoRespondersError:
+            if attempt + 1 == tries:
+                raise
+            await asyncio.sleep(0.2)
+    raise AssertionError("unreachable")
+
+
 async def _services(server: Any) -> dict[str, Any]:
     srv = await _connect(server, "a")
     served: list[str] = []
@@ -165,7 +181,7 @@ async def _services(server: Any) -> dict[str, Any]:
                           (None, "ask.z")):
         nc = await _connect(server, user)
         try:
-            out[f"{user}:{subject}"] = (await nc.request(subject, b"", timeout=2)).data.decode()
+            out[f"{user}:{subject}"] = await _oracle_tolerant_request(server, nc, subject)
         except (nats.errors.NoRespondersError, nats.errors.TimeoutError) as err:
             out[f"{user}:{subject}"] = type(err).__name__
         await nc.close()
@@ -184,10 +200,13 @@ def test_service_imports_route_requests_and_replies_across_accounts(both) -> Non
 
 async def _response_types(server: Any) -> dict[str, int]:
     srv = await _connect(server, "a")
+    served: list[str] = []
 
     async def triple(msg: Any) -> None:
         for i in range(3):
             await srv.publish(msg.reply, str(i).encode())
+        await srv.flush()  # the server has taken all three
+        served.append(msg.subject)
 
     await srv.subscribe("many", cb=triple)
     await srv.subscribe("one", cb=triple)
@@ -199,8 +218,12 @@ async def _response_types(server: Any) -> dict[str, int]:
         inbox = req.new_inbox()
         sub = await req.subscribe(inbox)
         await req.publish(subject, b"", reply=inbox)
-        await _settle(req, srv)
-        await asyncio.sleep(0.2)
+        # until the service sent its replies (a fixed wait fell short on a loaded machine),
+        # then a round trip on req: whatever the server let through is in req's buffer
+        async with asyncio.timeout(10):
+            while subject not in served:
+                await asyncio.sleep(0.02)
+        await req.flush()
         out[subject] = sub.pending_msgs
         await sub.unsubscribe()
     await req.close()
@@ -273,7 +296,7 @@ async def _permissions(server: Any) -> dict[str, Any]:
 
     await resp.subscribe("req.>", cb=answer)
     await resp.flush()
-    reply = (await asker.request("req.x", b"", timeout=2)).data.decode()
+    reply = await _oracle_tolerant_request(server, asker, "req.x")
     await _settle(resp)
     await resp.close()
     await asker.close()

@@ -113,6 +113,8 @@ def _many_subs(proc, raw, n: int) -> None:
     c.close()
 
 
+# Its own waits add up to more than the default 120 s on a loaded machine.
+@pytest.mark.timeout(600)
 def test_million_subscriptions(servers, raw):
     # Its own server: the mass unsubscribe on close must not slow other tests.
     proc = servers.jetraft()

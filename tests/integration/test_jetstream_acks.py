@@ -31,7 +31,9 @@ def _frame(msg: Any) -> tuple[Any, ...]:
     return (msg.subject, msg.data, int(t[4]), int(t[5]), int(t[6]), int(t[8]))
 
 
-async def _collect(nc: Any, subject: str, wait: float) -> list[tuple[Any, ...]]:
+async def _collect(nc: Any, subject: str, wait: float, want: int) -> list[tuple[Any, ...]]:
+    """What arrives on `subject` in `wait` seconds, and beyond that until `want` frames came
+    (at most 10 s more: a loaded server delivers late; a short count shows in the diff)."""
     got: list[tuple[Any, ...]] = []
 
     async def cb(msg: Any) -> None:
@@ -39,6 +41,10 @@ async def _collect(nc: Any, subject: str, wait: float) -> list[tuple[Any, ...]]:
 
     sub = await nc.subscribe(subject, cb=cb)
     await asyncio.sleep(wait)
+    for _ in range(500):
+        if len(got) >= want:
+            break
+        await asyncio.sleep(0.02)
     await sub.unsubscribe()
     return got
 
@@ -55,7 +61,7 @@ async def _script(url: str) -> list[Any]:
         out.append(await _api(nc, "CONSUMER.CREATE.ACKS.w", {"stream_name": "ACKS", "config": {
             "durable_name": "w", "ack_policy": "explicit", "ack_wait": 5_000_000_000}}))
         inbox = nc.new_inbox()
-        frames = asyncio.ensure_future(_collect(nc, inbox, 0.5))
+        frames = asyncio.ensure_future(_collect(nc, inbox, 0.5, 7))
         await asyncio.sleep(0.05)
         await nc.publish("$JS.API.CONSUMER.MSG.NEXT.ACKS.w", b'{"batch":7}', reply=inbox)
         got = await frames
@@ -80,7 +86,7 @@ async def _script(url: str) -> list[Any]:
         out.append(await send(ack(6, 6), b""))                        # empty: an ack
         out.append(await send(ack(7, 7), b"-NAK 300ms"))              # Go duration
         out.append(await _api(nc, info))
-        nxt = asyncio.ensure_future(_collect(nc, "nxt.inbox", 1.0))
+        nxt = asyncio.ensure_future(_collect(nc, "nxt.inbox", 1.0, 2))
         await asyncio.sleep(0.05)
         await nc.publish(ack(3, 3), b"+NXT 2", reply="nxt.inbox")     # ack 3, then 2 more
         out.append(await nxt)
@@ -89,7 +95,7 @@ async def _script(url: str) -> list[Any]:
         out.append(await _api(nc, info))
         await js.add_consumer("ACKS", nats.js.api.ConsumerConfig(
             durable_name="push", deliver_subject="push.dlv"))
-        push_next = asyncio.ensure_future(_collect(nc, "pn.inbox", 0.5))
+        push_next = asyncio.ensure_future(_collect(nc, "pn.inbox", 0.5, 1))
         await asyncio.sleep(0.05)
         await nc.publish("$JS.API.CONSUMER.MSG.NEXT.ACKS.push", b"", reply="pn.inbox")
         out.append(await push_next)

@@ -41,6 +41,12 @@ def _decode(subject: str, data: bytes) -> Any:
     return subject, body
 
 
+def _deletion_advised(events: list[Any]) -> bool:
+    return any(e[0] == "$JS.EVENT.ADVISORY.CONSUMER.DELETED.AU.n" for e in events) and any(
+        e[0] == "$JS.EVENT.ADVISORY.API" and "CONSUMER.DELETE.AU.n" in json.dumps(e[1])
+        for e in events)
+
+
 async def _script(url: str) -> list[Any]:
     nc = await nats.connect(url, name="auditor")
     js = nc.jetstream()
@@ -69,6 +75,12 @@ async def _script(url: str) -> list[Any]:
             await m.ack_sync()  # no sample_freq: no metric
         await nc.request("$JS.API.INFO", b"", timeout=5)
         await js.delete_consumer("AU", "n")
+        # the deletion's advisory and its API audit, then 0.3 s with nothing more: a loaded
+        # server sends them after the reply (at most 20 s)
+        for _ in range(1000):
+            if _deletion_advised(events):
+                break
+            await asyncio.sleep(0.02)
         await asyncio.sleep(0.3)
     finally:
         await nc.close()

@@ -60,7 +60,15 @@ async def _pull(nc: Any, pins: Pins, consumer: str, req: dict[str, Any],
     sub = await nc.subscribe(inbox, cb=cb)
     await nc.publish(f"$JS.API.CONSUMER.MSG.NEXT.PG.{consumer}", json.dumps(req).encode(),
                      reply=inbox)
+    # Until the request is done: its batch filled or a status ended it (every request here
+    # expires, so one always does); at least `wait`, at most 10 s. A fixed wait alone came
+    # up short when a loaded server delivered late.
     await asyncio.sleep(wait)
+    for _ in range(500):
+        if any(g[0] == "status" for g in got) or \
+                sum(g[0] != "status" for g in got) >= req.get("batch", 1):
+            break
+        await asyncio.sleep(0.02)
     await sub.unsubscribe()
     return got
 

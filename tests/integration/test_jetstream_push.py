@@ -77,6 +77,18 @@ class Frames:
         out, self.frames = self.frames, []
         return out
 
+    async def take_at_heartbeat(self, msgs: int, limit: float = 15.0) -> list[tuple[Any, ...]]:
+        """What came until an idle heartbeat followed `msgs` messages (at most `limit`
+        seconds): a loaded server sends its heartbeat later than its interval says, so a
+        fixed wait would take one frame too few."""
+        deadline = asyncio.get_running_loop().time() + limit
+        while not (self.frames and self.frames[-1][0] == "hb"
+                   and sum(f[0] == "msg" for f in self.frames) >= msgs):
+            if asyncio.get_running_loop().time() > deadline:
+                break  # (what came is compared: the difference shows)
+            await asyncio.sleep(0.02)
+        return self.take()
+
 
 async def _flow_control_script(url: str) -> list[Any]:
     """30 messages of 100 kB to a push consumer with flow control whose client does not
@@ -95,12 +107,10 @@ async def _flow_control_script(url: str) -> list[Any]:
         out.append(await _api(nc, "CONSUMER.CREATE.FC.pfc", {"stream_name": "FC", "config": {
             "durable_name": "pfc", "deliver_subject": "dlv.fc", "flow_control": True,
             "idle_heartbeat": 1_000_000_000, "ack_policy": "none"}}))
-        await asyncio.sleep(1.6)  # stalled: one heartbeat after the last message
-        out.append(frames.take())
+        out.append(await frames.take_at_heartbeat(21))  # stalled: a heartbeat after the last
         out.append(await _api(nc, "CONSUMER.INFO.FC.pfc"))
         await nc.publish(frames.fc_replies[-1], b"")  # the client's answer
-        await asyncio.sleep(1.6)
-        out.append(frames.take())
+        out.append(await frames.take_at_heartbeat(9))
         out.append(await _api(nc, "CONSUMER.INFO.FC.pfc"))
     finally:
         await nc.close()
@@ -134,12 +144,10 @@ async def _heartbeat_script(url: str) -> list[Any]:
         out.append(await _api(nc, "CONSUMER.CREATE.HB.phb", {"stream_name": "HB", "config": {
             "durable_name": "phb", "deliver_subject": "dlv.hb", "deliver_policy": "new",
             "filter_subject": "hb.1", "idle_heartbeat": 500_000_000, "ack_policy": "none"}}))
-        await asyncio.sleep(0.8)
-        out.append(frames.take())
+        out.append(await frames.take_at_heartbeat(0))
         await js.publish("hb.0", b"y")
         await js.publish("hb.1", b"z")
-        await asyncio.sleep(0.8)
-        out.append(frames.take())
+        out.append(await frames.take_at_heartbeat(1))
     finally:
         await nc.close()
     return out
@@ -169,7 +177,7 @@ async def _ordered_script(url: str) -> list[Any]:
         for i in range(10):
             await js.publish(f"ord.{i % 3}", f"m{i}".encode())
         sub = await js.subscribe("ord.>", cb=on_msg, ordered_consumer=True, idle_heartbeat=0.5)
-        for _ in range(50):
+        for _ in range(400):  # at most 20 s (a loaded machine)
             if len(got) >= 10:
                 break
             await asyncio.sleep(0.05)
@@ -184,7 +192,7 @@ async def _ordered_script(url: str) -> list[Any]:
         await asyncio.sleep(1.6)  # no heartbeats: nats-py notices and re-creates the consumer
         for i in range(10, 15):
             await js.publish(f"ord.{i % 3}", f"m{i}".encode())
-        for _ in range(100):
+        for _ in range(400):
             if len(got) >= 15:
                 break
             await asyncio.sleep(0.05)

@@ -9,6 +9,7 @@ import asyncio
 import base64
 import datetime as dt
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -78,10 +79,21 @@ async def _script(port: int) -> dict[str, Any]:
         created = await _api(nc, "STREAM.CREATE.S", CREATE)
         out["create"] = {k: created["config"][k] for k in ("allow_msg_schedules",
                                                            "allow_rollup_hdrs")}
-        soon = (dt.datetime.now(dt.UTC) + dt.timedelta(seconds=2)).strftime("%Y-%m-%dT%H:%M:%SZ")
+        # The steps must all be stored before `soon` fires, or its targets land between them
+        # and move the later steps' sequences (2 s was too little at load 30: 27 requests).
+        soon_at = (dt.datetime.now(dt.UTC) + dt.timedelta(seconds=8)).replace(microsecond=0)
+        soon = soon_at.strftime("%Y-%m-%dT%H:%M:%SZ")
         out["acks"] = [await _pub(nc, *step) for step in _steps(soon)]
-        await asyncio.sleep(4)
+        assert dt.datetime.now(dt.UTC) < soon_at, "the steps outlasted the schedule time"
+        await asyncio.sleep((soon_at - dt.datetime.now(dt.UTC)).total_seconds() + 2)
+        # then until two reads 1 s apart agree (a loaded server fires late), at most 10 s
         out["stored"] = await _stored(nc)
+        for _ in range(10):
+            await asyncio.sleep(1)
+            again = await _stored(nc)
+            if again == out["stored"]:
+                break
+            out["stored"] = again
         return out
     finally:
         await nc.close()
@@ -211,7 +223,15 @@ def test_a_schedule_survives_kill_9_and_fires_after_restart(servers: Any, tmp_pa
     node.stop(signal.SIGKILL)
     asyncio.run(asyncio.sleep(3))  # the one-shot falls due while no node runs
     node = servers.jetraft(args=["-js", "-sd", str(store)], port=node.port)
-    asyncio.run(asyncio.sleep(2.5))
+    # until both fired (a loaded machine restarts and recovers slowly; at most 30 s), then
+    # a second more: the one-shot must not fire again
+    deadline = time.monotonic() + 30
+    while True:
+        subjects = [s for _q, s, _h, _d in asyncio.run(read())]
+        if {"tgt.once", "tgt.cron"} <= set(subjects) or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    time.sleep(1.0)
     subjects = [s for _q, s, _h, _d in asyncio.run(read())]
     assert subjects.count("tgt.once") == 1 and "sch.once" not in subjects
     assert "sch.cron" in subjects and subjects.count("tgt.cron") >= 1

@@ -132,7 +132,17 @@ async def _script(url: str) -> list[Any]:
         out.append((failed["type"], err["code"], err["err_code"],
                     err["description"].startswith("restore failed: ")))
         out.append(await _api(nc, "STREAM.INFO.G"))
-        await asyncio.sleep(0.3)
+        # until 1 s passed with no new advisory (at most 10 s): a loaded server sends some
+        # after its replies, so a fixed 0.3 s could cut the list short
+        seen_n, quiet_since = -1, 0.0
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 10
+        while loop.time() < deadline:
+            if len(events) != seen_n:
+                seen_n, quiet_since = len(events), loop.time()
+            elif loop.time() - quiet_since >= 1.0:
+                break
+            await asyncio.sleep(0.05)
         # the advisories: snapshot create/complete, restore create/complete and the restored
         # stream's create; their keys, not their times or sizes. nats-server sends the
         # restored stream's create from another goroutine than its restore complete, so

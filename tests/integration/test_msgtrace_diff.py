@@ -182,9 +182,17 @@ async def _run_js(url: str) -> dict[str, Any]:
     for subject, headers in JS_CASES:
         docs.clear()
         try:
-            reply = (await nc.request(subject, b"x", headers=headers, timeout=1)).data.decode()
+            # (a trace-only publish gets no reply: 1 s; a stored one may take a while under
+            # load)
+            reply = (await nc.request(subject, b"x", headers=headers,
+                                      timeout=1 if ONLY in headers else 10)).data.decode()
         except nats.errors.TimeoutError:
             reply = "timeout"
+        # until the trace came (a loaded server sends it after the reply), then 0.2 s more
+        for _ in range(100):
+            if docs:
+                break
+            await asyncio.sleep(0.1)
         await asyncio.sleep(0.2)
         out[subject] = {"reply": json.loads(reply) if reply != "timeout" else reply,
                         "traces": list(docs)}

@@ -68,8 +68,9 @@ async def _connect(server: Any, user: str, **kw: Any) -> Any:
     return await nats.connect(_url(server, user), allow_reconnect=False, **kw)
 
 
-async def _request(nc: Any, subject: str, body: bytes = b"", timeout: float = 2.0) -> Any:
-    """The decoded reply, "timeout" or "no responders"."""
+async def _request(nc: Any, subject: str, body: bytes = b"", timeout: float = 10.0) -> Any:
+    """The decoded reply, "timeout" or "no responders". (An answer expected to time out
+    passes its own short `timeout`; the others may take seconds on a loaded machine.)"""
     try:
         msg = await nc.request(subject, body, timeout=timeout)
     except NoRespondersError:
@@ -222,13 +223,32 @@ async def _events(server: Any) -> dict[str, Any]:
                            max_reconnect_attempts=0)
     except Exception:  # noqa: BLE001 - refused, as intended
         pass
-    deadline = time.monotonic() + 8
-    while time.monotonic() < deadline and not any(s.endswith(".STATSZ") for s, _ in events):
+    # Every event the test looks at, at most 20 s: a loaded server sends the disconnect
+    # and auth events well after the client saw its connection end.
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and not _all_events_in(events):
         await asyncio.sleep(0.1)
     await asyncio.sleep(0.5)
     await snoop.close()
     await sys_nc.close()
     return {"events": events, "snooped": snooped}
+
+
+def _all_events_in(events: list[tuple[str, Any]]) -> bool:
+    """What test_events_match_nats_server looks for has arrived."""
+    def has(suffix: str, **match: Any) -> bool:
+        try:
+            _first(events, suffix, **match)
+        except AssertionError:
+            return False
+        return True
+
+    subjects = {s for s, _ in events}
+    return (has(".CONNECT", name="evclient") and has(".DISCONNECT", name="evclient")
+            and has(".CLIENT.AUTH.ERR", user="a", acc="$G")
+            and {"$SYS.ACCOUNT.$G.DISCONNECT", "$SYS.ACCOUNT.A.SERVER.CONNS",
+                 "$SYS.SERVER.ACCOUNT.A.CONNS"} <= subjects
+            and any(s.endswith(".STATSZ") for s in subjects))
 
 
 def _first(events: list[tuple[str, Any]], suffix: str, **match: Any) -> Any:
@@ -419,7 +439,7 @@ async def _kick_and_ldm(server: Any, raw: Any) -> dict[str, Any]:
     out["bad json"] = await _request(sys_nc, f"$SYS.REQ.SERVER.{server_id}.KICK", b"{", 0.5)
     # nats-server 2.15 also sends protocol-1 clients an INFO after CONNECT
     # ("connect_info"); that is not what this test is about.
-    rest = b"".join(ln for ln in conns[0].read_close_or_wait(2.0).splitlines(keepends=True)
+    rest = b"".join(ln for ln in conns[0].read_close_or_wait(10.0).splitlines(keepends=True)
                     if not ln.startswith(b"INFO "))
     out["kicked closed"] = (rest, conns[0].eof)
     ducked_out = conns[1].read_close_or_wait(0.5)
@@ -449,11 +469,16 @@ async def _account_traffic(server: Any) -> Any:
     await a2.publish("in", b"zzzzz")
     await a2.flush()
     await a2.close()
-    await asyncio.sleep(0.2)
-    reply = await _request(sys_nc, "$SYS.REQ.ACCOUNT.A.STATZ")
+    # until the server has closed a2 too (a loaded one takes a while to see it gone)
+    deadline = time.monotonic() + 20
+    while True:
+        reply = await _request(sys_nc, "$SYS.REQ.ACCOUNT.A.STATZ")
+        stat = reply["data"]["account_statz"][0]
+        if stat["conns"] == 1 or time.monotonic() > deadline:
+            break
+        await asyncio.sleep(0.1)
     await a.close()
     await sys_nc.close()
-    stat = reply["data"]["account_statz"][0]
     return {k: stat[k] for k in ("conns", "total_conns", "sent", "received")}
 
 

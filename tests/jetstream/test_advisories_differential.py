@@ -16,7 +16,10 @@ from node.jetstream.store.memstore import MemStore
 from node.jetstream.stream import ConsumerEvent, Stream
 
 MS = 1_000_000
-CONSUMER = {"durable_name": "c", "ack_policy": "explicit", "ack_wait": 200 * MS,
+# The +TERM and -NAK must reach nats-server within ack_wait of the fetch, or its ack timer
+# drops those messages first (200 ms did not hold at load 20); message 3 runs out then.
+ACK_WAIT = 2000 * MS
+CONSUMER = {"durable_name": "c", "ack_policy": "explicit", "ack_wait": ACK_WAIT,
             "max_deliver": 1}
 
 
@@ -25,6 +28,16 @@ def _norm(subject: str, data: bytes) -> tuple[str, dict[str, Any]]:
     body.pop("id")
     body.pop("timestamp")
     return subject, body
+
+
+MAX_DELIVERIES = "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.ADV.c"
+
+
+async def _until_advised(got: list[Any], subject: str, count: int) -> None:
+    """Until `count` advisories on `subject` arrived (at most 20 s)."""
+    async with asyncio.timeout(20):
+        while sum(s == subject for s, _ in got) < count:
+            await asyncio.sleep(0.02)
 
 
 async def _oracle(port: int) -> list[Any]:
@@ -51,15 +64,19 @@ async def _oracle(port: int) -> list[Any]:
         msgs = [await sub.next_msg(timeout=5) for _ in range(3)]
         await nc.request(msgs[0].reply, b"+TERM because", timeout=5)
         await nc.request(msgs[1].reply, b"-NAK", timeout=5)
-        await asyncio.sleep(0.6)  # ack_wait 200 ms: message 3 runs out of deliveries
+        # after ack_wait message 3 runs out of deliveries (a loaded nats-server's timer and
+        # advisory can come well after it: wait for the advisory, not a fixed time)
+        await _until_advised(got, MAX_DELIVERIES, 1)
         await nc.publish("$JS.API.CONSUMER.MSG.NEXT.ADV.c", b'{"batch":3,"no_wait":true}',
                          reply=inbox)
-        await asyncio.sleep(0.5)
+        await _until_advised(got, MAX_DELIVERIES, 2)  # the nak'd message 2's, on this pull
         await nc.request("$JS.API.STREAM.UPDATE.ADV", json.dumps(
             {"name": "ADV", "subjects": ["adv.>"], "max_msgs": 10}).encode(), timeout=5)
         await nc.request("$JS.API.CONSUMER.DELETE.ADV.c", b"", timeout=5)
         await nc.request("$JS.API.STREAM.DELETE.ADV", b"", timeout=5)
-        await asyncio.sleep(0.3)
+        # a loaded nats-server sends the deletion's advisory after its reply
+        await _until_advised(got, "$JS.EVENT.ADVISORY.STREAM.DELETED.ADV", 1)
+        await asyncio.sleep(0.3)  # and nothing more may come
         return got
     finally:
         await nc.close()
@@ -98,10 +115,10 @@ def _ours() -> list[Any]:
                                                advisories.term_reason(body), "id", "ts"))
                 else:
                     emit(advisories.naked("ADV", "c", cseq, a.sseq, a.deliveries, "id", "ts"))
-    # the ack timer at 200 ms drops message 3 (its one delivery is used up); the nak'd
-    # message 2 waits for the next pull, at 600 ms
-    drops = [(200 * MS, d) for d in consumer.timer_drops(now + 200 * MS)]
-    drops.append((600 * MS, consumer.plan(now + 600 * MS, view)))
+    # the ack timer at ack_wait drops message 3 (its one delivery is used up); the nak'd
+    # message 2 waits for the next pull, after it
+    drops = [(ACK_WAIT, d) for d in consumer.timer_drops(now + ACK_WAIT)]
+    drops.append((ACK_WAIT + 400 * MS, consumer.plan(now + ACK_WAIT + 400 * MS, view)))
     for at, plan in drops:
         assert isinstance(plan, Drop), plan
         for effect in stream.apply(ops.ConsumerAck(now + at, "c", plan.kind, plan.sseq)):

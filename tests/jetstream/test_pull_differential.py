@@ -127,3 +127,19 @@ async def test_pull_requests_match_nats_server(js_oracle_port: int) -> None:
     theirs = await _oracle(js_oracle_port)
     for (body, _, _), mine, their in zip(REQUESTS, _ours(), theirs, strict=True):
         assert mine == their, body
+
+
+def test_no_idle_heartbeat_while_a_delivery_round_is_in_flight() -> None:
+    """A round's messages count as delivered in the applied state before they are sent: a
+    heartbeat then would name sequences the client has not got (ordered consumers reset on
+    that). The tick of a round in flight skips the heartbeat and restarts its wait."""
+    queue = PullQueue({"ack_policy": "explicit"})
+    now = 10**18
+    assert queue.add(now, "r", json.dumps({"batch": 5, "idle_heartbeat": 500 * MS,
+                                           "expires": 60_000 * MS}).encode()) == []
+    assert queue.tick(now + 600 * MS, 3, 3, beat=False) == []  # in flight: skipped
+    assert queue.tick(now + 1000 * MS, 3, 3) == []  # the wait restarted at 600 ms
+    beats = queue.tick(now + 1100 * MS, 3, 3)
+    assert [_parse_status(s.hdr) for s in beats] == \
+        [_parse_status(b"NATS/1.0 100 Idle Heartbeat\r\nNats-Last-Consumer: 3\r\n"
+                       b"Nats-Last-Stream: 3\r\n\r\n")]

@@ -17,7 +17,7 @@ const entry = (e) => e === null ? null : {
   bucket: e.bucket, key: e.key, value: e.value ? e.string() : "", revision: e.revision,
   delta: e.delta ?? null, operation: e.operation, length: e.length,
 };
-const watched = (iter, n, ms = 3000) => take(iter, n, ms).then((es) => es.map(entry));
+const watched = (iter, n, ms = 15000) => take(iter, n, ms).then((es) => es.map(entry));
 
 await t.step("kvm_create", async () => {
   const kv = await kvm.create("testing", { history: 5 });
@@ -30,7 +30,7 @@ await t.step("create_existing_key", () => kv.create("hello.world", "again"));
 
 // The README's watch: started before the changes, it sees the last value then every update.
 const watch = await kv.watch();
-const watchAll = watched(watch, 5, 5000);
+const watchAll = watched(watch, 5, 30000); // (resolves at the 5th; 5 s fell short under load)
 await t.step("put", () => kv.put("hello.world", "world"));
 await t.step("get", async () => entry(await kv.get("hello.world")));
 await t.step("get_missing", async () => entry(await kv.get("no.such.key")));

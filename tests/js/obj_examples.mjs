@@ -53,7 +53,9 @@ const os = await objm.open("testing");
 await t.step("get_missing", () => os.get("hello"));
 
 const watch = await os.watch();
-const watchGot = take(watch, 6, 5000);
+// (resolves at the 6th update; the bound only matters when one is missing: a loaded machine
+// needed more than 5 s for the steps below)
+const watchGot = take(watch, 6, 30000);
 await t.step("put_stream_1_byte_chunks", async () => infoView(await os.put({
   name: "hello", description: "first entry", options: { max_chunk_size: 1 },
 }, readableStreamFrom(enc.encode("hello world")))));

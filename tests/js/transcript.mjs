@@ -49,13 +49,19 @@ export class Transcript {
 
 export async function take(iter, n, timeoutMs = 5000) {
   // Reads up to n items from an async iterator, giving up after timeoutMs.
+  // The timer is cleared at the end: a pending one keeps node running until it fires.
   const got = [];
-  const timer = new Promise((r) => setTimeout(() => r("timeout"), timeoutMs));
+  let handle;
+  const timer = new Promise((r) => { handle = setTimeout(() => r("timeout"), timeoutMs); });
   const it = iter[Symbol.asyncIterator]();
-  while (got.length < n) {
-    const r = await Promise.race([it.next(), timer]);
-    if (r === "timeout" || r.done) break;
-    got.push(r.value);
+  try {
+    while (got.length < n) {
+      const r = await Promise.race([it.next(), timer]);
+      if (r === "timeout" || r.done) break;
+      got.push(r.value);
+    }
+  } finally {
+    clearTimeout(handle);
   }
   return got;
 }
