@@ -398,10 +398,13 @@ AuthResult = Identity | SlowCheck | None
 class _SecretChecker:
     """Constant-time comparison of plain secrets; bcrypt ones become a
     `SlowCheck`. Outcomes of bcrypt checks are remembered (as digests), both
-    ways, so reconnect storms and repeated wrong guesses cost no hashing."""
+    ways, so reconnect storms and repeated wrong guesses cost no hashing.
+    Matches and misses are kept apart: a flood of distinct wrong guesses
+    fills and clears only the misses, never a client's remembered match."""
 
     def __init__(self) -> None:
-        self._known: dict[bytes, bool] = {}
+        self._matched: set[bytes] = set()
+        self._missed: set[bytes] = set()
 
     def check(self, configured: str | None, given: Any, grants: Identity | None) -> AuthResult:
         """`grants` when `given` matches, None when it does not, or a SlowCheck."""
@@ -411,15 +414,17 @@ class _SecretChecker:
             ok = hmac.compare_digest(configured.encode(), given.encode())
             return _granted(ok, grants)
         digest = hashlib.sha256(configured.encode() + b"\0" + given.encode()).digest()
-        known = self._known.get(digest)
-        if known is not None:
-            return _granted(known, grants)
+        if digest in self._matched:
+            return _granted(True, grants)
+        if digest in self._missed:
+            return None
         return SlowCheck(configured, given, grants, digest)
 
     def remember(self, check: SlowCheck, ok: bool) -> None:
-        if len(self._known) >= _BCRYPT_CACHE_MAX:
-            self._known.clear()
-        self._known[check.digest] = ok
+        known = self._matched if ok else self._missed
+        if len(known) >= _BCRYPT_CACHE_MAX:
+            known.clear()
+        known.add(check.digest)
 
 
 def _granted(ok: bool, grants: Identity | None) -> AuthResult:
@@ -657,69 +662,3 @@ def _dn_unescape(value: str) -> str:
 
 def _has_credentials(connect: dict[str, Any]) -> bool:
     return any(connect.get(k) for k in ("user", "pass", "auth_token", "nkey", "jwt"))
-
-
-# --------------------------------------------------------------------------- throttling
-
-# bcrypt is deliberately slow, so failed guesses are a cheap way to burn our CPU.
-# At most this many checks run or wait at once, across all clients ...
-SLOW_CHECKS_MAX = 32
-# ... and per source address; more are refused at once, without hashing.
-SLOW_CHECKS_PER_HOST_MAX = 4
-# A source address with this many failures inside the window is refused without
-# hashing until its oldest failure leaves the window.
-FAILURES_PER_HOST_MAX = 10
-FAILURE_WINDOW = 60.0
-_HOSTS_TRACKED_MAX = 4096
-
-
-class AuthThrottle:
-    """Bounds the bcrypt work clients can cause: concurrent checks, and
-    repeated failures per source address. Pure: the caller passes `now`."""
-
-    def __init__(self) -> None:
-        self.in_flight = 0
-        self._per_host: dict[str, int] = {}
-        self._failures: dict[str, list[float]] = {}
-
-    def admit(self, host: str, now: float) -> bool:
-        """May a slow check for a client at `host` start (or queue) now?"""
-        if self.in_flight >= SLOW_CHECKS_MAX:
-            return False
-        if self._per_host.get(host, 0) >= SLOW_CHECKS_PER_HOST_MAX:
-            return False
-        if self._count_failures(host, now) >= FAILURES_PER_HOST_MAX:
-            return False
-        self.in_flight += 1
-        self._per_host[host] = self._per_host.get(host, 0) + 1
-        return True
-
-    def done(self, host: str, ok: bool, now: float) -> None:
-        """A check admitted for `host` ended with `ok`."""
-        assert self.in_flight > 0, "done() without admit()"
-        self.in_flight -= 1
-        left = self._per_host.get(host, 1) - 1
-        if left:
-            self._per_host[host] = left
-        else:
-            self._per_host.pop(host, None)
-        if not ok:
-            if host not in self._failures and len(self._failures) >= _HOSTS_TRACKED_MAX:
-                self._forget_oldest(now)
-            self._failures.setdefault(host, []).append(now)
-
-    def _count_failures(self, host: str, now: float) -> int:
-        times = self._failures.get(host)
-        if times is None:
-            return 0
-        while times and now - times[0] > FAILURE_WINDOW:
-            times.pop(0)
-        if not times:
-            del self._failures[host]
-        return len(times)
-
-    def _forget_oldest(self, now: float) -> None:
-        for host in [h for h, t in self._failures.items() if not t or now - t[-1] > FAILURE_WINDOW]:
-            del self._failures[host]
-        while len(self._failures) >= _HOSTS_TRACKED_MAX:
-            del self._failures[next(iter(self._failures))]
