@@ -505,7 +505,10 @@ class Authenticator:
         or a SlowCheck to run off the loop and pass to `finish`."""
         if not self.configured:
             return Identity(user=None)
-        if not _has_credentials(connect):
+        # Under verify_and_map the certificate is the credential: nats-server never
+        # falls back to no_auth_user there (an unmapped certificate is refused).
+        cert_map = self._tls_map and bool(self._by_name)
+        if not _has_credentials(connect) and not cert_map:
             identity = self.no_auth_identity(conn_type)
             if identity is not None:
                 return identity
@@ -514,7 +517,7 @@ class Authenticator:
             return self._auth_nkey(nkey, connect.get("sig"), nonce, conn_type)
         if self._token is not None:
             return self._secrets.check(self._token, connect.get("auth_token"), None)
-        if self._tls_map and self._by_name:
+        if cert_map:
             # The verified certificate is the credential; a CONNECT that names
             # another user is refused, as nats-server does.
             identity = self._auth_cert(tls_peer_cert, conn_type)
@@ -529,20 +532,34 @@ class Authenticator:
 
     def _auth_cert(self, cert: dict | None, conn_type: str) -> Identity | None:
         """tls { verify_and_map }: the user named by the client certificate, as
-        nats-server looks it up: e-mail SANs, DNS SANs, URI SANs, then the subject."""
+        nats-server looks it up: e-mail, DNS and URI SANs by name, then the
+        subject as a DN (the same RDNs in order, then in any order), then the
+        subject's text. A name whose user may not use this connection type is
+        skipped, not fatal: the next name may still map."""
         if not cert:
             return None
-        for name in cert_user_names(cert):
-            account = self._by_name.get(name)
-            if account is not None:
-                return account.identity() if account.allows(conn_type) else None
+        sans = cert.get("subjectAltName", ())
+        for kind in ("email", "DNS", "URI"):
+            for k, name in sans:
+                if k == kind and (identity := self._cert_user(name, conn_type)) is not None:
+                    return identity
         subject = _subject_rdns(cert)
         if subject is None:
             return None
-        for name, account in self._by_name.items():
-            if name is not None and _parse_dn(name) == subject:
-                return account.identity() if account.allows(conn_type) else None
-        return None
+        dns = [(_dn_key(_parse_dn(name)), account) for name, account in self._by_name.items()
+               if name is not None and account.allows(conn_type)]
+        want = _dn_key(subject)
+        for same in (lambda dn: dn == want, lambda dn: _rdns_match(dn, want)):
+            for dn, account in dns:
+                if dn is not None and same(dn):
+                    return account.identity()
+        return self._cert_user(_dn_text(subject), conn_type)
+
+    def _cert_user(self, name: str, conn_type: str) -> Identity | None:
+        account = self._by_name.get(name)
+        if account is None or not account.allows(conn_type):
+            return None
+        return account.identity()
 
     def finish(self, check: SlowCheck, ok: bool) -> Identity | None:
         """The outcome of a SlowCheck whose `run()` returned `ok`."""
@@ -580,16 +597,25 @@ _DN_NAMES = {
 _DN_SPECIALS = ',+"\\<>;'
 
 
-def cert_user_names(cert: dict) -> list[str]:
-    """Literal user names a certificate offers, in nats-server's order: e-mail,
-    DNS and URI SANs, then the subject as Go prints it ("CN=a,O=b", last RDN first)."""
-    sans = cert.get("subjectAltName", ())
-    names = [v for kind in ("email", "DNS", "URI") for k, v in sans if k == kind]
-    subject = _subject_rdns(cert)
-    if subject is not None:
-        names.append(",".join("+".join(f"{t}={_dn_escape(v)}" for t, v in rdn)
-                              for rdn in reversed(subject)))
-    return names
+def _dn_text(subject: list[tuple[tuple[str, str], ...]]) -> str:
+    """The subject as Go prints it ("CN=a,O=b": last RDN first)."""
+    return ",".join("+".join(f"{t}={_dn_escape(v)}" for t, v in rdn) for rdn in reversed(subject))
+
+
+_DnKey = list[frozenset[tuple[str, str]]]
+
+
+def _dn_key(rdns: list[tuple[tuple[str, str], ...]] | None) -> _DnKey | None:
+    """RDNs for comparison: attribute types without case, the attributes of a
+    multi-valued RDN in any order (values compare exactly, as nats-server's)."""
+    if rdns is None:
+        return None
+    return [frozenset((t.upper(), v) for t, v in rdn) for rdn in rdns]
+
+
+def _rdns_match(configured: _DnKey, presented: _DnKey) -> bool:
+    """The same RDNs in any order (nats-server's fallback for reordered DNs)."""
+    return len(configured) == len(presented) and all(r in presented for r in configured)
 
 
 def _subject_rdns(cert: dict) -> list[tuple[tuple[str, str], ...]] | None:

@@ -1,0 +1,126 @@
+"""tls { verify_and_map }: which user a client certificate names, checked
+against nats-server with the same config and the same certificates (issue 7
+review). Each user may publish only to its own `who.<tag>`, so the subjects a
+client may publish to say which user it became."""
+
+from __future__ import annotations
+
+import json
+import socket
+import ssl
+
+import pytest
+
+from tests.integration.test_security import HOST
+
+pytestmark = pytest.mark.timeout(180)
+
+TAGS = ["dns", "uri", "es", "esdn", "wsonly", "fallback", "comma", "bob", "anon", "someone",
+        "multi"]
+
+USERS = [
+    {"user": "dnsuser", "tag": "dns"},
+    {"user": "spiffe://acme/uri", "tag": "uri"},
+    {"user": "es@example.com", "tag": "es"},
+    {"user": "CN=es, emailAddress=es@example.com", "tag": "esdn"},
+    {"user": "wsonly@example.com", "tag": "wsonly", "allowed_connection_types": ["WEBSOCKET"]},
+    {"user": "CN=fallback", "tag": "fallback"},
+    {"user": "CN=a\\,b", "tag": "comma"},
+    {"user": "O=Acme, CN=bob", "tag": "bob"},
+    {"user": "CN=multi, OU=x+OU=y", "tag": "multi"},
+    {"user": "anon", "password": "pw", "tag": "anon"},
+    {"user": "someone", "password": "pw", "tag": "someone"},
+]
+
+# name -> (openssl -subj, extensions)
+CERTS = {
+    "dns": ("/CN=dns", "subjectAltName=DNS:dnsuser\n"),
+    "uri": ("/CN=uri", "subjectAltName=URI:spiffe://acme/uri\n"),
+    "esubj": ("/CN=es/emailAddress=es@example.com", ""),
+    "multi_san": ("/CN=fallback", "subjectAltName=email:wsonly@example.com\n"),
+    "comma": ("/CN=a\\,b", ""),
+    "bob": ("/O=Acme/CN=bob", ""),
+    "plusrdn": ("/OU=y+OU=x/CN=multi", ""),
+    "nobody": ("/CN=nobody", ""),
+}
+
+
+def user_block(no_auth: bool) -> str:
+    users = []
+    for u in USERS:
+        entry = {k: v for k, v in u.items() if k != "tag"}
+        entry["permissions"] = {"publish": [f"who.{u['tag']}"], "subscribe": ["_INBOX.>"]}
+        users.append(entry)
+    extra = "no_auth_user: anon\n" if no_auth else ""
+    return f"authorization {{ users: {json.dumps(users)} }}\n{extra}"
+
+
+@pytest.fixture(scope="module")
+def map_pki(tmp_path_factory):
+    from tests import certs
+
+    if not certs.available():
+        pytest.skip("openssl CLI not installed")
+    d = tmp_path_factory.mktemp("mappki")
+    pki = certs.make_pki(d)
+    for name, (subj, ext) in CERTS.items():
+        (d / f"{name}.ext").write_text("extendedKeyUsage=clientAuth\n" + ext)
+        certs._run("req", *certs._EC_KEY, "-keyout", f"{name}.key", "-out", f"{name}.csr",
+                   "-subj", subj, cwd=d)
+        certs._run("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+                   "-CAcreateserial", "-days", "2", "-out", f"{name}.pem",
+                   "-extfile", f"{name}.ext", cwd=d)
+    return pki
+
+
+def outcome(port: int, ctx: ssl.SSLContext, creds: dict) -> str:
+    """'refused', or the tags this client may publish to."""
+    with socket.create_connection((HOST, port), timeout=10) as raw:
+        buf = b""
+        while b"\r\n" not in buf:
+            buf += raw.recv(4096)
+        with ctx.wrap_socket(raw, server_hostname="localhost") as s:
+            connect = {"verbose": False, "pedantic": False, **creds}
+            out = b"CONNECT " + json.dumps(connect).encode() + b"\r\n"
+            out += b"".join(f"PUB who.{t} 0\r\n\r\n".encode() for t in TAGS) + b"PING\r\n"
+            s.sendall(out)
+            got = b""
+            try:
+                while not got.endswith(b"PONG\r\n"):
+                    chunk = s.recv(65536)
+                    if not chunk:
+                        break
+                    got += chunk
+            except (OSError, ssl.SSLError):
+                pass
+    text = got.decode(errors="replace")
+    if "Authorization Violation" in text or "PONG" not in text:
+        return "refused"
+    allowed = [t for t in TAGS if f'Publish to "who.{t}"' not in text]
+    return ",".join(allowed)
+
+
+CASES = [  # (certificate, CONNECT credentials)
+    ("dns", {}), ("uri", {}), ("esubj", {}), ("multi_san", {}), ("comma", {}), ("bob", {}),
+    ("plusrdn", {}), ("nobody", {}), ("nobody", {"user": "someone", "pass": "pw"}),
+    ("bob", {"user": "someone", "pass": "pw"}), ("bob", {"user": "O=Acme, CN=bob"}),
+]
+
+
+@pytest.mark.parametrize("no_auth", [False, True], ids=["users", "no_auth_user"])
+def test_verify_and_map_picks_the_user_nats_server_picks(servers, map_pki, no_auth):
+    from node import tls
+
+    pki = map_pki
+    d = pki.ca.parent
+    config = (f"tls {{ cert_file: {json.dumps(str(pki.server_cert))}, "
+              f"key_file: {json.dumps(str(pki.server_key))}, ca_file: {json.dumps(str(pki.ca))}, "
+              f"verify_and_map: true, timeout: 5 }}\n" + user_block(no_auth))
+    results: dict[str, list[str]] = {}
+    for impl, srv in servers.both(config).items():
+        results[impl] = []
+        for cert, creds in CASES:
+            ctx = tls.client_context(str(pki.ca), str(d / f"{cert}.pem"), str(d / f"{cert}.key"))
+            results[impl].append(f"{cert} {creds.get('user', '')}: {outcome(srv.port, ctx, creds)}")
+    print(json.dumps(results, indent=1))
+    assert results["jetraft"] == results["nats-server"]
