@@ -507,7 +507,8 @@ class Authenticator:
             return Identity(user=None)
         # Under verify_and_map the certificate is the credential: nats-server never
         # falls back to no_auth_user there (an unmapped certificate is refused).
-        cert_map = self._tls_map and bool(self._by_name)
+        # WebSocket clients follow websocket { tls } (its verify_and_map stops the node).
+        cert_map = self._tls_map and bool(self._by_name) and conn_type == CONN_STANDARD
         if not _has_credentials(connect) and not cert_map:
             identity = self.no_auth_identity(conn_type)
             if identity is not None:
@@ -518,19 +519,20 @@ class Authenticator:
         if self._token is not None:
             return self._secrets.check(self._token, connect.get("auth_token"), None)
         if cert_map:
-            # The verified certificate is the credential; a CONNECT that names
-            # another user is refused, as nats-server does.
-            identity = self._auth_cert(tls_peer_cert, conn_type)
-            given = connect.get("user")
-            if identity is not None and given and given != identity.user:
+            # The verified certificate names the user; the CONNECT's user name is
+            # ignored, but its password must still be that user's (none for none),
+            # as nats-server compares them.
+            mapped = self._cert_account(tls_peer_cert, conn_type)
+            given = connect.get("pass") or ""
+            if mapped is None:
                 return None
-            return identity
+            return self._secrets.check(mapped.password or "", given, mapped.identity())
         account = self._by_name.get(connect.get("user"))  # type: ignore[arg-type]
         if account is None or not account.allows(conn_type):
             return None
         return self._secrets.check(account.password, connect.get("pass"), account.identity())
 
-    def _auth_cert(self, cert: dict | None, conn_type: str) -> Identity | None:
+    def _cert_account(self, cert: dict | None, conn_type: str) -> _Account | None:
         """tls { verify_and_map }: the user named by the client certificate, as
         nats-server looks it up: e-mail, DNS and URI SANs by name, then the
         subject as a DN (the same RDNs in order, then in any order), then the
@@ -541,8 +543,8 @@ class Authenticator:
         sans = cert.get("subjectAltName", ())
         for kind in ("email", "DNS", "URI"):
             for k, name in sans:
-                if k == kind and (identity := self._cert_user(name, conn_type)) is not None:
-                    return identity
+                if k == kind and (account := self._cert_user(name, conn_type)) is not None:
+                    return account
         subject = _subject_rdns(cert)
         if subject is None:
             return None
@@ -552,14 +554,14 @@ class Authenticator:
         for same in (lambda dn: dn == want, lambda dn: _rdns_match(dn, want)):
             for dn, account in dns:
                 if dn is not None and same(dn):
-                    return account.identity()
+                    return account
         return self._cert_user(_dn_text(subject), conn_type)
 
-    def _cert_user(self, name: str, conn_type: str) -> Identity | None:
+    def _cert_user(self, name: str, conn_type: str) -> _Account | None:
         account = self._by_name.get(name)
         if account is None or not account.allows(conn_type):
             return None
-        return account.identity()
+        return account
 
     def finish(self, check: SlowCheck, ok: bool) -> Identity | None:
         """The outcome of a SlowCheck whose `run()` returned `ok`."""

@@ -5,6 +5,7 @@ client may publish to say which user it became."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import ssl
@@ -16,7 +17,7 @@ from tests.integration.test_security import HOST
 pytestmark = pytest.mark.timeout(180)
 
 TAGS = ["dns", "uri", "es", "esdn", "wsonly", "fallback", "comma", "bob", "anon", "someone",
-        "multi"]
+        "multi", "pw"]
 
 USERS = [
     {"user": "dnsuser", "tag": "dns"},
@@ -30,6 +31,7 @@ USERS = [
     {"user": "CN=multi, OU=x+OU=y", "tag": "multi"},
     {"user": "anon", "password": "pw", "tag": "anon"},
     {"user": "someone", "password": "pw", "tag": "someone"},
+    {"user": "CN=pwuser", "password": "secret", "tag": "pw"},
 ]
 
 # name -> (openssl -subj, extensions)
@@ -42,6 +44,7 @@ CERTS = {
     "bob": ("/O=Acme/CN=bob", ""),
     "plusrdn": ("/OU=y+OU=x/CN=multi", ""),
     "nobody": ("/CN=nobody", ""),
+    "pwcert": ("/CN=pwuser", ""),
 }
 
 
@@ -104,6 +107,9 @@ CASES = [  # (certificate, CONNECT credentials)
     ("dns", {}), ("uri", {}), ("esubj", {}), ("multi_san", {}), ("comma", {}), ("bob", {}),
     ("plusrdn", {}), ("nobody", {}), ("nobody", {"user": "someone", "pass": "pw"}),
     ("bob", {"user": "someone", "pass": "pw"}), ("bob", {"user": "O=Acme, CN=bob"}),
+    ("bob", {"user": "someone"}),  # the certificate names the user; the CONNECT's is ignored
+    ("pwcert", {}), ("pwcert", {"pass": "secret"}), ("pwcert", {"pass": "nope"}),
+    ("pwcert", {"user": "someone", "pass": "secret"}),
 ]
 
 
@@ -121,6 +127,40 @@ def test_verify_and_map_picks_the_user_nats_server_picks(servers, map_pki, no_au
         results[impl] = []
         for cert, creds in CASES:
             ctx = tls.client_context(str(pki.ca), str(d / f"{cert}.pem"), str(d / f"{cert}.key"))
-            results[impl].append(f"{cert} {creds.get('user', '')}: {outcome(srv.port, ctx, creds)}")
-    print(json.dumps(results, indent=1))
+            results[impl].append(f"{cert} {creds}: {outcome(srv.port, ctx, creds)}")
     assert results["jetraft"] == results["nats-server"]
+
+
+async def test_websocket_clients_do_not_use_the_client_port_certificate_map(servers, map_pki):
+    """nats-server maps WebSocket clients by websocket { tls { verify_and_map } }
+    only: the client port's setting leaves their user/password login alone."""
+    import websockets
+
+    from tests.ports import free_port
+
+    pki = map_pki
+    results = {}
+    for impl in ("nats-server", "jetraft"):
+        wport = free_port()
+        config = (f"tls {{ cert_file: {json.dumps(str(pki.server_cert))}, "
+                  f"key_file: {json.dumps(str(pki.server_key))}, "
+                  f"ca_file: {json.dumps(str(pki.ca))}, verify_and_map: true, timeout: 5 }}\n"
+                  f'websocket {{ listen: "{HOST}:{wport}", no_tls: true }}\n' + user_block(False))
+        srv = servers.nats_server(config) if impl == "nats-server" else servers.jetraft(config)
+        assert srv.port
+        got = []
+        for creds in ({"user": "someone", "pass": "pw"}, {"user": "someone", "pass": "no"}, {}):
+            async with websockets.connect(f"ws://{HOST}:{wport}") as ws:
+                await ws.recv()  # INFO
+                connect = {"verbose": False, "pedantic": False, **creds}
+                await ws.send(b"CONNECT " + json.dumps(connect).encode() + b"\r\nPING\r\n")
+                text = b""
+                try:
+                    while b"PONG" not in text and b"-ERR" not in text:
+                        text += await asyncio.wait_for(ws.recv(), 10)
+                except (websockets.ConnectionClosed, TimeoutError):
+                    pass
+                got.append("PONG" if b"PONG" in text else text.decode(errors="replace").strip())
+        results[impl] = got
+    assert results["jetraft"] == results["nats-server"]
+    assert results["jetraft"][0] == "PONG"
