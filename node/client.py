@@ -352,6 +352,12 @@ class Client(asyncio.Protocol):
         self._arm_auth_timer()
         self.flush()
 
+    def recheck_pin(self) -> None:
+        """A reload changed tls { pinned_certs }: a client-port client whose key
+        the new list leaves out is closed, as nats-server does."""
+        if self.conn_type == CONN_STANDARD and not self.upgrading and not self.closed:
+            self._key_pinned(self.transport)
+
     def _key_pinned(self, transport: Any) -> bool:
         """tls { pinned_certs }: a client whose key is not listed is closed."""
         tls_opts = self.server.options.tls

@@ -164,3 +164,44 @@ async def test_websocket_clients_do_not_use_the_client_port_certificate_map(serv
         results[impl] = got
     assert results["jetraft"] == results["nats-server"]
     assert results["jetraft"][0] == "PONG"
+
+
+# --------------------------------------------------------------------------- pinned_certs reload
+
+
+@pytest.mark.parametrize("impl", ["nats-server", "jetraft"])
+async def test_a_reload_that_unpins_a_key_closes_its_clients(servers, map_pki, impl):
+    """nats-server's recheckPinnedCerts: after a reload, a connected client
+    whose certificate key the new pinned_certs leaves out is closed."""
+    import signal
+
+    import nats
+
+    from node import tls
+    from tests.integration.test_security_defects import openssl_spki_pin
+
+    pki = map_pki
+    d = pki.ca.parent
+
+    def config(pinned: list[str]) -> str:
+        pins = json.dumps([openssl_spki_pin(d / f"{n}.pem") for n in pinned])
+        return (f"tls {{ cert_file: {json.dumps(str(pki.server_cert))}, "
+                f"key_file: {json.dumps(str(pki.server_key))}, "
+                f"ca_file: {json.dumps(str(pki.ca))}, verify: true, timeout: 5, "
+                f"pinned_certs: {pins} }}\n")
+
+    start = servers.nats_server if impl == "nats-server" else servers.jetraft
+    srv = start(config(["bob", "dns"]))
+    clients = {}
+    for name in ("bob", "dns"):
+        ctx = tls.client_context(str(pki.ca), str(d / f"{name}.pem"), str(d / f"{name}.key"))
+        clients[name] = await nats.connect(srv.url, tls=ctx, allow_reconnect=False,
+                                           connect_timeout=10, max_reconnect_attempts=0)
+    (srv.workdir / f"{srv.name}-{srv.port}.conf").write_text(config(["dns"]))
+    srv.send_signal(signal.SIGHUP)
+    deadline = asyncio.get_running_loop().time() + 30
+    while not clients["bob"].is_closed:
+        assert asyncio.get_running_loop().time() < deadline, "the unpinned client stayed"
+        await asyncio.sleep(0.05)
+    await clients["dns"].flush(timeout=10)  # still pinned: still served
+    await clients["dns"].close()
