@@ -17,7 +17,7 @@ from tests.integration.test_security import HOST
 pytestmark = pytest.mark.timeout(180)
 
 TAGS = ["dns", "uri", "es", "esdn", "wsonly", "fallback", "comma", "bob", "anon", "someone",
-        "multi", "pw"]
+        "multi", "pw", "acct"]
 
 USERS = [
     {"user": "dnsuser", "tag": "dns"},
@@ -45,6 +45,7 @@ CERTS = {
     "plusrdn": ("/OU=y+OU=x/CN=multi", ""),
     "nobody": ("/CN=nobody", ""),
     "pwcert": ("/CN=pwuser", ""),
+    "acct": ("/CN=acct", ""),
 }
 
 
@@ -55,7 +56,11 @@ def user_block(no_auth: bool) -> str:
         entry["permissions"] = {"publish": [f"who.{u['tag']}"], "subscribe": ["_INBOX.>"]}
         users.append(entry)
     extra = "no_auth_user: anon\n" if no_auth else ""
-    return f"authorization {{ users: {json.dumps(users)} }}\n{extra}"
+    # a user of a named account is mapped like the others
+    acct = {"user": "CN=acct", "permissions": {"publish": ["who.acct"],
+                                               "subscribe": ["_INBOX.>"]}}
+    return (f"authorization {{ users: {json.dumps(users)} }}\n{extra}"
+            f"accounts {{ X {{ users: [{json.dumps(acct)}] }} }}\n")
 
 
 @pytest.fixture(scope="module")
@@ -109,7 +114,7 @@ CASES = [  # (certificate, CONNECT credentials)
     ("bob", {"user": "someone", "pass": "pw"}), ("bob", {"user": "O=Acme, CN=bob"}),
     ("bob", {"user": "someone"}),  # the certificate names the user; the CONNECT's is ignored
     ("pwcert", {}), ("pwcert", {"pass": "secret"}), ("pwcert", {"pass": "nope"}),
-    ("pwcert", {"user": "someone", "pass": "secret"}),
+    ("pwcert", {"user": "someone", "pass": "secret"}), ("acct", {}),
 ]
 
 
