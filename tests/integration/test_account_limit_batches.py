@@ -95,8 +95,23 @@ async def _copies(nc: Any, log: Any) -> dict[str, Any]:
         assert time.monotonic() < deadline, log()[-2000:]
         await asyncio.sleep(0.1)
     m, s = await _state(nc, "M"), await _state(nc, "S")
-    return {"warned": True, "copied bytes": m["state"]["bytes"] + s["state"]["bytes"],
-            "lag": m["mirror"]["lag"] + s["sources"][0]["lag"]}
+    out = {"warned": True, "copied bytes": m["state"]["bytes"] + s["state"]["bytes"],
+           "lag": m["mirror"]["lag"] + s["sources"][0]["lag"]}
+    # Two sources of one stream start together: each link's entries are held in flight,
+    # so neither checks the account without the other's copies on their way.
+    for name in ("M", "S"):
+        await _req(nc, f"$JS.API.STREAM.DELETE.{name}")
+    await _req(nc, "$JS.API.STREAM.CREATE.P", {"name": "P", "subjects": ["p"],
+                                              "storage": "memory"})
+    await asyncio.gather(*[nc.request("p", b"x" * 1000, timeout=20) for _ in range(150)])
+    await _req(nc, "$JS.API.STREAM.CREATE.T", {"name": "T", "storage": "file",
+                                              "sources": [{"name": "O"}, {"name": "P"}]})
+    deadline = time.monotonic() + 60
+    while log().count("for 'A' > 'T': resource limits exceeded") < 2:
+        assert time.monotonic() < deadline, log()[-2000:]
+        await asyncio.sleep(0.1)
+    out["two sources bytes"] = (await _state(nc, "T"))["state"]["bytes"]
+    return out
 
 
 async def test_batches_and_copies_stay_within_the_account_limits(servers: Servers) -> None:
@@ -117,6 +132,7 @@ async def test_batches_and_copies_stay_within_the_account_limits(servers: Server
         assert out["big bytes"] <= LIMIT and out["many bytes"] <= LIMIT, out
         assert out["many"].get(ERR_10002, 0) > 0 and out["many"].get("ok", 0) > 0, out
         assert out["copied bytes"] <= LIMIT and out["lag"] > 0, out
+        assert out["two sources bytes"] <= LIMIT, out
     # nats-server leaves the commit unanswered with a part stored; Jetraft refuses it whole.
     assert theirs["big"] == "TimeoutError" and theirs["big bytes"] > 0, theirs
     assert ours["big"] == ERR_10002 and ours["big bytes"] == 0, ours
