@@ -20,6 +20,7 @@ The caller passes `now` and runs what `ready()` hands out."""
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
@@ -30,6 +31,21 @@ FAILURE_WINDOW = 60.0
 _HOSTS_TRACKED_MAX = 4096
 
 Job = TypeVar("Job")
+
+
+def source_of(host: str) -> str:
+    """The source a client's address counts as: the address itself for IPv4, its /64
+    for IPv6 (one host is usually given a whole /64, so rotating inside it gains
+    nothing); an IPv4-mapped IPv6 address is its IPv4 address."""
+    try:
+        ip = ipaddress.ip_address(host.split("%", 1)[0])
+    except ValueError:
+        return host
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            return str(ip.ipv4_mapped)
+        return str(ipaddress.IPv6Network((ip, 64), strict=False))
+    return str(ip)
 
 
 @dataclass

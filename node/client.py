@@ -43,6 +43,7 @@ from node.auth import (
     pub_violation,
     sub_violation,
 )
+from node.authqueue import source_of
 from node.message import (
     CRLF,
     InternalCallback,
@@ -699,7 +700,8 @@ class Client(asyncio.Protocol):
         unhashed to make room for a client with a better record."""
         server = self.server
         pending = _PendingCheck(check, self.loop.create_future(), self)
-        admission = server.auth_throttle.submit(self.host, pending, time.monotonic())
+        admission = server.auth_throttle.submit(source_of(self.host or ""), pending,
+                                                time.monotonic())
         for dropped in admission.evicted:
             dropped.settle(server, None)
         if not admission.admitted:

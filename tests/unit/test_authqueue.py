@@ -101,3 +101,13 @@ def test_a_flood_of_wrong_guesses_does_not_forget_a_remembered_match():
         miss = checker.check(hashed, f"guess{i}", grants)
         checker.remember(miss, False)
     assert checker.check(hashed, "right", grants) is grants  # no hashing needed
+
+
+def test_the_source_of_an_address_is_its_ipv4_or_its_ipv6_slash_64():
+    assert q.source_of("127.0.0.12") == "127.0.0.12"
+    assert q.source_of("2001:db8:1:2:aaaa::1") == q.source_of("2001:db8:1:2:bbbb::9") \
+        == "2001:db8:1:2::/64"
+    assert q.source_of("2001:db8:1:3::1") != q.source_of("2001:db8:1:2::1")
+    assert q.source_of("::ffff:10.0.0.1") == "10.0.0.1"
+    assert q.source_of("fe80::1%eth0") == "fe80::/64"
+    assert q.source_of("") == "" and q.source_of("not-an-ip") == "not-an-ip"
