@@ -398,10 +398,13 @@ AuthResult = Identity | SlowCheck | None
 class _SecretChecker:
     """Constant-time comparison of plain secrets; bcrypt ones become a
     `SlowCheck`. Outcomes of bcrypt checks are remembered (as digests), both
-    ways, so reconnect storms and repeated wrong guesses cost no hashing."""
+    ways, so reconnect storms and repeated wrong guesses cost no hashing.
+    Matches and misses are kept apart: a flood of distinct wrong guesses
+    fills and clears only the misses, never a client's remembered match."""
 
     def __init__(self) -> None:
-        self._known: dict[bytes, bool] = {}
+        self._matched: set[bytes] = set()
+        self._missed: set[bytes] = set()
 
     def check(self, configured: str | None, given: Any, grants: Identity | None) -> AuthResult:
         """`grants` when `given` matches, None when it does not, or a SlowCheck."""
@@ -411,15 +414,17 @@ class _SecretChecker:
             ok = hmac.compare_digest(configured.encode(), given.encode())
             return _granted(ok, grants)
         digest = hashlib.sha256(configured.encode() + b"\0" + given.encode()).digest()
-        known = self._known.get(digest)
-        if known is not None:
-            return _granted(known, grants)
+        if digest in self._matched:
+            return _granted(True, grants)
+        if digest in self._missed:
+            return None
         return SlowCheck(configured, given, grants, digest)
 
     def remember(self, check: SlowCheck, ok: bool) -> None:
-        if len(self._known) >= _BCRYPT_CACHE_MAX:
-            self._known.clear()
-        self._known[check.digest] = ok
+        known = self._matched if ok else self._missed
+        if len(known) >= _BCRYPT_CACHE_MAX:
+            known.clear()
+        known.add(check.digest)
 
 
 def _granted(ok: bool, grants: Identity | None) -> AuthResult:
@@ -500,7 +505,11 @@ class Authenticator:
         or a SlowCheck to run off the loop and pass to `finish`."""
         if not self.configured:
             return Identity(user=None)
-        if not _has_credentials(connect):
+        # Under verify_and_map the certificate is the credential: nats-server never
+        # falls back to no_auth_user there (an unmapped certificate is refused).
+        # WebSocket clients follow websocket { tls } (its verify_and_map stops the node).
+        cert_map = self._tls_map and bool(self._by_name) and conn_type == CONN_STANDARD
+        if not _has_credentials(connect) and not cert_map:
             identity = self.no_auth_identity(conn_type)
             if identity is not None:
                 return identity
@@ -509,35 +518,50 @@ class Authenticator:
             return self._auth_nkey(nkey, connect.get("sig"), nonce, conn_type)
         if self._token is not None:
             return self._secrets.check(self._token, connect.get("auth_token"), None)
-        if self._tls_map and self._by_name:
-            # The verified certificate is the credential; a CONNECT that names
-            # another user is refused, as nats-server does.
-            identity = self._auth_cert(tls_peer_cert, conn_type)
-            given = connect.get("user")
-            if identity is not None and given and given != identity.user:
+        if cert_map:
+            # The verified certificate names the user; the CONNECT's user name is
+            # ignored, but its password must still be that user's (none for none),
+            # as nats-server compares them.
+            mapped = self._cert_account(tls_peer_cert, conn_type)
+            given = connect.get("pass") or ""
+            if mapped is None:
                 return None
-            return identity
+            return self._secrets.check(mapped.password or "", given, mapped.identity())
         account = self._by_name.get(connect.get("user"))  # type: ignore[arg-type]
         if account is None or not account.allows(conn_type):
             return None
         return self._secrets.check(account.password, connect.get("pass"), account.identity())
 
-    def _auth_cert(self, cert: dict | None, conn_type: str) -> Identity | None:
+    def _cert_account(self, cert: dict | None, conn_type: str) -> _Account | None:
         """tls { verify_and_map }: the user named by the client certificate, as
-        nats-server looks it up: e-mail SANs, DNS SANs, URI SANs, then the subject."""
+        nats-server looks it up: e-mail, DNS and URI SANs by name, then the
+        subject as a DN (the same RDNs in order, then in any order), then the
+        subject's text. A name whose user may not use this connection type is
+        skipped, not fatal: the next name may still map."""
         if not cert:
             return None
-        for name in cert_user_names(cert):
-            account = self._by_name.get(name)
-            if account is not None:
-                return account.identity() if account.allows(conn_type) else None
+        sans = cert.get("subjectAltName", ())
+        for kind in ("email", "DNS", "URI"):
+            for k, name in sans:
+                if k == kind and (account := self._cert_user(name, conn_type)) is not None:
+                    return account
         subject = _subject_rdns(cert)
         if subject is None:
             return None
-        for name, account in self._by_name.items():
-            if name is not None and _parse_dn(name) == subject:
-                return account.identity() if account.allows(conn_type) else None
-        return None
+        dns = [(_dn_key(_parse_dn(name)), account) for name, account in self._by_name.items()
+               if name is not None and account.allows(conn_type)]
+        want = _dn_key(subject)
+        for same in (lambda dn: dn == want, lambda dn: _rdns_match(dn, want)):
+            for dn, account in dns:
+                if dn is not None and same(dn):
+                    return account
+        return self._cert_user(_dn_text(subject), conn_type)
+
+    def _cert_user(self, name: str, conn_type: str) -> _Account | None:
+        account = self._by_name.get(name)
+        if account is None or not account.allows(conn_type):
+            return None
+        return account
 
     def finish(self, check: SlowCheck, ok: bool) -> Identity | None:
         """The outcome of a SlowCheck whose `run()` returned `ok`."""
@@ -575,16 +599,25 @@ _DN_NAMES = {
 _DN_SPECIALS = ',+"\\<>;'
 
 
-def cert_user_names(cert: dict) -> list[str]:
-    """Literal user names a certificate offers, in nats-server's order: e-mail,
-    DNS and URI SANs, then the subject as Go prints it ("CN=a,O=b", last RDN first)."""
-    sans = cert.get("subjectAltName", ())
-    names = [v for kind in ("email", "DNS", "URI") for k, v in sans if k == kind]
-    subject = _subject_rdns(cert)
-    if subject is not None:
-        names.append(",".join("+".join(f"{t}={_dn_escape(v)}" for t, v in rdn)
-                              for rdn in reversed(subject)))
-    return names
+def _dn_text(subject: list[tuple[tuple[str, str], ...]]) -> str:
+    """The subject as Go prints it ("CN=a,O=b": last RDN first)."""
+    return ",".join("+".join(f"{t}={_dn_escape(v)}" for t, v in rdn) for rdn in reversed(subject))
+
+
+_DnKey = list[frozenset[tuple[str, str]]]
+
+
+def _dn_key(rdns: list[tuple[tuple[str, str], ...]] | None) -> _DnKey | None:
+    """RDNs for comparison: attribute types without case, the attributes of a
+    multi-valued RDN in any order (values compare exactly, as nats-server's)."""
+    if rdns is None:
+        return None
+    return [frozenset((t.upper(), v) for t, v in rdn) for rdn in rdns]
+
+
+def _rdns_match(configured: _DnKey, presented: _DnKey) -> bool:
+    """The same RDNs in any order (nats-server's fallback for reordered DNs)."""
+    return len(configured) == len(presented) and all(r in presented for r in configured)
 
 
 def _subject_rdns(cert: dict) -> list[tuple[tuple[str, str], ...]] | None:
@@ -657,69 +690,3 @@ def _dn_unescape(value: str) -> str:
 
 def _has_credentials(connect: dict[str, Any]) -> bool:
     return any(connect.get(k) for k in ("user", "pass", "auth_token", "nkey", "jwt"))
-
-
-# --------------------------------------------------------------------------- throttling
-
-# bcrypt is deliberately slow, so failed guesses are a cheap way to burn our CPU.
-# At most this many checks run or wait at once, across all clients ...
-SLOW_CHECKS_MAX = 32
-# ... and per source address; more are refused at once, without hashing.
-SLOW_CHECKS_PER_HOST_MAX = 4
-# A source address with this many failures inside the window is refused without
-# hashing until its oldest failure leaves the window.
-FAILURES_PER_HOST_MAX = 10
-FAILURE_WINDOW = 60.0
-_HOSTS_TRACKED_MAX = 4096
-
-
-class AuthThrottle:
-    """Bounds the bcrypt work clients can cause: concurrent checks, and
-    repeated failures per source address. Pure: the caller passes `now`."""
-
-    def __init__(self) -> None:
-        self.in_flight = 0
-        self._per_host: dict[str, int] = {}
-        self._failures: dict[str, list[float]] = {}
-
-    def admit(self, host: str, now: float) -> bool:
-        """May a slow check for a client at `host` start (or queue) now?"""
-        if self.in_flight >= SLOW_CHECKS_MAX:
-            return False
-        if self._per_host.get(host, 0) >= SLOW_CHECKS_PER_HOST_MAX:
-            return False
-        if self._count_failures(host, now) >= FAILURES_PER_HOST_MAX:
-            return False
-        self.in_flight += 1
-        self._per_host[host] = self._per_host.get(host, 0) + 1
-        return True
-
-    def done(self, host: str, ok: bool, now: float) -> None:
-        """A check admitted for `host` ended with `ok`."""
-        assert self.in_flight > 0, "done() without admit()"
-        self.in_flight -= 1
-        left = self._per_host.get(host, 1) - 1
-        if left:
-            self._per_host[host] = left
-        else:
-            self._per_host.pop(host, None)
-        if not ok:
-            if host not in self._failures and len(self._failures) >= _HOSTS_TRACKED_MAX:
-                self._forget_oldest(now)
-            self._failures.setdefault(host, []).append(now)
-
-    def _count_failures(self, host: str, now: float) -> int:
-        times = self._failures.get(host)
-        if times is None:
-            return 0
-        while times and now - times[0] > FAILURE_WINDOW:
-            times.pop(0)
-        if not times:
-            del self._failures[host]
-        return len(times)
-
-    def _forget_oldest(self, now: float) -> None:
-        for host in [h for h, t in self._failures.items() if not t or now - t[-1] > FAILURE_WINDOW]:
-            del self._failures[host]
-        while len(self._failures) >= _HOSTS_TRACKED_MAX:
-            del self._failures[next(iter(self._failures))]

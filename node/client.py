@@ -43,6 +43,7 @@ from node.auth import (
     pub_violation,
     sub_violation,
 )
+from node.authqueue import source_of
 from node.message import (
     CRLF,
     InternalCallback,
@@ -102,7 +103,7 @@ class ClientHost(Protocol):
     auth: Any
     auth_throttle: Any
     auth_workers: Any
-    auth_checks: dict[bytes, asyncio.Future[bool]]  # bcrypt checks running, by digest
+    auth_checks: dict[bytes, Any]  # bcrypt checks queued or running, by digest
     tls_ctx: Any
     tls_first: bool
     slow_consumers: int
@@ -351,6 +352,12 @@ class Client(asyncio.Protocol):
             return
         self._arm_auth_timer()
         self.flush()
+
+    def recheck_pin(self) -> None:
+        """A reload changed tls { pinned_certs }: a client-port client whose key
+        the new list leaves out is closed, as nats-server does."""
+        if self.conn_type == CONN_STANDARD and not self.upgrading and not self.closed:
+            self._key_pinned(self.transport)
 
     def _key_pinned(self, transport: Any) -> bool:
         """tls { pinned_certs }: a client whose key is not listed is closed."""
@@ -666,14 +673,16 @@ class Client(asyncio.Protocol):
             system.client_connected(self)
 
     def _check_off_loop(self, check: SlowCheck, options: dict[str, Any]) -> None:
-        """Run a bcrypt check in the server's auth workers, or wait for the same
-        check another client started (a reconnect storm hashes once). Until it
-        ends, reading pauses and what was already read waits in `_held`, in order."""
+        """Queue a bcrypt check for the server's auth workers, or wait for the
+        same check another client queued (a reconnect storm hashes once). Until
+        it ends, reading pauses and what was already read waits in `_held`, in order."""
         server = self.server
-        future = server.auth_checks.get(check.digest)
-        if future is None:
-            future = self._start_check(check)
-        if future is None:
+        pending = server.auth_checks.get(check.digest)
+        if pending is not None:
+            pending.waiters.append(self)
+        else:
+            pending = self._start_check(check)
+        if pending is None:
             server.log.error(f"{self.host}:{self.port} - cid:{self.cid} - "
                              "too many authentication attempts")
             self._auth_done(options, None)
@@ -683,35 +692,37 @@ class Client(asyncio.Protocol):
         pause = getattr(self.transport, "pause_reading", None)
         if pause is not None:
             pause()
-        future.add_done_callback(lambda f: self._check_done(check, options, f))
+        pending.future.add_done_callback(lambda f: self._check_done(check, options, f))
 
-    def _start_check(self, check: SlowCheck) -> asyncio.Future[bool] | None:
-        """A new check, if the throttle admits one for this client's address."""
-        server, host = self.server, self.host
-        if not server.auth_throttle.admit(host, time.monotonic()):
+    def _start_check(self, check: SlowCheck) -> _PendingCheck | None:
+        """A new check, if the throttle queues one for this client's address.
+        Its future ends with the outcome, or None when the check was dropped
+        unhashed to make room for a client with a better record."""
+        server = self.server
+        pending = _PendingCheck(check, self.loop.create_future(), self)
+        admission = server.auth_throttle.submit(source_of(self.host or ""), pending,
+                                                time.monotonic())
+        for dropped in admission.evicted:
+            dropped.settle(server, None)
+        if not admission.admitted:
             return None
-        try:
-            future = self.loop.run_in_executor(server.auth_workers, check.run)
-        except RuntimeError:  # the workers stopped: the server is shutting down
-            future = self.loop.create_future()
-            future.set_result(False)
-        server.auth_checks[check.digest] = future
-
-        def settle(f: asyncio.Future[bool]) -> None:  # runs before any waiter's callback
-            server.auth_checks.pop(check.digest, None)
-            server.auth_throttle.done(host, _check_ok(f), time.monotonic())
-
-        future.add_done_callback(settle)
-        return future
+        server.auth_checks[check.digest] = pending
+        _run_ready_checks(server, self.loop)
+        return pending
 
     def _check_done(self, check: SlowCheck, options: dict[str, Any],
-                    future: asyncio.Future[bool]) -> None:
+                    future: asyncio.Future[bool | None]) -> None:
         server = self.server
-        identity = server.auth.finish(check, _check_ok(future))
+        outcome = None if future.cancelled() or future.exception() else future.result()
         held, self._held = self._held or [], None
         if self.closed:
             return
-        self._auth_done(options, identity)
+        if outcome is None:  # dropped unhashed: refuse, remember nothing
+            server.log.error(f"{self.host}:{self.port} - cid:{self.cid} - "
+                             "too many authentication attempts")
+            self._auth_done(options, None)
+            return
+        self._auth_done(options, server.auth.finish(check, outcome))
         self._replay(held)
 
     def _replay(self, held: list[Any]) -> None:
@@ -1129,6 +1140,52 @@ def _tighter(a: int, b: int) -> int:
 
 def _check_ok(future: asyncio.Future[bool]) -> bool:
     return not future.cancelled() and future.exception() is None and bool(future.result())
+
+
+class _PendingCheck:
+    """A bcrypt check in the server's AuthThrottle, with the clients waiting
+    for it (the one that asked, then any with the same credentials)."""
+
+    __slots__ = ("check", "future", "waiters")
+
+    def __init__(self, check: SlowCheck, future: asyncio.Future[bool | None],
+                 asker: Client) -> None:
+        self.check, self.future = check, future
+        self.waiters = [asker]
+
+    def wanted(self) -> bool:
+        """A check whose clients all went away needs no hashing."""
+        return any(not c.closed for c in self.waiters)
+
+    def settle(self, server: Any, outcome: bool | None) -> None:
+        if server.auth_checks.get(self.check.digest) is self:
+            del server.auth_checks[self.check.digest]
+        if not self.future.done():
+            self.future.set_result(outcome)
+
+
+def _run_ready_checks(server: Any, loop: asyncio.AbstractEventLoop) -> None:
+    """Hand the checks the throttle lets run now to the auth workers."""
+    for host, pending in server.auth_throttle.ready(time.monotonic()):
+        if not pending.wanted():
+            pending.settle(server, None)
+            server.auth_throttle.done(host, None, time.monotonic())
+            continue
+        try:
+            work = loop.run_in_executor(server.auth_workers, pending.check.run)
+        except RuntimeError:  # the workers stopped: the server is shutting down
+            work = loop.create_future()
+            work.set_result(False)
+        work.add_done_callback(
+            lambda w, host=host, pending=pending: _check_ran(server, loop, host, pending, w))
+
+
+def _check_ran(server: Any, loop: asyncio.AbstractEventLoop, host: str,
+               pending: _PendingCheck, work: asyncio.Future[bool]) -> None:
+    ok = _check_ok(work)
+    server.auth_throttle.done(host, ok, time.monotonic())
+    pending.settle(server, ok)
+    _run_ready_checks(server, loop)
 
 
 # The name the rest of the node used before clients had kinds.

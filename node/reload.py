@@ -243,7 +243,12 @@ class Reloader:
         server.auth = auth
         if server.system is not None:
             server.system.accounts_changed()
+        pins_changed = _pins(new) != _pins(old)
         for client in list(server.clients.values()):
+            if pins_changed:
+                client.recheck_pin()
+                if client.closed:
+                    continue
             client.set_tracing(new.trace)
             client.limits_reloaded()
             if plan.auth and new.operator is None:
@@ -283,3 +288,7 @@ class Reloader:
             client.reauthorized(server.auth.finish(result, ok))
 
         future.add_done_callback(done)
+
+
+def _pins(options: Options) -> list[str]:
+    return list(options.tls.pinned_certs) if options.tls is not None else []

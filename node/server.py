@@ -23,7 +23,8 @@ from node import tls
 from node.account import GLOBAL_ACCOUNT, Account
 from node.accountconf import AccountsConfig
 from node.activation import apply_activations
-from node.auth import AUTH_VIOLATION, CONN_STANDARD, CONN_WEBSOCKET, Authenticator, AuthThrottle
+from node.auth import AUTH_VIOLATION, CONN_STANDARD, CONN_WEBSOCKET, Authenticator
+from node.authqueue import AuthThrottle
 from node.claimsservice import ClaimsService
 from node.client import Client, Kind
 from node.config import ConfigError
@@ -106,8 +107,8 @@ class Server:
         self.auth = _optional_auth(options)
         self.router: Router | None = None
         self.router = self._build_accounts(options)
-        self.auth_throttle = AuthThrottle()
-        self.auth_checks: dict[bytes, asyncio.Future[bool]] = {}
+        self.auth_throttle: AuthThrottle[Any] = AuthThrottle(AUTH_WORKERS)
+        self.auth_checks: dict[bytes, Any] = {}  # node.client._PendingCheck by digest
         self.auth_workers = concurrent.futures.ThreadPoolExecutor(
             AUTH_WORKERS, thread_name_prefix="auth")
         self.tls_ctx = _optional_tls(options)

@@ -12,13 +12,14 @@ leader keeps no reservation and a new one starts from the applied state.
 
 A publish is known by its entry's clock (`now_ns`), which the leader makes unique among
 the publishes it holds (`reserve`); applying an entry releases the clocks it carries
-(`ops.msg_clocks`). Releasing a clock that is not held (an entry of an earlier term, a
-failure after the apply) does nothing, so each publish is released at most once.
+(`ops.msg_clocks`). A committed atomic batch and a mirror/source entry are held the same
+way, as ONE reservation of several messages under their entry's clock. Releasing a clock
+that is not held (an entry of an earlier term, a failure after the apply) does nothing, so
+each publish is released at most once.
 """
 
 from __future__ import annotations
 
-import itertools
 import threading
 from collections.abc import Iterable
 from typing import Any
@@ -32,26 +33,26 @@ DEFAULT_MAX_SIZE = 128 * 1024 * 1024
 
 
 class Inflight:
-    """One stream's reservations: clock -> (stored bytes, buffered bytes)."""
+    """One stream's reservations: clock -> (stored bytes, buffered bytes, messages)."""
 
     __slots__ = ("_lock", "_held", "msgs", "bytes", "buffered")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()  # the loop reserves, the apply worker releases
-        self._held: dict[int, tuple[int, int]] = {}
-        self.msgs = 0       # publishes held
+        self._held: dict[int, tuple[int, int, int]] = {}
+        self.msgs = 0       # messages held
         self.bytes = 0      # their size as the store will count it (limits)
         self.buffered = 0   # their subject + reply + headers + data (max_buffered_size)
 
-    def reserve(self, now_ns: int, stored: int, buffered: int) -> int:
-        """Hold a new publish; its key: `now_ns`, or the next clock not held after it
-        (the caller then proposes the entry with that clock)."""
+    def reserve(self, now_ns: int, stored: int, buffered: int, count: int = 1) -> int:
+        """Hold a new publish (or an entry of `count` messages); its key: `now_ns`, or the
+        next clock not held after it (the caller then proposes the entry with that clock)."""
         with self._lock:
             held = self._held
             while now_ns in held:
                 now_ns += 1
-            held[now_ns] = (stored, buffered)
-            self.msgs += 1
+            held[now_ns] = (stored, buffered, count)
+            self.msgs += count
             self.bytes += stored
             self.buffered += buffered
         return now_ns
@@ -71,7 +72,7 @@ class Inflight:
             for clock in clocks:
                 got = pop(clock, None)
                 if got is not None:
-                    n += 1
+                    n += got[2]
                     stored += got[0]
                     buffered += got[1]
             self.msgs -= n
@@ -88,7 +89,7 @@ class Inflight:
             if msgs and cfg.get("discard") == "new" and cfg.get("max_msgs", -1) > 0:
                 room = max(cfg["max_msgs"] - stored_msgs, 0)
                 if room < msgs:  # the first `room` in proposal order are the ones stored
-                    held = sum(v[0] for v in itertools.islice(self._held.values(), room))
+                    held = _first_bytes(self._held.values(), room)
         total = stored + held
         max_bytes = cfg.get("max_bytes", -1)
         if 0 < max_bytes < total:
@@ -99,3 +100,15 @@ class Inflight:
         with self._lock:
             self._held.clear()
             self.msgs = self.bytes = self.buffered = 0
+
+
+def _first_bytes(held: Iterable[tuple[int, int, int]], room: int) -> int:
+    """The bytes of the reservations, in order, while their messages fit in `room` (an
+    entry of several messages that does not fit whole is refused whole by its apply)."""
+    total = 0
+    for stored, _, count in held:
+        if count > room:
+            break
+        room -= count
+        total += stored
+    return total

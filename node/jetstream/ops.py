@@ -339,14 +339,18 @@ def merge_msgs(entries: list[bytes]) -> bytes:
     return b"".join(parts)
 
 
+_HELD_WHOLE = (EntryOp.STREAM_MSG, EntryOp.STREAM_BATCH, EntryOp.SOURCE_MSGS)
+
+
 def msg_clocks(entry: bytes) -> list[int]:
-    """The clock of each publish a STREAM_MSG or STREAM_MSGS entry carries (the leader's
-    in-flight reservations are keyed by it, inflight.py); none for any other entry. Reads
+    """The clock of each publish a STREAM_MSG or STREAM_MSGS entry carries, and the one
+    clock of a STREAM_BATCH or SOURCE_MSGS entry (the leader's in-flight reservations are
+    keyed by it, inflight.py); none for any other entry. Reads
     only the heads: a malformed entry yields what it can (its apply refuses it anyway)."""
     if len(entry) < _HEAD.size:
         return []
     code, now_ns = _HEAD.unpack_from(entry)
-    if code == EntryOp.STREAM_MSG:
+    if code in _HELD_WHOLE:
         return [now_ns]
     if code != EntryOp.STREAM_MSGS or len(entry) < _HEAD.size + _COUNT.size:
         return []

@@ -746,18 +746,27 @@ class JetStreamService:
         finds no tier for the stream (10120); True: refused (and answered). Checked before
         the proposal against the bytes stored AND the bytes of the publishes proposed here
         and not yet applied (`_stream_bytes`), as nats-server's in-order checks see them."""
+        err = self._account_refusal(sm, size)
+        if err is None:
+            return self._over_server_limit(sm, op)
+        return self._refuse_publish(sm, op, err)
+
+    def _account_refusal(self, sm: StreamMachine, size: int, warn: bool = True
+                         ) -> ApiError | None:
+        """The account's refusal of `size` more bytes in `sm` (see `_over_account_limit`),
+        or None when they fit."""
         account = jsaccount.account_of(sm.name)
         tiers = self.limits.get(account)
         if tiers is None:
-            return False
+            return None
         try:
             tier, limits = tiers.select(jsaccount.replicas_of(sm.stream.cfg))
         except ApiError as exc:
-            return self._refuse_publish(sm, op, exc)
+            return exc
         if (limits.max_memory < 0 and limits.max_storage < 0
                 and limits.memory_max_stream_bytes <= 0
                 and limits.storage_max_stream_bytes <= 0):
-            return self._over_server_limit(sm, op)
+            return None
         # the account's streams of this tier and storage type, wherever they are led
         used = sum(self._stream_bytes(k) * _weight(tier, cfg)
                    for k, cfg in self._stored_configs()
@@ -765,10 +774,26 @@ class JetStreamService:
                    and (cfg.get("storage") == "memory") == sm.memory)
         size *= _weight(tier, sm.stream.cfg)
         if not jsaccount.publish_exceeds(limits, sm.memory, used, size):
-            return self._over_server_limit(sm, op)
-        self.log.warn(f"JetStream {'memory' if sm.memory else 'storage'} resource limits "
-                      f"exceeded for account: {account!r}")
-        return self._refuse_publish(sm, op, ApiError.of("JSAccountResourcesExceededErr"))
+            return None
+        if warn:
+            self.log.warn(f"JetStream {'memory' if sm.memory else 'storage'} resource limits "
+                          f"exceeded for account: {account!r}")
+        return ApiError.of("JSAccountResourcesExceededErr")
+
+    def sourced_fit(self, sm: StreamMachine, sizes: list[int]) -> int:
+        """How many of a mirror/source entry's messages (stored sizes, in order) fit in the
+        account's limits, counting what is stored and held in flight: nats-server checks
+        each sourced message as a publish (10002) and retries the rest later."""
+        if self._account_refusal(sm, sum(sizes), warn=False) is None:
+            return len(sizes)
+        lo, hi = 0, len(sizes) - 1  # the longest prefix that fits: lo fits, hi + 1 does not
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if self._account_refusal(sm, sum(sizes[:mid]), warn=False) is None:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
 
     def _over_server_limit(self, sm: StreamMachine, op: ops.StreamMsg) -> bool:
         """The node's own stored bytes of the stream's storage type past its `max_mem` /
@@ -840,8 +865,27 @@ class JetStreamService:
             if op.reply:
                 self._reply(sm.name, op.reply, b"")  # flow control: send the next one
         elif got.committed:
-            batch = ops.StreamBatch(op.now_ns, got.batch_id, tuple(got.committed))
-            self._spawn(self._publish(sm, batch))
+            self._commit_batch(sm, op, got.batch_id, got.committed)
+
+    def _commit_batch(self, sm: StreamMachine, commit: ops.StreamMsg, batch_id: str,
+                      msgs: list[ops.StreamMsg]) -> None:
+        """The whole batch is checked against the account's limits (stored + held) and
+        then held in flight until applied, like a publish: refused whole (10002 on the
+        commit's reply) when it does not fit. nats-server 2.15.1 (R1) instead stores the
+        batch's messages up to the limit and leaves the commit unanswered."""
+        size_of = memory_size if sm.memory else file_size
+        size = sum(size_of(m.subject, m.hdr, m.data) for m in msgs)
+        if self._over_account_limit(sm, commit, size):
+            return
+        buffered = sum(len(m.subject) + len(m.reply) + len(m.hdr) + len(m.data) for m in msgs)
+        key = sm.inflight.reserve(commit.now_ns, size, buffered, len(msgs))
+        self._spawn(self._publish_held(sm, ops.StreamBatch(key, batch_id, tuple(msgs)), key))
+
+    async def _publish_held(self, sm: StreamMachine, op: ops.StreamBatch, key: int) -> None:
+        try:
+            await self._propose(sm, op)
+        except (ProposalDropped, KeyError, NotLeader) as exc:
+            self._not_acked((sm, key), exc)
 
     async def _publish(self, sm: StreamMachine, op: ops.StreamMsg | ops.StreamBatch) -> None:
         try:

@@ -40,6 +40,7 @@ from node.jetstream import jsaccount, ops, sourcing
 from node.jetstream.consumer import StreamView
 from node.jetstream.errors import ApiError
 from node.jetstream.replies import TYPE_PREFIX
+from node.jetstream.store.base import file_size, memory_size
 from node.subject import is_literal
 from raft.multigroup import NotLeader, ProposalDropped
 
@@ -242,10 +243,16 @@ class SourceLink:
             if sm.stream.cfg["sealed"]:
                 msgs = []  # sealed: the origin is still heard, nothing is stored
             if msgs:
+                msgs = self._within_account_limits(sm, msgs, ident)
+            if msgs:
                 entry = ops.SourceMsgs(time.time_ns(), self.key, ident, tuple(msgs))
+                size = sum(self._stored_size(sm, m, ident) for m in msgs)
+                key = sm.inflight.reserve(entry.now_ns, size, size, len(msgs))
+                entry = ops.SourceMsgs(key, self.key, ident, entry.msgs)
                 try:
                     await svc.mr.propose(sm.group, ops.encode(entry))
                 except (ProposalDropped, NotLeader, KeyError) as exc:
+                    sm.inflight.release(key)
                     raise _Restart from exc
                 with sm.lock:
                     stored_to = sourcing.progress(sm.store, self.key)
@@ -253,6 +260,32 @@ class SourceLink:
                     raise _Restart  # refused (a full `discard: new` target): retry later
             for answer in answers:  # what came before is committed: the origin may go on
                 self.wire.client_for(self.account).publish(answer, None, b"")
+
+
+    def _stored_size(self, sm: Any, msg: ops.SourcedMsg, ident: str) -> int:
+        """What the store will count for `msg`: a source adds its Nats-Stream-Source
+        header (name, seq, filters, destinations, subject, ident; bounded from above)."""
+        hdr_len = len(msg.hdr)
+        if self.key != sourcing.MIRROR_KEY:
+            hdr_len += (len(sourcing.STREAM_SOURCE) + len(self.key) + len(msg.subject)
+                        + len(ident) + 40 + (0 if msg.hdr else 12))
+        size_of = memory_size if sm.memory else file_size
+        return size_of(msg.subject, b"\0" * hdr_len, msg.data)
+
+    def _within_account_limits(self, sm: Any, msgs: list[ops.SourcedMsg], ident: str
+                               ) -> list[ops.SourcedMsg]:
+        """The leading messages the account's limits take now (the rest are read again
+        after a restart of the link), with nats-server's warning when some do not fit."""
+        sizes = [self._stored_size(sm, m, ident) for m in msgs]
+        fit = self.wire.svc.sourced_fit(sm, sizes)
+        if fit < len(msgs):
+            self.lag += len(msgs) - fit  # read but not stored: still to come
+            what = ("mirror message" if self.key == sourcing.MIRROR_KEY
+                    else f'source "{self.key}"')
+            where = f"{jsaccount.account_of(sm.name)!r} > {jsaccount.name_of(sm.name)!r}"
+            self.wire.svc.log.warn(f"Error processing inbound {what} for {where}: "
+                                   "resource limits exceeded for account (10002)")
+        return msgs[:fit]
 
 
 class DirectReader:

@@ -238,9 +238,10 @@ async def test_wrong_passwords_do_not_stall_other_clients(servers, impl):
     # Cost 12: ~0.2 s per check, so 20 checks on the event loop would hold a
     # bystander's PING for about 4 s. The bound below is generous on purpose.
     hashed = bcrypt.hashpw(b"right", bcrypt.gensalt(rounds=12)).decode()
-    srv = start(servers, impl, f"authorization {{ users: [{{user: u, password: "
+    # a cost-12 check on a busy CI core (load 30) can outlast the default 2 s auth timeout
+    srv = start(servers, impl, f"authorization {{ timeout: 15, users: [{{user: u, password: "
                                f"{json.dumps(hashed)}}}] }}\n")
-    # a cost-12 check on a busy CI core can outlast nats-py's default 2 s connect timeout
+    # ... and nats-py's default 2 s connect timeout
     nc = await nats.connect(f"nats://{HOST}:{srv.port}", user="u", password="right",
                             allow_reconnect=False, connect_timeout=15)
     # One check's time on this machine right now (bcrypt releases the GIL): on a loaded CI

@@ -89,3 +89,22 @@ def test_a_stream_machine_releases_on_apply_and_forgets_all_at_a_leader_change()
     assert (sm.store.msgs(), sm.inflight.msgs, sm.counted_bytes()) == (2, 1, 3 * size)
     sm.on_leader_change(2, 7)  # deposed: the proposal of clock 12 is not ours to count
     assert (sm.inflight.msgs, sm.counted_bytes()) == (0, 2 * size)
+
+
+def test_a_batch_or_a_copied_entry_is_one_reservation_of_several_messages() -> None:
+    f = Inflight()
+    batch = ops.StreamBatch(50, "b1", tuple(ops.StreamMsg(50, "s", "", b"", b"x")
+                                            for _ in range(3)))
+    copied = ops.SourceMsgs(60, "", "ident", tuple(ops.SourcedMsg(i, 1, "s", b"", b"y")
+                                                   for i in range(1, 5)))
+    assert ops.msg_clocks(ops.encode(batch)) == [50]
+    assert ops.msg_clocks(ops.encode(copied)) == [60]
+    f.reserve(50, 300, 30, 3)
+    f.reserve(60, 400, 40, 4)
+    f.reserve(70, 100, 10)
+    assert (f.msgs, f.bytes, f.buffered) == (8, 800, 80)
+    # discard new, room for 5: the batch (3) fits, the copy (4) does not fit whole
+    plain = {"discard": "new", "max_msgs": 10, "max_bytes": -1}
+    assert f.bound(0, 5, plain) == 300
+    f.release_entries([(1, ops.encode(batch)), (2, ops.encode(copied))])
+    assert (f.msgs, f.bytes, f.buffered) == (1, 100, 10)

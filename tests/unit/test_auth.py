@@ -297,25 +297,3 @@ def test_allowed_connection_types():
 def test_identity_lives_in_the_global_account():
     a = Authenticator(Options(users=[User("u", "p")]))
     assert a.authenticate({"user": "u", "pass": "p"}, None).account == "$G"
-
-
-def test_throttle_bounds_checks_per_host_and_overall():
-    t = auth.AuthThrottle()
-    assert all(t.admit("h1", 0.0) for _ in range(auth.SLOW_CHECKS_PER_HOST_MAX))
-    assert not t.admit("h1", 0.0)
-    for i in range(auth.SLOW_CHECKS_MAX - auth.SLOW_CHECKS_PER_HOST_MAX):
-        assert t.admit(f"other{i}", 0.0)
-    assert not t.admit("h2", 0.0)  # full everywhere
-    t.done("h1", True, 0.0)
-    assert t.admit("h2", 0.0)
-
-
-def test_throttle_refuses_a_host_over_its_failure_budget_until_the_window_passes():
-    t = auth.AuthThrottle()
-    for i in range(auth.FAILURES_PER_HOST_MAX):
-        assert t.admit("h", float(i))
-        t.done("h", False, float(i))
-    assert not t.admit("h", 10.0)
-    assert t.admit("elsewhere", 10.0)
-    later = auth.FAILURE_WINDOW + 0.5  # the first failure has left the window
-    assert t.admit("h", later)
