@@ -242,3 +242,42 @@ async def test_direct_lane_bounds_what_an_unauthenticated_dialer_can_hold():
             w.close()
     finally:
         await b.stop()
+
+
+async def test_direct_lane_reassembles_frames_split_and_joined_anywhere():
+    """The lane's receive area (tcp_lane._Frames, a BufferedProtocol): frames of
+    0 B to 3 MiB (past the usual area) written as one byte stream cut at
+    arbitrary points, several frames per write and one frame over many, arrive
+    whole and in order; a frame larger than the limit closes the connection."""
+    import random
+    import socket
+
+    rng = random.Random(7)
+    sizes = [0, 1, 3, 4, 5, 100, 65535, 65536, 65537, tcp_lane.RECV_AREA - 4,
+             tcp_lane.RECV_AREA, tcp_lane.RECV_AREA + 1, 3 << 20, 7, 0]
+    sizes += [rng.randrange(0, 2000) for _ in range(300)] + [rng.randrange(0, 600_000)
+                                                              for _ in range(10)]
+    frames = [rng.randbytes(n) for n in sizes]
+    wire = b"".join(tcp_lane.HEADER.pack(len(f)) + f for f in frames)
+    got: list[bytes] = []
+    streams: list[tcp_lane.TcpStream] = []
+    port = free_port()
+    server = await tcp_lane.listen("127.0.0.1", port, None, 4 << 20, streams.append)
+    try:
+        sock = socket.create_connection(("127.0.0.1", port))
+        await until(lambda: len(streams) == 1)
+        streams[0].authorized()
+        streams[0]._p.switch(got.append)
+        pos = 0
+        while pos < len(wire):  # cuts of 1 B .. 1 MiB, none aligned with frames on purpose
+            step = rng.choice((1, 2, 3, 5, 4096, 70_000, 1 << 20))
+            await asyncio.to_thread(sock.sendall, wire[pos:pos + step])
+            pos += step
+        await until(lambda: len(got) == len(frames), timeout=30)
+        assert got == frames
+        # One frame above the limit: the connection is closed on its header.
+        sock.sendall(tcp_lane.HEADER.pack((4 << 20) + 1) + b"x" * 10)
+        await asyncio.wait_for(streams[0]._p.closed, 10)
+        sock.close()
+    finally:
+        server.close()
