@@ -49,8 +49,10 @@ KEEPALIVE_IDLE_S, KEEPALIVE_INTVL_S, KEEPALIVE_CNT = 10, 5, 2
 HIGH_WATER = 4 << 20  # buffered bytes above which a writer awaits drain
 AUTH_MAGIC = b"JRAUTH1\n"
 AUTH_MAX_FRAME = 4096  # the largest frame before the authorization passed
-RECV_AREA = 256 << 10  # the receive area's usual size (asyncio's read size)
-RECV_MIN_ROOM = 64 << 10  # the least free room offered to one read
+# The receive area's usual size: every lane connection holds one (four per peer), and a
+# frame larger than it grows it for as long as it is in flight.
+RECV_AREA = 64 << 10
+RECV_MIN_ROOM = 16 << 10  # the least free room offered to one read
 
 
 class FrameTooLarge(ConnectionError):
