@@ -282,14 +282,65 @@ def split_addr(addr: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+def proxy_for(addr: str, env: dict[str, str] | None = None) -> tuple[str, int] | None:
+    """The HTTP CONNECT proxy the gRPC lanes would use to reach `addr`, by gRPC's
+    environment rule: `grpc_proxy`, else `https_proxy`, else `http_proxy` (an
+    `http://host:port` URL); none when the host is listed in `no_grpc_proxy`, else
+    `no_proxy` (comma-separated names, a name also covering its subdomains, `*` all).
+    The direct lane follows the same rule, so traffic an operator (or the partition
+    tests, tests/cluster/netcut.py) routes through a proxy does not bypass it."""
+    env = os.environ if env is None else env
+    url = env.get("grpc_proxy") or env.get("https_proxy") or env.get("http_proxy")
+    if not url:
+        return None
+    host = split_addr(addr)[0]
+    skip = env.get("no_grpc_proxy") or env.get("no_proxy") or ""
+    for name in (n.strip().lstrip(".") for n in skip.split(",")):
+        if name and (name == "*" or host == name or host.endswith("." + name)):
+            return None
+    hostport = url.split("://", 1)[-1].split("/", 1)[0].rpartition("@")[2]
+    phost, _, pport = hostport.rpartition(":")
+    return (phost.strip("[]"), int(pport)) if phost else (hostport, 80)
+
+
+async def _tunnel(proxy: tuple[str, int], addr: str) -> socket.socket:
+    """A socket to `addr` through an HTTP CONNECT proxy (plain TCP to the proxy)."""
+    loop = asyncio.get_running_loop()
+    sock = socket.socket(socket.AF_INET6 if ":" in proxy[0] else socket.AF_INET)
+    sock.setblocking(False)
+    try:
+        await loop.sock_connect(sock, proxy)
+        await loop.sock_sendall(sock, f"CONNECT {addr} HTTP/1.1\r\nHost: {addr}\r\n\r\n"
+                                .encode())
+        head = b""
+        while b"\r\n\r\n" not in head:
+            chunk = await loop.sock_recv(sock, 1)  # byte by byte: nothing past the head
+            if not chunk or len(head) > AUTH_MAX_FRAME:
+                raise ConnectionError(f"proxy {proxy[0]}:{proxy[1]}: no CONNECT answer")
+            head += chunk
+        status = head.split(b"\r\n", 1)[0].split()
+        if len(status) < 2 or status[1] != b"200":
+            raise ConnectionError(f"proxy {proxy[0]}:{proxy[1]} refused {addr}: "
+                                  f"{head[:80]!r}")
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
 async def dial(addr: str, ctx: ssl.SSLContext | None, server_name: str | None,
-               max_frame: int, cred: str | None = None) -> TcpStream:
-    """Connect, and present `cred` (the cluster authorization) as the first frame."""
+               max_frame: int, cred: str | None = None,
+               proxy: tuple[str, int] | None = None) -> TcpStream:
+    """Connect (through `proxy`, an HTTP CONNECT proxy, if given), and present
+    `cred` (the cluster authorization) as the first frame."""
     host, port = split_addr(addr)
     loop = asyncio.get_running_loop()
+    where: dict[str, object] = {"host": host, "port": port}
+    if proxy is not None:
+        where = {"sock": await _tunnel(proxy, addr)}
     transport, proto = await loop.create_connection(
-        lambda: _Frames(max_frame), host, port, ssl=ctx,
-        server_hostname=server_name if ctx is not None else None)
+        lambda: _Frames(max_frame), ssl=ctx,
+        server_hostname=server_name if ctx is not None else None, **where)
     tune(transport)
     stream = TcpStream(proto, max_frame)
     stream.write_auth(cred)

@@ -281,3 +281,52 @@ async def test_direct_lane_reassembles_frames_split_and_joined_anywhere():
         sock.close()
     finally:
         server.close()
+
+
+def test_direct_lane_finds_the_grpc_proxy_by_grpc_rules():
+    addr = "10.1.2.3:4248"
+    assert tcp_lane.proxy_for(addr, {}) is None
+    assert tcp_lane.proxy_for(addr, {"grpc_proxy": "http://127.0.0.1:3128"}) == ("127.0.0.1", 3128)
+    assert tcp_lane.proxy_for(addr, {"https_proxy": "http://p:1", "http_proxy": "http://q:2"}) \
+        == ("p", 1)
+    assert tcp_lane.proxy_for(addr, {"http_proxy": "http://u:pw@q:2/"}) == ("q", 2)
+    assert tcp_lane.proxy_for(addr, {"grpc_proxy": "http://p:1", "no_proxy": "10.1.2.3"}) is None
+    assert tcp_lane.proxy_for("n1.example.com:1", {"grpc_proxy": "http://p:1",
+                                                   "no_grpc_proxy": "example.com"}) is None
+    assert tcp_lane.proxy_for(addr, {"grpc_proxy": "http://p:1", "no_grpc_proxy": "x",
+                                     "no_proxy": "*"}) == ("p", 1)  # no_grpc_proxy wins
+    assert tcp_lane.proxy_for(addr, {"grpc_proxy": "http://p:1", "no_proxy": "*"}) is None
+
+
+async def test_direct_lane_dials_through_the_proxy_and_a_cut_holds():
+    """With `grpc_proxy` set the lane goes through the same CONNECT proxy as the
+    gRPC lanes (the partition tests' netcut): it carries frames through a tunnel,
+    a cut closes it, and a dial during the cut gets no answer until the heal."""
+    from tests.cluster.netcut import NetCut
+
+    net = NetCut(["a", "b"])
+    port = free_port()
+    net.port_of = {port: "b"}
+    streams: list[tcp_lane.TcpStream] = []
+    server = await tcp_lane.listen("127.0.0.1", port, None, 1 << 20, streams.append)
+    proxy = ("127.0.0.1", net.egress["a"])
+    addr = f"127.0.0.1:{port}"
+    try:
+        dialer = await asyncio.wait_for(tcp_lane.dial(addr, None, None, 1 << 20, "token t",
+                                                      proxy=proxy), 10)
+        await until(lambda: len(streams) == 1)
+        assert await streams[0].read_auth() == "token t"
+        assert net.counts["tunnels"] == 1
+        net.cut("a")
+        await asyncio.wait_for(streams[0]._p.closed, 10)  # the tunnel was closed
+        with pytest.raises(TimeoutError):  # held: no CONNECT answer during the cut
+            await asyncio.wait_for(tcp_lane.dial(addr, None, None, 1 << 20, proxy=proxy), 1.0)
+        assert net.counts["refused"] >= 1 and len(streams) == 1
+        net.heal()
+        again = await asyncio.wait_for(tcp_lane.dial(addr, None, None, 1 << 20, proxy=proxy), 10)
+        await until(lambda: len(streams) == 2)
+        again.cancel()
+        dialer.cancel()
+    finally:
+        server.close()
+        net.stop()
