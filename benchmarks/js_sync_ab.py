@@ -3,6 +3,7 @@ nats-server at its default and with `sync_interval: always`, all in ONE run.
 
     PYTHONPATH=$PWD [JETRAFT_BASE=/tmp/base] python benchmarks/js_sync_ab.py
         [--replicas 1|3] [--via leader|other] [--rounds 10] [--per 200] [--size 128]
+        [--direct]
 
 Each target is a single server (R1) or a 3-node cluster (R3) on free loopback ports in a
 temporary store. One nats-py client per target publishes one message at a time and waits
@@ -13,6 +14,8 @@ publish the server processes' CPU and their run-queue wait (`/proc/<pid>/task/*/
 time runnable but not running, summed over every thread of every node): on a saturated
 machine that wait, not the work, is most of a publish's latency.
 `--via other`: R3 publishes go to a node that does not lead the stream.
+`--direct` (R3): one more target, this tree with `cluster { raft_port: 0 }` (Raft over the
+direct TCP lane instead of gRPC streams).
 """
 
 from __future__ import annotations
@@ -68,7 +71,8 @@ class Target:
             old = local.REPO_ROOT
             local.REPO_ROOT = tree
             try:
-                self.cluster = LocalCluster(self.dir, 3).start()
+                extra = "raft_port: 0" if self.label == "jetraft-direct" else ""
+                self.cluster = LocalCluster(self.dir, 3, cluster_extra=extra).start()
             finally:
                 local.REPO_ROOT = old
             self.urls = [n.url for n in self.cluster.nodes]
@@ -187,6 +191,8 @@ async def run(args: argparse.Namespace) -> None:
     labels = ["jetraft", "nats-default", "nats-always"]
     if os.environ.get("JETRAFT_BASE"):
         labels.insert(1, "jetraft-base")
+    if args.direct and args.replicas > 1:
+        labels.insert(1, "jetraft-direct")
     tmp = Path(tempfile.mkdtemp(prefix="syncab-", dir=args.dir))
     targets = [Target(lb, tmp, args.replicas) for lb in labels]
     lat: dict[str, list[float]] = {lb: [] for lb in labels}
@@ -243,6 +249,8 @@ def main() -> None:
     ap.add_argument("--per", type=int, default=200)
     ap.add_argument("--size", type=int, default=128)
     ap.add_argument("--dir", default=None, help="where the stores go (default: $TMPDIR)")
+    ap.add_argument("--direct", action="store_true",
+                    help="R3: also this tree with Raft over the direct TCP lane (raft_port: 0)")
     asyncio.run(run(ap.parse_args()))
 
 

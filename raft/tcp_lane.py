@@ -49,20 +49,31 @@ KEEPALIVE_IDLE_S, KEEPALIVE_INTVL_S, KEEPALIVE_CNT = 10, 5, 2
 HIGH_WATER = 4 << 20  # buffered bytes above which a writer awaits drain
 AUTH_MAGIC = b"JRAUTH1\n"
 AUTH_MAX_FRAME = 4096  # the largest frame before the authorization passed
+# The receive area's usual size: every lane connection holds one (four per peer), and a
+# frame larger than it grows it for as long as it is in flight.
+RECV_AREA = 64 << 10
+RECV_MIN_ROOM = 16 << 10  # the least free room offered to one read
 
 
 class FrameTooLarge(ConnectionError):
     pass
 
 
-class _Frames(asyncio.Protocol):
+class _Frames(asyncio.BufferedProtocol):
     """Cuts the byte stream into frames: queued for `read()` (handshake) or,
-    once `serve` switched the mode, handed to a callback as they arrive."""
+    once `serve` switched the mode, handed to a callback as they arrive.
+
+    The socket is read straight into a receive area this object owns
+    (`get_buffer`/`buffer_updated`): a plain `Protocol` gets a fresh
+    256 KiB `bytes` per read (an mmap, an mremap and an munmap per Raft
+    message on each node, measured by strace) that is then copied once more
+    into the reassembly buffer."""
 
     def __init__(self, max_frame: int) -> None:
         self.max_frame = max_frame
         self.transport: asyncio.Transport | None = None
-        self._buf = bytearray()
+        self._buf = bytearray(RECV_AREA)
+        self._len = 0  # bytes received and not yet cut into frames, from offset 0
         self._frames: deque[bytes] = deque()
         self._waiter: asyncio.Future[None] | None = None
         self._on_frame: Callable[[bytes], None] | None = None
@@ -73,17 +84,34 @@ class _Frames(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
 
-    def data_received(self, data: bytes) -> None:
+    def get_buffer(self, sizehint: int) -> memoryview:
+        """Free room after the bytes kept so far. It grows to hold the frame
+        being received (whose header bounds it by `max_frame`) and shrinks
+        back once a large frame is gone. A new area is a new bytearray: the
+        transport may still hold a view of the old one."""
+        del sizehint
+        want = RECV_MIN_ROOM
+        if self._len >= HEADER.size:
+            (n,) = HEADER.unpack_from(self._buf, 0)
+            want = max(want, HEADER.size + min(n, self.max_frame) - self._len)
+        size = len(self._buf)
+        if size - self._len < want or (size > RECV_AREA and self._len + want <= RECV_AREA):
+            area = bytearray(max(RECV_AREA, self._len + want))
+            area[:self._len] = self._buf[:self._len]
+            self._buf = area
+        return memoryview(self._buf)[self._len:]
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self._len += nbytes
         buf = self._buf
-        buf += data
         pos = 0
-        while len(buf) - pos >= HEADER.size:
+        while self._len - pos >= HEADER.size:
             (n,) = HEADER.unpack_from(buf, pos)
             if n > self.max_frame:
                 self._abort(FrameTooLarge(f"frame of {n} bytes"))
                 return
             end = pos + HEADER.size + n
-            if len(buf) < end:
+            if self._len < end:
                 break
             frame = bytes(buf[pos + HEADER.size:end])
             pos = end
@@ -95,11 +123,15 @@ class _Frames(asyncio.Protocol):
                 self._frames.append(frame)
                 self._wake()
         if pos:
-            del buf[:pos]
+            # Same-size slice assignment: the area is not resized while the
+            # transport's view of it is alive.
+            rest = self._len - pos
+            buf[:rest] = buf[pos:self._len]
+            self._len = rest
 
     def _abort(self, exc: BaseException) -> None:
         del exc
-        self._buf.clear()
+        self._len = 0
         if self.transport is not None:
             self.transport.abort()
 
@@ -250,14 +282,65 @@ def split_addr(addr: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+def proxy_for(addr: str, env: dict[str, str] | None = None) -> tuple[str, int] | None:
+    """The HTTP CONNECT proxy the gRPC lanes would use to reach `addr`, by gRPC's
+    environment rule: `grpc_proxy`, else `https_proxy`, else `http_proxy` (an
+    `http://host:port` URL); none when the host is listed in `no_grpc_proxy`, else
+    `no_proxy` (comma-separated names, a name also covering its subdomains, `*` all).
+    The direct lane follows the same rule, so traffic an operator (or the partition
+    tests, tests/cluster/netcut.py) routes through a proxy does not bypass it."""
+    env = os.environ if env is None else env
+    url = env.get("grpc_proxy") or env.get("https_proxy") or env.get("http_proxy")
+    if not url:
+        return None
+    host = split_addr(addr)[0]
+    skip = env.get("no_grpc_proxy") or env.get("no_proxy") or ""
+    for name in (n.strip().lstrip(".") for n in skip.split(",")):
+        if name and (name == "*" or host == name or host.endswith("." + name)):
+            return None
+    hostport = url.split("://", 1)[-1].split("/", 1)[0].rpartition("@")[2]
+    phost, _, pport = hostport.rpartition(":")
+    return (phost.strip("[]"), int(pport)) if phost else (hostport, 80)
+
+
+async def _tunnel(proxy: tuple[str, int], addr: str) -> socket.socket:
+    """A socket to `addr` through an HTTP CONNECT proxy (plain TCP to the proxy)."""
+    loop = asyncio.get_running_loop()
+    sock = socket.socket(socket.AF_INET6 if ":" in proxy[0] else socket.AF_INET)
+    sock.setblocking(False)
+    try:
+        await loop.sock_connect(sock, proxy)
+        await loop.sock_sendall(sock, f"CONNECT {addr} HTTP/1.1\r\nHost: {addr}\r\n\r\n"
+                                .encode())
+        head = b""
+        while b"\r\n\r\n" not in head:
+            chunk = await loop.sock_recv(sock, 1)  # byte by byte: nothing past the head
+            if not chunk or len(head) > AUTH_MAX_FRAME:
+                raise ConnectionError(f"proxy {proxy[0]}:{proxy[1]}: no CONNECT answer")
+            head += chunk
+        status = head.split(b"\r\n", 1)[0].split()
+        if len(status) < 2 or status[1] != b"200":
+            raise ConnectionError(f"proxy {proxy[0]}:{proxy[1]} refused {addr}: "
+                                  f"{head[:80]!r}")
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
 async def dial(addr: str, ctx: ssl.SSLContext | None, server_name: str | None,
-               max_frame: int, cred: str | None = None) -> TcpStream:
-    """Connect, and present `cred` (the cluster authorization) as the first frame."""
+               max_frame: int, cred: str | None = None,
+               proxy: tuple[str, int] | None = None) -> TcpStream:
+    """Connect (through `proxy`, an HTTP CONNECT proxy, if given), and present
+    `cred` (the cluster authorization) as the first frame."""
     host, port = split_addr(addr)
     loop = asyncio.get_running_loop()
+    where: dict[str, object] = {"host": host, "port": port}
+    if proxy is not None:
+        where = {"sock": await _tunnel(proxy, addr)}
     transport, proto = await loop.create_connection(
-        lambda: _Frames(max_frame), host, port, ssl=ctx,
-        server_hostname=server_name if ctx is not None else None)
+        lambda: _Frames(max_frame), ssl=ctx,
+        server_hostname=server_name if ctx is not None else None, **where)
     tune(transport)
     stream = TcpStream(proto, max_frame)
     stream.write_auth(cred)

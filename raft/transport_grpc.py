@@ -602,7 +602,8 @@ class GrpcTransport:
                     else tcp_lane.split_addr(link.direct)[0])
             async with asyncio.timeout(HANDSHAKE_TIMEOUT):
                 return await tcp_lane.dial(link.direct, ctx, name,
-                                           MAX_GRPC_MESSAGE, self._direct_cred)
+                                           MAX_GRPC_MESSAGE, self._direct_cred,
+                                           proxy=tcp_lane.proxy_for(link.direct))
         if lane.channel is None:
             # The bulk lane has its own TCP connection: a full socket
             # buffer of appends must not hold heartbeats back.

@@ -62,6 +62,11 @@ class NetCut:
                 lambda r, w, name=name: self._serve(name, r, w), "127.0.0.1", port)
             self._servers.append(srv)
 
+    def resolve(self, port: int) -> str:
+        """The node behind a port that is not a cluster port (a Raft direct lane's,
+        `cluster { raft_port }`); "?" if none is known."""
+        return "?"
+
     def env_for(self, name: str) -> dict[str, str]:
         return {"grpc_proxy": f"http://127.0.0.1:{self.egress[name]}"}
 
@@ -114,7 +119,7 @@ class NetCut:
             writer.close()
             return
         host, _, port = parts[1].decode().rpartition(":")
-        dst = self.port_of.get(int(port), "?")
+        dst = self.port_of.get(int(port)) or self.resolve(int(port))
         if frozenset((src, dst)) in self.blocked:
             self.counts["refused"] += 1
             self.held.add(writer)  # no answer: the dialer's connect times out
@@ -155,6 +160,25 @@ class ProxiedCluster(JsCluster):
         super().__init__(directory, n)
         self.net = NetCut(node.name for node in self.nodes)
         self.net.port_of = {node.cluster_port: node.name for node in self.nodes}
+        self.net.resolve = self._listener  # type: ignore[method-assign]
+
+    def _listener(self, port: int) -> str:
+        """The node process listening on `port` (its direct Raft lane when the
+        cluster runs with `raft_port: 0`: an ephemeral port, known only to it)."""
+        import psutil
+
+        for node in self.nodes:
+            proc = getattr(node, "proc", None)
+            if proc is None or proc.poll() is not None:
+                continue
+            try:
+                conns = psutil.Process(proc.pid).net_connections(kind="tcp")
+            except (psutil.Error, OSError):
+                continue
+            if any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port
+                   for c in conns):
+                return node.name
+        return "?"
 
     def start_node(self, node: Any, wait: bool = True, config: str | None = None) -> None:
         saved = os.environ.get("grpc_proxy")

@@ -242,3 +242,91 @@ async def test_direct_lane_bounds_what_an_unauthenticated_dialer_can_hold():
             w.close()
     finally:
         await b.stop()
+
+
+async def test_direct_lane_reassembles_frames_split_and_joined_anywhere():
+    """The lane's receive area (tcp_lane._Frames, a BufferedProtocol): frames of
+    0 B to 3 MiB (past the usual area) written as one byte stream cut at
+    arbitrary points, several frames per write and one frame over many, arrive
+    whole and in order; a frame larger than the limit closes the connection."""
+    import random
+    import socket
+
+    rng = random.Random(7)
+    sizes = [0, 1, 3, 4, 5, 100, 65535, 65536, 65537, tcp_lane.RECV_AREA - 4,
+             tcp_lane.RECV_AREA, tcp_lane.RECV_AREA + 1, 3 << 20, 7, 0]
+    sizes += [rng.randrange(0, 2000) for _ in range(300)] + [rng.randrange(0, 600_000)
+                                                              for _ in range(10)]
+    frames = [rng.randbytes(n) for n in sizes]
+    wire = b"".join(tcp_lane.HEADER.pack(len(f)) + f for f in frames)
+    got: list[bytes] = []
+    streams: list[tcp_lane.TcpStream] = []
+    port = free_port()
+    server = await tcp_lane.listen("127.0.0.1", port, None, 4 << 20, streams.append)
+    try:
+        sock = socket.create_connection(("127.0.0.1", port))
+        await until(lambda: len(streams) == 1)
+        streams[0].authorized()
+        streams[0]._p.switch(got.append)
+        pos = 0
+        while pos < len(wire):  # cuts of 1 B .. 1 MiB, none aligned with frames on purpose
+            step = rng.choice((1, 2, 3, 5, 4096, 70_000, 1 << 20))
+            await asyncio.to_thread(sock.sendall, wire[pos:pos + step])
+            pos += step
+        await until(lambda: len(got) == len(frames), timeout=30)
+        assert got == frames
+        # One frame above the limit: the connection is closed on its header.
+        sock.sendall(tcp_lane.HEADER.pack((4 << 20) + 1) + b"x" * 10)
+        await asyncio.wait_for(streams[0]._p.closed, 10)
+        sock.close()
+    finally:
+        server.close()
+
+
+def test_direct_lane_finds_the_grpc_proxy_by_grpc_rules():
+    addr = "10.1.2.3:4248"
+    assert tcp_lane.proxy_for(addr, {}) is None
+    assert tcp_lane.proxy_for(addr, {"grpc_proxy": "http://127.0.0.1:3128"}) == ("127.0.0.1", 3128)
+    assert tcp_lane.proxy_for(addr, {"https_proxy": "http://p:1", "http_proxy": "http://q:2"}) \
+        == ("p", 1)
+    assert tcp_lane.proxy_for(addr, {"http_proxy": "http://u:pw@q:2/"}) == ("q", 2)
+    assert tcp_lane.proxy_for(addr, {"grpc_proxy": "http://p:1", "no_proxy": "10.1.2.3"}) is None
+    assert tcp_lane.proxy_for("n1.example.com:1", {"grpc_proxy": "http://p:1",
+                                                   "no_grpc_proxy": "example.com"}) is None
+    assert tcp_lane.proxy_for(addr, {"grpc_proxy": "http://p:1", "no_grpc_proxy": "x",
+                                     "no_proxy": "*"}) == ("p", 1)  # no_grpc_proxy wins
+    assert tcp_lane.proxy_for(addr, {"grpc_proxy": "http://p:1", "no_proxy": "*"}) is None
+
+
+async def test_direct_lane_dials_through_the_proxy_and_a_cut_holds():
+    """With `grpc_proxy` set the lane goes through the same CONNECT proxy as the
+    gRPC lanes (the partition tests' netcut): it carries frames through a tunnel,
+    a cut closes it, and a dial during the cut gets no answer until the heal."""
+    from tests.cluster.netcut import NetCut
+
+    net = NetCut(["a", "b"])
+    port = free_port()
+    net.port_of = {port: "b"}
+    streams: list[tcp_lane.TcpStream] = []
+    server = await tcp_lane.listen("127.0.0.1", port, None, 1 << 20, streams.append)
+    proxy = ("127.0.0.1", net.egress["a"])
+    addr = f"127.0.0.1:{port}"
+    try:
+        dialer = await asyncio.wait_for(tcp_lane.dial(addr, None, None, 1 << 20, "token t",
+                                                      proxy=proxy), 10)
+        await until(lambda: len(streams) == 1)
+        assert await streams[0].read_auth() == "token t"
+        assert net.counts["tunnels"] == 1
+        net.cut("a")
+        await asyncio.wait_for(streams[0]._p.closed, 10)  # the tunnel was closed
+        with pytest.raises(TimeoutError):  # held: no CONNECT answer during the cut
+            await asyncio.wait_for(tcp_lane.dial(addr, None, None, 1 << 20, proxy=proxy), 1.0)
+        assert net.counts["refused"] >= 1 and len(streams) == 1
+        net.heal()
+        again = await asyncio.wait_for(tcp_lane.dial(addr, None, None, 1 << 20, proxy=proxy), 10)
+        await until(lambda: len(streams) == 2)
+        again.cancel()
+        dialer.cancel()
+    finally:
+        server.close()
+        net.stop()
