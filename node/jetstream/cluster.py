@@ -1020,6 +1020,15 @@ class ClusterJS:
             return {"name": self.cluster_name, "leader": self.member_name(st["voters"][0])}
         return self.cluster_info(group)
 
+    def note_leader(self, group: str, leader: int) -> None:
+        """When this node's leadership of `group` began: kept for as long as it leads. The
+        Raft core leads before the leader hook runs (at the drain pass's end), and a reply
+        built in between (a consumer create's) already shows the leader and its time."""
+        if leader == self.self_id:
+            self.leader_since.setdefault(group, time.time_ns())
+        else:
+            self.leader_since.pop(group, None)
+
     def cluster_info(self, group: str) -> dict[str, Any]:
         """STREAM.INFO's / CONSUMER.INFO's `cluster` object, as nats-server shows it."""
         mr = self.svc.mr
@@ -1028,6 +1037,8 @@ class ClusterJS:
         out: dict[str, Any] = {"name": self.cluster_name, "raft_group": group}
         if leader:
             out["leader"] = self.member_name(leader)
+            if leader == self.self_id:
+                self.note_leader(group, leader)
             since = self.leader_since.get(group)
             if since:
                 out["leader_since"] = rfc3339(since)

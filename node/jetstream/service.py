@@ -1448,8 +1448,8 @@ class JetStreamService:
         sm = self.streams.get(name)
         if sm is None:
             return
+        self.jsc.note_leader(sm.group, leader)
         if leader == self.node_id:
-            self.jsc.leader_since[sm.group] = time.time_ns()
             with sm.lock:
                 names = list(sm.stream.consumers)
             for cname in names:
@@ -1620,10 +1620,10 @@ class JetStreamService:
         cm = self.cgroups.get(key)
         if cm is None:
             return
+        self.jsc.note_leader(cm.group, leader)
         if leader != self.node_id:
             self.pulls.pop(key, None)
             return
-        self.jsc.leader_since[cm.group] = time.time_ns()
         if key[1] in self.streams[key[0]].stream.consumers:
             if self._pull(*key).push:
                 self._pump(*key)

@@ -82,6 +82,20 @@ async def _deletions(events: Any) -> list[tuple[str, Any]]:
         seen.append((m.subject, json.loads(m.data).get("domain")))
 
 
+async def _fetch(psub: Any, count: int) -> list[Any]:
+    """A consumer just created through another node: a loaded nats-server cluster answers
+    the first pulls with no responders (503) until its interest reaches this node; at most
+    20 s."""
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            return await psub.fetch(count, timeout=10)
+        except nats.js.errors.ServiceUnavailableError:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.2)
+
+
 async def _script(urls: list[str]) -> list[Any]:
     ncs = [await nats.connect(u) for u in urls]
     out: list[Any] = [[nc._server_info.get("domain") for nc in ncs]]  # noqa: SLF001
@@ -104,7 +118,7 @@ async def _script(urls: list[str]) -> list[Any]:
         kv1 = await ncs[1].jetstream(domain="hub").key_value("B")
         out.append(await _kv_read(kv1))
         psub = await ncs[1].jetstream(domain="hub").pull_subscribe("s.>", "D")
-        msgs = await psub.fetch(3, timeout=10)
+        msgs = await _fetch(psub, 3)
         out.append([m.subject for m in msgs])
         for m in msgs:
             await m.ack_sync()
