@@ -12,7 +12,11 @@ harness's servers.sh uses fixed ports that other users of this machine may hold)
 harness reads each server's CPU (psutil, /proc/<pid>/stat) before and after each timed
 window; this script turns that into CPU microseconds per message for EACH node, and prints
 ratios jetraft / nats-server with the load average next to them. Writes <out>.json (bench.py's
-raw runs) and <out>.md (the ratio table)."""
+raw runs) and <out>.md (the ratio table).
+
+`--base DIR` adds a fourth target, `jetraft-base`: the same 3-node cluster run from another
+source tree (e.g. `git archive` of main unpacked in DIR), so that old and new code take turns
+in every repetition of ONE run (A/B under the same machine load)."""
 
 from __future__ import annotations
 
@@ -138,18 +142,42 @@ def report(raw: dict[str, Any], load: dict[str, str]) -> str:
                 for t in ("jetraft", "nats", "nats-always")}
         sync = sc.startswith("js_sync")
         primary = "lat_p50_us" if sync else "msgs_per_s"
-        fig = {t: med([r[primary] for r in rs if r.get(primary)]) for t, rs in runs.items()}
-        cells = [f"{fig[t]:,.0f} us p50" if sync else f"{fig[t]:,.0f}/s"
-                 for t in ("jetraft", "nats", "nats-always")]
-        loads = sorted({str(r.get("loadavg1_start")) for rs in runs.values() for r in rs})
-        rows.append(f"| {sc} | {client} | {' | '.join(cells)} | {_ratio(fig, 'nats', sync)} | "
-                    f"{_ratio(fig, 'nats-always', sync)} | {_node_cpu(runs['jetraft'])} | "
-                    f"{_node_cpu(runs['nats-always'])} | {','.join(loads)} |")
+        base = [r for r in raw["runs"] if (r["scenario"], r["client"], r["target"]) ==
+                (sc, client, "jetraft-base") and "error" not in r]
+        for label, jruns in (("", runs["jetraft"]), (" (base)", base)):
+            if not jruns:
+                continue
+            fig = {t: med([r[primary] for r in rs if r.get(primary)])
+                   for t, rs in {**runs, "jetraft": jruns}.items()}
+            cells = [f"{fig[t]:,.0f} us p50" if sync else f"{fig[t]:,.0f}/s"
+                     for t in ("jetraft", "nats", "nats-always")]
+            loads = sorted({str(r.get("loadavg1_start")) for rs in (*runs.values(), jruns)
+                            for r in rs})
+            rows.append(f"| {sc}{label} | {client} | {' | '.join(cells)} | "
+                        f"{_ratio(fig, 'nats', sync)} | {_ratio(fig, 'nats-always', sync)} | "
+                        f"{_node_cpu(jruns)} | {_node_cpu(runs['nats-always'])} | "
+                        f"{','.join(loads)} |")
     head = (f"uptime before: {load['before']}\n\nuptime after: {load['after']}\n\n"
             "Sync rows: PubAck p50 latency (ratio > 1 = jetraft slower). Other rows: msgs/s "
             "(ratio < 1 = jetraft slower). CPU us/msg: each server process's CPU time in the "
             "timed window / messages. `load` = 1-min load average at each run's start.\n\n")
     return head + "\n".join(rows) + "\n"
+
+
+def start_from(cluster: LocalCluster, tree: str) -> None:
+    """Start `cluster`'s nodes with `tree` (a source tree) first on their module path; this
+    tree when empty. LocalCluster puts its own REPO_ROOT there: swapped for the start only."""
+    if not tree:
+        cluster.start()
+        return
+    import node.cluster.local as local
+
+    saved = local.REPO_ROOT
+    local.REPO_ROOT = str(Path(tree).resolve())
+    try:
+        cluster.start()
+    finally:
+        local.REPO_ROOT = saved
 
 
 def main() -> None:
@@ -162,19 +190,24 @@ def main() -> None:
     p.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" /
                                         f"cluster-{time.strftime('%Y%m%d-%H%M')}"))
     p.add_argument("--targets", default="jetraft,nats,nats-always")
+    p.add_argument("--base", default="", help="another jetraft source tree, run as target "
+                   "jetraft-base beside this one (A/B in the same run)")
     args = p.parse_args()
     want = args.targets.split(",")
     tmp = Path(tempfile.mkdtemp(prefix="clbench-"))
     procs: list[subprocess.Popen[bytes]] = []
     jet = LocalCluster(tmp / "jetraft", 3, name="C1")
+    base = LocalCluster(tmp / "jetraft-base", 3, name="C1")
     targets, pids = [], []
     try:
-        if "jetraft" in want:
-            jet.start()
-            urls = [n.url for n in jet.nodes]
+        for label, cluster, tree in (("jetraft", jet, ""), ("jetraft-base", base, args.base)):
+            if label not in want and not (label == "jetraft-base" and tree):
+                continue
+            start_from(cluster, tree)
+            urls = [n.url for n in cluster.nodes]
             wait_js_meta(urls)
-            targets.append("jetraft=" + ",".join(urls))
-            pids.append("jetraft=" + ",".join(str(n.proc.pid) for n in jet.nodes if n.proc))
+            targets.append(f"{label}=" + ",".join(urls))
+            pids.append(f"{label}=" + ",".join(str(n.proc.pid) for n in cluster.nodes if n.proc))
         for label, always in (("nats", False), ("nats-always", True)):
             if label not in want:
                 continue
@@ -203,6 +236,7 @@ def main() -> None:
         after = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
     finally:
         jet.stop()
+        base.stop()
         for x in procs:
             x.terminate()
         for x in procs:

@@ -215,7 +215,27 @@ class Account:
         if self.domain_prefix is not None and subject.startswith(self.domain_prefix) \
                 and not premapped:
             return self.domain_router.publish(self, publisher, subject, reply, headers, payload)
-        return self._deliver(self._match(subject), publisher, subject, reply, headers, payload)
+        result = self._match(subject)
+        if headers is None and len(result.psubs) == 1 and not result.qsubs:
+            sub = result.psubs[0]
+            if sub.direct and not sub.dead and (publisher is None or publisher.echo
+                                                or sub.client is not publisher):
+                return self._deliver_one(sub, publisher, subject, reply, payload)
+        return self._deliver(result, publisher, subject, reply, headers, payload)
+
+    def _deliver_one(self, sub: Subscription, publisher: Any, subject: str, reply: str | None,
+                     payload: bytes) -> int:
+        """`_deliver` of a header-less message whose one local match is a plain subscription
+        of a network client (a server's reply, such as a PubAck, to its requester): framed
+        straight into that client's buffer, no shared Message, as the fast path does
+        (`deliver_direct` makes the same permission and tracing checks, and reaps)."""
+        count = 1 if sub.client.deliver_direct(sub, subject, reply, payload) else 0
+        routes = self.routes
+        if routes is not None and not getattr(publisher, "from_route", False):
+            count += routes.forward(subject, reply, None, payload, ())
+        if count == 0 and reply and publisher is not None and publisher.no_responders:
+            publisher.send_no_responders(subject, reply)
+        return count
 
     def deliver_as(self, publisher: Any, route: str, subject: str, reply: str | None,
                    headers: bytes | None, payload: bytes) -> int:
@@ -373,6 +393,14 @@ class Account:
         psubs, qsubs = result.psubs, result.qsubs
         if not psubs and not (queues and qsubs):
             return count
+        if headers is None and not queues and len(psubs) == 1:
+            sub = psubs[0]
+            if sub.direct and not sub.dead:  # a network client (never a local_only capture)
+                # One plain subscriber, such as a requester awaiting a reply (a PubAck from
+                # the stream leader): framed straight into its buffer, checks and reaping
+                # included (deliver_direct).
+                return count + (1 if sub.client.deliver_direct(sub, subject, reply, payload)
+                                else 0)
         msg = Message(subject, reply, headers, payload)
         if headers is not None and msgtrace.active is not None:
             # A traced copy (node/cluster/service.py Cluster._deliver_traced).

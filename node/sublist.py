@@ -19,6 +19,16 @@ Results of `match` are cached per published subject.  The cache holds at most
 removal drops only the cached subjects the changed subscription matches, so
 the cache is never stale.  Returned `MatchResult` objects are shared with
 the cache: callers must treat them as read-only.
+
+A second cache is keyed by a subject's PREFIX (everything before its last
+token), for the subjects that are new on every message: request replies
+(`_INBOX.<id>.<n>`, a PubAck's `_AB.<id>.<n>`), which would each miss the cache,
+walk the trie and push out subjects that do repeat.  Where the prefix's walk
+ends, the last token can only meet `>` and `*` children (the same for every
+token) or literal children; the entry keeps the match without the literal ones
+and the literal children's tables, so any last token that none of them holds
+has that match, without a walk and without a cache slot of its own.  Any
+insert or removal clears this cache (it holds few prefixes).
 """
 
 from __future__ import annotations
@@ -156,6 +166,9 @@ class SubList:
         self._misses = 0
         self.hits = 0  # public: a caller that used `cached` itself counts its hit here
         self._head: MatchResult | bool | None = None  # UNIQUE_HEAD's match; None: unknown
+        # prefix (the subject before its last `.`) -> (the match of any last token that is
+        # in none of the literal-children tables, those tables): see the module doc.
+        self._tails: dict[str, tuple[MatchResult, tuple[dict[str, _Node], ...]]] = {}
 
     # -- mutation -----------------------------------------------------------
 
@@ -180,6 +193,7 @@ class SubList:
         self._inserts += 1
         SubList.changes += 1
         self._head = None
+        self._tails.clear()
         self._invalidate(subject)
 
     @staticmethod
@@ -204,6 +218,7 @@ class SubList:
             return False
         SubList.changes += 1
         self._head = None
+        self._tails.clear()
         self._invalidate(sub.subject)
         return True
 
@@ -214,6 +229,7 @@ class SubList:
         if removed:
             SubList.changes += 1
             self._head = None
+            self._tails.clear()
             self._cache.clear()
         return removed
 
@@ -278,13 +294,15 @@ class SubList:
             del cache[subject]
 
     def _remember(self, subject: str, result: MatchResult) -> None:
-        cache = self._cache
+        self._bounded_put(self._cache, subject, result)
+
+    def _bounded_put(self, cache: dict, key: str, value: Any) -> None:
         if len(cache) >= self._cache_max:
             # Dicts keep insertion order, so this drops the oldest entries.
             excess = len(cache) - self._cache_sweep
             for old in list(islice(cache, excess)):
                 del cache[old]
-        cache[subject] = result
+        cache[key] = value
 
     # -- queries --------------------------------------------------------------
 
@@ -294,16 +312,93 @@ class SubList:
         if cached is not None:
             self.hits += 1
             return cached
-        self._misses += 1
         if subject.startswith(UNIQUE_HEAD):
+            self._misses += 1
             head = self._head_match(subject)
             if head is not None:
                 return head  # not cached: the subject never comes again
+            return self._match_walk(subject)
+        cut = subject.rfind(SEP)
+        if cut > 0:
+            entry = self._tails.get(subject[:cut])
+            if entry is not None:
+                token = subject[cut + 1:]
+                if token:
+                    for literals in entry[1]:
+                        if token in literals:
+                            break
+                    else:
+                        self.hits += 1
+                        return entry[0]  # not cached: a new last token each time, mostly
+            else:
+                self._misses += 1
+                return self._match_by_prefix(subject, cut)
+        self._misses += 1
+        return self._match_walk(subject)
+
+    def _match_walk(self, subject: str) -> MatchResult:
         result = MatchResult()
         for node in self._walk(subject, result):
             node.add_to(result)
         self._remember(subject, result)
         return result
+
+    def _match_by_prefix(self, subject: str, cut: int) -> MatchResult:
+        """A miss whose prefix has no entry yet: walk the prefix, make its entry, and
+        finish the match from it (the same subscriptions `_walk` finds)."""
+        prefix = subject[:cut]
+        token = subject[cut + 1:]
+        if not token:
+            return self._match_walk(subject)  # an empty last token: `_walk` decides
+        tokens = prefix.split(SEP)
+        if "" in tokens:
+            return self._match_walk(subject)
+        result = MatchResult()
+        level = [self._root]
+        for tok in tokens:
+            level = self._step(level, tok, result)
+            if not level:
+                break
+        ends: list[_Node] = []
+        literals: list[dict[str, _Node]] = []
+        for node in level:
+            if node.fwc is not None:
+                node.fwc.add_to(result)  # `>` takes the last token, whatever it is
+            if node.pwc is not None:
+                ends.append(node.pwc)
+            if node.children is not None:
+                literals.append(node.children)
+        for node in ends:
+            node.add_to(result)
+        self._bounded_put(self._tails, prefix, (result, tuple(literals)))
+        hit = [table[token] for table in literals if token in table]
+        if hit:
+            # This token has literal subscriptions of its own: its match is the prefix's
+            # plus theirs, on a copy (the entry's result is shared).
+            full = MatchResult(list(result.psubs),
+                               {q: list(m) for q, m in result.qsubs.items()})
+            for node in hit:
+                node.add_to(full)
+            result = full
+        # The first subject under a prefix is cached too: a subject that repeats then hits
+        # the subject cache (the account's fast path reads only that one).
+        self._remember(subject, result)
+        return result
+
+    @staticmethod
+    def _step(level: list[_Node], token: str, result: MatchResult) -> list[_Node]:
+        """One token down from every node of `level`: adds each `>` passed into `result`."""
+        nxt: list[_Node] = []
+        for node in level:
+            if node.fwc is not None:
+                node.fwc.add_to(result)
+            if node.pwc is not None:
+                nxt.append(node.pwc)
+            if node.children is not None:
+                child = node.children.get(token)
+                if child is not None:
+                    nxt.append(child)
+        return nxt
 
     def _head_match(self, subject: str) -> MatchResult | None:
         """The match of a subject under UNIQUE_HEAD without walking it (None: walk it)."""

@@ -48,7 +48,8 @@ def encode(account: str, subject: str, reply: str | None, headers: bytes | None,
 
 
 def decode(data: bytes) -> Iterator[Frame]:
-    view = memoryview(data)
+    if not isinstance(data, bytes):
+        data = bytes(data)
     n = len(data)
     pos = 0
     unpack = _HEAD.unpack_from
@@ -63,14 +64,17 @@ def decode(data: bytes) -> Iterator[Frame]:
             end = pos + al + sl + rl + ml
             if end > n:
                 raise FrameError("truncated frame")
-            account = bytes(view[pos:pos + al]).decode()
-            pos += al
-            subject = bytes(view[pos:pos + sl]).decode()
-            pos += sl
-            reply = bytes(view[pos:pos + rl]).decode() if rl else None
-            pos += rl
-            match = bytes(view[pos:pos + ml]).decode() if ml else None
-            pos += ml
+            # Slices of the bytes object itself: one copy each (a memoryview slice would
+            # be an object more per field, once per message on every route).
+            cut = pos + al
+            account = data[pos:cut].decode()
+            pos, cut = cut, cut + sl
+            subject = data[pos:cut].decode()
+            pos, cut = cut, cut + rl
+            reply = data[pos:cut].decode() if rl else None
+            pos, cut = cut, cut + ml
+            match = data[pos:cut].decode() if ml else None
+            pos = cut
             queues = []
             for _ in range(nq):
                 if pos + 2 > n:
@@ -79,17 +83,17 @@ def decode(data: bytes) -> Iterator[Frame]:
                 pos += 2
                 if pos + ql > n:
                     raise FrameError("truncated queue name")
-                queues.append(bytes(view[pos:pos + ql]).decode())
+                queues.append(data[pos:pos + ql].decode())
                 pos += ql
             headers = None
             if hl:
                 if pos + hl - 1 > n:
                     raise FrameError("truncated headers")
-                headers = bytes(view[pos:pos + hl - 1])
+                headers = data[pos:pos + hl - 1]
                 pos += hl - 1
             if pos + pl > n:
                 raise FrameError("truncated payload")
-            payload = bytes(view[pos:pos + pl])
+            payload = data[pos:pos + pl]
             pos += pl
             yield account, subject, reply, headers, payload, queues, match
     except UnicodeDecodeError as err:

@@ -134,7 +134,7 @@ class RemoteInterest:
         if sl is None:
             return {}
         result = sl.match(subject)
-        if not result:
+        if not result.psubs and not result.qsubs:  # (not through MatchResult.__bool__)
             return {}
         out: dict[int, list[str]] = {}
         for sub in result.psubs:

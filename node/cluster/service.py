@@ -810,9 +810,6 @@ class Cluster:
         return await fn(from_peer, payload)
 
 
-_WS = str.maketrans("", "", " \t\r\n")
-
-
 def _framable(subject: str, reply: str | None, headers: bytes | None, match: str | None) -> bool:
     """What a client's MSG line can carry: a subject and reply without
     whitespace, and a header block shaped as NATS headers (a peer runs our code,
@@ -820,7 +817,8 @@ def _framable(subject: str, reply: str | None, headers: bytes | None, match: str
     if not subject:
         return False
     for s in (subject, reply, match):
-        if s and len(s.translate(_WS)) != len(s):
+        # Four substring scans in C: cheaper than translating a copy (once per message).
+        if s and (" " in s or "\t" in s or "\r" in s or "\n" in s):
             return False
     if headers is not None and not (headers.startswith(b"NATS/1.0")
                                     and headers.endswith(b"\r\n\r\n")):

@@ -382,3 +382,65 @@ def test_ack_subjects_match_by_their_head_as_by_a_walk(patterns, fwc, subjects, 
         assert ids(got.psubs) == want, (subject, [s.subject for s in subs])
         if sl._head is not False:  # the head path was taken
             assert subject not in sl._cache  # never cached: each ack subject is unique
+
+
+_TAIL_TOKENS = ["_I", "x", "y", "*"]
+
+
+@settings(max_examples=150, deadline=None)
+@given(patterns=st.lists(st.tuples(
+           st.lists(st.sampled_from(_TAIL_TOKENS + ["1", "2"]), min_size=1, max_size=4)
+           .map(lambda t: ".".join(t)) | st.sampled_from(["_I.x.>", "_I.>", ">", "*.x.*"]),
+           queues), max_size=8),
+       prefixes=st.lists(st.sampled_from(["_I.x", "_I.y", "_I", "x.x.x", "_I.x.1"]),
+                         min_size=1, max_size=3),
+       lasts=st.lists(st.sampled_from(["1", "2", "3", "9", "x", "*", ">", ""]), min_size=1,
+                      max_size=12),
+       changes=st.lists(st.integers(0, 9), max_size=3))
+def test_new_last_tokens_match_through_the_prefix_cache_as_by_a_walk(
+        patterns, prefixes, lasts, changes) -> None:
+    """Subjects that differ only in their last token (reply inboxes) are matched through
+    the prefix's entry: the same subscriptions as a linear scan, whether or not a literal
+    subscription names that last token, with `*`/`>` and queue groups around, and after
+    inserts and removals (which clear the entries); after its first subject, a prefix's
+    new last tokens take no slot in the subject cache."""
+    sl = SubList()
+    subs = [Sub(p, q) for p, q in patterns if valid_subject(p)]
+    for sub in subs:
+        sl.insert(sub)
+    for rnd, change in enumerate([None, *changes]):
+        if change is not None:
+            if subs and change < len(subs):
+                sl.remove(subs.pop(change))
+            else:
+                subs.append(Sub(f"_I.x.{change}"))
+                sl.insert(subs[-1])
+        for prefix in prefixes:
+            for last in lasts:
+                subject = f"{prefix}.{last}"
+                assert shape(sl.match(subject)) == brute_force(subs, subject), (subject, rnd)
+    sl = SubList()
+    for sub in subs:
+        sl.insert(sub)
+    sl.match("_I.x.first")
+    before = sl.stats()["num_cache"]
+    for i in range(50):
+        subject = f"_I.x.u{i}"
+        assert shape(sl.match(subject)) == brute_force(subs, subject)
+    assert sl.stats()["num_cache"] == before
+
+
+def test_reply_subjects_take_the_prefix_entry_and_leave_the_cache_to_repeating_ones() -> None:
+    """50,000 PubAck replies under one inbox prefix: every match is the inbox's
+    subscription, no walk after the first, and the subjects that repeat stay cached."""
+    sl = SubList()
+    inbox, hot = Sub("_AB.k3j.*"), Sub("orders.new")
+    for sub in (inbox, hot, Sub("_AB.k3j.7"), Sub("_AB.other.*")):
+        sl.insert(sub)
+    assert sl.match("orders.new").psubs == [hot]
+    for i in range(50_000):
+        got = sl.match(f"_AB.k3j.{i + 100}")
+        assert got.psubs == [inbox] and not got.qsubs
+    assert "orders.new" in sl._cache and sl.stats()["num_cache"] <= 2
+    assert len(sl.match("_AB.k3j.7").psubs) == 2  # its literal subscription too
+    assert sl.stats()["cache_hit_rate"] > 0.99
