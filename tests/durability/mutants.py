@@ -24,7 +24,8 @@ ROOT = Path(__file__).resolve().parents[2]
 LMDB = "node/jetstream/store/lmdbstore.py"
 MACH = "node/jetstream/machines.py"
 DIRS = "node/jetstream/dirs.py"
-WAL_FSYNC = ("raft/disk.py", "        os.fsync(fd)\n\n    def ftruncate",
+# The WAL syncs with fdatasync (raft/storage.py `_write`).
+WAL_FSYNC = ("raft/disk.py", "        os.fdatasync(fd)\n\n    def ftruncate",
              "        pass\n\n    def ftruncate")
 
 # name -> [(file, original, mutated), ...]
