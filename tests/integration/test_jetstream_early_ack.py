@@ -4,12 +4,16 @@
 Both servers (nats-py over TCP, `jetraft serve -js` and nats-server -js): after each sync
 publish returns, (1) the message is readable and counted, (2) with `republish` the
 republished copy reached the client before the PubAck (nats-server sends it first; the
-early path stands aside for such streams).
+early path stands aside for such streams); (3) PubAcks keep the stream's order when runs
+acked early and runs acked after their commit mix.
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
 from pathlib import Path
+from typing import Any
 
 import nats
 import pytest
@@ -62,5 +66,40 @@ async def test_a_republished_copy_arrives_before_the_puback(
             assert ack.seq == k
             # The copy came before the PubAck on the connection: already parsed.
             assert sub.pending_msgs == k, (k, sub.pending_msgs)
+    finally:
+        await nc.close()
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("which", ["nats-server", "jetraft"])
+async def test_pubacks_arrive_in_sequence_order_when_runs_of_any_size_mix(
+        servers: Servers, tmp_path: Path, which: str) -> None:
+    """Bursts of 20 publishes in flight (a run too long to ack early: its PubAcks wait for
+    the loop) alternate with lone ones (acked early): no PubAck overtakes an earlier one."""
+    nc = await nats.connect(_start(servers, which, tmp_path))
+    try:
+        js = nc.jetstream(timeout=10)
+        await js.add_stream(name="OR", subjects=["or.>"])
+        bursts = [20 if b % 2 == 0 else 1 + b % 3 for b in range(60)]
+        total = sum(bursts)
+        seqs: list[int] = []
+        done = asyncio.Event()
+
+        async def on_ack(msg: Any) -> None:
+            seqs.append(json.loads(msg.data)["seq"])
+            if len(seqs) == total:
+                done.set()
+
+        await nc.subscribe("acks.>", cb=on_ack)
+        await nc.flush()
+        k = 0
+        for b, size in enumerate(bursts):
+            for _ in range(size):
+                k += 1
+                await nc.publish("or.x", b"m", reply=f"acks.{k}")
+            await nc.flush()
+            await asyncio.sleep(0.001 * (b % 3))
+        await asyncio.wait_for(done.wait(), 30)
+        assert seqs == list(range(1, total + 1))
     finally:
         await nc.close()
