@@ -967,14 +967,16 @@ class NodeLog:
         """Flush what is buffered, cut the zero runway off, then release the files."""
         if self._pending and self._failed is None:
             self.sync()
-        if self._failed is None and self._alloc.get(self._cur_seg, 0) > self._cur_size:
+        fd = self._fds.get(self._cur_seg)
+        if self._failed is None and fd is not None \
+                and self._alloc.get(self._cur_seg, 0) > self._cur_size:
             # A cleanly closed log ends at its last record (a crash may leave zeros,
             # which recovery reads as the end too).
             with self._fatal("trim runway"):
-                fd = self._fds[self._cur_seg]
                 self.disk.ftruncate(fd, self._cur_size)
                 self.disk.fsync(fd)
                 self.stats.fsyncs += 1
         for fd in self._fds.values():
             self.disk.close(fd)
         self._fds.clear()
+        self._alloc.clear()

@@ -244,3 +244,13 @@ def test_any_truncation_point_recovers_a_prefix(tmp_path_factory, cut):
     wal.sync()
     wal.close()
     assert NodeLog(str(d)).group("G").last_index() == last + 1
+
+
+def test_close_twice_is_harmless_and_the_closed_log_ends_at_its_last_record(tmp_path):
+    wal = fill(tmp_path, n=3)
+    end = wal._cur_size
+    assert os.path.getsize(only_segment(tmp_path)) > end  # the runway
+    wal.close()
+    wal.close()
+    assert os.path.getsize(only_segment(tmp_path)) == end
+    check_prefix(NodeLog(str(tmp_path)), 3)
