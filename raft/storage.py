@@ -695,7 +695,9 @@ class NodeLog:
             if self._dir_dirty:
                 self._fsync_dir()
             for i, ch in enumerate(batch):
-                self.disk.pwrite(self._fds[ch.seg], self._with_runway(ch), ch.start)
+                self.disk.pwrite(self._fds[ch.seg], ch.buf, ch.start)
+                if zeros := self._runway(ch):
+                    self.disk.pwrite(self._fds[ch.seg], bytes(zeros), ch.start + len(ch.buf))
                 written += len(ch.buf)
                 if i + 1 == len(batch) or batch[i + 1].seg != ch.seg:
                     # fdatasync makes the bytes and a changed size durable: all a
@@ -706,15 +708,17 @@ class NodeLog:
         self.stats.bytes_written += written
         return written
 
-    def _with_runway(self, ch: _Chunk) -> bytes | bytearray:
-        """The chunk's bytes, plus zeros up to `_prealloc` past them when they reach
-        the end of the segment's runway (the same write, the same sync). Recovery
-        reads a zero tail as the end of the records (`wal.Scanner`)."""
+    def _runway(self, ch: _Chunk) -> int:
+        """How many zeros to write right after the chunk (same sync): `_prealloc` when
+        it reaches the end of the segment's runway, else 0. Written after the records
+        (a separate write: a crash model that tears the first write tears records, as
+        without a runway). Recovery reads a zero tail as the end of the records
+        (`wal.Scanner`)."""
         end = ch.start + len(ch.buf)
         if not self._prealloc or end <= self._alloc.get(ch.seg, 0):
-            return ch.buf
+            return 0
         self._alloc[ch.seg] = end + self._prealloc
-        return ch.buf + bytes(self._prealloc)
+        return self._prealloc
 
     def _fsync_dir(self, path: str | None = None) -> None:
         if path is None:
