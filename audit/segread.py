@@ -114,15 +114,22 @@ def scan(node: str, seq: int, buf: bytes | mmap.mmap, start: int, end: int,
     try:
         while pos is not None and pos < end:
             sc = Scanner(buf, start=pos, entry_payloads=False)
+            split_end = False  # stopped at a record the next task owns
             try:
                 for rec in sc:
                     if rec.offset >= end:
+                        split_end = True
                         break
                     yield _row(node, seq, rec, view, opener, edges)
                     edges.last_end = rec.payload_offset + rec.payload_len
                 stopped, why = sc.end, sc.error
             finally:
                 sc.close()
+            if why is None and not split_end and stopped < size:
+                # Zeros from `stopped` to the end of the file: the WAL's preallocated
+                # runway (raft/storage.py), no record and no damage.
+                edges.last_end = size
+                return
             if why is None or stopped >= end:
                 return  # clean end of data, or the next record is the next task's
             resume = next_valid(buf, stopped + 1)

@@ -948,9 +948,9 @@ class Raft:
             last = rd.entries[-1]
             self.log.unstable.stable_to(last.index, last.term)
         if rd.committed_entries:
-            invariant(rd.committed_entries[0].index == self.log.applied + 1,
-                      "raft: committed entries not contiguous with applied",
-                      first=rd.committed_entries[0].index, applied=self.log.applied)
+            if rd.committed_entries[0].index != self.log.applied + 1:
+                invariant(False, "raft: committed entries not contiguous with applied",
+                          first=rd.committed_entries[0].index, applied=self.log.applied)
             # A snapshot restored since this Ready was taken covers entries at
             # or below its index: its configuration is newer than any change
             # among them, so such a change must not be applied on top of it.
@@ -967,7 +967,19 @@ class Raft:
         self.check_invariants()
 
     def check_invariants(self) -> None:
-        """Cheap always-on checks, run at every advance."""
+        """Cheap always-on checks, run at every advance: the conditions first (one
+        `last_index` and plain comparisons, the hot path of every Ready), the reports
+        with their numbers only when one fails."""
+        log = self.log
+        last = log.last_index()
+        if (log.applied <= log.committed <= last and (self.vote == NONE or self.term > 0)
+                and (self.state is not StateType.LEADER
+                     or (self.lead == self.id and self.prs[self.id].match <= last))):
+            return
+        self._report_invariants()
+
+    def _report_invariants(self) -> None:
+        """Raises InvariantError naming the first failed check and its numbers."""
         log = self.log
         invariant(log.applied <= log.committed <= log.last_index(),
                   "raft: applied <= commit <= last violated", applied=log.applied,

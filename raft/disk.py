@@ -43,6 +43,11 @@ class Disk(Protocol):
 
     def fsync(self, fd: int) -> None: ...
 
+    def fdatasync(self, fd: int) -> None:
+        """The file's bytes (and its size, if it changed) durable; other metadata
+        (mtime) may wait. Into a preallocated region it writes no inode."""
+        ...
+
     def ftruncate(self, fd: int, size: int) -> None: ...
 
     def size(self, fd: int) -> int: ...
@@ -95,6 +100,9 @@ class OsDisk:
 
     def fsync(self, fd: int) -> None:
         os.fsync(fd)
+
+    def fdatasync(self, fd: int) -> None:
+        os.fdatasync(fd)
 
     def ftruncate(self, fd: int, size: int) -> None:
         os.ftruncate(fd, size)

@@ -201,8 +201,9 @@ class RaftLog:
     def append(self, ents: list[Entry]) -> int:
         if not ents:
             return self.last_index()
-        invariant(ents[0].index - 1 >= self.committed, "log: append below commit",
-                  after=ents[0].index - 1, committed=self.committed)
+        if ents[0].index - 1 < self.committed:  # hot path: numbers built only on failure
+            invariant(False, "log: append below commit", after=ents[0].index - 1,
+                      committed=self.committed)
         self.unstable.truncate_and_append(ents)
         return self.last_index()
 
@@ -211,8 +212,9 @@ class RaftLog:
         """Entries [lo, hi); raises CompactedError if lo is compacted."""
         if lo >= hi:
             return []
-        invariant(hi <= self.last_index() + 1, "log: slice past end", hi=hi,
-                  last=self.last_index())
+        last = self.last_index()
+        if hi > last + 1:
+            invariant(False, "log: slice past end", hi=hi, last=last)
         if lo < self.first_index():
             raise CompactedError(lo)
         out: list[Entry] = []
@@ -243,8 +245,9 @@ class RaftLog:
     # -- commit / apply ------------------------------------------------------
     def commit_to(self, c: int) -> None:
         if c > self.committed:
-            invariant(c <= self.last_index(), "log: commit past last index", commit=c,
-                      last=self.last_index())
+            last = self.last_index()
+            if c > last:
+                invariant(False, "log: commit past last index", commit=c, last=last)
             self.committed = c
 
     def maybe_commit(self, max_index: int, term: int) -> bool:
@@ -257,8 +260,9 @@ class RaftLog:
     def applied_to(self, i: int) -> None:
         if i == 0:
             return
-        invariant(self.applied <= i <= self.committed, "log: applied out of range",
-                  applied=i, prev=self.applied, committed=self.committed)
+        if not self.applied <= i <= self.committed:
+            invariant(False, "log: applied out of range", applied=i, prev=self.applied,
+                      committed=self.committed)
         self.applied = i
 
     def restore(self, snap: Snapshot) -> None:

@@ -145,8 +145,11 @@ class Scanner:
 
     Stops at the first short or corrupt record; afterwards `end` is the
     length of the valid prefix and `error` says why it stopped (None at a
-    clean end of data). Payloads are copied out as bytes (so `buf` can be an
-    mmap that closes afterwards); `entry_payloads=False` skips copying ENTRY
+    clean end of data). Zero bytes from the stop to the end of `buf` are a
+    clean end too: a segment is preallocated with zeros ahead of its records
+    (raft/storage.py), and no record starts with a zero byte (magic "JR").
+    Payloads are copied out as bytes (so `buf` can be an mmap that closes
+    afterwards); `entry_payloads=False` skips copying ENTRY
     payloads, which recovery does not need (only their offsets).
     """
 
@@ -162,6 +165,8 @@ class Scanner:
         while pos < size:
             rec = self._parse(view, pos, size)
             if rec is None:
+                if view[pos:] == bytes(size - pos):
+                    self.error = None  # the unwritten (zeroed) runway
                 return
             pos = rec.payload_offset + rec.payload_len
             self.end = pos

@@ -227,6 +227,9 @@ class StreamMachine:
         # Clustered: does this node lead the group now? Only a leader's PubAcks are sent
         # (JetStreamService._on_effects), so a follower's apply does not build them.
         self.leads: Callable[[], bool] | None = None
+        # `early(sm, effects) -> effects left`: sees a run's effects before its store
+        # commit (the node sends PubAcks there when the apply runs on its event loop).
+        self.early: Callable[[StreamMachine, list[Effect]], list[Effect]] | None = None
 
     def _new_store(self) -> Any:
         if self.env is None:
@@ -253,12 +256,18 @@ class StreamMachine:
             # Read once per run: a leader change during the run costs at most the PubAcks
             # of that run (the client's publish times out; no message is lost or doubled).
             self.stream.acks = self.leads is None or self.leads()
-            effects = self.stream.apply_batch(run, self._keep if self.track else None)
+            effects = self.stream.apply_batch(
+                run, self._keep if self.track else None,
+                None if self.early is None else self._before_commit)
             # Under the same lock as the stored bytes it makes visible: a limit check reads
             # store + in flight at once and sees each publish exactly once.
             self.inflight.release_entries(run)
         if effects:
             self.sink(self, effects)
+
+    def _before_commit(self, effects: list[Effect]) -> list[Effect]:
+        early = self.early
+        return effects if early is None else early(self, effects)
 
     def _keep(self, index: int, effects: list[Effect]) -> None:
         for effect in effects:

@@ -122,6 +122,11 @@ _NOT_ENABLED_EXTRA: dict[str, dict[str, Any]] = {
 _JSON = {"separators": (",", ":")}
 
 
+# `_early_replies` sends at most this many PubAcks of a run before its store commit: the
+# latency case is a lone publish; a longer run (publishes in flight) gains nothing from it.
+EARLY_REPLIES_MAX = 8
+
+
 def _dumps(obj: Any) -> bytes:
     return json.dumps(obj, **_JSON).encode()  # type: ignore[arg-type]
 
@@ -272,6 +277,8 @@ class JetStreamService:
         self.node_id = NODE_ID
         self.sourcing = SourcingWire(self)  # mirrors and sources (sourcing_wire.py)
         self._loop_thread = 0
+        # stream -> runs of its PubAcks queued for `_on_effects` (see `_early_replies`)
+        self._held: dict[str, int] = {}
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -603,6 +610,7 @@ class JetStreamService:
         self.mr.add_group(group, [NODE_ID], state_machine=sm)
         await self._ready(group)
         sm.track = True
+        sm.early = self._early_replies
         with sm.lock:
             for cname in sm.stream.consumers:
                 self.consumer_created.setdefault((name, cname), time.time_ns())
@@ -900,9 +908,49 @@ class JetStreamService:
         if threading.get_ident() == self._loop_thread:
             # An inline apply (on the loop): same FIFO queue, without waking the selector
             # through its self-pipe (a write syscall per applied run).
+            if sm.early is not None and any(type(e) is Reply for e in effects):
+                # PubAcks `_early_replies` left here: a later run's must not overtake them
+                # (the drain loop may apply it before this callback runs).
+                self._held[sm.name] = self._held.get(sm.name, 0) + 1
+                self.loop.call_soon(self._on_held_effects, sm, effects)
+                return
             self.loop.call_soon(self._on_effects, sm, effects)
         else:
+            # The apply worker: these run before the drain pass resumes, so before any
+            # later run's early PubAcks.
             self.loop.call_soon_threadsafe(self._on_effects, sm, effects)
+
+    def _on_held_effects(self, sm: StreamMachine, effects: list[Effect]) -> None:
+        left = self._held.pop(sm.name, 1) - 1
+        if left:
+            self._held[sm.name] = left
+        self._on_effects(sm, effects)
+
+    def _early_replies(self, sm: StreamMachine, effects: list[Effect]) -> list[Effect]:
+        """Single node, an apply on the loop (a small drain pass: lone sync publishes): send
+        the run's PubAcks and flush them to their clients now, before the store commits and
+        the driver's bookkeeping (what a window-1 publisher waits for; nothing else runs on
+        the loop meanwhile, so no request can see the store without these entries). The
+        entries are committed: fsynced in the WAL, replayed into the store after a crash.
+        Returns the effects left for `_on_effects` (after the commit, as before). Not with
+        `republish` (nats-server sends the republished message before the PubAck), nor
+        from the apply worker (another thread)."""
+        if (self.client is None or self.jsc is not None or sm.name in self._held
+                or threading.get_ident() != self._loop_thread or sm.stream.cfg.get("republish")):
+            return effects
+        replies = [e for e in effects if type(e) is Reply]
+        if not replies or len(replies) > EARLY_REPLIES_MAX:
+            return effects
+        sent = 0
+        try:
+            client = self._client(sm.name)
+            for reply in replies:
+                client.publish(reply.subject, None, reply.payload)
+                sent += 1
+            _flush_receivers(client, replies)
+        except Exception as exc:  # noqa: BLE001 - the store must still commit
+            self.log.error(f"JetStream {sm.name}: sending PubAcks failed: {exc!r}")
+        return replies[sent:] + [e for e in effects if type(e) is not Reply]
 
     def _on_effects(self, sm: StreamMachine, effects: list[Effect]) -> None:
         """On the loop, in apply order: the entries are fsynced in the WAL and applied to
@@ -2505,6 +2553,19 @@ class JetStreamService:
         self.consumer_created.pop((sm.name, name), None)
         self._advise(advisories.consumer_action("delete", _name(sm.name), name,
                                                 *self._stamp()), _acc(sm.name))
+
+
+def _flush_receivers(client: Any, replies: list[Reply]) -> None:
+    """Write out now what `replies` put in the buffers of this account's subscribers
+    (their flush is otherwise a callback of the next loop turn, which then finds nothing)."""
+    match = client.account.sublist.match
+    for reply in replies:
+        result = match(reply.subject)
+        for sub in result.psubs:
+            sub.client.flush()
+        for members in result.qsubs.values():
+            for sub in members:
+                sub.client.flush()
 
 
 def _tier_usage() -> dict[str, int]:

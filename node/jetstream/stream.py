@@ -176,11 +176,16 @@ class Stream:
     # -- applying --------------------------------------------------------------------------
 
     def apply_batch(self, entries: Iterable[tuple[int, bytes]],
-                    on_entry: Callable[[int, list[Effect]], None] | None = None
+                    on_entry: Callable[[int, list[Effect]], None] | None = None,
+                    before_commit: Callable[[list[Effect]], list[Effect]] | None = None
                     ) -> list[Effect]:
         """Apply committed entries in log order in ONE store batch; indexes at or below
         `applied` were applied before a restart and are skipped. `on_entry(index, effects)`
-        sees each entry's own effects (the node matches results to their proposals)."""
+        sees each entry's own effects (the node matches results to their proposals).
+        `before_commit(effects)` gets them once every entry is applied, before the store
+        commits, and returns those left for the caller (a PubAck may leave that early: the
+        entries are committed Raft entries, fsynced in the WAL, which replays them into
+        the store after a crash)."""
         effects: list[Effect] = []
         saved, self._saved = self._saved, None  # known again only once the batch commits
         with self.store.batch():
@@ -192,6 +197,8 @@ class Stream:
                     on_entry(index, produced)
                 effects.extend(produced)
                 self.applied = index
+            if before_commit is not None and effects:
+                effects = before_commit(effects)
             progress = self._save_progress(saved)
             for name in sorted(self._dirty):
                 if name in self.consumers:

@@ -77,6 +77,24 @@ def test_torn_tail_is_a_note_only_in_the_newest_segment(segment_file, tmp_path, 
     assert [(f.kind, f.severity) for f in found] == [want]
 
 
+@pytest.mark.parametrize("split", [7, 100, 4096, 1 << 20])
+@pytest.mark.parametrize("newest", [True, False])
+def test_a_zero_runway_after_the_records_is_no_damage(segment_file, tmp_path, split, newest):
+    """A segment the node left with its preallocated zeros (a crash, or a roll: older
+    segments keep theirs) tiles cleanly; zeros followed by record bytes do not."""
+    seg = tmp_path / "wal-0000000000000001.log"
+    seg.write_bytes(segment_file.read_bytes() + bytes(5000))
+    rows, edges = _read_all(seg, split)
+    assert len(rows) == len(_records(segment_file))
+    assert grade("n", 1, seg.stat().st_size, newest, edges) == []
+    rec = wal.encode(wal.RecordType.ENTRY, b"g0", 1, 999, 0, b"z" * 50)
+    seg.write_bytes(segment_file.read_bytes() + bytes(5000) + rec[:-10])
+    _, edges = _read_all(seg, split)
+    found = grade("n", 1, seg.stat().st_size, newest, edges)
+    assert len(found) == 1 and found[0].kind == model.CORRUPT_RECORD \
+        or [f.kind for f in found] == [model.TORN_TAIL]
+
+
 def test_empty_segment_reads_as_nothing(tmp_path):
     seg = tmp_path / "wal-0000000000000001.log"
     seg.write_bytes(b"")

@@ -24,7 +24,8 @@ ROOT = Path(__file__).resolve().parents[2]
 LMDB = "node/jetstream/store/lmdbstore.py"
 MACH = "node/jetstream/machines.py"
 DIRS = "node/jetstream/dirs.py"
-WAL_FSYNC = ("raft/disk.py", "        os.fsync(fd)\n\n    def ftruncate",
+# The WAL syncs with fdatasync (raft/storage.py `_write`).
+WAL_FSYNC = ("raft/disk.py", "        os.fdatasync(fd)\n\n    def ftruncate",
              "        pass\n\n    def ftruncate")
 
 # name -> [(file, original, mutated), ...]
@@ -50,8 +51,8 @@ MUTANTS: dict[str, list[tuple[str, str, str]]] = {
     # while the pass commits, applies and sends the PubAck (ack before fsync).
     "ack-before-wal-fsync": [(
         "raft/multigroup.py",
-        "                await self.node_log.sync_async(await self._sync_runner(bool(early)))",
-        "                self._spawn(self.node_log.sync_async(self.wal_executor.run))")],
+        "                await self._sync_pass(len(work), await self._sync_runner(queued))",
+        "                self._spawn(self._sync_pass(len(work), self.wal_executor.run))")],
     # Nothing fsynced before the PubAck: WAL fsync skipped and LMDB NOSYNC.
     "ack-before-any-fsync": [
         WAL_FSYNC,

@@ -166,3 +166,29 @@ def test_max_age_after_the_first_message_goes(tmp_path: Path, kind: str) -> None
     finally:
         if env is not None:
             env.close()
+
+
+def test_before_commit_sees_the_runs_effects_before_the_store_commits(tmp_path: Path) -> None:
+    """`before_commit` (the node's early PubAcks) gets every effect of the run once all its
+    entries are applied, while another reader does not see them yet; what it returns is what
+    `apply_batch` returns, and the store then holds the run as without it."""
+    env = NodeEnv(str(tmp_path / "env"))
+    store = LmdbStore(env, "T")
+    stream = Stream(make_cfg(subjects=["s.>"]), store)
+    seen: list[tuple[list[str], int]] = []
+
+    def early(effects: list[Any]) -> list[Any]:
+        with env.env.begin() as outside:  # a reader outside the open write transaction
+            committed = outside.stat(env.dbs["js_msgs"])["entries"]
+        seen.append(([type(e).__name__ for e in effects], committed))
+        return [e for e in effects if type(e).__name__ != "Reply"]
+
+    try:
+        run = [(i, ops.encode(ops.StreamMsg(T0 + i, f"s.{i}", f"r{i}", b"", b"x")))
+               for i in (1, 2)]
+        left = stream.apply_batch(run, before_commit=early)
+        assert seen == [(["Stored", "Reply", "Stored", "Reply"], 0)]
+        assert [type(e).__name__ for e in left] == ["Stored", "Stored"]
+        assert list(store.seqs()) == [1, 2] and stream.applied == 2
+    finally:
+        env.close()

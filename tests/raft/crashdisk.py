@@ -168,6 +168,9 @@ class CrashDisk:
         self._mut("fsync", f"fd{fd}")
         ino.durable, ino.pending = bytes(ino.data), []
 
+    # Same durability in these models: file bytes and size (no separate metadata).
+    fdatasync = fsync
+
     def ftruncate(self, fd: int, size: int) -> None:
         ino = self.fds[fd]
         self._mut("ftruncate", f"fd{fd}->{size}")

@@ -38,11 +38,13 @@ MUTANTS = (
            "doomed, self._doomed = self._obsolete(), []", (CRASH, MODEL)),
     Mutant("D3a segments fsynced together after all writes", "raft/storage.py",
            "if i + 1 == len(batch) or batch[i + 1].seg != ch.seg:\n"
-           "                    self.disk.fsync(self._fds[ch.seg])\n"
+           "                    # fdatasync makes the bytes and a changed size durable: all a\n"
+           "                    # reader of the records needs (mtime may lag).\n"
+           "                    self.disk.fdatasync(self._fds[ch.seg])\n"
            "                    self.stats.fsyncs += 1",
            "pass\n"
            "            for seg in dict.fromkeys(c.seg for c in batch):\n"
-           "                self.disk.fsync(self._fds[seg])\n"
+           "                self.disk.fdatasync(self._fds[seg])\n"
            "                self.stats.fsyncs += 1", (CRASH, MODEL)),
     Mutant("D3b torn tail before empty segments called corruption", "raft/storage.py",
            "if later and not repair and not self._all_empty(later):",
@@ -97,6 +99,9 @@ MUTANTS = (
            "        self.hole = 0  # whatever its index: nothing before the snapshot is needed"
            " any more",
            "        if meta.index >= self.hole:\n            self.hole = 0", (MODEL,)),
+    Mutant("ZERO zeros followed by record bytes taken for the end of the records",
+           "raft/wal.py", "if view[pos:] == bytes(size - pos):",
+           "if not any(view[pos:pos + 8]):", ("tests/raft/test_wal_corruption.py",)),
     Mutant("BUGB missing snapshot dir breaks load", "raft/snapfile.py",
            "    if not disk.exists(dir):\n        return  # nothing was ever written there\n", "",
            ("tests/raft/test_snapshot_files.py",)),
@@ -105,6 +110,7 @@ MUTANTS = (
 
 def copy_tree(dst: Path) -> None:
     shutil.copytree(ROOT / "raft", dst / "raft")
+    shutil.copytree(ROOT / "chaos", dst / "chaos")  # tests/conftest.py imports it
     (dst / "tests").mkdir()
     for f in (ROOT / "tests").glob("*.py"):
         shutil.copy(f, dst / "tests" / f.name)

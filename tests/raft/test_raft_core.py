@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from raft.core import (
     QUIESCE,
     Config,
@@ -17,6 +19,7 @@ from raft.core import (
     encode_conf_change,
     storage_append_resp,
 )
+from raft.log import InvariantError
 from raft.memstorage import MemoryStorage
 from raft.progress import ProgressState
 from raft.types import (
@@ -739,3 +742,21 @@ def test_a_commit_slower_than_a_tick_costs_no_heartbeats() -> None:
     assert sorted(m.to for m in net.sent[since:] if m.type is MsgType.HEARTBEAT) == [2, 3]
     net.stabilize()
     assert r.log.committed == r.log.last_index()
+
+
+# -- always-on invariants (their hot-path form tests the conditions first) -----------------
+@pytest.mark.parametrize("breaks, report", [
+    (lambda r: setattr(r.log, "applied", r.log.committed + 1), "applied <= commit <= last"),
+    (lambda r: setattr(r.log, "committed", r.log.last_index() + 1), "applied <= commit <= last"),
+    (lambda r: (setattr(r, "vote", 2), setattr(r, "term", 0)), "vote without term"),
+    (lambda r: setattr(r, "lead", 3), "leader does not lead itself"),
+    (lambda r: setattr(r.prs[r.id], "match", r.log.last_index() + 1), "self match past its log"),
+])
+def test_each_broken_invariant_is_reported_at_advance_with_its_numbers(breaks, report) -> None:
+    net = Network([1, 2, 3], seed=1)
+    settle(net, 40)
+    r = net.raft(net.leader())
+    r.check_invariants()  # a sound leader passes
+    breaks(r)
+    with pytest.raises(InvariantError, match=report):
+        r.check_invariants()

@@ -270,8 +270,9 @@ def test_restart_after_a_lost_roll_writes_no_segment_without_checkpoint():
         wal.append("a", [entry(i)])
         i += 1
     last = i - 1
-    # _write: fsync_dir (new segment), pwrite + fsync old segment, pwrite new: crash.
-    disk.crash_at = disk.ops + 4
+    # _write: fsync_dir (new segment), pwrite + the zero runway's pwrite (the batch passes
+    # the old segment's runway) + fsync old segment, pwrite new: crash.
+    disk.crash_at = disk.ops + 5
     with pytest.raises(Crash):
         wal.sync()
     # the crash hit the first write of the new file (offset 0)

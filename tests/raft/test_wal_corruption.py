@@ -82,15 +82,79 @@ def test_bit_flip_in_last_record_detected_and_dropped(tmp_path, caplog):
     assert [(e.term, e.data) for e in wal.group("G").entries(21, 22)] == [(3, b"new")]
 
 
-def test_zeroed_tail_is_truncated(tmp_path):
-    # A crash after the file grew but before data reached disk can leave zeros.
+def test_zeroed_tail_is_the_end_of_the_log(tmp_path):
+    # A segment's runway (zeros preallocated ahead of its records, and what a crash after
+    # the file grew but before the data reached the disk leaves) ends the records cleanly:
+    # nothing is truncated, appends go right after the last record and survive a restart.
     fill(tmp_path, n=5).close()
     seg = only_segment(tmp_path)
+    end = os.path.getsize(seg)  # close() trims the runway
     with open(seg, "ab") as f:
         f.write(b"\0" * 4096)
     wal = NodeLog(str(tmp_path))
-    assert wal.stats.torn_bytes_truncated == 4096
+    assert wal.stats.torn_bytes_truncated == 0
     check_prefix(wal, 5)
+    wal.append("G", [Entry(1, 6, data=bytes([6]) * 50)])
+    wal.sync()
+    assert os.path.getsize(seg) == end + 4096  # written inside the runway: no growth
+    with open(seg, "rb") as f:
+        assert f.read()[end : end + 2] == b"JR"
+    wal.close()
+    check_prefix(NodeLog(str(tmp_path)), 6)
+
+
+def crash_image(src, dst) -> str:
+    """A copy of the log directory as a power cut would leave it (the files' bytes)."""
+    shutil.copytree(src, dst)
+    return only_segment(dst)
+
+
+@pytest.mark.parametrize("kept", [0, 1, 17, "all-but-1"])
+def test_a_write_torn_inside_the_preallocated_runway_recovers(tmp_path, kept):
+    """The node dies while a batch is written into the zeros ahead of the records: the
+    file holds the acked records, part of the batch, then zeros. Recovery keeps every
+    synced entry, serves nothing of the torn batch and appends after the synced ones."""
+    live = tmp_path / "live"
+    wal = fill(live, n=5)  # synced: 5 entries and their hard states
+    seg = only_segment(live)
+    synced_end = wal._cur_size
+    size = os.path.getsize(seg)
+    assert size >= synced_end + 4096  # the runway is there (never trimmed: no close)
+    rec = encode(RecordType.ENTRY, b"G", 1, 6, 0, b"x" * 300)
+    n = len(rec) - 1 if kept == "all-but-1" else kept
+    image = crash_image(live, tmp_path / "cut")
+    with open(image, "r+b") as f:  # the part of the unsynced write that reached the disk
+        f.seek(synced_end)
+        f.write(rec[:n])
+    assert os.path.getsize(image) == size
+    wal2 = NodeLog(str(tmp_path / "cut"))
+    check_prefix(wal2, 5)
+    # a partial record is truncated off (with the runway); zeros alone are a clean end
+    assert wal2.stats.torn_bytes_truncated == (0 if n == 0 else size - synced_end)
+    wal2.append("G", [Entry(2, 6, data=b"after")])
+    wal2.sync()
+    wal2.close()
+    wal3 = NodeLog(str(tmp_path / "cut"))
+    assert [(e.term, e.data) for e in wal3.group("G").entries(6, 7)] == [(2, b"after")]
+    wal.close()
+
+
+def test_zeros_then_data_in_the_runway_is_a_torn_tail_not_an_end(tmp_path):
+    """Pages of a batch may reach the disk out of order: zeros followed by record bytes
+    are a torn write (truncated), never a clean end after which data is ignored."""
+    live = tmp_path / "live"
+    wal = fill(live, n=5)
+    end = wal._cur_size
+    image = crash_image(live, tmp_path / "cut")
+    rec = encode(RecordType.ENTRY, b"G", 1, 7, 0, b"y" * 40)
+    with open(image, "r+b") as f:
+        f.seek(end + 4096)
+        f.write(rec)
+    wal2 = NodeLog(str(tmp_path / "cut"))
+    check_prefix(wal2, 5)
+    assert wal2.stats.torn_bytes_truncated > 0
+    assert os.path.getsize(image) == end
+    wal.close()
 
 
 def test_corruption_in_older_segment_is_fatal_unless_repair(tmp_path):
@@ -180,3 +244,13 @@ def test_any_truncation_point_recovers_a_prefix(tmp_path_factory, cut):
     wal.sync()
     wal.close()
     assert NodeLog(str(d)).group("G").last_index() == last + 1
+
+
+def test_close_twice_is_harmless_and_the_closed_log_ends_at_its_last_record(tmp_path):
+    wal = fill(tmp_path, n=3)
+    end = wal._cur_size
+    assert os.path.getsize(only_segment(tmp_path)) > end  # the runway
+    wal.close()
+    wal.close()
+    assert os.path.getsize(only_segment(tmp_path)) == end
+    check_prefix(NodeLog(str(tmp_path)), 3)

@@ -108,10 +108,12 @@ MUTANTS: list[Mutant] = [
         "d3a-roll-fsync-at-end", "a batch across a segment roll fsyncs every segment at the end",
         "storage.py",
         "if i + 1 == len(batch) or batch[i + 1].seg != ch.seg:\n"
-        "                    self.disk.fsync(self._fds[ch.seg])\n"
+        "                    # fdatasync makes the bytes and a changed size durable: all a\n"
+        "                    # reader of the records needs (mtime may lag).\n"
+        "                    self.disk.fdatasync(self._fds[ch.seg])\n"
         "                    self.stats.fsyncs += 1",
         "pass\n            for seg in dict.fromkeys(c.seg for c in batch):\n"
-        "                self.disk.fsync(self._fds[seg])\n"
+        "                self.disk.fdatasync(self._fds[seg])\n"
         "                self.stats.fsyncs += 1", hint=7),
     Mutant(
         "d3b-torn-tail-before-empty-segment", "a torn tail followed by empty segments is "

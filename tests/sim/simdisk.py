@@ -402,6 +402,9 @@ class SimDisk:
         f.inode.durable = bytes(f.inode.data)
         f.inode.ops = []
 
+    # Same durability in this model: file bytes and size (no separate metadata).
+    fdatasync = fsync
+
     def size(self, fd: int) -> int:
         f = self._fd(fd)
         return len(f.inode.data) if f.inode is not None else 0
