@@ -242,6 +242,16 @@ Op = (StreamMsg | StreamMsgs | DeleteMsg | Purge | Expire | ConsumerDelivered | 
       | ConsumerGroupState)
 
 
+_HEAD_MSG = struct.Struct("<BqHHII")      # _HEAD then _MSG: a whole STREAM_MSG head
+
+
+def encode_msg(now_ns: int, subject: str, reply: str, hdr: bytes, data: bytes) -> bytes:
+    """`encode(StreamMsg(...))` without building the op (the leader's publish path)."""
+    subj, rep = subject.encode(), reply.encode()
+    return b"".join((_HEAD_MSG.pack(EntryOp.STREAM_MSG, now_ns, len(subj), len(rep), len(hdr),
+                                    len(data)), subj, rep, hdr, data))
+
+
 def _msg_body(msg: StreamMsg) -> bytes:
     subject, reply = msg.subject.encode(), msg.reply.encode()
     return (_MSG.pack(len(subject), len(reply), len(msg.hdr), len(msg.data))
@@ -250,7 +260,7 @@ def _msg_body(msg: StreamMsg) -> bytes:
 
 def encode(op: Op) -> bytes:
     if isinstance(op, StreamMsg):
-        return _HEAD.pack(EntryOp.STREAM_MSG, op.now_ns) + _msg_body(op)
+        return encode_msg(op.now_ns, op.subject, op.reply, op.hdr, op.data)
     if isinstance(op, StreamMsgs):
         return merge_msgs([encode(m) for m in op.msgs])
     if isinstance(op, StreamBatch):
