@@ -32,7 +32,9 @@ DEFAULT_MAX_SIZE = 128 * 1024 * 1024
 
 
 class Inflight:
-    """One stream's reservations: clock -> (stored bytes, buffered bytes)."""
+    """One stream's reservations: clock -> (stored bytes, buffered bytes, the publish's
+    encoded STREAM_MSG entry, its op): the apply takes the op instead of decoding a part
+    that is byte for byte that entry (`own`)."""
 
     __slots__ = ("_lock", "_held", "msgs", "bytes", "buffered")
 
@@ -43,18 +45,35 @@ class Inflight:
         self.bytes = 0      # their size as the store will count it (limits)
         self.buffered = 0   # their subject + reply + headers + data (max_buffered_size)
 
-    def reserve(self, now_ns: int, stored: int, buffered: int) -> int:
+    def reserve(self, now_ns: int, stored: int, buffered: int, entry: bytes = b"",
+                op: Any = None) -> int:
         """Hold a new publish; its key: `now_ns`, or the next clock not held after it
-        (the caller then proposes the entry with that clock)."""
+        (the caller then proposes the entry with that clock: `entry`, encoded with
+        `now_ns`, is then not kept, and the apply decodes that one)."""
         with self._lock:
             held = self._held
-            while now_ns in held:
-                now_ns += 1
-            held[now_ns] = (stored, buffered)
+            if now_ns in held:
+                entry, op = b"", None
+                while now_ns in held:
+                    now_ns += 1
+            held[now_ns] = (stored, buffered, entry, op)
             self.msgs += 1
             self.bytes += stored
             self.buffered += buffered
         return now_ns
+
+    def own(self, clock: int, entry: bytes, at: int, size: int) -> Any:
+        """The op of the publish held with `clock` if `entry[at:at + size]` is exactly
+        the STREAM_MSG entry it was proposed as (so decoding it would give that op);
+        None otherwise (another proposer's entry, a replay, a clock bumped by `reserve`).
+        One dict read: safe from the apply worker while the loop reserves."""
+        held = self._held.get(clock)
+        if held is None:
+            return None
+        mine = held[2]
+        if len(mine) == size and entry.startswith(mine, at):
+            return held[3]
+        return None
 
     def release(self, key: int) -> None:
         self._release_all([key])

@@ -703,35 +703,35 @@ class JetStreamService:
         """A publish this node (the stream's leader) proposes. Its PubAck is an apply
         effect; a refusal (or an unknown outcome) is logged by `_not_acked`. Its bytes are
         held in the stream's in-flight count (inflight.py) from here until the entry
-        carrying it is applied, so the limit checks of the publishes behind it count it.
-        The op is built only for a refusal or a batch: the entry is encoded from the parts."""
+        carrying it is applied, so the limit checks of the publishes behind it count it."""
         sm = self.streams.get(name)
         if sm is None:
             return None
         inflight = sm.inflight
         now_ns = time.time_ns()
+        op = ops.StreamMsg(now_ns, subject, reply, hdr, payload)
         buffered = len(subject) + len(reply) + len(hdr) + len(payload)
         max_msgs, max_size = self.max_buffered
         if inflight.msgs >= max_msgs or inflight.buffered + buffered > max_size:
-            return self._too_many(sm, ops.StreamMsg(now_ns, subject, reply, hdr, payload),
-                                  inflight.msgs >= max_msgs)
+            return self._too_many(sm, op, inflight.msgs >= max_msgs)
         size = (memory_size if sm.memory else file_size)(subject, hdr, payload)
-        if not self._no_byte_limit(sm) and self._over_account_limit(
-                sm, ops.StreamMsg(now_ns, subject, reply, hdr, payload), size):
+        if not self._no_byte_limit(sm) and self._over_account_limit(sm, op, size):
             return None
-        if hdr:
-            op = ops.StreamMsg(now_ns, subject, reply, hdr, payload)
-            if BatchCollector.is_batch(op):
-                self._batch_message(sm, op)
-                return None
-        key = inflight.reserve(now_ns, size, buffered)  # another publish held may have now_ns
+        if hdr and BatchCollector.is_batch(op):
+            self._batch_message(sm, op)
+            return None
+        # Held with its op: the apply takes the op instead of decoding these bytes back.
+        entry = ops.encode_msg(now_ns, subject, reply, hdr, payload)
+        key = inflight.reserve(now_ns, size, buffered, entry, op)
+        if key != now_ns:  # another publish held has this clock: the next free one
+            entry = ops.encode_msg(key, subject, reply, hdr, payload)
         # No task nor Future per publish (the PubAck is an apply effect): the driver
         # reports only a failure. Publishes queued between two drain passes become one
         # STREAM_MSGS entry (`merge`): one Raft entry, WAL record and apply dispatch.
         assert self.mr is not None
         try:
-            self.mr.propose_quiet(sm.group, ops.encode_msg(key, subject, reply, hdr, payload),
-                                  self._not_acked, (sm, key), merge=ops.merge_msgs)
+            self.mr.propose_quiet(sm.group, entry, self._not_acked, (sm, key),
+                                  merge=ops.merge_msgs)
         except (ProposalDropped, KeyError, NotLeader) as exc:
             self._not_acked((sm, key), exc)
         return None
