@@ -192,6 +192,11 @@ class Account:
                     if sub.direct and not sub.dead and (client.echo
                                                         or sub.client is not client):
                         ok = sub.client.deliver_direct(sub, subject, reply, payload)
+                    elif sub.inline and not sub.dead:  # an internal client, never `client`
+                        ok = sub.client.deliver_inline(sub, subject, reply, payload)
+                    else:
+                        ok = None
+                    if ok is not None:
                         routes = account.routes
                         if routes is not None and routes.forward(subject, reply, None, payload,
                                                                  ()):

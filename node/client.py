@@ -236,11 +236,15 @@ class Client(asyncio.Protocol):
         return client
 
     def subscribe_internal(self, subject: str, callback: InternalCallback,
-                           queue: str | None = None) -> Subscription:
+                           queue: str | None = None, inline: bool = False) -> Subscription:
         """`callback(sub, subject, reply, headers, payload)` runs from the event
-        loop after the publisher's turn; it must not block."""
+        loop after the publisher's turn; it must not block. `inline`: a network
+        client's headerless PUB that this subscription alone matches may run it
+        at once, in the publisher's turn (`deliver_inline`); the callback must then
+        also be safe to run from inside the parser (it only queues work)."""
         assert self._inbox is not None, "only internal clients subscribe with a callback"
         sub = Subscription(subject, queue, f"i{self.server.next_cid()}", self, callback)
+        sub.inline = inline
         self.subs[sub.sid] = sub
         self.account.subscribe(sub)
         return sub
@@ -267,6 +271,29 @@ class Client(asyncio.Protocol):
         sub.delivered += 1
         if sub.max_msgs and sub.delivered >= sub.max_msgs:
             self.account.expire(sub)
+        return True
+
+    def deliver_inline(self, sub: Subscription, subject: str, reply: str | None,
+                       payload: bytes) -> bool:
+        """`_deliver_internal` of a headerless message, its callback run now: no Message
+        framed, no inbox turn (a JetStream stream's capture: the publish is proposed in the
+        publisher's turn). Only while nothing waits in the inbox, so the callbacks still
+        see this client's messages in arrival order; else queued behind them."""
+        inbox = self._inbox
+        callback = sub.callback
+        if inbox or inbox is None or callback is None or self.closed:
+            return self._deliver_internal(sub, Message(subject, reply, None, payload))
+        self.out_msgs += 1
+        self.out_bytes += len(payload)
+        sub.delivered += 1
+        if sub.max_msgs and sub.delivered >= sub.max_msgs:
+            self.account.expire(sub)
+            self.account.reap()
+        try:
+            callback(sub, subject, reply, None, payload)
+        except Exception as err:  # noqa: BLE001 - as in _drain_inbox
+            self.server.log.error(f"internal client {self.opts.get('name')!r}: "
+                                  f"handler for {sub.subject!r} failed: {err!r}")
         return True
 
     def _drain_inbox(self) -> None:

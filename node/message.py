@@ -22,7 +22,7 @@ class Subscription:
     """A SUB of one client (or an internal one); stored in the sublist."""
 
     __slots__ = ("subject", "queue", "sid", "client", "sid_sp", "max_msgs", "delivered", "dead",
-                 "direct", "last_subject", "last_size", "last_line", "callback")
+                 "direct", "last_subject", "last_size", "last_line", "callback", "inline")
 
     def __init__(self, subject: str, queue: str | None, sid: str, client: Any,
                  callback: InternalCallback | None = None) -> None:
@@ -42,6 +42,9 @@ class Subscription:
         self.last_size = -1
         self.last_line = b""
         self.callback = callback  # internal subscribers only
+        # An internal subscriber whose callback may run at once, inside the publisher's
+        # turn, for a headerless PUB it alone matches (Client.deliver_inline).
+        self.inline = False
 
 
 heads: dict[str, bytes] = {}  # subject -> b"MSG <subject> ", reused across messages

@@ -33,29 +33,48 @@ DEFAULT_MAX_SIZE = 128 * 1024 * 1024
 
 
 class Inflight:
-    """One stream's reservations: clock -> (stored bytes, buffered bytes, messages)."""
+    """One stream's reservations: clock -> (stored bytes, buffered bytes, messages, the
+    publish's encoded STREAM_MSG entry, its op): the apply takes the op instead of decoding
+    a part that is byte for byte that entry (`own`)."""
 
     __slots__ = ("_lock", "_held", "msgs", "bytes", "buffered")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()  # the loop reserves, the apply worker releases
-        self._held: dict[int, tuple[int, int, int]] = {}
+        self._held: dict[int, tuple[int, int, int, bytes, Any]] = {}
         self.msgs = 0       # messages held
         self.bytes = 0      # their size as the store will count it (limits)
         self.buffered = 0   # their subject + reply + headers + data (max_buffered_size)
 
-    def reserve(self, now_ns: int, stored: int, buffered: int, count: int = 1) -> int:
+    def reserve(self, now_ns: int, stored: int, buffered: int, count: int = 1,
+                entry: bytes = b"", op: Any = None) -> int:
         """Hold a new publish (or an entry of `count` messages); its key: `now_ns`, or the
-        next clock not held after it (the caller then proposes the entry with that clock)."""
+        next clock not held after it (the caller then proposes the entry with that clock:
+        `entry`, encoded with `now_ns`, is then not kept, and the apply decodes that one)."""
         with self._lock:
             held = self._held
-            while now_ns in held:
-                now_ns += 1
-            held[now_ns] = (stored, buffered, count)
+            if now_ns in held:
+                entry, op = b"", None
+                while now_ns in held:
+                    now_ns += 1
+            held[now_ns] = (stored, buffered, count, entry, op)
             self.msgs += count
             self.bytes += stored
             self.buffered += buffered
         return now_ns
+
+    def own(self, clock: int, entry: bytes, at: int, size: int) -> Any:
+        """The op of the publish held with `clock` if `entry[at:at + size]` is exactly
+        the STREAM_MSG entry it was proposed as (so decoding it would give that op);
+        None otherwise (another proposer's entry, a replay, a clock bumped by `reserve`).
+        One dict read: safe from the apply worker while the loop reserves."""
+        held = self._held.get(clock)
+        if held is None:
+            return None
+        mine = held[3]
+        if len(mine) == size and entry.startswith(mine, at):
+            return held[4]
+        return None
 
     def release(self, key: int) -> None:
         self._release_all([key])
@@ -102,11 +121,11 @@ class Inflight:
             self.msgs = self.bytes = self.buffered = 0
 
 
-def _first_bytes(held: Iterable[tuple[int, int, int]], room: int) -> int:
+def _first_bytes(held: Iterable[tuple[int, int, int, bytes, Any]], room: int) -> int:
     """The bytes of the reservations, in order, while their messages fit in `room` (an
     entry of several messages that does not fit whole is refused whole by its apply)."""
     total = 0
-    for stored, _, count in held:
+    for stored, _, count, _, _ in held:
         if count > room:
             break
         room -= count

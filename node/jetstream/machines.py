@@ -256,9 +256,11 @@ class StreamMachine:
             # Read once per run: a leader change during the run costs at most the PubAcks
             # of that run (the client's publish times out; no message is lost or doubled).
             self.stream.acks = self.leads is None or self.leads()
+            inflight = self.inflight
             effects = self.stream.apply_batch(
                 run, self._keep if self.track else None,
-                None if self.early is None else self._before_commit)
+                None if self.early is None else self._before_commit,
+                inflight.own if inflight.msgs else None)
             # Under the same lock as the stored bytes it makes visible: a limit check reads
             # store + in flight at once and sees each publish exactly once.
             self.inflight.release_entries(run)

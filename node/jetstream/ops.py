@@ -12,6 +12,7 @@ WAL segments and snapshots are replayed by newer code.
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import IntEnum
 
@@ -242,6 +243,16 @@ Op = (StreamMsg | StreamMsgs | DeleteMsg | Purge | Expire | ConsumerDelivered | 
       | ConsumerGroupState)
 
 
+_HEAD_MSG = struct.Struct("<BqHHII")      # _HEAD then _MSG: a whole STREAM_MSG head
+
+
+def encode_msg(now_ns: int, subject: str, reply: str, hdr: bytes, data: bytes) -> bytes:
+    """`encode(StreamMsg(...))` without building the op (the leader's publish path)."""
+    subj, rep = subject.encode(), reply.encode()
+    return b"".join((_HEAD_MSG.pack(EntryOp.STREAM_MSG, now_ns, len(subj), len(rep), len(hdr),
+                                    len(data)), subj, rep, hdr, data))
+
+
 def _msg_body(msg: StreamMsg) -> bytes:
     subject, reply = msg.subject.encode(), msg.reply.encode()
     return (_MSG.pack(len(subject), len(reply), len(msg.hdr), len(msg.data))
@@ -250,7 +261,7 @@ def _msg_body(msg: StreamMsg) -> bytes:
 
 def encode(op: Op) -> bytes:
     if isinstance(op, StreamMsg):
-        return _HEAD.pack(EntryOp.STREAM_MSG, op.now_ns) + _msg_body(op)
+        return encode_msg(op.now_ns, op.subject, op.reply, op.hdr, op.data)
     if isinstance(op, StreamMsgs):
         return merge_msgs([encode(m) for m in op.msgs])
     if isinstance(op, StreamBatch):
@@ -367,14 +378,23 @@ def msg_clocks(entry: bytes) -> list[int]:
     return clocks
 
 
-def decode(entry: bytes) -> Op:
+# `own(clock, entry, at, size)`: the op of a publish this node proposed if `entry[at:at +
+# size]` is exactly its encoding, else None (inflight.Inflight.own): decoding it is skipped.
+Own = Callable[[int, bytes, int, int], "StreamMsg | None"]
+
+
+def decode(entry: bytes, own: Own | None = None) -> Op:
     if len(entry) < _HEAD.size:
         raise EntryFormatError(f"entry of {len(entry)} bytes is shorter than its header")
     code, now_ns = _HEAD.unpack_from(entry)
     if code == 1 and type(entry) is bytes:  # EntryOp.STREAM_MSG, the most frequent entry
+        if own is not None:
+            msg = own(now_ns, entry, 0, len(entry))
+            if msg is not None:
+                return msg
         return _decode_msg_bytes(now_ns, entry)
     if code == EntryOp.STREAM_MSGS:
-        return _decode_msgs(now_ns, bytes(entry))
+        return _decode_msgs(now_ns, bytes(entry), own)
     body = memoryview(entry)[_HEAD.size:]
     # A plain int lookup (EntryOp is an IntEnum): constructing the enum member cost as much
     # as decoding a small message.
@@ -427,9 +447,10 @@ def _decode_msg_bytes(now_ns: int, entry: bytes, base: int = 0, stop: int = -1
     return StreamMsg(now_ns, subject, reply, entry[hdr_at:data_at], entry[data_at:end])
 
 
-def _decode_msgs(now_ns: int, entry: bytes) -> StreamMsgs:
+def _decode_msgs(now_ns: int, entry: bytes, own: Own | None = None) -> StreamMsgs:
     """STREAM_MSGS: count, then each part (a whole STREAM_MSG entry) behind its length.
-    The first part's clock must be the entry's; nothing may be left over."""
+    The first part's clock must be the entry's; nothing may be left over. A part `own`
+    knows is not decoded (its bytes are the op's encoding)."""
     at = _HEAD.size + _COUNT.size
     if len(entry) < at:
         raise EntryFormatError("stream msgs entry truncated")
@@ -448,7 +469,8 @@ def _decode_msgs(now_ns: int, entry: bytes) -> StreamMsgs:
         code, ns = _HEAD.unpack_from(entry, at)
         if code != EntryOp.STREAM_MSG:
             raise EntryFormatError(f"stream msgs entry holds an entry of op {code}")
-        msgs.append(_decode_msg_bytes(ns, entry, at, end))
+        msg = own(ns, entry, at, size) if own is not None else None
+        msgs.append(msg if msg is not None else _decode_msg_bytes(ns, entry, at, end))
         at = end
     if at != len(entry):
         raise EntryFormatError("stream msgs entry has trailing bytes")

@@ -262,6 +262,8 @@ class JetStreamService:
         # JetStream limits (None: JetStream not enabled for it), jsaccount.py
         self.clients: dict[str, Any] = {}
         self.limits: dict[str, jsaccount.Tiers | None] = {}
+        # stream key -> (account, its limits, stream config, server options, no byte limit)
+        self._byte_limits: dict[str, tuple[Any, ...]] = {}
         # accounts refused JetStream: their limits overflow the server's (`_reserve`)
         self.refused: dict[str, ApiError] = {}
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -664,7 +666,9 @@ class JetStreamService:
                           f"{_acc(name)!r} is not served here")
             self._subscribed.pop(name, None)  # looked at again at the next catalogue change
             return
-        self.subs[name] = [client.subscribe_internal(s, on_msg) for s in subjects]
+        # inline: a client's plain PUB is proposed in its own turn (no Message framed, no
+        # inbox turn); `_on_publish` only checks and queues a proposal or forwards it.
+        self.subs[name] = [client.subscribe_internal(s, on_msg, inline=True) for s in subjects]
 
     def _configs_all(self) -> dict[str, stream_config.Config]:
         """Every account's streams' configs by registry key."""
@@ -712,30 +716,57 @@ class JetStreamService:
         if sm is None:
             return None
         inflight = sm.inflight
-        op = ops.StreamMsg(time.time_ns(), subject, reply, hdr, payload)
+        now_ns = time.time_ns()
+        op = ops.StreamMsg(now_ns, subject, reply, hdr, payload)
         buffered = len(subject) + len(reply) + len(hdr) + len(payload)
-        if inflight.msgs >= self.max_buffered[0] or \
-                inflight.buffered + buffered > self.max_buffered[1]:
-            return self._too_many(sm, op, inflight.msgs >= self.max_buffered[0])
+        max_msgs, max_size = self.max_buffered
+        if inflight.msgs >= max_msgs or inflight.buffered + buffered > max_size:
+            return self._too_many(sm, op, inflight.msgs >= max_msgs)
         size = (memory_size if sm.memory else file_size)(subject, hdr, payload)
-        if self._over_account_limit(sm, op, size):
+        if not self._no_byte_limit(sm) and self._over_account_limit(sm, op, size):
             return None
-        if BatchCollector.is_batch(op):
+        if hdr and BatchCollector.is_batch(op):
             self._batch_message(sm, op)
             return None
-        key = inflight.reserve(op.now_ns, size, buffered)
-        if key != op.now_ns:  # another publish held has this clock: the next free one
-            op = ops.StreamMsg(key, subject, reply, hdr, payload)
+        # Held with its op: the apply takes the op instead of decoding these bytes back.
+        entry = ops.encode_msg(now_ns, subject, reply, hdr, payload)
+        key = inflight.reserve(now_ns, size, buffered, entry=entry, op=op)
+        if key != now_ns:  # another publish held has this clock: the next free one
+            entry = ops.encode_msg(key, subject, reply, hdr, payload)
         # No task nor Future per publish (the PubAck is an apply effect): the driver
         # reports only a failure. Publishes queued between two drain passes become one
         # STREAM_MSGS entry (`merge`): one Raft entry, WAL record and apply dispatch.
         assert self.mr is not None
         try:
-            self.mr.propose_quiet(sm.group, ops.encode(op), self._not_acked,
-                                  (sm, op.now_ns), merge=ops.merge_msgs)
+            self.mr.propose_quiet(sm.group, entry, self._not_acked, (sm, key),
+                                  merge=ops.merge_msgs)
         except (ProposalDropped, KeyError, NotLeader) as exc:
-            self._not_acked((sm, op.now_ns), exc)
+            self._not_acked((sm, key), exc)
         return None
+
+    def _no_byte_limit(self, sm: StreamMachine) -> bool:
+        """True when `_over_account_limit` cannot refuse a publish to `sm`: its account's
+        tier has no byte limit and the server's `max_mem`/`max_file` is unset. Worked out
+        once per (account limits, stream config, server options): each is replaced, never
+        changed in place, when it changes (a reload, an UPDATE_CONFIG, a JWT update)."""
+        seen = self._byte_limits.get(sm.name)
+        tiers_now = self.limits.get(seen[0]) if seen is not None else None
+        options = self.server.options
+        if (seen is not None and seen[1] is tiers_now and seen[2] is sm.stream.cfg
+                and seen[3] is options):
+            return seen[4]
+        account = jsaccount.account_of(sm.name)
+        tiers = self.limits.get(account)
+        free = tiers is None
+        if tiers is not None and not tiers.tiered:
+            limits = tiers.select(1)[1]
+            o = options.jetstream
+            free = (limits.max_memory < 0 and limits.max_storage < 0
+                    and limits.memory_max_stream_bytes <= 0
+                    and limits.storage_max_stream_bytes <= 0
+                    and (o.max_mem if sm.memory else o.max_file) < 0)
+        self._byte_limits[sm.name] = (account, tiers, sm.stream.cfg, options, free)
+        return free
 
     def _too_many(self, sm: StreamMachine, op: ops.StreamMsg, by_count: bool) -> None:
         """`max_buffered_msgs` / `max_buffered_size`: nats-server drops a publish its full

@@ -137,6 +137,7 @@ class Stream:
         # expiry looks at it on every entry, and it changes only when that message goes.
         self._head: tuple[int, int] | None = None
         self._ack_prefix: tuple[str, str, str] = ("", "", "")  # name, domain -> PubAck head
+        self._ack_head: bytes | None = None  # `_ack_prefix`'s head as bytes (reset with it)
         # False: PubAcks are not built (a cluster follower's apply: nobody sends them).
         # Errors and every other effect are the same either way.
         self.acks = True
@@ -177,22 +178,23 @@ class Stream:
 
     def apply_batch(self, entries: Iterable[tuple[int, bytes]],
                     on_entry: Callable[[int, list[Effect]], None] | None = None,
-                    before_commit: Callable[[list[Effect]], list[Effect]] | None = None
-                    ) -> list[Effect]:
+                    before_commit: Callable[[list[Effect]], list[Effect]] | None = None,
+                    own: ops.Own | None = None) -> list[Effect]:
         """Apply committed entries in log order in ONE store batch; indexes at or below
         `applied` were applied before a restart and are skipped. `on_entry(index, effects)`
         sees each entry's own effects (the node matches results to their proposals).
         `before_commit(effects)` gets them once every entry is applied, before the store
         commits, and returns those left for the caller (a PubAck may leave that early: the
         entries are committed Raft entries, fsynced in the WAL, which replays them into
-        the store after a crash)."""
+        the store after a crash). `own`: the leader's publishes still held as ops
+        (ops.decode skips their decode)."""
         effects: list[Effect] = []
         saved, self._saved = self._saved, None  # known again only once the batch commits
         with self.store.batch():
             for index, data in entries:
                 if index <= self.applied:
                     continue
-                produced = self.apply(ops.decode(data))
+                produced = self.apply(ops.decode(data, own))
                 if on_entry is not None:
                     on_entry(index, produced)
                 effects.extend(produced)
@@ -480,6 +482,7 @@ class Stream:
             in_domain = f',"domain":{json.dumps(domain)}' if domain else ""
             head = f'{{"stream":{json.dumps(name)}{in_domain},"seq":'
             self._ack_prefix = (name, domain, head)
+            self._ack_head = None
         dup = ',"duplicate": true' if duplicate else ""
         val = f',"val":"{total}"' if total is not None else ""
         return [Reply(reply, f'{head}{seq}{dup}{val}}}'.encode())]
@@ -513,7 +516,7 @@ class Stream:
             if msg.hdr or len(msg.subject) > room or 0 <= max_size < len(msg.data):
                 effects += apply_msg(msg)  # headers, or a refusal: the full path says which
             else:
-                effects += plain(msg)
+                plain(msg, effects)
         return effects
 
     def _plain_room(self) -> int:
@@ -530,20 +533,34 @@ class Stream:
             return -1
         return max(_MAX_KEY - 2 - len(cfg["name"].encode()) - 9, -1) // 4
 
-    def _apply_plain(self, op: ops.StreamMsg) -> list[Effect]:
+    def _apply_plain(self, op: ops.StreamMsg, effects: list[Effect]) -> None:
         """`_apply_msg` of a headerless publish that `_apply_msgs` found cannot be refused:
-        expiry, then store, limits, PubAck, in `_store_msg`'s order. With no header there
-        is no msg id, rollup, TTL or schedule; the subject is stored as published."""
-        effects: list[Effect] = self._expire(op.now_ns)
+        expiry, then store, limits, PubAck, in `_store_msg`'s order, appended to `effects`.
+        With no header there is no msg id, rollup, TTL or schedule; the subject is stored
+        as published."""
+        now_ns = op.now_ns
+        expired = self._expire(now_ns)
+        if expired:
+            effects += expired
         seq = self._next_seq()
         subject = op.subject
-        self._put(StoredMsg(seq, subject, b"", op.data, op.now_ns))
-        self.last_seq, self.last_ts, self.last_msg_id = seq, op.now_ns, ""
+        self._put(StoredMsg(seq, subject, b"", op.data, now_ns))
+        self.last_seq, self.last_ts, self.last_msg_id = seq, now_ns, ""
         effects.append(Stored(seq, subject))
         removed = self._enforce_limits(subject)
         if removed:
             effects.append(Removed(tuple(removed)))
-        return effects + self._pub_ack(op.reply, seq)
+        reply = op.reply
+        if reply and self.acks and not self.cfg["no_ack"]:
+            effects.append(Reply(reply, b"%b%d}" % (self._ack_bytes(), seq)))
+
+    def _ack_bytes(self) -> bytes:
+        """`_pub_ack`'s head (`{"stream":...,"seq":`) as bytes, made again when it is."""
+        name, domain, _ = self._ack_prefix
+        if self._ack_head is None or name != self.cfg["name"] or domain != self.domain:
+            self._pub_ack("-", 0)  # (re)makes `_ack_prefix`
+            self._ack_head = self._ack_prefix[2].encode()
+        return self._ack_head
 
     def _check_key_sizes(self, subject: str, hdr: bytes) -> None:
         """The subject and the Nats-Msg-Id become parts of LMDB keys (511 bytes at most,

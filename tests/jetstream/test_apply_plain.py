@@ -98,9 +98,9 @@ def test_the_plain_path_stores_and_answers_as_the_full_path(
     taken: list[int] = []
     plain = Stream._apply_plain
 
-    def counting(self: Stream, op: ops.StreamMsg) -> list[Any]:
+    def counting(self: Stream, op: ops.StreamMsg, effects: list[Any]) -> None:
         taken.append(1)
-        return plain(self, op)
+        plain(self, op, effects)
 
     monkeypatch.setattr(Stream, "_apply_plain", counting)
     effects, state, dump = _apply(tmp_path / "plain", name, log)

@@ -108,3 +108,38 @@ def test_a_batch_or_a_copied_entry_is_one_reservation_of_several_messages() -> N
     assert f.bound(0, 5, plain) == 300
     f.release_entries([(1, ops.encode(batch)), (2, ops.encode(copied))])
     assert (f.msgs, f.bytes, f.buffered) == (1, 100, 10)
+
+
+def test_the_apply_takes_a_held_op_only_for_its_exact_bytes() -> None:
+    """`Inflight.own`: a leader's publish held with its entry is applied from its op (no
+    decode) only where the committed part is byte for byte that entry; a part with the same
+    clock but other bytes (another proposer's entry) is decoded and stored as it is.
+    Mutation: `own` without its byte comparison -> the held op's data is stored: FAILS."""
+    from node.jetstream import config
+    from node.jetstream.machines import StreamMachine
+    from node.jetstream.store.base import memory_size
+
+    cfg, pedantic = config.parse_request(b'{"name":"S","subjects":["s"],"storage":"memory"}')
+    sm = StreamMachine("S", "js.S.1", config.check_create("S", cfg, pedantic, {})[0], None,
+                       lambda _sm, _e: None, 1)
+    held = {}
+    for ns, data in ((10, b"mine"), (11, b"also mine")):
+        op = ops.StreamMsg(ns, "s", "r", b"", data)
+        held[ns] = op
+        assert sm.inflight.reserve(ns, memory_size("s", b"", data), 1, entry=ops.encode(op),
+                                   op=op) == ns
+    entry = ops.merge_msgs([_msg(10, b"mine"), _msg(11, b"theirs")])
+    assert sm.inflight.own(10, entry, 4 + 9 + 4, len(_msg(10, b"mine"))) is held[10]
+    assert sm.inflight.own(11, entry, 4 + 9 + 4 + len(_msg(10, b"mine")) + 4,
+                           len(_msg(11, b"theirs"))) is None
+    assert sm.inflight.own(12, entry, 0, 1) is None  # not held
+    decoded = ops.decode(entry, sm.inflight.own)
+    assert decoded.msgs[0] is held[10] and decoded.msgs[1] == ops.decode(_msg(11, b"theirs"))
+    sm.apply_batch([(1, entry)])
+    assert [sm.store.load(s).data for s in (1, 2)] == [b"mine", b"theirs"]
+    assert sm.inflight.msgs == 0
+    # a clock bumped by `reserve` keeps no entry: that publish is decoded
+    op = ops.StreamMsg(20, "s", "r", b"", b"z")
+    sm.inflight.reserve(20, 1, 1)
+    assert sm.inflight.reserve(20, 1, 1, entry=ops.encode(op), op=op) == 21
+    assert sm.inflight.own(21, ops.encode(op), 0, len(ops.encode(op))) is None
