@@ -39,6 +39,7 @@ if TYPE_CHECKING:
 
 MIRROR_KEY = ""
 PROGRESS_PREFIX = "source:"   # store meta key: "source:<key>" -> origin seq (u64)
+_LONG_KEY = 200  # longer source keys are hashed (`_progress_key`)
 STREAM_SOURCE = "Nats-Stream-Source"
 FWC = ">"
 _U64 = struct.Struct("<Q")
@@ -129,10 +130,19 @@ def progress(store: Any, key: str) -> int:
 
 def progress_of(store: Any, key: str) -> tuple[int, str]:
     """(last origin seq stored, the identity of the origin it came from)."""
-    raw = store.get_meta(PROGRESS_PREFIX + key)
+    raw = store.get_meta(_progress_key(key))
     if not raw:
         return 0, ""
     return _U64.unpack_from(raw)[0], raw[_U64.size:].decode()
+
+
+def _progress_key(key: str) -> str:
+    """The store's meta key of a source's progress. A source's long transform makes its
+    index name too long for an LMDB key (511 bytes with the stream's prefix): a hash of it
+    then (such a source stopped the node before, so no store holds the long form)."""
+    if len(key.encode()) <= _LONG_KEY:
+        return PROGRESS_PREFIX + key
+    return PROGRESS_PREFIX + "#" + hashlib.sha256(key.encode()).hexdigest()
 
 
 def resume_after(store: Any, key: str, ident: str) -> int:
@@ -291,6 +301,12 @@ def apply_sourced(stream: Stream, op: ops.SourceMsgs) -> list[Effect]:
             hdr = _with_source_header(m.hdr, source_header(src, m.origin_seq, m.subject,
                                                            op.ident))
         try:
+            stream._check_key_sizes(subject, hdr)
+        except ApiError:
+            # Too long for a store key once transformed (nats-server stores it): skipped
+            # for good, the same on every replica and on replay, instead of stopping the node.
+            continue
+        try:
             stream._check_discard_new(ops.StreamMsg(ts, subject, "", hdr, m.data))
         except ApiError:
             done = m.origin_seq - 1
@@ -309,7 +325,7 @@ def apply_sourced(stream: Stream, op: ops.SourceMsgs) -> list[Effect]:
             removed.append(seq)
         effects.extend(stream._republish(seq, subject, ops.StreamMsg(ts, subject, "", hdr,
                                                                      m.data), previous))
-    stream.store.put_meta(PROGRESS_PREFIX + op.key, _U64.pack(done) + op.ident.encode())
+    stream.store.put_meta(_progress_key(op.key), _U64.pack(done) + op.ident.encode())
     if removed:
         effects.append(Removed(tuple(removed)))
     return effects

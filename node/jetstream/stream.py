@@ -563,8 +563,9 @@ class Stream:
         return self._ack_head
 
     def _check_key_sizes(self, subject: str, hdr: bytes) -> None:
-        """The subject and the Nats-Msg-Id become parts of LMDB keys (511 bytes at most,
-        after the stream's 2+name prefix and up to 9 more bytes). nats-server stores any
+        """The subject as stored (after the stream's transform) and the Nats-Msg-Id become
+        parts of LMDB keys (511 bytes at most, after the stream's 2+name prefix and up to 9
+        more bytes). nats-server stores any
         subject its control line lets through; here a longer one is refused instead of
         stopping the node when the put fails. Checked in the apply, so a WAL entry written
         before this check is refused again on replay rather than failing every restart."""
@@ -589,7 +590,7 @@ class Stream:
             raise ApiError.of("JSStreamHeaderExceedsMaximumErr")
         if not op.hdr:  # most publishes: no header check below can refuse them
             return self._check_headerless(op)
-        self._check_key_sizes(op.subject, op.hdr)
+        self._check_key_sizes(self._stored_subject(op.subject), op.hdr)
         self._check_counter(op)
         expected_stream = h.get(op.hdr, h.EXPECTED_STREAM)
         if expected_stream is not None and expected_stream != cfg["name"]:
@@ -612,7 +613,7 @@ class Stream:
     def _check_headerless(self, op: ops.StreamMsg) -> tuple[str, int, None]:
         """`_check_msg`'s remaining checks for a message without headers, in the same order:
         no expected-* header, msg id, rollup or TTL to look at."""
-        self._check_key_sizes(op.subject, b"")
+        self._check_key_sizes(self._stored_subject(op.subject), b"")
         if self.cfg.get("allow_msg_counter"):
             raise ApiError.of("JSMessageIncrMissingErr")  # a counter needs its Nats-Incr
         self._check_discard_new(op)

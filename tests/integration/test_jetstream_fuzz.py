@@ -308,6 +308,30 @@ async def _regressions(node: ServerProc) -> None:
                 await js.publish(subject, b"hi", stream=long, headers=hdrs, timeout=5)
             assert err.value.err_code == 10077, err.value
         assert (await js.publish("l.ok", b"hi", timeout=5)).seq == 1
+        # ... also when the stream's transform or a source's makes the subject that long
+        # (the stored subject was not checked, and a source's index name holding the
+        # transform made its progress key too long: both stopped the node at every start).
+        far = "L" * 600
+        reply = await api("STREAM.CREATE.TX", {"name": "TX", "subjects": ["tx.>"],
+                                               "subject_transform": {"src": "tx.>",
+                                                                     "dest": far + ".>"}})
+        assert "error" not in reply, reply
+        with pytest.raises(nats.js.errors.APIError) as err:
+            await js.publish("tx.a", b"hi", stream="TX", timeout=5)
+        assert err.value.err_code == 10077, err.value
+        reply = json.loads((await nc.request("tx.b", b"hi", 5)).data)  # no header
+        assert reply["error"]["err_code"] == 10077, reply
+        reply = await api("STREAM.CREATE.SX", {"name": "SX", "sources": [{
+            "name": long, "subject_transforms": [{"src": "l.>", "dest": far + ".>"}]}]})
+        assert "error" not in reply, reply
+        for _ in range(100):  # the copy of l.ok is skipped: no lag left, nothing stored
+            info = await api("STREAM.INFO.SX", b"")
+            if info.get("sources") and info["sources"][0]["lag"] == 0 \
+                    and info["sources"][0]["active"] >= 0:
+                break
+            await asyncio.sleep(0.2)
+        assert info["sources"][0]["lag"] == 0 and info["state"]["messages"] == 0, info
+        assert node.alive(), node.log_text()[-3000:]
         # Ack subjects with numbers outside int64 and a NAK delay past int64: ignored / no
         # delay (they failed when the ack entry was encoded: "task failed").
         await api(f"CONSUMER.CREATE.{long}.k", {"stream_name": long, "config": {
