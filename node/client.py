@@ -719,7 +719,8 @@ class Client(asyncio.Protocol):
         pause = getattr(self.transport, "pause_reading", None)
         if pause is not None:
             pause()
-        pending.future.add_done_callback(lambda f: self._check_done(check, options, f))
+        pending.future.add_done_callback(
+            lambda f: self._check_done(check, options, f, pending.auth))
 
     def _start_check(self, check: SlowCheck) -> _PendingCheck | None:
         """A new check, if the throttle queues one for this client's address.
@@ -738,11 +739,18 @@ class Client(asyncio.Protocol):
         return pending
 
     def _check_done(self, check: SlowCheck, options: dict[str, Any],
-                    future: asyncio.Future[bool | None]) -> None:
+                    future: asyncio.Future[bool | None], auth: Any) -> None:
         server = self.server
         outcome = None if future.cancelled() or future.exception() else future.result()
         held, self._held = self._held or [], None
         if self.closed:
+            return
+        if server.auth is not auth:
+            # A reload replaced the users while the check waited or ran: its outcome
+            # vouches for the old ones (a removed user, a changed password or permissions),
+            # and the reload's re-check saw no identity here yet. Authenticate again.
+            self._on_connect(options)
+            self._replay(held)
             return
         if outcome is None:  # dropped unhashed: refuse, remember nothing
             server.log.error(f"{self.host}:{self.port} - cid:{self.cid} - "
@@ -1173,12 +1181,13 @@ class _PendingCheck:
     """A bcrypt check in the server's AuthThrottle, with the clients waiting
     for it (the one that asked, then any with the same credentials)."""
 
-    __slots__ = ("check", "future", "waiters")
+    __slots__ = ("auth", "check", "future", "waiters")
 
     def __init__(self, check: SlowCheck, future: asyncio.Future[bool | None],
                  asker: Client) -> None:
         self.check, self.future = check, future
         self.waiters = [asker]
+        self.auth = asker.server.auth  # the users the check was begun for
 
     def wanted(self) -> bool:
         """A check whose clients all went away needs no hashing."""

@@ -175,6 +175,39 @@ def test_bcrypt_user_kept_while_its_hash_stays_and_closed_when_it_changes(
         b"", b"-ERR 'Authorization Violation'\r\n", True, True)
 
 
+SLOW_HASH = bcrypt.hashpw(b"right", bcrypt.gensalt(14)).decode()  # ~1 s per check
+
+
+@pytest.mark.parametrize("after", ["{user: k, password: k}",  # u removed
+                                   "{user: u, password: new}, {user: k, password: k}"])
+def test_a_login_whose_bcrypt_check_spans_a_reload_is_judged_by_the_new_users(
+        servers: Any, raw: Any, after: str) -> None:
+    """A CONNECT whose bcrypt check is queued or running when a reload removes its user or
+    changes its password is refused: the check vouched for the old users, and the reload's
+    re-check of connected clients did not see it yet (it was let in with the old identity).
+    Mutation: `_check_done` keeping an outcome begun under the old users -> PONG: FAILS."""
+    conf = "authorization {{ timeout: 30, users: [{}] }}\n"
+    for _ in range(3):
+        proc = servers.jetraft(conf.format(f'{{user: u, password: "{SLOW_HASH}"}}, '
+                                           "{user: k, password: k}"))
+        began = time.monotonic()
+        bcrypt.checkpw(b"right", SLOW_HASH.encode())  # one check's time, on this load
+        check_s = time.monotonic() - began
+        conn = raw(proc.port, 30.0)
+        began = time.monotonic()
+        conn.send(b'CONNECT {"user":"u","pass":"right","verbose":false}\r\nPING\r\n')
+        reload(proc, conf.format(after))
+        if time.monotonic() - began < check_s / 2:
+            break  # the reload came while the check was queued or running
+        proc.stop()
+    else:
+        pytest.fail("the reload never came within half a check's time of the CONNECT")
+    out = conn.read_close_or_wait(30.0)
+    assert out == b"-ERR 'Authorization Violation'\r\n" and conn.eof, out
+    assert not _can_login(raw, proc.port, "u", "right")
+    assert _can_login(raw, proc.port, "k")
+
+
 def test_signal_command_and_sys_request_reload(servers: Any, raw: Any) -> None:
     """`jetraft signal reload=<pid>` and `$SYS.REQ.SERVER.<id>.RELOAD`."""
     conf = ("accounts { SYS: { users: [{user: sys, password: sys}] } }\n"
