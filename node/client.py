@@ -122,6 +122,12 @@ _DEFAULT_OPTS = {"verbose": True, "pedantic": True, "echo": True}
 
 
 _TRACE_PAYLOAD_MAX = 128  # payload bytes shown by -V
+# What clients read past a CONNECT whose bcrypt check runs off the loop is held, parsed,
+# until it ends: bounded per client and for the whole server, so connections piling data
+# behind checks (or behind one shared check) cannot grow memory before authenticating.
+HELD_MAX = 1 << 20          # bytes one client may hold (a max_payload PUB fits)
+HELD_SERVER_MAX = 32 << 20  # bytes all clients together may hold
+_HELD_ITEM = 160            # a held item's own cost (tuple, str, bytes objects)
 
 
 def _redacted(options: dict[str, Any]) -> dict[str, Any]:
@@ -185,6 +191,7 @@ class Client(asyncio.Protocol):
         self.nonce: str | None = None
         # Events read while a bcrypt check runs off the loop (reading is paused meanwhile).
         self._held: list[Any] | None = None
+        self._held_bytes = 0
         self.tracing = server.log.trace_enabled
         # Deliveries to this client need checks (permissions, tracing): the fast
         # path's direct write then goes through deliver().
@@ -458,7 +465,7 @@ class Client(asyncio.Protocol):
         if self.closed:
             return  # the rest of a chunk after a close is ignored
         if self._held is not None:
-            self._held.append(ev)
+            self._hold(ev, len(getattr(ev, "payload", b"") or b""))
             return
         if self.tracing:
             self._trace_in(ev)
@@ -738,11 +745,37 @@ class Client(asyncio.Protocol):
         _run_ready_checks(server, self.loop)
         return pending
 
+    def _hold(self, item: Any, size: int) -> None:
+        """Keep `item` for after the check, within the per-client and server budgets."""
+        assert self._held is not None
+        if self.closed:
+            return  # (stays holding, empty: the rest of the read is dropped here)
+        size += _HELD_ITEM
+        server = self.server
+        if self._held_bytes + size > HELD_MAX or \
+                server.auth_held_bytes + size > HELD_SERVER_MAX:
+            server.log.error(f"{self.host}:{self.port} - cid:{self.cid} - "
+                             "too much data before authentication")
+            self._held.clear()
+            server.auth_held_bytes -= self._held_bytes
+            self._held_bytes = 0
+            self.send_err(AUTH_VIOLATION, close=True)
+            return
+        self._held.append(item)
+        self._held_bytes += size
+        server.auth_held_bytes += size
+
+    def _release_held(self) -> list[Any]:
+        held, self._held = self._held or [], None
+        self.server.auth_held_bytes -= self._held_bytes
+        self._held_bytes = 0
+        return held
+
     def _check_done(self, check: SlowCheck, options: dict[str, Any],
                     future: asyncio.Future[bool | None], auth: Any) -> None:
         server = self.server
         outcome = None if future.cancelled() or future.exception() else future.result()
-        held, self._held = self._held or [], None
+        held = self._release_held()
         if self.closed:
             return
         if server.auth is not auth:
@@ -780,7 +813,8 @@ class Client(asyncio.Protocol):
     def _on_pub(self, subject: str, reply: str | None, headers: bytes | None,
                 payload: bytes) -> None:
         if self._held is not None:
-            self._held.append((subject, reply, headers, payload))
+            self._hold((subject, reply, headers, payload),
+                       len(subject) + len(reply or "") + len(headers or b"") + len(payload))
             return
         if not self.connected and not self._admit_before_connect():
             return

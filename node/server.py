@@ -110,6 +110,7 @@ class Server:
         self.router = self._build_accounts(options)
         self.auth_throttle: AuthThrottle[Any] = AuthThrottle(AUTH_WORKERS)
         self.auth_checks: dict[bytes, Any] = {}  # node.client._PendingCheck by digest
+        self.auth_held_bytes = 0  # read past CONNECTs waiting for checks (node.client._hold)
         self.auth_workers = concurrent.futures.ThreadPoolExecutor(
             AUTH_WORKERS, thread_name_prefix="auth")
         self.tls_ctx = _optional_tls(options)
