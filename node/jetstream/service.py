@@ -819,37 +819,52 @@ class JetStreamService:
                           f"exceeded for account: {account!r}")
         return ApiError.of("JSAccountResourcesExceededErr")
 
-    def sourced_fit(self, sm: StreamMachine, sizes: list[int]) -> int:
+    def sourced_fit(self, sm: StreamMachine, sizes: list[int]) -> tuple[int, str]:
         """How many of a mirror/source entry's messages (stored sizes, in order) fit in the
-        account's limits, counting what is stored and held in flight: nats-server checks
-        each sourced message as a publish (10002) and retries the rest later."""
-        if self._account_refusal(sm, sum(sizes), warn=False) is None:
-            return len(sizes)
-        lo, hi = 0, len(sizes) - 1  # the longest prefix that fits: lo fits, hi + 1 does not
+        node's and the account's limits, counting what is stored and held in flight:
+        nats-server checks each sourced message as a publish and retries the rest later;
+        and why the rest do not ("" when all fit)."""
+        fit, why = len(sizes), ""
+        limit, used = self._server_usage(sm)  # the node's own limit: each as a publish
+        if limit >= 0:
+            for i, size in enumerate(sizes):
+                if jsaccount.server_full(limit, used):
+                    fit, why = i, "insufficient resources (10023)"
+                    break
+                used += size
+        if self._account_refusal(sm, sum(sizes[:fit]), warn=False) is None:
+            return fit, why
+        lo, hi = 0, fit - 1  # the longest prefix that fits: lo fits, hi + 1 does not
         while lo < hi:
             mid = (lo + hi + 1) // 2
             if self._account_refusal(sm, sum(sizes[:mid]), warn=False) is None:
                 lo = mid
             else:
                 hi = mid - 1
-        return lo
+        return lo, "resource limits exceeded for account (10002)"
 
-    def _over_server_limit(self, sm: StreamMachine, op: ops.StreamMsg) -> bool:
+    def _over_server_limit(self, sm: StreamMachine, op: ops.StreamMsg, before: int = 0
+                           ) -> bool:
         """The node's own stored bytes of the stream's storage type past its `max_mem` /
-        `max_file`: nats-server answers 10023 (jsaccount.py); True: refused."""
-        o = self.server.options.jetstream
-        limit = o.max_mem if sm.memory else o.max_file
-        if limit < 0:
-            return False
-        used = 0
-        for other in list(self.streams.values()):
-            if other.memory == sm.memory:
-                used += other.counted_bytes()
-        if not jsaccount.server_full(limit, used):
+        `max_file` (with `before` more: an atomic batch's messages ahead of its last, each
+        checked as a publish would be): nats-server answers 10023 (jsaccount.py); True:
+        refused."""
+        limit, used = self._server_usage(sm)
+        if not jsaccount.server_full(limit, used + before):
             return False
         self.log.error(f"JetStream {'memory' if sm.memory else 'file'} resource limits "
                        "exceeded for server")
         return self._refuse_publish(sm, op, ApiError.of("JSInsufficientResourcesErr"))
+
+    def _server_usage(self, sm: StreamMachine) -> tuple[int, int]:
+        """(the node's limit for `sm`'s storage type, -1 for none; the bytes its streams
+        of that type store and hold in flight)."""
+        o = self.server.options.jetstream
+        limit = o.max_mem if sm.memory else o.max_file
+        if limit < 0:
+            return limit, 0
+        return limit, sum(other.counted_bytes() for other in list(self.streams.values())
+                          if other.memory == sm.memory)
 
     def _stored_configs(self) -> list[tuple[str, dict[str, Any]]]:
         """Every stream's config as held (clustered: the catalogue's wire form), uncopied:
@@ -913,8 +928,13 @@ class JetStreamService:
         commit's reply) when it does not fit. nats-server 2.15.1 (R1) instead stores the
         batch's messages up to the limit and leaves the commit unanswered."""
         size_of = memory_size if sm.memory else file_size
-        size = sum(size_of(m.subject, m.hdr, m.data) for m in msgs)
-        if self._over_account_limit(sm, commit, size):
+        sizes = [size_of(m.subject, m.hdr, m.data) for m in msgs]
+        size = sum(sizes)
+        err = self._account_refusal(sm, size)
+        if err is not None:
+            self._refuse_publish(sm, commit, err)
+            return
+        if self._over_server_limit(sm, commit, size - sizes[-1]):
             return
         buffered = sum(len(m.subject) + len(m.reply) + len(m.hdr) + len(m.data) for m in msgs)
         key = sm.inflight.reserve(commit.now_ns, size, buffered, len(msgs))

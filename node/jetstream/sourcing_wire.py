@@ -242,11 +242,11 @@ class SourceLink:
                 raise _Restart  # leadership moved: the new leader resumes at the progress
             if sm.stream.cfg["sealed"]:
                 msgs = []  # sealed: the origin is still heard, nothing is stored
+            size = 0
             if msgs:
-                msgs = self._within_account_limits(sm, msgs, ident)
+                msgs, size = self._within_limits(sm, msgs, ident)
             if msgs:
                 entry = ops.SourceMsgs(time.time_ns(), self.key, ident, tuple(msgs))
-                size = sum(self._stored_size(sm, m, ident) for m in msgs)
                 key = sm.inflight.reserve(entry.now_ns, size, size, len(msgs))
                 entry = ops.SourceMsgs(key, self.key, ident, entry.msgs)
                 try:
@@ -262,30 +262,34 @@ class SourceLink:
                 self.wire.client_for(self.account).publish(answer, None, b"")
 
 
-    def _stored_size(self, sm: Any, msg: ops.SourcedMsg, ident: str) -> int:
-        """What the store will count for `msg`: a source adds its Nats-Stream-Source
-        header (name, seq, filters, destinations, subject, ident; bounded from above)."""
+    def _stored_size(self, sm: Any, msg: ops.SourcedMsg, ident: str,
+                     src: dict[str, Any] | None) -> int:
+        """What the store will count for `msg`: its subject as the source's transforms
+        map it; a source adds its Nats-Stream-Source header (name, seq, filters,
+        destinations, subject, ident; bounded from above)."""
         hdr_len = len(msg.hdr)
         if self.key != sourcing.MIRROR_KEY:
             hdr_len += (len(sourcing.STREAM_SOURCE) + len(self.key) + len(msg.subject)
                         + len(ident) + 40 + (0 if msg.hdr else 12))
         size_of = memory_size if sm.memory else file_size
-        return size_of(msg.subject, b"\0" * hdr_len, msg.data)
+        subject = msg.subject if src is None else sourcing.map_subject(src, msg.subject)
+        return size_of(subject, b"\0" * hdr_len, msg.data)
 
-    def _within_account_limits(self, sm: Any, msgs: list[ops.SourcedMsg], ident: str
-                               ) -> list[ops.SourcedMsg]:
-        """The leading messages the account's limits take now (the rest are read again
-        after a restart of the link), with nats-server's warning when some do not fit."""
-        sizes = [self._stored_size(sm, m, ident) for m in msgs]
-        fit = self.wire.svc.sourced_fit(sm, sizes)
+    def _within_limits(self, sm: Any, msgs: list[ops.SourcedMsg], ident: str
+                       ) -> tuple[list[ops.SourcedMsg], int]:
+        """The leading messages the node's and the account's limits take now (the rest are
+        read again after a restart of the link), with nats-server's warning when some do
+        not fit; and their stored size."""
+        src = sourcing.find_source(sm.stream.cfg, self.key)
+        sizes = [self._stored_size(sm, m, ident, src) for m in msgs]
+        fit, why = self.wire.svc.sourced_fit(sm, sizes)
         if fit < len(msgs):
             self.lag += len(msgs) - fit  # read but not stored: still to come
             what = ("mirror message" if self.key == sourcing.MIRROR_KEY
                     else f'source "{self.key}"')
             where = f"{jsaccount.account_of(sm.name)!r} > {jsaccount.name_of(sm.name)!r}"
-            self.wire.svc.log.warn(f"Error processing inbound {what} for {where}: "
-                                   "resource limits exceeded for account (10002)")
-        return msgs[:fit]
+            self.wire.svc.log.warn(f"Error processing inbound {what} for {where}: {why}")
+        return msgs[:fit], sum(sizes[:fit])
 
 
 class DirectReader:

@@ -136,3 +136,36 @@ async def test_batches_and_copies_stay_within_the_account_limits(servers: Server
     # nats-server leaves the commit unanswered with a part stored; Jetraft refuses it whole.
     assert theirs["big"] == "TimeoutError" and theirs["big bytes"] > 0, theirs
     assert ours["big"] == ERR_10002 and ours["big bytes"] == 0, ours
+
+
+async def test_batches_and_copies_stay_within_the_nodes_own_limit(servers: Servers) -> None:
+    """The node's `jetstream { max_file }` (10023), no account limits: a batch whose
+    messages ahead of its last would take the node past it is refused whole, and a source's
+    copies stop at it (each checked as a publish: one message may go past, as in
+    nats-server, which stopped at 100,455 B). Mutations: the batch checked without its
+    messages (`before`), or copies without the node's limit -> FAILS."""
+    store = servers.workdir / "own"
+    store.mkdir()
+    srv = servers.jetraft(f'jetstream: {{ store_dir: "{store}", max_file: 100K, max_mem: 4M }}\n')
+    nc = await nats.connect(srv.url)
+    try:
+        await _req(nc, "$JS.API.STREAM.CREATE.F", {"name": "F", "subjects": ["F"],
+                                                  "storage": "file", "allow_atomic": True})
+        assert await _batch(nc, "F", "big", 150, timeout=10) == "10023 insufficient resources"
+        assert (await _state(nc, "F"))["state"]["bytes"] == 0
+        await _req(nc, "$JS.API.STREAM.DELETE.F")
+        await _req(nc, "$JS.API.STREAM.CREATE.O", {"name": "O", "subjects": ["o"],
+                                                  "storage": "memory"})
+        await asyncio.gather(*[nc.request("o", b"x" * 1000, timeout=20) for _ in range(150)])
+        await _req(nc, "$JS.API.STREAM.CREATE.S", {"name": "S", "storage": "file",
+                                                  "sources": [{"name": "O"}]})
+        warned = "Error processing inbound source \"O > >\" for '$G' > 'S': insufficient " \
+                 "resources (10023)"
+        deadline = time.monotonic() + 60
+        while warned not in srv.log_text():
+            assert time.monotonic() < deadline, srv.log_text()[-2000:]
+            await asyncio.sleep(0.1)
+        s = await _state(nc, "S")
+        assert 0 < s["state"]["bytes"] <= LIMIT + 1100 and s["sources"][0]["lag"] > 0, s
+    finally:
+        await nc.close()
