@@ -416,16 +416,7 @@ class SubList:
         result = MatchResult()
         level = [self._root]
         for token in _HEAD_TOKENS:
-            nxt: list[_Node] = []
-            for node in level:
-                if node.fwc is not None:
-                    node.fwc.add_to(result)
-                if node.pwc is not None:
-                    nxt.append(node.pwc)
-                child = node.children.get(token) if node.children is not None else None
-                if child is not None:
-                    nxt.append(child)
-            level = nxt
+            level = self._step(level, token, result)
         for node in level:
             if node.children is not None or node.pwc is not None:
                 return False
