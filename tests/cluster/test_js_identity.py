@@ -12,6 +12,7 @@ import time
 from typing import Any
 
 import pytest
+from nats.js.errors import ServiceUnavailableError
 
 from tests.cluster.jshelp import JsCluster, connect, until
 from tests.cluster.test_js_faults import audit_after, last_seq_here, replica_contents
@@ -49,7 +50,10 @@ async def test_wiped_node_rejoins_only_as_a_new_peer(js3: JsCluster, audit_spark
     await until(lambda: n1.get("/jsz")["meta_cluster"].get("cluster_size") == 3, timeout=30)
 
     async def moved() -> bool:
-        info = await js.stream_info("W")
+        try:
+            info = await js.stream_info("W")
+        except ServiceUnavailableError:
+            return False  # 10008 while the replica set changes: asked again
         names = {info.cluster.leader, *(r.name for r in info.cluster.replicas or [])}
         return names == {"n1", "n2", "n3"} and all(r.current for r in info.cluster.replicas)
     await until(moved, timeout=60)
