@@ -270,6 +270,18 @@ def test_bcrypt_is_a_slow_check_whose_outcome_is_remembered():
         assert not isinstance(again, auth.SlowCheck) and (again is not None) == expected
 
 
+def test_a_password_past_72_bytes_is_compared_by_its_first_72_as_nats_server():
+    """bcrypt reads 72 bytes: nats-server (Go) lets in an 80-byte password whose first 72
+    match (and one with another tail); this bcrypt package raised, counted as a failure."""
+    given = "p" * 80
+    hashed = bcrypt.hashpw(given[:72].encode(), bcrypt.gensalt(rounds=4)).decode()
+    a = Authenticator(Options(users=[User("u", hashed)]))
+    for password, expected in ((given, True), (given[:72] + "zz", True), ("p" * 71, False)):
+        check = a.begin({"user": "u", "pass": password}, None)
+        assert isinstance(check, auth.SlowCheck)
+        assert (a.finish(check, check.run()) is not None) == expected, password
+
+
 def test_default_permissions_go_to_listed_users_without_their_own():
     own = Permissions(subscribe_allow=["a"])
     opts = Options(users=[User("u", "p"), User("v", "p", permissions=own)],
