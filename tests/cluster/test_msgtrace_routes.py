@@ -26,6 +26,7 @@ import shutil
 import subprocess
 import time
 import urllib.request
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -335,6 +336,31 @@ async def _queue_script(urls: list[str], n: int = 30) -> dict[str, Any]:
     return {"docs": docs, "got": got}
 
 
+async def _until_later_interest_routed(requester: nats.NATS, responder: nats.NATS) -> None:
+    """Until a subscription `responder` (on n2) makes now, after the ones it made before, is
+    known on `requester`'s node (n1) in the same account: a route announces an account's
+    interest in order, so the earlier ones (and shadow ones for imports) are known too.
+    Under load a fixed wait was not always enough."""
+    subject = f"fence.{uuid.uuid4().hex}"
+
+    async def answer(msg: Any) -> None:
+        await responder.publish(msg.reply, b"")
+
+    sub = await responder.subscribe(subject, cb=answer)
+    await responder.flush()
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            await requester.request(subject, b"", timeout=1)
+            break
+        except (nats.errors.NoRespondersError, nats.errors.TimeoutError):
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.05)
+    await sub.unsubscribe()
+    await responder.flush()
+
+
 async def _until_routed_q(a1: nats.NATS) -> None:
     deadline = time.monotonic() + 10
     while True:
@@ -459,6 +485,7 @@ async def _service_into_an_exporter(conns: dict[str, nats.NATS], got: list[Any],
     sub = await conns["a2"].subscribe("news.svc.>", cb=answer)
     await conns["a2"].flush()
     await conns["b1"].request("fence.b", b"", timeout=5)
+    await _until_later_interest_routed(conns["a1"], conns["a2"])
     await asyncio.sleep(0.3)  # a2's interest has crossed the route
     out = {}
     for subject, headers in (("news.svc.1", {}), ("news.svc.2", {T: "trace.a"})):
@@ -489,11 +516,19 @@ async def _import_queue(conns: dict[str, nats.NATS], n: int = 30) -> dict[str, A
             await conns["b2"].subscribe("plain.q.*", cb=member("b2p"))]
     for nc in conns.values():
         await nc.flush()
+    await _until_later_interest_routed(conns["a1"], conns["a2"])  # B's shadow interest in A
     await asyncio.sleep(0.3)  # the new interest crosses the route
     for i in range(n):
         await conns["a1"].publish(f"plain.q.{i}", b"x", headers={T: "trace.q"} if i % 2 else None)
     await conns["a1"].flush()
     await conns["b1"].request("fence.b", b"", timeout=5)
+    # Under load n2's deliveries to b2 come later than the B-account fence's answer (another
+    # route connection and another client): until every message was taken once and b2's
+    # plain subscriber has all (bounded; then what came is compared), then 0.1 s for extras.
+    deadline = time.monotonic() + 10
+    while (len(got["b1q"]) + len(got["b2q"]) < n or len(got["b2p"]) < n) and \
+            time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
     await asyncio.sleep(0.1)
     for sub in subs:
         await sub.unsubscribe()
