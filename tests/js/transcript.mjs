@@ -66,6 +66,26 @@ export async function take(iter, n, timeoutMs = 5000) {
   return got;
 }
 
+export async function takeUntil(iter, done, timeoutMs = 15000) {
+  // Reads from an async iterator until done(items read so far) or the time is up. For a
+  // watch whose end is known (the last entry says nothing is pending, or the stream holds
+  // that many): a fixed window read once came up short on a loaded machine.
+  const got = [];
+  let handle;
+  const timer = new Promise((r) => { handle = setTimeout(() => r("timeout"), timeoutMs); });
+  const it = iter[Symbol.asyncIterator]();
+  try {
+    while (!done(got)) {
+      const r = await Promise.race([it.next(), timer]);
+      if (r === "timeout" || r.done) break;
+      got.push(r.value);
+    }
+  } finally {
+    clearTimeout(handle);
+  }
+  return got;
+}
+
 export async function settle(get, done, timeoutMs = 3000) {
   // Polls get() until done(value) or the time is up; returns the last value either way,
   // so a server that never gets there shows its state in the transcript.
