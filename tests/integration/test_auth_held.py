@@ -23,6 +23,11 @@ def _exchange(port: int, data: bytes, wait: float = 60.0) -> bytes:
     nats-server's), and at load 20+ the cost-12 check alone outlasted that (CI flake:
     b'PING\\r\\nPONG\\r\\n')."""
     with socket.create_connection((HOST, port), timeout=wait) as sock:
+        # All of `data` goes into the kernel at once (the default send buffer took several
+        # rounds, each needing this process scheduled): the held-data test needs the server
+        # to have the PUBs while the check still runs; at load 28 one round came after the
+        # check ended (1 in 6 runs let the client in).
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 20)
         info = b""
         while b"\r\n" not in info:
             info += sock.recv(4096)
