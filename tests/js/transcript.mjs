@@ -47,23 +47,9 @@ export class Transcript {
   print() { process.stdout.write(JSON.stringify(this.steps) + "\n"); }
 }
 
-export async function take(iter, n, timeoutMs = 5000) {
+export function take(iter, n, timeoutMs = 5000) {
   // Reads up to n items from an async iterator, giving up after timeoutMs.
-  // The timer is cleared at the end: a pending one keeps node running until it fires.
-  const got = [];
-  let handle;
-  const timer = new Promise((r) => { handle = setTimeout(() => r("timeout"), timeoutMs); });
-  const it = iter[Symbol.asyncIterator]();
-  try {
-    while (got.length < n) {
-      const r = await Promise.race([it.next(), timer]);
-      if (r === "timeout" || r.done) break;
-      got.push(r.value);
-    }
-  } finally {
-    clearTimeout(handle);
-  }
-  return got;
+  return takeUntil(iter, (got) => got.length >= n, timeoutMs);
 }
 
 export async function takeUntil(iter, done, timeoutMs = 15000) {
