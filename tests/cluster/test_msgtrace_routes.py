@@ -266,20 +266,25 @@ async def _script(urls: list[str]) -> list[dict[str, Any]]:
     return results
 
 
+async def _until_answered(nc: nats.NATS, subject: str, deadline: float, timeout: float) -> None:
+    """Requests until one is answered: interest crosses a route some time after SUB."""
+    while True:
+        try:
+            await nc.request(subject, b"", timeout=timeout)
+            return
+        except (nats.errors.NoRespondersError, nats.errors.TimeoutError):
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.05)
+
+
 async def _until_routed(a1: nats.NATS | None, b1: nats.NATS) -> None:
     """Until n2's subscriptions are known on n1 (both accounts, or B's only)."""
     deadline = time.monotonic() + 10
     for nc, subject in ((a1, "fence.a"), (b1, "fence.b")):
         if nc is None:
             continue
-        while True:
-            try:
-                await nc.request(subject, b"", timeout=0.5)
-                break
-            except (nats.errors.NoRespondersError, nats.errors.TimeoutError):
-                if time.monotonic() > deadline:
-                    raise
-                await asyncio.sleep(0.05)
+        await _until_answered(nc, subject, deadline, 0.5)
     await asyncio.sleep(0.2)  # the other subscriptions were announced with these
 
 
@@ -348,15 +353,7 @@ async def _until_later_interest_routed(requester: nats.NATS, responder: nats.NAT
 
     sub = await responder.subscribe(subject, cb=answer)
     await responder.flush()
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            await requester.request(subject, b"", timeout=1)
-            break
-        except (nats.errors.NoRespondersError, nats.errors.TimeoutError):
-            if time.monotonic() > deadline:
-                raise
-            await asyncio.sleep(0.05)
+    await _until_answered(requester, subject, time.monotonic() + 10, 1)
     await sub.unsubscribe()
     await responder.flush()
 
