@@ -47,21 +47,15 @@ export class Transcript {
   print() { process.stdout.write(JSON.stringify(this.steps) + "\n"); }
 }
 
-export function take(iter, n, timeoutMs = 5000) {
+export async function take(iter, n, timeoutMs = 5000) {
   // Reads up to n items from an async iterator, giving up after timeoutMs.
-  return takeUntil(iter, (got) => got.length >= n, timeoutMs);
-}
-
-export async function takeUntil(iter, done, timeoutMs = 15000) {
-  // Reads from an async iterator until done(items read so far) or the time is up. For a
-  // watch whose end is known (the last entry says nothing is pending, or the stream holds
-  // that many): a fixed window read once came up short on a loaded machine.
+  // The timer is cleared at the end: a pending one keeps node running until it fires.
   const got = [];
   let handle;
   const timer = new Promise((r) => { handle = setTimeout(() => r("timeout"), timeoutMs); });
   const it = iter[Symbol.asyncIterator]();
   try {
-    while (!done(got)) {
+    while (got.length < n) {
       const r = await Promise.race([it.next(), timer]);
       if (r === "timeout" || r.done) break;
       got.push(r.value);
