@@ -12,6 +12,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.cluster.jshelp import JsCluster, api, connect, errors_in_logs, until
+from tests.integration.jsdiff import kv_history, kv_keys
 
 TAGS = [["az:a"], ["az:b"], ["az:c"], ["az:a"], ["az:b"]]
 
@@ -117,8 +118,8 @@ async def test_kv_on_r3_from_every_node(js5: JsCluster) -> None:
         for j in js:
             kv = await j.key_value(bucket)
             assert (await kv.get("k")).value == b"v4"
-            assert len(await kv.history("k")) == 5
-        assert sorted(await kv0.keys()) == ["k", "own0", "own1", "own2", "own3", "own4"]
+            assert len(await kv_history(kv, "k")) == 5
+        assert sorted(await kv_keys(kv0)) == ["k", "own0", "own1", "own2", "own3", "own4"]
         await kv0.delete("k")
         kv3 = await js[3].key_value(bucket)
         with pytest.raises(Exception):  # noqa: B017 (KeyDeletedError or KeyNotFoundError)

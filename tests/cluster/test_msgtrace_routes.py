@@ -26,6 +26,7 @@ import shutil
 import subprocess
 import time
 import urllib.request
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -265,20 +266,25 @@ async def _script(urls: list[str]) -> list[dict[str, Any]]:
     return results
 
 
+async def _until_answered(nc: nats.NATS, subject: str, deadline: float, timeout: float) -> None:
+    """Requests until one is answered: interest crosses a route some time after SUB."""
+    while True:
+        try:
+            await nc.request(subject, b"", timeout=timeout)
+            return
+        except (nats.errors.NoRespondersError, nats.errors.TimeoutError):
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.05)
+
+
 async def _until_routed(a1: nats.NATS | None, b1: nats.NATS) -> None:
     """Until n2's subscriptions are known on n1 (both accounts, or B's only)."""
     deadline = time.monotonic() + 10
     for nc, subject in ((a1, "fence.a"), (b1, "fence.b")):
         if nc is None:
             continue
-        while True:
-            try:
-                await nc.request(subject, b"", timeout=0.5)
-                break
-            except (nats.errors.NoRespondersError, nats.errors.TimeoutError):
-                if time.monotonic() > deadline:
-                    raise
-                await asyncio.sleep(0.05)
+        await _until_answered(nc, subject, deadline, 0.5)
     await asyncio.sleep(0.2)  # the other subscriptions were announced with these
 
 
@@ -333,6 +339,23 @@ async def _queue_script(urls: list[str], n: int = 30) -> dict[str, Any]:
     await a1.close()
     await a2.close()
     return {"docs": docs, "got": got}
+
+
+async def _until_later_interest_routed(requester: nats.NATS, responder: nats.NATS) -> None:
+    """Until a subscription `responder` (on n2) makes now, after the ones it made before, is
+    known on `requester`'s node (n1) in the same account: a route announces an account's
+    interest in order, so the earlier ones (and shadow ones for imports) are known too.
+    Under load a fixed wait was not always enough."""
+    subject = f"fence.{uuid.uuid4().hex}"
+
+    async def answer(msg: Any) -> None:
+        await responder.publish(msg.reply, b"")
+
+    sub = await responder.subscribe(subject, cb=answer)
+    await responder.flush()
+    await _until_answered(requester, subject, time.monotonic() + 10, 1)
+    await sub.unsubscribe()
+    await responder.flush()
 
 
 async def _until_routed_q(a1: nats.NATS) -> None:
@@ -459,6 +482,7 @@ async def _service_into_an_exporter(conns: dict[str, nats.NATS], got: list[Any],
     sub = await conns["a2"].subscribe("news.svc.>", cb=answer)
     await conns["a2"].flush()
     await conns["b1"].request("fence.b", b"", timeout=5)
+    await _until_later_interest_routed(conns["a1"], conns["a2"])
     await asyncio.sleep(0.3)  # a2's interest has crossed the route
     out = {}
     for subject, headers in (("news.svc.1", {}), ("news.svc.2", {T: "trace.a"})):
@@ -489,11 +513,19 @@ async def _import_queue(conns: dict[str, nats.NATS], n: int = 30) -> dict[str, A
             await conns["b2"].subscribe("plain.q.*", cb=member("b2p"))]
     for nc in conns.values():
         await nc.flush()
+    await _until_later_interest_routed(conns["a1"], conns["a2"])  # B's shadow interest in A
     await asyncio.sleep(0.3)  # the new interest crosses the route
     for i in range(n):
         await conns["a1"].publish(f"plain.q.{i}", b"x", headers={T: "trace.q"} if i % 2 else None)
     await conns["a1"].flush()
     await conns["b1"].request("fence.b", b"", timeout=5)
+    # Under load n2's deliveries to b2 come later than the B-account fence's answer (another
+    # route connection and another client): until every message was taken once and b2's
+    # plain subscriber has all (bounded; then what came is compared), then 0.1 s for extras.
+    deadline = time.monotonic() + 10
+    while (len(got["b1q"]) + len(got["b2q"]) < n or len(got["b2p"]) < n) and \
+            time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
     await asyncio.sleep(0.1)
     for sub in subs:
         await sub.unsubscribe()

@@ -38,10 +38,13 @@ async def _chain(server: Any) -> dict[str, Any]:
     async def on_b(msg: Any) -> None:
         seen["b"].append(msg.subject)
 
+    answered: list[str] = []
+
     async def on_c(msg: Any) -> None:
         seen["c"].append(msg.subject)
         await c.publish(msg.reply, b"from c:" + msg.subject.encode())
         await c.publish(msg.reply, b"second")  # a stream export: both may pass C's hop
+        answered.append(msg.subject)
 
     await b.subscribe(">", cb=on_b)
     await c.subscribe("deep.>", cb=on_c)
@@ -63,6 +66,15 @@ async def _chain(server: Any) -> dict[str, Any]:
     await a.publish("ask.y", b"q", reply=inbox)
     await a.flush()
     await asyncio.sleep(0.5)
+    # Under load the request reaches C, and C's replies reach A, later than 0.5 s: wait
+    # (bounded) until C answered, then for C's publishes to pass the server (C's round trip)
+    # and for what the server queued for B and A before their own round trips.
+    deadline = asyncio.get_running_loop().time() + 10
+    while "deep.y" not in answered and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.05)  # (past the bound: whatever came is compared)
+    for nc in (c, b, a):
+        await nc.flush()
+    await asyncio.sleep(0.1)  # the subscriptions' callbacks
     out["replies"] = sorted(r.decode() for r in replies)
     out["b_saw"] = sorted(s for s in seen["b"] if not s.startswith("_R_"))
     out["c_saw"] = sorted(seen["c"])

@@ -77,8 +77,12 @@ async def _seen_by(url_pub: str, url_sub: str, subjects: list[str]) -> list[list
     return out
 
 
-async def _served_by(url_req: str, url_srv: str, subjects: list[str]) -> list[list[str]]:
-    """For each request made in one account, the subjects the other account served."""
+async def _served_by(url_req: str, url_srv: str, subjects: list[str],
+                     modelled: set[str]) -> list[list[str]]:
+    """For each request made in one account, the subjects the other account served. A
+    subject the model says is served gets up to ten tries on no responders: a loaded
+    nats-server answered the first request to a responder subscribed a moment before with
+    no responders (4 in 60 at load 22, docs/notes/ciflake.md), the next one served."""
     srv = await nats.connect(url_srv)
     req = await nats.connect(url_req)
     got: list[str] = []
@@ -95,10 +99,14 @@ async def _served_by(url_req: str, url_srv: str, subjects: list[str]) -> list[li
     out = []
     for subject in subjects:
         got.clear()
-        try:
-            await req.request(subject, b"x", timeout=5)
-        except (nats.errors.NoRespondersError, nats.errors.TimeoutError):
-            pass
+        for _ in range(10 if subject in modelled else 1):
+            try:
+                await req.request(subject, b"x", timeout=5)
+                break
+            except nats.errors.NoRespondersError:
+                await asyncio.sleep(0.2)
+            except nats.errors.TimeoutError:
+                break
         out.append(sorted(got))
     await srv.close()
     await req.close()
@@ -117,11 +125,12 @@ async def test_stream_and_service_imports_route_like_nats_server(servers) -> Non
     assert dict(zip(PUBLISHED_IN_A, theirs, strict=True)) == dict(
         zip(PUBLISHED_IN_A, ours, strict=True))
 
-    theirs = await _served_by(b_url, a_url, REQUESTED_IN_B)
     ours = []
     for s in REQUESTED_IN_B:
         route = index.service_route("B", s)
         ours.append([route.subject] if route is not None and route.account == "A" else [])
+    served = {s for s, o in zip(REQUESTED_IN_B, ours, strict=True) if o}
+    theirs = await _served_by(b_url, a_url, REQUESTED_IN_B, served)
     assert dict(zip(REQUESTED_IN_B, theirs, strict=True)) == dict(
         zip(REQUESTED_IN_B, ours, strict=True))
     assert any(theirs) and not all(theirs)  # both outcomes were exercised

@@ -23,7 +23,7 @@ import nats
 import nats.errors
 
 from tests.integration.conftest import ServerProc, Servers
-from tests.integration.jsdiff import assert_same_steps, kv_history
+from tests.integration.jsdiff import assert_same_steps, kv_history, watch_initial
 
 ALLOWED = {"created", "ts", "first_ts", "last_ts", "time", "last_active", "leader",
            "server_id", "now", "config"}
@@ -271,18 +271,10 @@ async def test_account_stream_limit_checks(servers: Servers, tmp_path: Path) -> 
 
 
 async def _watch_all(kv: Any) -> list[tuple[str, str]]:
-    """The entries a watch delivers. nats-py can put its 'caught up' marker before the first
-    entry (consumer info reports 0 pending once the entry is sent, before its callback has
-    counted it: seen with nats-server too), so entries are read until the watch is quiet."""
+    """The entries a watch delivers (read until the count the server's consumer info gives:
+    nats-py's 'caught up' marker can come before the first entry)."""
     watcher = await kv.watchall()
-    seen = []
-    try:
-        while True:
-            entry = await watcher.updates(timeout=1.0)
-            if entry is not None:
-                seen.append((entry.key, entry.value.decode()))
-    except nats.errors.TimeoutError:
-        pass
+    seen = [(entry.key, entry.value.decode()) for entry in await watch_initial(watcher)]
     await watcher.stop()
     return seen
 

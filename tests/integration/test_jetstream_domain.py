@@ -32,7 +32,7 @@ import pytest
 from nats.js.api import AckPolicy, ConsumerConfig
 
 from tests.integration.conftest import ServerProc, Servers
-from tests.integration.jsdiff import assert_same_steps
+from tests.integration.jsdiff import assert_same_steps, kv_history, kv_keys
 from tests.ports import free_port
 
 ALLOWED = {"created", "ts", "first_ts", "last_ts", "time", "last_active", "leader", "id",
@@ -167,8 +167,8 @@ async def _script(srv: ServerProc) -> tuple[list[Any], list[Any]]:
         kv = await js.create_key_value(bucket="B", history=3)
         await kv.put("k", b"v1")
         rev = await kv.update("k", b"v2", last=1)
-        out.append([rev, (await kv.get("k")).value, [e.value for e in await kv.history("k")],
-                    await kv.keys()])
+        out.append([rev, (await kv.get("k")).value, [e.value for e in await kv_history(kv, "k")],
+                    await kv_keys(kv)])
         out.append(await _req(nc, "$JS.hub.API.$KV.B.k", b"v3"))  # mapped onto $KV.B.k
         out.append((await kv.get("k")).value)
         obs = await js.create_object_store(bucket="O")

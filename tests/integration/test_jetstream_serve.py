@@ -19,6 +19,7 @@ import nats
 import pytest
 
 from tests.integration.conftest import RawConn, ServerProc, Servers
+from tests.integration.jsdiff import kv_history, kv_keys, watch_initial, watch_next
 from tests.jetstream import test_batch_differential as batch_script
 
 # `leader` is each server's own (random) name.
@@ -297,18 +298,6 @@ async def test_wal_compaction_below_lmdb_then_kill_9(servers: Servers, tmp_path:
         await nc.close()
 
 
-async def _history(kv: Any, key: str) -> list[Any]:
-    """kv.history, retried: nats-py reads the ordered consumer's num_pending after the
-    server may already have pushed every entry, and when none was read yet it ends the
-    history empty (seen against nats-server on a loaded CI machine)."""
-    for _ in range(3):
-        try:
-            return await kv.history(key)
-        except nats.js.errors.NoKeysError:
-            await asyncio.sleep(0.2)
-    return await kv.history(key)
-
-
 async def _kv_script(url: str) -> list[Any]:
     """Key/Value as nats-py drives it, and a durable push consumer."""
     nc = await nats.connect(url)
@@ -333,14 +322,12 @@ async def _kv_script(url: str) -> list[Any]:
             out.append("b deleted")
         for i in range(3, 6):
             await kv.put("a", f"{i}".encode())
-        out.append(sorted(await kv.keys()))
-        out.append([(e.value, e.revision) for e in await _history(kv, "a")])  # 3 kept
+        out.append(sorted(await kv_keys(kv)))
+        out.append([(e.value, e.revision) for e in await kv_history(kv, "a")])  # 3 kept
         watch = await kv.watchall()
-        seen = []
-        while (e := await watch.updates(timeout=2)) is not None:
-            seen.append((e.key, e.value, e.operation))
+        seen = [(e.key, e.value, e.operation) for e in await watch_initial(watch)]
         await kv.put("z", b"9")
-        e = await watch.updates(timeout=2)
+        e = await watch_next(watch)
         seen.append((e.key, e.value, e.revision))
         out.append(seen)
         status = await kv.status()

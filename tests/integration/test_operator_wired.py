@@ -301,11 +301,17 @@ async def _jwt_imports(server: Any, tmp: Path, a: ji.Key, b: ji.Key) -> dict[str
     await nc_b.flush()
     await asyncio.sleep(0.1)
     out: dict[str, Any] = {"streams": sorted(got)}
-    for subject in ["ask.q", "help.q"]:
-        try:
-            out[subject] = (await nc_b.request(subject, b"r", timeout=1)).data.decode()
-        except (nats.errors.NoRespondersError, nats.errors.TimeoutError) as err:
-            out[subject] = type(err).__name__
+    # ask.q is served through the import (asserted below): a loaded nats-server made a
+    # responder's import interest visible late (docs/notes/ciflake.md), so the oracle gets
+    # three tries there and 5 s answers; help.q is not imported (B's own ">" only: 1 s).
+    oracle_tries = 3 if server.name == "nats-server" else 1
+    for subject, tries, wait in (("ask.q", oracle_tries, 5), ("help.q", 1, 1)):
+        for _ in range(tries):
+            try:
+                out[subject] = (await nc_b.request(subject, b"r", timeout=wait)).data.decode()
+                break
+            except (nats.errors.NoRespondersError, nats.errors.TimeoutError) as err:
+                out[subject] = type(err).__name__
     await nc_a.close()
     await nc_b.close()
     return out

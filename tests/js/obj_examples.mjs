@@ -6,7 +6,7 @@
 import { connect } from "@nats-io/transport-node";
 import { jetstreamManager } from "@nats-io/jetstream";
 import { Objm } from "@nats-io/obj";
-import { take, Transcript } from "./transcript.mjs";
+import { take, takeUntil, Transcript } from "./transcript.mjs";
 
 const t = new Transcript();
 const nc = await connect({ servers: process.argv[2] });
@@ -101,8 +101,12 @@ await t.step("watch", async () => {
                                               chunks: i.chunks, isUpdate: i.isUpdate ?? null });
 });
 await t.step("watch_include_history", async () => {
+  // Until as many entries as the stream holds metadata messages (the server's own count;
+  // a fixed 1.5 s window came up short under load).
+  const si = await jsm.streams.info("OBJ_testing", { subjects_filter: "$O.testing.M.>" });
+  const metas = Object.values(si.state.subjects ?? {}).reduce((a, b) => a + b, 0);
   const w = await os.watch({ includeHistory: true });
-  const got = await take(w, 10, 1500);
+  const got = await takeUntil(w, (items) => items.filter((i) => i !== null).length >= metas);
   w.stop();
   return got.map((i) => i === null ? null : [i.name, i.deleted]);
 });

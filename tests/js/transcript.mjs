@@ -47,15 +47,21 @@ export class Transcript {
   print() { process.stdout.write(JSON.stringify(this.steps) + "\n"); }
 }
 
-export async function take(iter, n, timeoutMs = 5000) {
+export function take(iter, n, timeoutMs = 5000) {
   // Reads up to n items from an async iterator, giving up after timeoutMs.
-  // The timer is cleared at the end: a pending one keeps node running until it fires.
+  return takeUntil(iter, (got) => got.length >= n, timeoutMs);
+}
+
+export async function takeUntil(iter, done, timeoutMs = 15000) {
+  // Reads from an async iterator until done(items read so far) or the time is up. For a
+  // watch whose end is known (the last entry says nothing is pending, or the stream holds
+  // that many): a fixed window read once came up short on a loaded machine.
   const got = [];
   let handle;
   const timer = new Promise((r) => { handle = setTimeout(() => r("timeout"), timeoutMs); });
   const it = iter[Symbol.asyncIterator]();
   try {
-    while (got.length < n) {
+    while (!done(got)) {
       const r = await Promise.race([it.next(), timer]);
       if (r === "timeout" || r.done) break;
       got.push(r.value);

@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -131,16 +132,31 @@ class ProcCluster:
         return [p for p in self.procs.values() if p.conn is not None]
 
     async def leader(self, timeout: float = 30.0) -> Proc:
-        async with asyncio.timeout(timeout):
-            while not self.halted:
-                for p in self.up():
-                    try:
-                        if (await p.status())["state"] == "leader":
-                            return p
-                    except (ConnectionError, TimeoutError):
-                        pass
-                await asyncio.sleep(0.05)
+        last: dict[int, Any] = {}  # what each node said last: named if no leader shows up
+        try:
+            async with asyncio.timeout(timeout):
+                while not self.halted:
+                    for p in self.up():
+                        try:
+                            last[p.nid] = await p.status()
+                            if last[p.nid]["state"] == "leader":
+                                return p
+                        except (ConnectionError, TimeoutError) as err:
+                            last[p.nid] = repr(err)
+                    await asyncio.sleep(0.05)
+        except TimeoutError:
+            raise TimeoutError(f"no leader in {timeout} s; last status {last}; logs:\n"
+                               + self.log_tails()) from None
         raise ConnectionError("halted")
+
+    def log_tails(self, lines: int = 15) -> str:
+        out = []
+        for nid in self.procs:
+            path = self.tmp / f"n{nid}.log"
+            if path.exists():
+                tail = path.read_text(errors="replace").splitlines()[-lines:]
+                out.append(f"--- n{nid}.log\n" + "\n".join(tail))
+        return "\n".join(out)
 
     async def write(self, data: str, timeout: float = 40.0) -> None:
         """One write through the current leader, retried until acknowledged."""
