@@ -941,6 +941,7 @@ _CLUSTER_HANDLERS: dict[str, Handler] = {
     "no_advertise": _setter("no_advertise", _bool),
     "connect_retries": _setter("connect_retries", _int),
     "raft_port": _setter("raft_port", _int),
+    "raft_lane": _setter("raft_lane", lambda f: _raft_lane(f)),
 }
 _CLUSTER_UNSUPPORTED = frozenset({
     "connect_backoff", "pool_size", "compression", "ping_interval",
@@ -948,6 +949,16 @@ _CLUSTER_UNSUPPORTED = frozenset({
 })
 # Route permissions and per-account routes change who may receive what: refused.
 _CLUSTER_UNENFORCED = frozenset({"permissions", "accounts", "pinned_accounts"})
+
+
+def _raft_lane(f: _Field) -> str:
+    v = _str(f)
+    if v not in RAFT_LANES:
+        raise f.fail(f"cluster raft_lane must be one of {', '.join(RAFT_LANES)}, got {v!r}")
+    return v
+
+
+RAFT_LANES = ("auto", "direct", "grpc")
 
 
 def _cluster(opts: Options, f: _Field) -> None:
