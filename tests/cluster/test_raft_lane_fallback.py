@@ -114,20 +114,29 @@ async def test_firewalled_direct_lane_falls_back_to_grpc_and_returns(tmp_path) -
         c.close()
 
 
-async def test_raft_lane_grpc_keeps_raft_off_the_direct_lane(tmp_path) -> None:
-    """`cluster { raft_lane: grpc }` picks the gRPC lanes explicitly: no lane listener,
-    no lane dialed, Raft on gRPC between every pair."""
+async def test_a_node_on_raft_lane_grpc_talks_grpc_to_every_peer(tmp_path) -> None:
+    """`cluster { raft_lane: grpc }` picks the gRPC lanes explicitly, on one node of a
+    default cluster (a node that announces no lane, as an older version): it opens no
+    listener and dials no lane, its peers reach it over gRPC, the two others keep their
+    direct lane. The node with the lowest id (it dials both others) is the one restarted
+    so: without its own choice it would dial their lanes."""
     c = JsCluster(tmp_path / "c", 3)
-    c.cluster_extra = "raft_lane: grpc"
     try:
         c.start()
         c.wait_js()
         ids = await until(lambda: (lambda d: d if len(d) == 3 else None)(_ids(c)), timeout=30)
-        await _r3_serves(c, "G", 5)
-        kinds = _kinds(c, ids)
-        assert len(kinds) == 6 and set(kinds.values()) == {("grpc", "grpc")}, kinds
-        for n in c.nodes:
-            assert "Listening for Raft direct lanes" not in n.log_text()
-            assert _lanes(n)["direct_fallbacks"] == 0
+        low = next(n for n in c.nodes if ids[n.name] == min(ids.values(), key=lambda i: int(i, 16)))
+        c.stop_node(low)
+        c.start_node(low, config=c.config_for(low).replace(
+            "  routes:", "  raft_lane: grpc\n  routes:"))
+        c.wait_js()
+        assert "Listening for Raft direct lanes" not in low.log_text()  # since the restart
+        rest = [n.name for n in c.nodes if n is not low]
+        await until(lambda: len(_kinds(c, ids)) == 6 and all(
+            kind == (("grpc", "grpc") if low.name in pair else ("direct", "direct"))
+            for pair, kind in _kinds(c, ids).items()), timeout=60)
+        await _r3_serves(c, "G", 6)
+        assert _lanes(low)["direct_fallbacks"] == 0
+        assert {_kinds(c, ids)[low.name, n] for n in rest} == {("grpc", "grpc")}
     finally:
         c.stop()
