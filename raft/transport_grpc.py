@@ -739,6 +739,7 @@ class GrpcTransport:
             await self._read_loop(link, call)
             return None
         reading = asyncio.ensure_future(self._read_loop(link, call))
+        probe: asyncio.Future[Any] | None = None
         gap = min(DIRECT_PROBE_MIN_S, self._direct_retry)
         try:
             while True:
@@ -748,16 +749,29 @@ class GrpcTransport:
                 if done:
                     reading.result()  # its exception, if any, ends this stream
                     return None
+                # The probe races the gRPC stream: a silent port holds it for
+                # HANDSHAKE_TIMEOUT, and a stream that ends meanwhile must not wait.
+                probe = asyncio.ensure_future(self._handshake(link, lane, True))
+                await asyncio.wait({reading, probe}, return_when=asyncio.FIRST_COMPLETED)
+                if not probe.done():
+                    reading.result()
+                    return None
+                found, probe = probe, None
                 try:
-                    return await self._handshake(link, lane, True)
+                    return found.result()
                 except (grpc.aio.AioRpcError, TimeoutError, OSError) as exc:
                     self.direct_probes_failed += 1
                     log.debug("transport: node %d -> %d: direct lane still unreachable: %r",
                               self.node_id, link.peer, exc)
         finally:
+            if probe is not None:
+                probe.cancel()  # `_handshake` closes what it opened
+                (got,) = await asyncio.gather(probe, return_exceptions=True)
+                if got is not None and not isinstance(got, BaseException):
+                    got.cancel()  # it got through just as this stream ended: redial
             if not reading.done():
                 reading.cancel()
-                await asyncio.gather(reading, return_exceptions=True)
+            await asyncio.gather(reading, return_exceptions=True)  # its outcome is seen
 
     async def _read_loop(self, link: _Link, stream: Any) -> None:
         if isinstance(stream, tcp_lane.TcpStream):
