@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from nats.js.errors import APIError
 
 from tests.cluster.jshelp import JsCluster, connect, until
 from tests.cluster.netcut import ProxiedCluster
@@ -61,8 +62,18 @@ async def _r3_serves(c: JsCluster, stream: str, count: int) -> None:
     majority), and read back in order through a pull consumer on the last node."""
     nc = await connect(c.nodes[0])
     js = nc.jetstream(timeout=10)
-    await js.add_stream(name=stream, subjects=[stream.lower()], num_replicas=3,
-                        allow_direct=True)
+
+    async def created() -> bool:
+        try:
+            await js.add_stream(name=stream, subjects=[stream.lower()], num_replicas=3,
+                                allow_direct=True)
+        except APIError as exc:  # a restarted peer counts as offline until it beats again
+            if exc.err_code not in (10005, 10008):  # no suitable peers / temporarily unavailable
+                raise
+            return False
+        return True
+
+    await until(created, timeout=30, every=0.5)
     await nc.close()
     seqs = []
     for k in range(count):
