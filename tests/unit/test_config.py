@@ -241,6 +241,15 @@ def test_cluster_block() -> None:
                                                   ["nats://a:1", "nats://b:2"])
 
 
+def test_raft_lane_defaults_to_the_direct_lane_and_is_checked() -> None:
+    c = options("cluster { name: c1 }\n").cluster
+    assert (c.raft_port, c.raft_lane) == (0, "auto")
+    for lane in ("auto", "direct", "grpc"):
+        assert options(f"cluster {{ raft_lane: {lane} }}\n").cluster.raft_lane == lane
+    with pytest.raises(ConfigError, match="raft_lane must be one of auto, direct, grpc"):
+        options("cluster { raft_lane: fast }\n")
+
+
 def test_unsupported_blocks_are_recorded_not_dropped() -> None:
     opts = load_options(str(DATA / "valid" / "unsupported.conf"))
     assert opts.port == 4555
