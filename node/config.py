@@ -31,6 +31,7 @@ from typing import Any
 
 from node.auth import CONNECTION_TYPES
 from node.options import (
+    ClusterOptions,
     JetStreamOptions,
     Options,
     Permissions,
@@ -1163,6 +1164,16 @@ def validate_options(opts: Options) -> None:
                           "(nodes prove to each other that they know it), not a bcrypt hash")
     if opts.cluster.routes and not opts.cluster.port:
         raise ConfigError("routes need a cluster listener (cluster { listen } or --cluster)")
+    _check_raft_lane(opts.cluster)
+
+
+def _check_raft_lane(c: ClusterOptions) -> None:
+    """A lane setting the node cannot honour stops it (fail closed, not a quiet gRPC)."""
+    if not -1 <= c.raft_port <= 65535:
+        raise ConfigError(f"cluster raft_port {c.raft_port} is out of range")
+    if c.raft_lane == "direct" and c.raft_port < 0:
+        raise ConfigError("cluster raft_lane: direct needs the direct lane "
+                          "(raft_port -1 turns it off)")
 
 
 def _check_tls_files(tls: TLSOptions | None) -> None:
