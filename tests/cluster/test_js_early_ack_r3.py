@@ -12,6 +12,8 @@ import json
 from typing import Any
 
 import pytest
+from nats.js.api import DiscardPolicy
+from nats.js.errors import APIError
 
 from tests.cluster.jshelp import JsCluster, connect, until
 
@@ -57,9 +59,31 @@ async def test_r3_pubacks_early_readable_counted_and_in_order(tmp_path) -> None:
                 assert got.data == str(k).encode() and got.subject == f"ea.{k}"
                 assert (await js.stream_info("EA")).state.messages == k
             await _order(nc, js)
+            await _refusals(js, far.jetstream(timeout=10))
         finally:
             await nc.close()
             await far.close()
+
+
+async def _refusals(js: Any, far: Any) -> None:
+    """Lone publishes the apply refuses or deduplicates (their PubAcks take the early path
+    too) answer as nats-server does, never with a fresh OK: a wrong expected last sequence
+    (10071), a subject over max_msgs_per_subject with discard new per subject (10077), a
+    repeated Nats-Msg-Id (duplicate, the first sequence). Nothing extra is stored."""
+    await js.add_stream(name="RF", subjects=["rf.>"], num_replicas=3, max_msgs_per_subject=1,
+                        discard=DiscardPolicy.NEW, discard_new_per_subject=True)
+    for via in (js, far):  # to the leader, and through another node
+        first = await via.publish("rf.a", b"1", headers={"Nats-Msg-Id": "m1"})
+        assert first.seq == 1
+        dup = await via.publish("rf.a", b"1", headers={"Nats-Msg-Id": "m1"})
+        assert dup.duplicate and dup.seq == 1
+        with pytest.raises(APIError) as err:
+            await via.publish("rf.b", b"x", headers={"Nats-Expected-Last-Sequence": "7"})
+        assert err.value.err_code == 10071
+        with pytest.raises(APIError) as err:
+            await via.publish("rf.a", b"2")
+        assert err.value.err_code == 10077
+    assert (await js.stream_info("RF")).state.messages == 1
 
 
 async def _order(nc: Any, js: Any) -> None:
