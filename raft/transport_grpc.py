@@ -88,6 +88,12 @@ DIRECT_RETRY_S = 5.0
 # failed only because its peer was still starting (its gRPC port answered first) is
 # back within a fraction of a second.
 DIRECT_PROBE_MIN_S = 0.2
+# A direct lane carries an empty batch every DIRECT_PING_S, and one that has read nothing
+# for DIRECT_DEAD_S (while its peer pings) is closed: a stalled middlebox or a silent
+# blackhole keeps TCP quiet for minutes (unacked data: no keepalive probe), where
+# the gRPC lanes' HTTP/2 keepalive notices in seconds.
+DIRECT_PING_S = 2.0
+DIRECT_DEAD_S = 10.0
 
 _CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", MAX_GRPC_MESSAGE),
@@ -176,6 +182,8 @@ class GrpcTransport:
         on_direct_port: Callable[[int], None] | None = None,
         direct_fallback: bool = True,
         direct_retry_s: float = DIRECT_RETRY_S,
+        direct_ping_s: float = DIRECT_PING_S,
+        direct_dead_s: float = DIRECT_DEAD_S,
     ) -> None:
         """`server`: a running gRPC server owned by someone else (the node's
         cluster port, node/cluster/) to register the Raft service on instead of
@@ -218,6 +226,8 @@ class GrpcTransport:
         self._direct_handshakes = 0
         self._direct_fallback = direct_fallback
         self._direct_retry = direct_retry_s
+        self._direct_ping, self._direct_dead = direct_ping_s, direct_dead_s
+        self.direct_stalled = 0  # direct streams closed after reading nothing too long
         self.direct_fallbacks = 0  # lanes a gRPC stream took over after a failed direct dial
         self.direct_restored = 0  # lanes moved back from gRPC to a reachable direct lane
         self.direct_probes_failed = 0  # retries of an unreachable direct lane that failed
@@ -372,6 +382,7 @@ class GrpcTransport:
         return {"direct_fallbacks": self.direct_fallbacks,
                 "direct_restored": self.direct_restored,
                 "direct_probes_failed": self.direct_probes_failed,
+                "direct_stalled": self.direct_stalled,
                 "direct_refused": self.direct_refused, "dropped_in": self.dropped_in}
 
     async def wait_connected(self, timeout: float = 10.0) -> None:
@@ -775,14 +786,52 @@ class GrpcTransport:
 
     async def _read_loop(self, link: _Link, stream: Any) -> None:
         if isinstance(stream, tcp_lane.TcpStream):
-            # Each batch is stepped inside the socket's read callback.
-            await stream.serve(lambda batch: self._on_batch(link, batch))
+            await self._serve_direct(link, stream)
             return
         while True:
             batch = await stream.read()
             if batch is grpc.aio.EOF:
                 return
             self._on_batch(link, batch)
+
+    async def _serve_direct(self, link: _Link, stream: tcp_lane.TcpStream) -> None:
+        """Each batch is stepped inside the socket's read callback. Meanwhile an
+        empty batch leaves every DIRECT_PING_S (a valid batch: it only refreshes
+        `last_seen`), and once the peer has pinged, a stream that reads nothing
+        for DIRECT_DEAD_S is closed: the dialer redials (and falls back to gRPC
+        when the lane port no longer answers). A peer that never pings (an
+        older version) is not timed out."""
+        loop = asyncio.get_running_loop()
+        last = [loop.time(), False]  # last read, the peer pings
+
+        def on_batch(batch: pb.Batch) -> None:
+            last[0] = loop.time()
+            if not (batch.messages or batch.heartbeats or batch.heartbeat_resps
+                    or batch.liveness or batch.hello):
+                last[1] = True
+                return
+            self._on_batch(link, batch)
+
+        serving = asyncio.ensure_future(stream.serve(on_batch))
+        try:
+            while True:
+                done, _ = await asyncio.wait({serving}, timeout=self._direct_ping)
+                if done:
+                    return serving.result()
+                if last[1] and loop.time() - last[0] > self._direct_dead:
+                    self.direct_stalled += 1
+                    log.warning("transport: node %d -> %d: direct lane silent for %.1fs, "
+                                "closing it", self.node_id, link.peer, loop.time() - last[0])
+                    stream.cancel()
+                    continue
+                try:
+                    stream.write_now(pb.Batch(from_node=self.node_id, to_node=link.peer))
+                except Exception:  # noqa: BLE001 - a dead stream: serving ends
+                    stream.cancel()
+        finally:
+            if not serving.done():
+                stream.cancel()
+            await asyncio.gather(serving, return_exceptions=True)
 
     async def _accept(self, context: grpc.aio.ServicerContext) -> None:
         hello = await context.read()

@@ -452,3 +452,66 @@ async def test_direct_lane_without_fallback_never_uses_grpc():
         for t in ts.values():
             await t.stop()
         gate.stop()
+
+
+class _StallGate(_Gate):
+    """A middlebox that, once `frozen`, stops forwarding on every connection
+    (new ones too) without closing any: the lane's sockets stay open, nothing
+    crosses, and TCP alone would not notice for minutes."""
+
+    frozen = False
+
+    async def _serve(self, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        self.conns.append(w)
+        up_r, up_w = await asyncio.open_connection("127.0.0.1", self.target)
+        self.conns.append(up_w)
+
+        async def pipe(a: asyncio.StreamReader, b: asyncio.StreamWriter) -> None:
+            try:
+                while data := await a.read(1 << 16):
+                    while self.frozen:
+                        await asyncio.sleep(0.05)
+                    b.write(data)
+                    await b.drain()
+            except (ConnectionError, OSError):
+                pass
+            finally:
+                b.close()
+        await asyncio.gather(pipe(r, up_w), pipe(up_r, w))
+
+
+async def test_a_stalled_direct_lane_is_dropped_and_grpc_takes_over():
+    """A direct lane that stops carrying anything while its sockets stay open (a
+    stalled middlebox, a silent blackhole) is closed once it has read nothing for
+    `direct_dead_s` (idle lanes carry an empty batch every `direct_ping_s`), so the
+    link falls back to gRPC as a refused lane does, and returns once it moves again.
+    Before: both ends kept the dead lane as "direct" (seen for 30 s, nothing delivered)."""
+    peers, direct = _addrs((1, 2)), _addrs((1, 2))
+    gate = _StallGate(tcp_lane.split_addr(direct[2])[1], hold=False)
+    gate.open = True
+    await gate.start()
+    seen = {**direct, 2: f"127.0.0.1:{gate.port}"}
+    inboxes = {i: Inbox() for i in (1, 2)}
+    kw = {"direct_retry_s": 0.3, "direct_ping_s": 0.3, "direct_dead_s": 1.5}
+    ts = {1: GrpcTransport(1, peers[1], peers, inboxes[1], direct=seen, **kw),
+          2: GrpcTransport(2, peers[2], peers, inboxes[2], direct=direct, **kw)}
+    try:
+        for t in ts.values():
+            await t.start()
+        await until(lambda: ts[1].lane_kinds()[2] == ("direct", "direct"), 30)
+        await asyncio.sleep(1.0)  # idle, healthy: the pings keep it up
+        assert ts[1].lane_kinds()[2] == ("direct", "direct")
+        gate.frozen = True
+        await until(lambda: ts[1].lane_kinds()[2] == ("grpc", "grpc"), 30)
+        await until(lambda: ts[2].lane_kinds()[1] == ("grpc", "grpc"), 30)
+        ts[1].send_now([_app(1, 2, 1)])
+        await until(lambda: any(m.type == MsgType.APP for m in inboxes[2].msgs), 10)
+        gate.close_all()
+        gate.frozen = False
+        gate.open = True
+        await until(lambda: ts[1].lane_kinds()[2] == ("direct", "direct"), 30)
+    finally:
+        for t in ts.values():
+            await t.stop()
+        gate.frozen = False
+        gate.stop()
