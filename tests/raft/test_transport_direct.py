@@ -492,15 +492,16 @@ async def test_a_stalled_direct_lane_is_dropped_and_grpc_takes_over():
     await gate.start()
     seen = {**direct, 2: f"127.0.0.1:{gate.port}"}
     inboxes = {i: Inbox() for i in (1, 2)}
-    kw = {"direct_retry_s": 0.3, "direct_ping_s": 0.3, "direct_dead_s": 1.5}
+    kw = {"direct_retry_s": 0.3, "direct_ping_s": 0.3, "direct_dead_s": 2.5}
     ts = {1: GrpcTransport(1, peers[1], peers, inboxes[1], direct=seen, **kw),
           2: GrpcTransport(2, peers[2], peers, inboxes[2], direct=direct, **kw)}
     try:
         for t in ts.values():
             await t.start()
         await until(lambda: ts[1].lane_kinds()[2] == ("direct", "direct"), 30)
-        await asyncio.sleep(1.0)  # idle, healthy: the pings keep it up
+        await asyncio.sleep(3.0)  # idle longer than direct_dead_s, healthy: pings keep it up
         assert ts[1].lane_kinds()[2] == ("direct", "direct")
+        assert ts[1].direct_stalled == ts[2].direct_stalled == 0
         gate.frozen = True
         await until(lambda: ts[1].lane_kinds()[2] == ("grpc", "grpc"), 30)
         await until(lambda: ts[2].lane_kinds()[1] == ("grpc", "grpc"), 30)
