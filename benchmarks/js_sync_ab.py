@@ -3,7 +3,7 @@ nats-server at its default and with `sync_interval: always`, all in ONE run.
 
     PYTHONPATH=$PWD [JETRAFT_BASE=/tmp/base] python benchmarks/js_sync_ab.py
         [--replicas 1|3] [--via leader|other] [--rounds 10] [--per 200] [--size 128]
-        [--direct]
+        [--direct] [--grpc]
 
 Each target is a single server (R1) or a 3-node cluster (R3) on free loopback ports in a
 temporary store. One nats-py client per target publishes one message at a time and waits
@@ -15,7 +15,9 @@ time runnable but not running, summed over every thread of every node): on a sat
 machine that wait, not the work, is most of a publish's latency.
 `--via other`: R3 publishes go to a node that does not lead the stream.
 `--direct` (R3): one more target, this tree with `cluster { raft_port: 0 }` (Raft over the
-direct TCP lane instead of gRPC streams).
+direct TCP lane; the default since session 9, so this matters only against an older base).
+`--grpc` (R3): one more target, this tree with `cluster { raft_lane: grpc }` (Raft over the
+gRPC lanes, the default before session 9).
 """
 
 from __future__ import annotations
@@ -71,7 +73,8 @@ class Target:
             old = local.REPO_ROOT
             local.REPO_ROOT = tree
             try:
-                extra = "raft_port: 0" if self.label == "jetraft-direct" else ""
+                extra = {"jetraft-direct": "raft_port: 0",
+                         "jetraft-grpc": "raft_lane: grpc"}.get(self.label, "")
                 self.cluster = LocalCluster(self.dir, 3, cluster_extra=extra).start()
             finally:
                 local.REPO_ROOT = old
@@ -112,6 +115,20 @@ class Target:
         if self.cluster is not None:
             return [n.proc.pid for n in self.cluster.nodes if n.proc is not None]
         return [p.pid for p in self.procs]
+
+    def node_cpu(self) -> list[int]:
+        """CPU ns so far of each server process (all its threads), in pid order."""
+        out = []
+        for pid in self.pids():
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    fields = f.read().rpartition(")")[2].split()
+            except OSError:
+                out.append(0)
+                continue
+            ticks = int(fields[11]) + int(fields[12])  # utime + stime
+            out.append(ticks * 1_000_000_000 // os.sysconf("SC_CLK_TCK"))
+        return out
 
     def schedstat(self) -> tuple[int, int, int]:
         """(CPU ns, run-queue wait ns, run periods) of every thread of the target's servers
@@ -193,10 +210,13 @@ async def run(args: argparse.Namespace) -> None:
         labels.insert(1, "jetraft-base")
     if args.direct and args.replicas > 1:
         labels.insert(1, "jetraft-direct")
+    if args.grpc and args.replicas > 1:
+        labels.insert(1, "jetraft-grpc")
     tmp = Path(tempfile.mkdtemp(prefix="syncab-", dir=args.dir))
     targets = [Target(lb, tmp, args.replicas) for lb in labels]
     lat: dict[str, list[float]] = {lb: [] for lb in labels}
     sched: dict[str, list[int]] = {lb: [0, 0, 0] for lb in labels}
+    per_node: dict[str, list[int]] = {lb: [] for lb in labels}
     try:
         for t in targets:
             t.start()
@@ -210,12 +230,16 @@ async def run(args: argparse.Namespace) -> None:
                 _, js, data = conns[lb]
                 t = by_label[lb]
                 before = t.schedstat()
+                nodes0 = t.node_cpu()
                 for _ in range(args.per):
                     s = time.perf_counter()
                     await js.publish("ab.x", data)
                     lat[lb].append((time.perf_counter() - s) * 1e6)
                 for k, v in enumerate(t.schedstat()):
                     sched[lb][k] += v - before[k]
+                nodes1 = t.node_cpu()
+                acc = per_node[lb] or [0] * len(nodes1)
+                per_node[lb] = [a + b - c for a, b, c in zip(acc, nodes1, nodes0, strict=False)]
         up1 = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
         for nc, _, _ in conns.values():
             await nc.close()
@@ -235,6 +259,11 @@ async def run(args: argparse.Namespace) -> None:
         print(f"| {lb} | {statistics.median(v):.0f} | {_q(v, 0.9):.0f} | {_q(v, 0.99):.0f} | "
               f"{statistics.median(v) / ref:.2f}x | {sched[lb][0] / n / 1e3:.0f} | "
               f"{sched[lb][1] / n / 1e3:.0f} | {sched[lb][2] / n:.1f} |")
+    print("\nCPU us per publish per server process (utime+stime, in node order; the "
+          "client publishes to the stream leader):")
+    for lb in labels:
+        n = len(lat[lb])
+        print(f"  {lb}: " + " / ".join(f"{c / n / 1e3:.0f}" for c in per_node[lb]))
 
 
 def _q(v: list[float], q: float) -> float:
@@ -251,6 +280,8 @@ def main() -> None:
     ap.add_argument("--dir", default=None, help="where the stores go (default: $TMPDIR)")
     ap.add_argument("--direct", action="store_true",
                     help="R3: also this tree with Raft over the direct TCP lane (raft_port: 0)")
+    ap.add_argument("--grpc", action="store_true",
+                    help="R3: also this tree with Raft over the gRPC lanes (raft_lane: grpc)")
     asyncio.run(run(ap.parse_args()))
 
 

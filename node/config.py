@@ -31,6 +31,7 @@ from typing import Any
 
 from node.auth import CONNECTION_TYPES
 from node.options import (
+    ClusterOptions,
     JetStreamOptions,
     Options,
     Permissions,
@@ -941,6 +942,7 @@ _CLUSTER_HANDLERS: dict[str, Handler] = {
     "no_advertise": _setter("no_advertise", _bool),
     "connect_retries": _setter("connect_retries", _int),
     "raft_port": _setter("raft_port", _int),
+    "raft_lane": _setter("raft_lane", lambda f: _raft_lane(f)),
 }
 _CLUSTER_UNSUPPORTED = frozenset({
     "connect_backoff", "pool_size", "compression", "ping_interval",
@@ -948,6 +950,16 @@ _CLUSTER_UNSUPPORTED = frozenset({
 })
 # Route permissions and per-account routes change who may receive what: refused.
 _CLUSTER_UNENFORCED = frozenset({"permissions", "accounts", "pinned_accounts"})
+
+
+def _raft_lane(f: _Field) -> str:
+    v = _str(f)
+    if v not in RAFT_LANES:
+        raise f.fail(f"cluster raft_lane must be one of {', '.join(RAFT_LANES)}, got {v!r}")
+    return v
+
+
+RAFT_LANES = ("auto", "direct", "grpc")
 
 
 def _cluster(opts: Options, f: _Field) -> None:
@@ -1152,6 +1164,16 @@ def validate_options(opts: Options) -> None:
                           "(nodes prove to each other that they know it), not a bcrypt hash")
     if opts.cluster.routes and not opts.cluster.port:
         raise ConfigError("routes need a cluster listener (cluster { listen } or --cluster)")
+    _check_raft_lane(opts.cluster)
+
+
+def _check_raft_lane(c: ClusterOptions) -> None:
+    """A lane setting the node cannot honour stops it (fail closed, not a quiet gRPC)."""
+    if not -1 <= c.raft_port <= 65535:
+        raise ConfigError(f"cluster raft_port {c.raft_port} is out of range")
+    if c.raft_lane == "direct" and c.raft_port < 0:
+        raise ConfigError("cluster raft_lane: direct needs the direct lane "
+                          "(raft_port -1 turns it off)")
 
 
 def _check_tls_files(tls: TLSOptions | None) -> None:

@@ -86,12 +86,15 @@ class ClusterOptions:
     tls: TLSOptions | None = None  # mutual TLS between nodes (client certificates required)
     connect_retries: int = 0  # accepted for compatibility: Jetraft redials forever
     # Raft's direct TCP lane (raft/tcp_lane.py), a second listener on `host`: 0 = an
-    # ephemeral port, announced to the other members by gossip; N = that port; -1 = none
-    # (the default: Raft rides the gRPC cluster port only; the lane lowers window-1
-    # latency and CPU per commit but 100 busy groups commit 2.5x slower over it, see
-    # docs/raft.md). Same authorization and TLS as the cluster port; a member that
-    # announces no lane is reached over gRPC.
-    raft_port: int = -1
+    # ephemeral port (the default), announced to the other members by gossip; N = that
+    # port; -1 = none (Raft rides the gRPC cluster port only, as `raft_lane: grpc`). Same
+    # authorization and TLS as the cluster port; a member that announces no lane is
+    # reached over gRPC.
+    raft_port: int = 0
+    # Which lane carries Raft: "auto" (the direct lane, gRPC while a peer's lane port
+    # cannot be dialed, back to the lane once it can), "direct" (the lane only, redialed
+    # until it answers) or "grpc" (no lane: no listener, no lane dialed).
+    raft_lane: str = "auto"
 
 
 @dataclass

@@ -20,11 +20,16 @@ the stream's proven peer, a local-only type, a SNAP outside the Snapshot
 RPC, or a type this version does not know is dropped (counted in
 `dropped_in`), without ending the stream.
 
-With `direct` addresses (opt-in), both lanes to a peer that has one run over
-plain TCP (`raft/tcp_lane.py`: the same Batches, hello and checks, without
-gRPC aio's thread hops, which cost most of a low-load commit); a batch for
-an idle direct lane is written to its socket at once instead of going through
-the writer task. Snapshots stay on gRPC.
+With `direct` addresses (a cluster's default), both lanes to a peer that has
+one run over plain TCP (`raft/tcp_lane.py`: the same Batches, hello and
+checks, without gRPC aio's thread hops, which cost most of a low-load commit);
+a batch for an idle direct lane is written to its socket at once instead of
+going through the writer task. Snapshots stay on gRPC. A lane that cannot be
+dialed (a firewall passing only the cluster port, a port the network does not
+route) is replaced by a gRPC stream at once (`direct_fallback`), and that
+stream tries the lane again every DIRECT_RETRY_S, handing over to it when a
+probe's hello gets through. A dial that fails on gRPC too (the peer is down
+or cut off) sends the next dial to the lane first again.
 
 Snapshots use their own `Snapshot` RPC on a separate channel (own TCP
 connection), streamed in chunks with every write awaited, so a large transfer
@@ -76,6 +81,19 @@ HANDSHAKE_TIMEOUT = 3.0
 DIRECT_HANDSHAKES_MAX = 32
 LAZY_FLUSH_S = 0.002  # the longest a `send_lazy` message waits for a flush to ride with
 BACKOFF_MIN, BACKOFF_MAX = 0.05, 2.0
+# How often a gRPC stream standing in for an unreachable direct lane tries the lane
+# again (jittered 0.5-1.5x): a connect, the authorization and a hello per lane.
+DIRECT_RETRY_S = 5.0
+# The first retry comes sooner, then the gap doubles up to DIRECT_RETRY_S: a lane that
+# failed only because its peer was still starting (its gRPC port answered first) is
+# back within a fraction of a second.
+DIRECT_PROBE_MIN_S = 0.2
+# A direct lane carries an empty batch every DIRECT_PING_S, and one that has read nothing
+# for DIRECT_DEAD_S (while its peer pings) is closed: a stalled middlebox or a silent
+# blackhole keeps TCP quiet for minutes (unacked data: no keepalive probe), where
+# the gRPC lanes' HTTP/2 keepalive notices in seconds.
+DIRECT_PING_S = 2.0
+DIRECT_DEAD_S = 10.0
 
 _CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", MAX_GRPC_MESSAGE),
@@ -132,6 +150,7 @@ class _Link:
     tasks: set[asyncio.Task[Any]] = field(default_factory=set)  # writers, dialers, acceptors
     removed: bool = False
     direct: str | None = None  # the peer's direct TCP lane address, if it has one
+    direct_fails: int = 0  # direct dials failed in a row (> 0: dialing gRPC instead)
 
     @property
     def stream(self) -> Any:
@@ -161,6 +180,10 @@ class GrpcTransport:
         direct_allows: Callable[[str | None], bool] | None = None,
         direct_ssl: tuple[Any, Any] | None = None,
         on_direct_port: Callable[[int], None] | None = None,
+        direct_fallback: bool = True,
+        direct_retry_s: float = DIRECT_RETRY_S,
+        direct_ping_s: float = DIRECT_PING_S,
+        direct_dead_s: float = DIRECT_DEAD_S,
     ) -> None:
         """`server`: a running gRPC server owned by someone else (the node's
         cluster port, node/cluster/) to register the Raft service on instead of
@@ -178,7 +201,10 @@ class GrpcTransport:
         TLS: a CA-signed client certificate required, the acceptor verified
         against the host it is dialed at, as the cluster's gRPC channels do).
         `on_direct_port(port)`: told the bound port of this node's direct lane
-        (its address may name port 0: an ephemeral one)."""
+        (its address may name port 0: an ephemeral one). `direct_fallback`: a
+        peer whose direct lane cannot be dialed is reached over gRPC meanwhile,
+        and the lane is tried again every `direct_retry_s` (False: the direct
+        lane or nothing, redialed with backoff)."""
         self.node_id = node_id
         self.listen_addr = listen_addr
         self.port = 0
@@ -198,6 +224,13 @@ class GrpcTransport:
         self._direct_ssl = direct_ssl
         self._on_direct_port = on_direct_port
         self._direct_handshakes = 0
+        self._direct_fallback = direct_fallback
+        self._direct_retry = direct_retry_s
+        self._direct_ping, self._direct_dead = direct_ping_s, direct_dead_s
+        self.direct_stalled = 0  # direct streams closed after reading nothing too long
+        self.direct_fallbacks = 0  # lanes a gRPC stream took over after a failed direct dial
+        self.direct_restored = 0  # lanes moved back from gRPC to a reachable direct lane
+        self.direct_probes_failed = 0  # retries of an unreachable direct lane that failed
         self.direct_refused = 0  # direct connections refused (authorization, identity, hello)
         self._ssl: tuple[Any, Any] | None = None  # (server, client) contexts of the direct lane
         self._links: dict[int, _Link] = {}
@@ -333,6 +366,24 @@ class GrpcTransport:
     def lanes_up(self, peer: int) -> int:
         """How many of the peer's lanes have a stream (each lane notices a loss on its own)."""
         return sum(lane.stream is not None for lane in self._links[peer].lanes)
+
+    def lane_kinds(self) -> dict[int, tuple[str, str]]:
+        """Per peer, what carries its (priority, bulk) lanes now: "direct",
+        "grpc" or "down" (for /jsz?raft=1 and tests)."""
+        def kind(stream: Any) -> str:
+            if stream is None:
+                return "down"
+            return "direct" if isinstance(stream, tcp_lane.TcpStream) else "grpc"
+        return {p: (kind(link.lanes[LANE_PRIORITY].stream), kind(link.lanes[LANE_BULK].stream))
+                for p, link in self._links.items()}
+
+    def lane_stats(self) -> dict[str, int]:
+        """Counters of the direct lanes' fallback to gRPC and back."""
+        return {"direct_fallbacks": self.direct_fallbacks,
+                "direct_restored": self.direct_restored,
+                "direct_probes_failed": self.direct_probes_failed,
+                "direct_stalled": self.direct_stalled,
+                "direct_refused": self.direct_refused, "dropped_in": self.dropped_in}
 
     async def wait_connected(self, timeout: float = 10.0) -> None:
         """Until every peer's streams (both lanes) are up (tests, startup)."""
@@ -591,10 +642,11 @@ class GrpcTransport:
             return grpc.aio.secure_channel(link.addr, creds, options=options)
         return grpc.aio.insecure_channel(link.addr, options=options)
 
-    async def _open(self, link: _Link, lane: _Lane) -> Any:
-        """A new Raft stream to the peer for `lane`: a gRPC call, or a
-        direct TCP connection if the peer has a direct address."""
-        if link.direct is not None:
+    async def _open(self, link: _Link, lane: _Lane, direct: bool) -> Any:
+        """A new Raft stream to the peer for `lane`: a direct TCP connection
+        (`direct`, the peer has a lane address) or a gRPC call."""
+        if direct:
+            assert link.direct is not None
             ctx = self._ssl[1] if self._ssl else None
             # With per-node certificates (`tls`) the acceptor must be node N;
             # with the cluster's TLS, the host it is dialed at (gRPC's rule).
@@ -610,22 +662,72 @@ class GrpcTransport:
             lane.channel = self._channel(link, separate=lane.kind != LANE_PRIORITY)
         return pb_grpc.ClusterStub(lane.channel).Raft(wait_for_ready=True)
 
+    async def _handshake(self, link: _Link, lane: _Lane, direct: bool) -> Any:
+        """Open a stream and exchange hellos; the stream, or an exception
+        (the stream is closed then)."""
+        call = await self._open(link, lane, direct)
+        try:
+            hello = pb.Batch(from_node=self.node_id, to_node=link.peer, hello=True,
+                             lane=lane.kind)
+            async with asyncio.timeout(HANDSHAKE_TIMEOUT):
+                await call.write(hello)
+                reply = await call.read()
+            if reply is grpc.aio.EOF or not reply.hello or reply.from_node != link.peer:
+                raise ConnectionError(f"bad hello from {link.addr}")
+        except BaseException:
+            call.cancel()
+            raise
+        return call
+
+    def _dial_direct(self, link: _Link) -> bool:
+        """Whether the next dial of `link` tries its direct lane: yes while it
+        has one and has not just failed. After a failed direct dial the next
+        one is a gRPC dial (a firewall that passes only the cluster port, a
+        lane port the network cannot reach), which in turn keeps the lane
+        until a probe gets through (`_serve_until_direct`)."""
+        return link.direct is not None and (not self._direct_fallback or link.direct_fails == 0)
+
+    def _dialed(self, link: _Link, lane: _Lane, direct: bool, ok: bool) -> None:
+        """Bookkeeping of one dial's outcome: which kind the next one tries."""
+        if direct:
+            link.direct_fails = 0 if ok else link.direct_fails + 1
+        elif link.direct is not None and ok:
+            # A gRPC stream stands in for the lane (counted per lane, logged once a link).
+            self.direct_fallbacks += 1
+            if lane.kind == LANE_PRIORITY or link.lanes[LANE_PRIORITY].stream is None:
+                log.warning("transport: node %d -> %d: direct lane %s unreachable, Raft "
+                            "falls back to the gRPC lanes", self.node_id, link.peer, link.direct)
+        elif link.direct is not None:
+            # gRPC did not answer either: the peer is down or cut off, not
+            # only its lane port. Try the lane first again.
+            link.direct_fails = 0
+
     async def _dial_loop(self, link: _Link, lane: _Lane) -> None:
         backoff = BACKOFF_MIN
         while not self._closing:
             call = None
+            direct = self._dial_direct(link)
             try:
-                call = await self._open(link, lane)
-                hello = pb.Batch(from_node=self.node_id, to_node=link.peer, hello=True,
-                                 lane=lane.kind)
-                async with asyncio.timeout(HANDSHAKE_TIMEOUT):
-                    await call.write(hello)
-                    reply = await call.read()
-                if reply is grpc.aio.EOF or not reply.hello or reply.from_node != link.peer:
-                    raise ConnectionError(f"bad hello from {link.addr}")
+                try:
+                    call = await self._handshake(link, lane, direct)
+                except BaseException:
+                    self._dialed(link, lane, direct, ok=False)
+                    raise
+                self._dialed(link, lane, direct, ok=True)
                 self._attach(lane, link, call)
                 backoff = BACKOFF_MIN
-                await self._read_loop(link, call)
+                while call is not None:
+                    nxt = await self._serve_until_direct(link, lane, call)
+                    if nxt is None:
+                        break
+                    # The lane is reachable again: its stream replaces the gRPC one.
+                    self._detach(link, lane, call)
+                    call.cancel()
+                    call = nxt
+                    self.direct_restored += 1
+                    log.info("transport: node %d -> %d: back on the direct lane (lane %d)",
+                             self.node_id, link.peer, lane.kind)
+                    self._attach(lane, link, call)
             except (grpc.aio.AioRpcError, TimeoutError, OSError) as exc:
                 log.debug("transport: node %d -> %d: %r", self.node_id, link.peer, exc)
             except Exception:  # keep redialing whatever happened
@@ -634,19 +736,102 @@ class GrpcTransport:
                 if call is not None:
                     self._detach(link, lane, call)
                     call.cancel()
+            if link.direct_fails == 1 and self._direct_fallback:
+                continue  # the direct lane just failed: the gRPC dial at once
             await asyncio.sleep(backoff * (0.5 + random.random()))
             backoff = min(backoff * 2, BACKOFF_MAX)
 
+    async def _serve_until_direct(self, link: _Link, lane: _Lane, call: Any) -> Any:
+        """Read `call` until it ends (None). A gRPC stream standing in for an
+        unreachable direct lane also probes the lane (after DIRECT_PROBE_MIN_S,
+        doubling up to every DIRECT_RETRY_S) and returns the new direct stream
+        as soon as one gets through."""
+        if link.direct is None or isinstance(call, tcp_lane.TcpStream):
+            await self._read_loop(link, call)
+            return None
+        reading = asyncio.ensure_future(self._read_loop(link, call))
+        probe: asyncio.Future[Any] | None = None
+        gap = min(DIRECT_PROBE_MIN_S, self._direct_retry)
+        try:
+            while True:
+                wait = gap * (0.5 + random.random())
+                gap = min(gap * 2, self._direct_retry)
+                done, _ = await asyncio.wait({reading}, timeout=wait)
+                if done:
+                    reading.result()  # its exception, if any, ends this stream
+                    return None
+                # The probe races the gRPC stream: a silent port holds it for
+                # HANDSHAKE_TIMEOUT, and a stream that ends meanwhile must not wait.
+                probe = asyncio.ensure_future(self._handshake(link, lane, True))
+                await asyncio.wait({reading, probe}, return_when=asyncio.FIRST_COMPLETED)
+                if not probe.done():
+                    reading.result()
+                    return None
+                found, probe = probe, None
+                try:
+                    return found.result()
+                except (grpc.aio.AioRpcError, TimeoutError, OSError) as exc:
+                    self.direct_probes_failed += 1
+                    log.debug("transport: node %d -> %d: direct lane still unreachable: %r",
+                              self.node_id, link.peer, exc)
+        finally:
+            if probe is not None:
+                probe.cancel()  # `_handshake` closes what it opened
+                (got,) = await asyncio.gather(probe, return_exceptions=True)
+                if got is not None and not isinstance(got, BaseException):
+                    got.cancel()  # it got through just as this stream ended: redial
+            if not reading.done():
+                reading.cancel()
+            await asyncio.gather(reading, return_exceptions=True)  # its outcome is seen
+
     async def _read_loop(self, link: _Link, stream: Any) -> None:
         if isinstance(stream, tcp_lane.TcpStream):
-            # Each batch is stepped inside the socket's read callback.
-            await stream.serve(lambda batch: self._on_batch(link, batch))
+            await self._serve_direct(link, stream)
             return
         while True:
             batch = await stream.read()
             if batch is grpc.aio.EOF:
                 return
             self._on_batch(link, batch)
+
+    async def _serve_direct(self, link: _Link, stream: tcp_lane.TcpStream) -> None:
+        """Each batch is stepped inside the socket's read callback. Meanwhile an
+        empty batch leaves every DIRECT_PING_S (a valid batch: it only refreshes
+        `last_seen`), and once the peer has pinged, a stream that reads nothing
+        for DIRECT_DEAD_S is closed: the dialer redials (and falls back to gRPC
+        when the lane port no longer answers). A peer that never pings (an
+        older version) is not timed out."""
+        loop = asyncio.get_running_loop()
+        last = [loop.time(), False]  # last read, the peer pings
+
+        def on_batch(batch: pb.Batch) -> None:
+            last[0] = loop.time()
+            if not (batch.messages or batch.heartbeats or batch.heartbeat_resps
+                    or batch.liveness or batch.hello):
+                last[1] = True
+                return
+            self._on_batch(link, batch)
+
+        serving = asyncio.ensure_future(stream.serve(on_batch))
+        try:
+            while True:
+                done, _ = await asyncio.wait({serving}, timeout=self._direct_ping)
+                if done:
+                    return serving.result()
+                if last[1] and loop.time() - last[0] > self._direct_dead:
+                    self.direct_stalled += 1
+                    log.warning("transport: node %d -> %d: direct lane silent for %.1fs, "
+                                "closing it", self.node_id, link.peer, loop.time() - last[0])
+                    stream.cancel()
+                    continue
+                try:
+                    stream.write_now(pb.Batch(from_node=self.node_id, to_node=link.peer))
+                except Exception:  # noqa: BLE001 - a dead stream: serving ends
+                    stream.cancel()
+        finally:
+            if not serving.done():
+                stream.cancel()
+            await asyncio.gather(serving, return_exceptions=True)
 
     async def _accept(self, context: grpc.aio.ServicerContext) -> None:
         hello = await context.read()

@@ -270,12 +270,19 @@ class Cluster:
             channel_factory=self.channels.raft_channel, **self._direct_lane(), **kw)
         return self.transport
 
+    @property
+    def raft_direct(self) -> bool:
+        """This node runs Raft's direct TCP lane (listens on it, dials peers' lanes)."""
+        return self.opts.raft_port >= 0 and self.opts.raft_lane != "grpc"
+
     def _direct_lane(self) -> dict[str, Any]:
-        """Raft's direct TCP lane (`cluster { raft_port }`, opt-in): a second
-        listener with the cluster port's authorization (the same Authorizer and
-        credentials) and TLS (the same files, a client certificate required)."""
+        """Raft's direct TCP lane (`cluster { raft_port, raft_lane }`, on by
+        default): a second listener with the cluster port's authorization (the
+        same Authorizer and credentials) and TLS (the same files, a client
+        certificate required). A peer whose lane cannot be dialed is reached
+        over the gRPC lanes meanwhile (`raft_lane: auto`)."""
         o = self.opts
-        if o.raft_port < 0:
+        if not self.raft_direct:
             return {}
         ssl_pair = None
         if o.tls is not None:
@@ -285,7 +292,8 @@ class Cluster:
             ssl_pair = tcp_lane.contexts(o.tls.cert_file, o.tls.key_file, o.tls.ca_file)
         return {"direct": {self.self_id: f"{o.host}:{o.raft_port}"}, "direct_ssl": ssl_pair,
                 "direct_cred": self.channels.default_cred, "direct_allows": self.auth.allows,
-                "on_direct_port": self._announce_raft_port}
+                "on_direct_port": self._announce_raft_port,
+                "direct_fallback": o.raft_lane == "auto"}
 
     def _announce_raft_port(self, port: int) -> None:
         """Gossip where this node's direct Raft lane listens (host as advertised)."""

@@ -203,8 +203,10 @@ class ClusterJS:
                     or not m.cluster_addr):
                 continue
             # A member announcing a direct Raft lane is reached over it (the
-            # transport keeps gRPC for one that announces none, an older node).
-            mr.add_peer(m.peer_id, m.cluster_addr, m.raft_addr or None)
+            # transport keeps gRPC for one that announces none, an older node),
+            # unless this node keeps Raft on gRPC (`raft_lane: grpc`).
+            lane = m.raft_addr if self.cluster.raft_direct else ""
+            mr.add_peer(m.peer_id, m.cluster_addr, lane or None)
             self.peers_added[m.peer_id] = addrs
 
     def _expected_size(self) -> int:

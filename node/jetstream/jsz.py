@@ -2,7 +2,8 @@
 
 With a cluster it carries `meta_cluster` (the meta group's leader, its peers with their lag,
 this node's peer name); `?raft=1` adds the Raft state of the meta group and of every stream
-group this node hosts (term, commit, applied, voters)."""
+group this node hosts (term, commit, applied, voters), and `raft_transport`: what carries
+Raft to each peer (the direct TCP lane or its gRPC fallback) with the fallback counters."""
 
 from __future__ import annotations
 
@@ -45,7 +46,21 @@ def _with_cluster(server: Any, base: dict[str, Any], query: dict[str, str]) -> d
             groups[group]["leader"] = f"{st['leader']:016x}" if st["leader"] else ""
             groups[group]["voters"] = [f"{v:016x}" for v in st["voters"]]
         out["raft"] = groups
+        lanes = _raft_lanes(svc.mr.transport)
+        if lanes is not None:
+            out["raft_transport"] = lanes
     return out
+
+
+def _raft_lanes(transport: Any) -> dict[str, Any] | None:
+    """What carries Raft to each peer now ("direct" TCP lane, "grpc", "down"; priority
+    and bulk lane) and the direct lane's fallback counters (`?raft=1` only)."""
+    kinds = getattr(transport, "lane_kinds", None)
+    if kinds is None:
+        return None
+    peers = {f"{p:016x}": {"priority": pri, "bulk": bulk}
+             for p, (pri, bulk) in sorted(kinds().items())}
+    return {"peers": peers, **transport.lane_stats()}
 
 
 def _basic(server: Any) -> dict[str, Any]:

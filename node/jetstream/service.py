@@ -606,6 +606,7 @@ class JetStreamService:
             sm.full_images = True
             self.mr.add_group(group, voters, state_machine=sm)
             sm.track = True
+            sm.early = self._early_replies  # the leader's PubAcks (followers build none)
             self.sourcing.sync(name)  # its links source only while this node leads
             self._sync_consumer_groups()
             return
@@ -978,15 +979,18 @@ class JetStreamService:
         self._on_effects(sm, effects)
 
     def _early_replies(self, sm: StreamMachine, effects: list[Effect]) -> list[Effect]:
-        """Single node, an apply on the loop (a small drain pass: lone sync publishes): send
-        the run's PubAcks and flush them to their clients now, before the store commits and
-        the driver's bookkeeping (what a window-1 publisher waits for; nothing else runs on
+        """An apply on the loop (a small drain pass: lone sync publishes): send the run's
+        PubAcks and flush them to their clients now, before the store commits and the
+        driver's bookkeeping (what a window-1 publisher waits for; nothing else runs on
         the loop meanwhile, so no request can see the store without these entries). The
-        entries are committed: fsynced in the WAL, replayed into the store after a crash.
-        Returns the effects left for `_on_effects` (after the commit, as before). Not with
+        entries are committed: fsynced in the WAL (in a cluster, on a majority, the
+        leader's own fsync included: the driver counts it only after the fsync), replayed
+        into the store after a crash. In a cluster only the leader builds PubAcks
+        (`Stream.acks`, read once per run), so a follower's run has none here. Returns
+        the effects left for `_on_effects` (after the commit, as before). Not with
         `republish` (nats-server sends the republished message before the PubAck), nor
         from the apply worker (another thread)."""
-        if (self.client is None or self.jsc is not None or sm.name in self._held
+        if (self.client is None or sm.name in self._held
                 or threading.get_ident() != self._loop_thread or sm.stream.cfg.get("republish")):
             return effects
         replies = [e for e in effects if type(e) is Reply]

@@ -30,6 +30,7 @@ class Tunnel:
     def __init__(self, src: str, dst: str) -> None:
         self.src, self.dst = src, dst
         self.writers: list[asyncio.StreamWriter] = []
+        self.lane = False  # to a port that is not a cluster port (a direct Raft lane)
 
     def close(self) -> None:
         for w in self.writers:
@@ -44,6 +45,7 @@ class NetCut:
         self.egress = {n: free_port() for n in self.names}
         self.port_of: dict[int, str] = {}  # a node's cluster port -> its name
         self.blocked: set[frozenset[str]] = set()
+        self.lanes_blocked: set[str] = set()  # nodes whose direct Raft lane port is firewalled
         self.tunnels: set[Tunnel] = set()
         self.held: set[asyncio.StreamWriter] = set()
         self.counts = {"tunnels": 0, "refused": 0}
@@ -79,6 +81,12 @@ class NetCut:
     def heal(self) -> None:
         self._call(self._heal())
 
+    def block_lane(self, name: str, on: bool = True) -> None:
+        """A firewall in front of `name` that passes only its cluster port: dials
+        of its direct Raft lane (any port of it that is not the cluster port) get
+        no answer, and open tunnels to it close. `on=False` lifts it."""
+        self._call(self._block_lane(name, on))
+
     def stop(self) -> None:
         self._call(self._stop())
         self.loop.call_soon_threadsafe(self.loop.stop)
@@ -89,6 +97,15 @@ class NetCut:
         self.blocked.update(pairs)
         for t in list(self.tunnels):
             if frozenset((t.src, t.dst)) in self.blocked:
+                t.close()
+
+    async def _block_lane(self, name: str, on: bool) -> None:
+        if not on:
+            self.lanes_blocked.discard(name)
+            return
+        self.lanes_blocked.add(name)
+        for t in list(self.tunnels):
+            if t.dst == name and t.lane:
                 t.close()
 
     async def _heal(self) -> None:
@@ -119,8 +136,9 @@ class NetCut:
             writer.close()
             return
         host, _, port = parts[1].decode().rpartition(":")
+        lane = int(port) not in self.port_of
         dst = self.port_of.get(int(port)) or self.resolve(int(port))
-        if frozenset((src, dst)) in self.blocked:
+        if frozenset((src, dst)) in self.blocked or (lane and dst in self.lanes_blocked):
             self.counts["refused"] += 1
             self.held.add(writer)  # no answer: the dialer's connect times out
             return
@@ -132,6 +150,7 @@ class NetCut:
             return
         writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
         tunnel = Tunnel(src, dst)
+        tunnel.lane = lane
         tunnel.writers = [writer, up_w]
         self.tunnels.add(tunnel)
         self.counts["tunnels"] += 1

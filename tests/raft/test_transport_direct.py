@@ -43,7 +43,9 @@ async def test_direct_lanes_carry_batches_in_order_and_other_peers_stay_on_grpc(
         for t in ts.values():
             await t.wait_connected(20)
         lanes = ts[1]._links[2].lanes
-        assert all(isinstance(lane.stream, tcp_lane.TcpStream) for lane in lanes)
+        # Node 2 may have started after node 1's first dial: its gRPC lanes stand in
+        # until the next probe of its direct lane.
+        await until(lambda: all(isinstance(lane.stream, tcp_lane.TcpStream) for lane in lanes))
         assert not any(isinstance(lane.stream, tcp_lane.TcpStream)
                        for lane in ts[1]._links[3].lanes)
         for k in range(1, 201):  # bulk (entries) and priority (heartbeats) interleaved
@@ -144,8 +146,8 @@ async def test_raft_groups_commit_over_direct_lanes_and_survive_a_leader_restart
             await c.propose("a", b"a%d" % k)
             await c.propose("b", b"b%d" % k)
         leader = await c.leader_of("a")
-        assert isinstance(leader.transport._links[next(iter(leader.transport._links))]
-                          .lanes[LANE_BULK].stream, tcp_lane.TcpStream)
+        await c.until(lambda: isinstance(leader.transport._links[next(iter(
+            leader.transport._links))].lanes[LANE_BULK].stream, tcp_lane.TcpStream))
         await c.until(lambda: all(len(c.sms[n]["a"].entries) == 30 for n in c.nodes))
         old = leader.node_id
         await c.stop(old)
@@ -173,9 +175,11 @@ async def test_direct_lane_refuses_a_peer_without_the_cluster_secret(conf):
     peers, direct = _addrs((1, 2, 3)), _addrs((1, 2, 3))
     inboxes = {i: Inbox() for i in (1, 2, 3)}
     # Node 1 (the lowest id: it dials both others) knows the addresses, not the secret.
+    # Its fallback is off: these gRPC ports have no interceptor (in a cluster they
+    # refuse it too, tests/cluster/test_security.py), and this test is about the lane.
     creds = {1: None, 2: cred, 3: cred}
     ts = {i: GrpcTransport(i, peers[i], peers, inboxes[i], direct=direct, direct_cred=creds[i],
-                           direct_allows=allows) for i in (1, 2, 3)}
+                           direct_allows=allows, direct_fallback=i != 1) for i in (1, 2, 3)}
     try:
         for t in ts.values():
             await t.start()
@@ -330,3 +334,185 @@ async def test_direct_lane_dials_through_the_proxy_and_a_cut_holds():
     finally:
         server.close()
         net.stop()
+
+
+class _Gate:
+    """A firewall in front of a direct lane port: closed, it answers a connect
+    with nothing (`hold`, a dropped SYN's timeout) or a close (a reset); open,
+    it forwards to the lane. Closing it also cuts the connections it carries."""
+
+    def __init__(self, target: int, hold: bool) -> None:
+        self.target, self.hold, self.open = target, hold, False
+        self.port = free_port()
+        self.conns: list[asyncio.StreamWriter] = []
+        self.server: asyncio.Server | None = None
+
+    async def start(self) -> None:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", self.port)
+
+    async def _serve(self, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        self.conns.append(w)
+        if not self.open:
+            if not self.hold:
+                w.close()
+            return
+        up_r, up_w = await asyncio.open_connection("127.0.0.1", self.target)
+        self.conns.append(up_w)
+
+        async def pipe(a: asyncio.StreamReader, b: asyncio.StreamWriter) -> None:
+            try:
+                while data := await a.read(1 << 16):
+                    b.write(data)
+                    await b.drain()
+            except (ConnectionError, OSError):
+                pass
+            finally:
+                b.close()
+        await asyncio.gather(pipe(r, up_w), pipe(up_r, w))
+
+    def close_all(self) -> None:
+        self.open = False
+        for w in self.conns:
+            w.close()
+        self.conns.clear()
+
+    def stop(self) -> None:
+        self.close_all()
+        if self.server is not None:
+            self.server.close()
+
+
+@pytest.mark.parametrize("hold", [False, True], ids=["reset", "silent"])
+async def test_unreachable_direct_lane_falls_back_to_grpc_and_returns(hold: bool):
+    """A peer whose lane port cannot be dialed (a firewall passing only the gRPC
+    port) is reached over the gRPC lanes; once the port answers, a probe moves
+    both lanes back to it; a lane lost again falls back again. Messages flow in
+    every phase."""
+    peers, direct = _addrs((1, 2)), _addrs((1, 2))
+    gate = _Gate(tcp_lane.split_addr(direct[2])[1], hold)
+    await gate.start()
+    seen = dict(direct)
+    seen[2] = f"127.0.0.1:{gate.port}"  # node 1 reaches node 2's lane only through the gate
+    inboxes = {i: Inbox() for i in (1, 2)}
+    ts = {1: GrpcTransport(1, peers[1], peers, inboxes[1], direct=seen, direct_retry_s=0.3),
+          2: GrpcTransport(2, peers[2], peers, inboxes[2], direct=direct)}
+    sent = 0
+
+    async def flows() -> None:
+        nonlocal sent
+        sent += 1
+        ts[1].send_now([_app(1, 2, sent)])
+        ts[2].send_now([Message(MsgType.HEARTBEAT, "h", 2, 1, term=2, commit=sent)])
+        await until(lambda: sum(m.type == MsgType.APP for m in inboxes[2].msgs) == sent
+                    and sum(m.type == MsgType.HEARTBEAT for m in inboxes[1].msgs) == sent, 20)
+
+    try:
+        for t in ts.values():
+            await t.start()
+        await ts[1].wait_connected(30)
+        assert ts[1].lane_kinds() == {2: ("grpc", "grpc")}
+        assert ts[1].direct_fallbacks >= 1 and ts[1].direct_restored == 0
+        await flows()
+        await until(lambda: ts[1].direct_probes_failed >= 2, 20)  # probes of a shut gate
+        assert ts[1].lane_kinds()[2] == ("grpc", "grpc")
+        await flows()
+        gate.open = True
+        await until(lambda: ts[1].lane_kinds()[2] == ("direct", "direct"), 30)
+        assert ts[1].direct_restored == 2
+        await until(lambda: ts[2].lane_kinds()[1] == ("direct", "direct"), 10)
+        await flows()
+        gate.close_all()  # the lane dies and its port stops answering
+        await until(lambda: ts[1].lane_kinds()[2] == ("grpc", "grpc"), 30)
+        await flows()
+        assert [m.entries[0].index for m in inboxes[2].msgs
+                if m.type == MsgType.APP] == list(range(1, sent + 1))
+    finally:
+        for t in ts.values():
+            await t.stop()
+        gate.stop()
+
+
+async def test_direct_lane_without_fallback_never_uses_grpc():
+    """`direct_fallback=False` (`raft_lane: direct`): an unreachable lane is
+    redialed, never replaced by gRPC."""
+    peers, direct = _addrs((1, 2)), _addrs((1, 2))
+    gate = _Gate(tcp_lane.split_addr(direct[2])[1], hold=False)
+    await gate.start()
+    seen = {**direct, 2: f"127.0.0.1:{gate.port}"}
+    ts = {1: GrpcTransport(1, peers[1], peers, Inbox(), direct=seen, direct_fallback=False),
+          2: GrpcTransport(2, peers[2], peers, Inbox(), direct=direct)}
+    try:
+        for t in ts.values():
+            await t.start()
+        await asyncio.sleep(1.5)
+        assert ts[1].lane_kinds() == {2: ("down", "down")} and ts[1].direct_fallbacks == 0
+        gate.open = True
+        await until(lambda: ts[1].lane_kinds()[2] == ("direct", "direct"), 30)
+    finally:
+        for t in ts.values():
+            await t.stop()
+        gate.stop()
+
+
+class _StallGate(_Gate):
+    """A middlebox that, once `frozen`, stops forwarding on every connection
+    (new ones too) without closing any: the lane's sockets stay open, nothing
+    crosses, and TCP alone would not notice for minutes."""
+
+    frozen = False
+
+    async def _serve(self, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        self.conns.append(w)
+        up_r, up_w = await asyncio.open_connection("127.0.0.1", self.target)
+        self.conns.append(up_w)
+
+        async def pipe(a: asyncio.StreamReader, b: asyncio.StreamWriter) -> None:
+            try:
+                while data := await a.read(1 << 16):
+                    while self.frozen:
+                        await asyncio.sleep(0.05)
+                    b.write(data)
+                    await b.drain()
+            except (ConnectionError, OSError):
+                pass
+            finally:
+                b.close()
+        await asyncio.gather(pipe(r, up_w), pipe(up_r, w))
+
+
+async def test_a_stalled_direct_lane_is_dropped_and_grpc_takes_over():
+    """A direct lane that stops carrying anything while its sockets stay open (a
+    stalled middlebox, a silent blackhole) is closed once it has read nothing for
+    `direct_dead_s` (idle lanes carry an empty batch every `direct_ping_s`), so the
+    link falls back to gRPC as a refused lane does, and returns once it moves again.
+    Before: both ends kept the dead lane as "direct" (seen for 30 s, nothing delivered)."""
+    peers, direct = _addrs((1, 2)), _addrs((1, 2))
+    gate = _StallGate(tcp_lane.split_addr(direct[2])[1], hold=False)
+    gate.open = True
+    await gate.start()
+    seen = {**direct, 2: f"127.0.0.1:{gate.port}"}
+    inboxes = {i: Inbox() for i in (1, 2)}
+    kw = {"direct_retry_s": 0.3, "direct_ping_s": 0.3, "direct_dead_s": 2.5}
+    ts = {1: GrpcTransport(1, peers[1], peers, inboxes[1], direct=seen, **kw),
+          2: GrpcTransport(2, peers[2], peers, inboxes[2], direct=direct, **kw)}
+    try:
+        for t in ts.values():
+            await t.start()
+        await until(lambda: ts[1].lane_kinds()[2] == ("direct", "direct"), 30)
+        await asyncio.sleep(3.0)  # idle longer than direct_dead_s, healthy: pings keep it up
+        assert ts[1].lane_kinds()[2] == ("direct", "direct")
+        assert ts[1].direct_stalled == ts[2].direct_stalled == 0
+        gate.frozen = True
+        await until(lambda: ts[1].lane_kinds()[2] == ("grpc", "grpc"), 30)
+        await until(lambda: ts[2].lane_kinds()[1] == ("grpc", "grpc"), 30)
+        ts[1].send_now([_app(1, 2, 1)])
+        await until(lambda: any(m.type == MsgType.APP for m in inboxes[2].msgs), 10)
+        gate.close_all()
+        gate.frozen = False
+        gate.open = True
+        await until(lambda: ts[1].lane_kinds()[2] == ("direct", "direct"), 30)
+    finally:
+        for t in ts.values():
+            await t.stop()
+        gate.frozen = False
+        gate.stop()

@@ -241,6 +241,27 @@ def test_cluster_block() -> None:
                                                   ["nats://a:1", "nats://b:2"])
 
 
+def test_raft_lane_defaults_to_the_direct_lane_and_is_checked() -> None:
+    c = options("cluster { name: c1 }\n").cluster
+    assert (c.raft_port, c.raft_lane) == (0, "auto")
+    for lane in ("auto", "direct", "grpc"):
+        assert options(f"cluster {{ raft_lane: {lane} }}\n").cluster.raft_lane == lane
+    with pytest.raises(ConfigError, match="raft_lane must be one of auto, direct, grpc"):
+        options("cluster { raft_lane: fast }\n")
+
+
+def test_raft_lane_a_node_cannot_honour_fails_at_start() -> None:
+    # `raft_lane: direct` promises Raft on the lane only; with the lane off (raft_port -1)
+    # the node would quietly run Raft over gRPC instead: refused at start.
+    with pytest.raises(ConfigError, match="raft_lane: direct needs"):
+        validate_options(options("cluster { port: 6222, raft_lane: direct, raft_port: -1 }\n"))
+    for port in (-2, 65536):
+        with pytest.raises(ConfigError, match="raft_port .* is out of range"):
+            validate_options(options(f"cluster {{ port: 6222, raft_port: {port} }}\n"))
+    for text in ("raft_lane: direct", "raft_lane: grpc, raft_port: -1", "raft_port: 7001"):
+        validate_options(options(f"cluster {{ port: 6222, {text} }}\n"))
+
+
 def test_unsupported_blocks_are_recorded_not_dropped() -> None:
     opts = load_options(str(DATA / "valid" / "unsupported.conf"))
     assert opts.port == 4555
