@@ -10,14 +10,15 @@ is up each Batch is decoded and handed on inside the socket's read callback
 (no reader task, no loop turn per frame: a window-1 commit crosses two such
 hops, each a wake-up of a process that on a loaded machine waits for a core).
 
-Frames are a 4-byte big-endian length and a payload. The dialer's FIRST frame
-is its cluster authorization (`AUTH_MAGIC` + the same credential text the
-gRPC lanes send in their `x-jetraft-route-auth` metadata, empty when it has
-none); the acceptor checks it with the same rule as the cluster port's
-AuthInterceptor before it reads anything else, and closes the connection on
-a mismatch. Until then a connection may hold at most `AUTH_MAX_FRAME` bytes
-and `handshake` seconds (the transport bounds how many such connections
-exist at once). Then come serialized `pb.Batch`es: a hello naming the lane
+Frames are a 4-byte big-endian length and a payload. With cluster
+authorization the connection opens with a mutual proof of the cluster secret
+(raft/lane_auth.py: the acceptor proves first, the secret never crosses the
+wire); without it, the dialer's FIRST frame is an authorization frame
+(`AUTH_MAGIC` and a credential text, empty in a cluster without
+authorization). The acceptor reads nothing else before that passed, and
+closes the connection on a mismatch. Until then a connection may hold at most
+`AUTH_MAX_FRAME` bytes and `handshake` seconds (the transport bounds how many
+such connections exist at once). Then come serialized `pb.Batch`es: a hello naming the lane
 each way, then batches, which the transport checks exactly as it checks gRPC
 ones. With TLS both sides present certificates from the cluster CA, the
 dialer verifies the acceptor's certificate against the peer's node name and
@@ -214,6 +215,14 @@ class TcpStream:
     def write_auth(self, cred: str | None) -> None:
         self._frame(AUTH_MAGIC + (cred or "").encode())
 
+    def write_frame(self, data: bytes) -> None:
+        """One raw frame (the handshake's proofs, raft/lane_auth.py)."""
+        self._frame(data)
+
+    async def read_frame(self) -> bytes | None:
+        """The next raw frame, None once the connection ended."""
+        return await self._p.next_frame()
+
     async def read_auth(self) -> str | None:
         """The dialer's authorization frame: its credential text ("" = none),
         or None when the first frame is not one (or the connection ended)."""
@@ -330,20 +339,23 @@ async def _tunnel(proxy: tuple[str, int], addr: str) -> socket.socket:
 
 async def dial(addr: str, ctx: ssl.SSLContext | None, server_name: str | None,
                max_frame: int, cred: str | None = None,
-               proxy: tuple[str, int] | None = None) -> TcpStream:
+               proxy: tuple[str, int] | None = None, *, prove: bool = False) -> TcpStream:
     """Connect (through `proxy`, an HTTP CONNECT proxy, if given), and present
-    `cred` (the cluster authorization) as the first frame."""
+    `cred` (the cluster authorization) as the first frame. `prove`: write
+    nothing (the caller runs the mutual proof, raft/lane_auth.py) and read
+    at most AUTH_MAX_FRAME-byte frames until `authorized()`."""
     host, port = split_addr(addr)
     loop = asyncio.get_running_loop()
     where: dict[str, object] = {"host": host, "port": port}
     if proxy is not None:
         where = {"sock": await _tunnel(proxy, addr)}
     transport, proto = await loop.create_connection(
-        lambda: _Frames(max_frame), ssl=ctx,
+        lambda: _Frames(AUTH_MAX_FRAME if prove else max_frame), ssl=ctx,
         server_hostname=server_name if ctx is not None else None, **where)
     tune(transport)
     stream = TcpStream(proto, max_frame)
-    stream.write_auth(cred)
+    if not prove:
+        stream.write_auth(cred)
     return stream
 
 

@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import random
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -57,7 +58,7 @@ import grpc
 
 from proto import cluster_pb2 as pb
 from proto import cluster_pb2_grpc as pb_grpc
-from raft import tcp_lane
+from raft import lane_auth, tcp_lane
 from raft.codec import decode_wire, encode_batch, message_from_pb, message_size, message_to_pb
 from raft.types import Message, MsgType
 
@@ -191,11 +192,13 @@ class GrpcTransport:
         dialing channels (the cluster's TLS and authorization) instead of `tls`.
         `direct`: node id -> address of its direct TCP lane (this node's entry
         is where it listens); peers listed there are reached over TCP, the
-        others over gRPC streams. `direct_cred`: the cluster authorization this
-        node presents on the direct lanes it dials (the text the gRPC lanes send
-        as metadata); `direct_allows(cred)`: the check an accepted direct
-        connection's authorization must pass before anything else is read (the
-        cluster port's AuthInterceptor rule; None = no authorization configured,
+        others over gRPC streams. `direct_cred`: the cluster authorization text
+        (the one the gRPC lanes send as metadata, the same on every member);
+        given, every direct lane opens with a mutual HMAC proof keyed by it
+        (raft/lane_auth.py: the acceptor proves first, the text never crosses
+        the wire), dialed and accepted. Without it the dialer sends an empty
+        authorization frame and `direct_allows(cred)` checks the one an accepted
+        connection sends before anything else is read (None = no authorization,
         as a gRPC server without the interceptor). `direct_ssl`: (server, client)
         contexts of the direct lane when `tls` is not given (the cluster port's
         TLS: a CA-signed client certificate required, the acceptor verified
@@ -652,15 +655,48 @@ class GrpcTransport:
             # with the cluster's TLS, the host it is dialed at (gRPC's rule).
             name = (self.tls_name(link.peer) if self._tls
                     else tcp_lane.split_addr(link.direct)[0])
+            key = self._direct_key()
             async with asyncio.timeout(HANDSHAKE_TIMEOUT):
-                return await tcp_lane.dial(link.direct, ctx, name,
-                                           MAX_GRPC_MESSAGE, self._direct_cred,
-                                           proxy=tcp_lane.proxy_for(link.direct))
+                stream = await tcp_lane.dial(link.direct, ctx, name, MAX_GRPC_MESSAGE,
+                                             proxy=tcp_lane.proxy_for(link.direct),
+                                             prove=key is not None)
+                if key is not None:
+                    try:
+                        await self._prove_to_acceptor(link, stream, key)
+                    except BaseException:
+                        stream.cancel()
+                        raise
+                return stream
         if lane.channel is None:
             # The bulk lane has its own TCP connection: a full socket
             # buffer of appends must not hold heartbeats back.
             lane.channel = self._channel(link, separate=lane.kind != LANE_PRIORITY)
         return pb_grpc.ClusterStub(lane.channel).Raft(wait_for_ready=True)
+
+    def _direct_key(self) -> bytes | None:
+        return self._direct_cred.encode() if self._direct_cred else None
+
+    async def _prove_to_acceptor(self, link: _Link, stream: tcp_lane.TcpStream,
+                                 key: bytes) -> None:
+        """The dialer's half of the lane's mutual proof: its challenge, the
+        acceptor's proof checked, and only then its own proof. Raises (the
+        dial failed: the caller falls back to gRPC) on anything else."""
+        assert link.direct is not None
+        ch = lane_auth.Challenge(os.urandom(lane_auth.NONCE), self.node_id, link.peer,
+                                 tcp_lane.split_addr(link.direct)[1])
+        stream.write_frame(ch.frame())
+        got = await stream.read_frame()
+        if got is None:
+            raise ConnectionError(f"direct lane {link.direct} closed during its proof")
+        nonce = lane_auth.check_answer(key, ch, got)
+        if nonce is None:
+            self.direct_refused += 1
+            log.warning("transport: node %d -> %d: the direct lane at %s did not prove the "
+                        "cluster authorization; not using it", self.node_id, link.peer,
+                        link.direct)
+            raise ConnectionError(f"direct lane {link.direct}: no proof of the cluster secret")
+        stream.write_frame(lane_auth.proof(key, ch, nonce))
+        stream.authorized()
 
     async def _handshake(self, link: _Link, lane: _Lane, direct: bool) -> Any:
         """Open a stream and exchange hellos; the stream, or an exception
@@ -871,13 +907,20 @@ class GrpcTransport:
     async def _direct_hello(self, stream: tcp_lane.TcpStream) -> tuple[_Link, _Lane] | None:
         """Authorization, then the hello and identity checks of `_accept`;
         None (refused, logged) when any fails."""
+        key = self._direct_key()
+        dialer: int | None = None
         try:
             async with asyncio.timeout(HANDSHAKE_TIMEOUT):
-                cred = await stream.read_auth()
-                if cred is None:
-                    return self._refuse_direct("no authorization frame")
-                if self._direct_allows is not None and not self._direct_allows(cred or None):
-                    return self._refuse_direct("cluster authorization failed")
+                if key is not None:
+                    dialer = await self._proven_dialer(stream, key)
+                    if dialer is None:
+                        return None
+                else:
+                    cred = await stream.read_auth()
+                    if cred is None:
+                        return self._refuse_direct("no authorization frame")
+                    if self._direct_allows is not None and not self._direct_allows(cred or None):
+                        return self._refuse_direct("cluster authorization failed")
                 stream.authorized()
                 hello = await stream.read()
         except TimeoutError:
@@ -888,12 +931,34 @@ class GrpcTransport:
         # A known peer whose own direct address we have not learned yet (gossip)
         # may dial us: the acceptor needs only who it is, not where it listens.
         if (not hello.hello or hello.to_node != self.node_id or link is None
-                or hello.lane not in (LANE_PRIORITY, LANE_BULK)):
+                or hello.lane not in (LANE_PRIORITY, LANE_BULK)
+                or dialer not in (None, hello.from_node)):
             return self._refuse_direct("unknown peer, node or lane")
         if self._tls and self.tls_name(hello.from_node).encode() not in stream.peer_names():
             return self._refuse_direct(f"certificate does not name "
                                        f"{self.tls_name(hello.from_node)}")
         return link, link.lanes[hello.lane]
+
+    async def _proven_dialer(self, stream: tcp_lane.TcpStream, key: bytes) -> int | None:
+        """The acceptor's half of the lane's mutual proof (raft/lane_auth.py):
+        the dialer's node id once its proof checked out, None (refused) else.
+        This node proves itself only for a challenge naming it, one of its lane
+        ports and a known peer: a squatter on a stale port that relays a
+        member's challenge here gets nothing the member would accept."""
+        ch = lane_auth.Challenge.parse(await stream.read_frame())
+        if ch is None:
+            return self._refuse_direct("cluster authorization failed (no lane challenge)")
+        assert self._direct_server is not None
+        ports = {sock.getsockname()[1] for sock in self._direct_server.sockets}
+        if (ch.acceptor != self.node_id or ch.port not in ports
+                or ch.dialer not in self._links):
+            return self._refuse_direct("cluster authorization failed (a challenge for "
+                                       "another node, port or an unknown peer)")
+        nonce = os.urandom(lane_auth.NONCE)
+        stream.write_frame(lane_auth.answer(key, ch, nonce))
+        if not lane_auth.check_proof(key, ch, nonce, await stream.read_frame()):
+            return self._refuse_direct("cluster authorization failed (wrong proof)")
+        return ch.dialer
 
     def _refuse_direct(self, why: str) -> None:
         self.direct_refused += 1

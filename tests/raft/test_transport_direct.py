@@ -19,6 +19,7 @@ from tests.ports import free_port
 from tests.raft import test_mtls_identity
 from tests.raft.test_mtls_identity import Inbox, tls, until
 from tests.raft.test_multigroup import Cluster
+from tests.raft.test_transport_lane_auth import proven_dial
 
 pytestmark = pytest.mark.timeout(120)
 pki = test_mtls_identity.pki  # the module-scoped PKI fixture
@@ -189,15 +190,16 @@ async def test_direct_lane_refuses_a_peer_without_the_cluster_secret(conf):
         await until(lambda: len(inboxes[3].msgs) == 1)
         assert ts[1].lanes_up(2) == 0 and ts[1].lanes_up(3) == 0
         ts[1].send_now([_app(1, 2, 1), _app(1, 3, 1)])
-        # A hand-made dialer: wrong or missing secrets, a valid hello behind them.
-        for wrong in (None, "", "token nope", "user ruser:nope", "user other:pw", "s3cret"):
+        # A hand-made dialer: wrong or missing secrets, a valid hello behind them;
+        # the right one too when sent raw (the lanes only take a proof of it).
+        for wrong in (None, "", "token nope", "user ruser:nope", "user other:pw", "s3cret", cred):
             s = await tcp_lane.dial(direct[2], None, None, 1 << 20, wrong)
             await s.write(tcp_lane.pb.Batch(from_node=3, to_node=2, hello=True))
             await s.write(encode_batch(3, 2, [_app(3, 2, 2)]))
             assert await s.read() is grpc.aio.EOF
             s.cancel()
-        # The right secret through the same dialer is let in.
-        s = await tcp_lane.dial(direct[2], None, None, 1 << 20, cred)
+        # The proof of the right secret is let in.
+        s = await proven_dial(direct[2], cred, 3, 2)
         await s.write(tcp_lane.pb.Batch(from_node=3, to_node=2, hello=True))
         assert (await s.read()).hello
         s.cancel()
@@ -211,7 +213,8 @@ async def test_direct_lane_refuses_a_peer_without_the_cluster_secret(conf):
 async def test_direct_lane_bounds_what_an_unauthenticated_dialer_can_hold():
     allows, cred = _cluster_auth(token="s3cret")
     peers, direct = _addrs((1, 2)), _addrs((1, 2))
-    b = GrpcTransport(2, peers[2], peers, Inbox(), direct=direct, direct_allows=allows)
+    b = GrpcTransport(2, peers[2], peers, Inbox(), direct=direct, direct_cred=cred,
+                      direct_allows=allows)
     try:
         await b.start()
         host, port = tcp_lane.split_addr(direct[2])
@@ -224,8 +227,8 @@ async def test_direct_lane_bounds_what_an_unauthenticated_dialer_can_hold():
         async with asyncio.timeout(transport_grpc.HANDSHAKE_TIMEOUT / 2):
             assert await r.read() == b""
         w.close()
-        # The secret right but the first frame not an authorization frame.
-        s = await tcp_lane.dial(direct[2], None, None, 1 << 20, cred)
+        # A member's proof gets in; a first frame that is no challenge does not.
+        s = await proven_dial(direct[2], cred, 1, 2)
         await s.write(tcp_lane.pb.Batch(from_node=1, to_node=2, hello=True))
         assert (await s.read()).hello
         s.cancel()
