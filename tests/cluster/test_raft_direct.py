@@ -65,9 +65,10 @@ async def test_r3_stream_commits_over_authorized_direct_lanes(tmp_path: Path) ->
                     break
                 await asyncio.sleep(0.1)
             assert len(lanes) == 4, (n.name, ports, conns)
-        # Without the cluster secret, or with a wrong one, a dialer is refused
+        # Without the cluster secret, with a wrong one, or with the right one sent
+        # raw instead of the lane's proof (raft/lane_auth.py), a dialer is refused
         # before its hello is read; the node says why.
-        for cred in (None, "user route:wrong", "token s3cret"):
+        for cred in (None, "user route:wrong", "token s3cret", "user route:s3cret"):
             assert await _refused(ports[0], cred)
         assert "refused a direct stream: cluster authorization failed" in c.nodes[0].log_text()
     finally:
