@@ -925,6 +925,8 @@ class GrpcTransport:
                 hello = await stream.read()
         except TimeoutError:
             return self._refuse_direct("handshake timed out")
+        except ConnectionError:  # it hung up before our answer could leave
+            return None
         if hello is grpc.aio.EOF:
             return None
         link = self._links.get(hello.from_node)

@@ -15,7 +15,8 @@ from raft.codec import encode_batch
 from raft.transport_grpc import GrpcTransport
 from raft.types import Entry, Message, MsgType
 from tests.ports import free_port
-from tests.raft.test_mtls_identity import Inbox, until
+from tests.raft import test_mtls_identity
+from tests.raft.test_mtls_identity import Inbox, tls, until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -258,3 +259,36 @@ async def test_proofs_cannot_be_replayed_reflected_or_asked_for_another_node(acc
         s.write_frame(lane_auth.Challenge(os.urandom(16), frm, to, p).frame())
         assert await _rest(s) == []
     assert t.direct_refused == refused + 7
+
+
+pki = test_mtls_identity.pki  # the module-scoped PKI fixture
+
+
+async def test_the_proof_runs_inside_tls(pki):
+    """With TLS the same proof runs inside the session: members get their lanes; a
+    dialer with a valid member certificate but without the secret is refused."""
+    peers, direct = _addrs((1, 2)), _addrs((1, 2))
+    inbox = Inbox()
+    ts = {i: GrpcTransport(i, peers[i], peers, inbox if i == 2 else Inbox(),
+                           tls=tls(pki, f"node-{i}"), direct=direct, direct_cred=CRED)
+          for i in (1, 2)}
+    try:
+        for t in ts.values():
+            await t.start()
+        await until(lambda: ts[1].lane_kinds().get(2) == ("direct", "direct"), 30)
+        ts[1].send_now([_app(1, 2, 1)])
+        await until(lambda: len(inbox.msgs) == 1)
+        _, client = tcp_lane.contexts(*tls(pki, "node-1"))
+        refused = ts[2].direct_refused
+        s = await tcp_lane.dial(direct[2], client, "node-2", 1 << 20, prove=True)
+        ch = lane_auth.Challenge(os.urandom(16), 1, 2, tcp_lane.split_addr(direct[2])[1])
+        s.write_frame(ch.frame())
+        nonce = lane_auth.check_answer(KEY, ch, await s.read_frame())
+        assert nonce is not None
+        s.write_frame(lane_auth.proof(b"token nope", ch, nonce))
+        s.write_frame(_hello(1, 2))
+        assert await _rest(s) == []
+        assert ts[2].direct_refused == refused + 1 and len(inbox.msgs) == 1
+    finally:
+        for t in ts.values():
+            await t.stop()
