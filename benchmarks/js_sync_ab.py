@@ -3,7 +3,7 @@ nats-server at its default and with `sync_interval: always`, all in ONE run.
 
     PYTHONPATH=$PWD [JETRAFT_BASE=/tmp/base] python benchmarks/js_sync_ab.py
         [--replicas 1|3] [--via leader|other] [--rounds 10] [--per 200] [--size 128]
-        [--direct] [--grpc]
+        [--direct] [--grpc] [--threads]
 
 Each target is a single server (R1) or a 3-node cluster (R3) on free loopback ports in a
 temporary store. One nats-py client per target publishes one message at a time and waits
@@ -18,6 +18,9 @@ machine that wait, not the work, is most of a publish's latency.
 direct TCP lane; the default since session 9, so this matters only against an older base).
 `--grpc` (R3): one more target, this tree with `cluster { raft_lane: grpc }` (Raft over the
 gRPC lanes, the default before session 9).
+`--threads`: per server process, the loop thread's CPU and run periods per publish apart
+from the other threads' (WAL/apply workers, LMDB sync thread, gRPC's threads); nats-server
+processes show everything under "loop" only for their main thread.
 """
 
 from __future__ import annotations
@@ -151,6 +154,29 @@ class Target:
                 runs += int(r)
         return cpu, wait, runs
 
+    def node_threads(self) -> list[list[int]]:
+        """Per server process (pid order): [loop thread CPU ns, its run periods, other
+        threads' CPU ns, their run periods]. The loop thread is the main one (tid = pid);
+        the others are the WAL/apply workers, LMDB's sync thread and gRPC's threads."""
+        out = []
+        for pid in self.pids():
+            row = [0, 0, 0, 0]
+            try:
+                tids = os.listdir(f"/proc/{pid}/task")
+            except OSError:
+                tids = []
+            for tid in tids:
+                try:
+                    with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                        c, _, r = f.read().split()
+                except (OSError, ValueError):
+                    continue
+                k = 0 if int(tid) == pid else 2
+                row[k] += int(c)
+                row[k + 1] += int(r)
+            out.append(row)
+        return out
+
     def stop(self) -> None:
         if self.cluster is not None:
             self.cluster.stop()
@@ -217,6 +243,7 @@ async def run(args: argparse.Namespace) -> None:
     lat: dict[str, list[float]] = {lb: [] for lb in labels}
     sched: dict[str, list[int]] = {lb: [0, 0, 0] for lb in labels}
     per_node: dict[str, list[int]] = {lb: [] for lb in labels}
+    threads: dict[str, list[list[int]]] = {lb: [] for lb in labels}
     try:
         for t in targets:
             t.start()
@@ -231,6 +258,7 @@ async def run(args: argparse.Namespace) -> None:
                 t = by_label[lb]
                 before = t.schedstat()
                 nodes0 = t.node_cpu()
+                thr0 = t.node_threads() if args.threads else []
                 for _ in range(args.per):
                     s = time.perf_counter()
                     await js.publish("ab.x", data)
@@ -240,6 +268,11 @@ async def run(args: argparse.Namespace) -> None:
                 nodes1 = t.node_cpu()
                 acc = per_node[lb] or [0] * len(nodes1)
                 per_node[lb] = [a + b - c for a, b, c in zip(acc, nodes1, nodes0, strict=False)]
+                if args.threads:
+                    thr1 = t.node_threads()
+                    acc2 = threads[lb] or [[0] * 4 for _ in thr1]
+                    threads[lb] = [[a + b - c for a, b, c in zip(x, y, z, strict=False)]
+                                   for x, y, z in zip(acc2, thr1, thr0, strict=False)]
         up1 = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
         for nc, _, _ in conns.values():
             await nc.close()
@@ -264,6 +297,14 @@ async def run(args: argparse.Namespace) -> None:
     for lb in labels:
         n = len(lat[lb])
         print(f"  {lb}: " + " / ".join(f"{c / n / 1e3:.0f}" for c in per_node[lb]))
+    if args.threads:
+        print("\nPer publish per server process (node order), loop thread | other threads: "
+              "CPU us (schedstat) and run periods:")
+        for lb in labels:
+            n = len(lat[lb])
+            print(f"  {lb}: " + " / ".join(
+                f"{lc / n / 1e3:.0f} {lr / n:.1f}r | {oc / n / 1e3:.0f} {orr / n:.1f}r"
+                for lc, lr, oc, orr in threads[lb]))
 
 
 def _q(v: list[float], q: float) -> float:
@@ -282,6 +323,8 @@ def main() -> None:
                     help="R3: also this tree with Raft over the direct TCP lane (raft_port: 0)")
     ap.add_argument("--grpc", action="store_true",
                     help="R3: also this tree with Raft over the gRPC lanes (raft_lane: grpc)")
+    ap.add_argument("--threads", action="store_true",
+                    help="also split each server process into its loop thread and the rest")
     asyncio.run(run(ap.parse_args()))
 
 

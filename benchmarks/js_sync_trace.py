@@ -13,6 +13,10 @@ events of every node inside a publish's [send, PubAck] window make its timeline.
 table gives, per step, the median offset from the client's send and the median gap
 from the previous step (steps in order of median offset; a step that occurs twice in a
 window is numbered). `--via other`: the client talks to a node that does not lead.
+Each event also carries the recording thread's CPU clock (`time.thread_time_ns()`): the
+"thread CPU" column is what that thread spent since its own previous step in the same
+publish (the loop thread's work between two steps, or the WAL thread's write+fsync),
+whatever the run-queue wait.
 """
 
 from __future__ import annotations
@@ -32,12 +36,14 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-EVENTS: list[tuple[int, str]] = []
+# (wall ns, step, CPU ns of the recording thread, that thread's id)
+EVENTS: list[tuple[int, str, int, int]] = []
 
 
 def install(out: str) -> None:
     """Wrap the functions on a publish's path so each records (time, step)."""
     import atexit
+    import threading
 
     from node import client as nclient
     from node.jetstream import cluster as jcluster
@@ -46,9 +52,11 @@ def install(out: str) -> None:
     from raft.types import MsgType
 
     now = time.monotonic_ns
+    cpu = time.thread_time_ns
+    ident = threading.get_ident
 
     def ev(name: str) -> None:
-        EVENTS.append((now(), name))
+        EVENTS.append((now(), name, cpu(), ident()))
 
     def wrap(owner: Any, attr: str, before: Any = None, after: Any = None) -> None:
         fn = getattr(owner, attr)
@@ -171,31 +179,42 @@ async def publish_loop(url: str, count: int, size: int, replicas: int,
     return windows
 
 
-def timeline(windows: list[tuple[int, int]], traces: dict[str, list[tuple[int, str]]]
-             ) -> list[tuple[str, float, float, int]]:
-    """(step, median offset us, median gap us, windows seen) in order of median offset."""
+def timeline(windows: list[tuple[int, int]], traces: dict[str, list[tuple]]
+             ) -> list[tuple[str, float, float, float | None, int]]:
+    """(step, median offset us, median gap us, median CPU us, windows seen) in order of
+    median offset. The CPU of a step is what the thread that recorded it spent since its
+    own previous step in the same publish (None for a thread's first step there)."""
     offsets: dict[str, list[float]] = {}
     gaps: dict[str, list[float]] = {}
-    evs = sorted((t, f"{node}: {name}") for node, tr in traces.items() for t, name in tr)
+    cpus: dict[str, list[float]] = {}
+    evs = sorted((e[0], f"{node}: {e[1]}", node, *e[2:4]) for node, tr in traces.items()
+                 for e in tr)
     i = 0
     for t0, t1 in windows:
         while i < len(evs) and evs[i][0] < t0:
             i += 1
         seen: dict[str, int] = {}
+        last_cpu: dict[tuple[str, int], int] = {}
         prev = t0
         j = i
         while j < len(evs) and evs[j][0] <= t1:
-            t, name = evs[j]
+            t, name, node, *rest = evs[j]
             seen[name] = seen.get(name, 0) + 1
             key = name if seen[name] == 1 else f"{name} #{seen[name]}"
             offsets.setdefault(key, []).append((t - t0) / 1e3)
             gaps.setdefault(key, []).append((t - prev) / 1e3)
+            if len(rest) == 2:  # a trace with thread CPU
+                c, tid = rest
+                if (node, tid) in last_cpu:
+                    cpus.setdefault(key, []).append((c - last_cpu[node, tid]) / 1e3)
+                last_cpu[node, tid] = c
             prev = t
             j += 1
         offsets.setdefault("client PubAck received", []).append((t1 - t0) / 1e3)
         gaps.setdefault("client PubAck received", []).append((t1 - prev) / 1e3)
-    rows = [(k, statistics.median(v), statistics.median(gaps[k]), len(v))
-            for k, v in offsets.items()]
+    rows = [(k, statistics.median(v), statistics.median(gaps[k]),
+             statistics.median(cpus[k]) if len(cpus.get(k, ())) >= len(v) // 2 else None,
+             len(v)) for k, v in offsets.items()]
     rows.sort(key=lambda r: r[1])
     return rows
 
@@ -249,11 +268,13 @@ def main() -> None:
     print(f"# R{args.replicas} via {args.via}, {len(windows)} publishes of {args.size} B, "
           f"load {os.getloadavg()[0]:.2f}: p50 {statistics.median(lat):.0f} us, "
           f"p90 {lat[int(len(lat) * 0.9)]:.0f} us")
-    print("| step | median offset us | median gap us | windows |\n|---|---|---|---|")
-    for name, off, gap, seen in timeline(windows, traces):
+    print("| step | median offset us | median gap us | thread CPU us since its last step "
+          "| windows |\n|---|---|---|---|---|")
+    for name, off, gap, cpu, seen in timeline(windows, traces):
         if seen >= len(windows) // 4:
-            print(f"| {name} | {off:.0f} | {gap:.0f} | {seen} |")
-    evs = sorted((t, f"{node}: {name}") for node, tr in traces.items() for t, name in tr)
+            c = "" if cpu is None else f"{cpu:.0f}"
+            print(f"| {name} | {off:.0f} | {gap:.0f} | {c} | {seen} |")
+    evs = sorted((e[0], f"{node}: {e[1]}") for node, tr in traces.items() for e in tr)
     by_lat = sorted(windows, key=lambda w: w[1] - w[0])
     for t0, t1 in by_lat[len(by_lat) // 2 - args.show // 2:][:args.show]:
         print(f"\n# one window of {(t1 - t0) / 1e3:.0f} us (offsets from the client's send)")
