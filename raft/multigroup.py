@@ -163,6 +163,7 @@ class DriverStats:
     ticks: int = 0
     wakes_for_dead_peer: int = 0
     sync_rolls: int = 0  # drain-pass syncs whose batch started a new WAL segment
+    eager_passes: int = 0  # passes run from the transport callback, no loop turn (_drain_now)
 
 
 @dataclass(eq=False)
@@ -244,6 +245,8 @@ class MultiRaft:
         self._dirty: dict[str, None] = {}
         self._active: dict[str, None] = {}  # groups the ticker ticks (not quiesced)
         self._kick = asyncio.Event()
+        self._passing = False  # a drain pass is in flight (its Readies not advanced yet)
+        self._eager_tail: asyncio.Task[Any] | None = None  # see `_drain_now`
         self._force_sync = False
         self._peers: dict[int, bool] = {}  # peer -> believed alive
         # Loop time the tick loop last came back from a stall (ticks late by more
@@ -665,6 +668,8 @@ class MultiRaft:
                 self._fail_stop(exc)
                 return
             self._mark(m.group)
+        if not self._passing and self._dirty and self._running and self._eager_ok():
+            self._drain_now()
 
     def on_liveness(self, peer: int) -> None:
         if not self._peers.get(peer, False):
@@ -788,10 +793,86 @@ class MultiRaft:
             while self._running:
                 await self._kick.wait()
                 self._kick.clear()
+                if self._eager_tail is not None:
+                    await asyncio.wait((self._eager_tail,))
                 if self._running:
-                    await self._drain_once()
+                    self._passing = True
+                    try:
+                        await self._drain_once()
+                    finally:
+                        self._passing = False
         except Exception as exc:  # write/fsync error, apply error, broken invariant
             self._fail_stop(exc)
+
+    # A pass run at once from the transport's callback (`on_messages`) instead of
+    # the drain task's next loop turn: only while no pass is in flight (a group's
+    # Ready is advanced before the next is taken, and nothing is applied before
+    # the local fsync of its entries), for at most this many dirty groups, when
+    # none of them has anything to write (`_eager_ok`). Such a pass never awaits.
+    EAGER_GROUPS_MAX = 8
+
+    def _eager_ok(self) -> bool:
+        """Every dirty group's next pass writes nothing and applies a few
+        small entries on the loop: a leader's commit after an APP_RESP, a
+        follower's commit-only append. Measured: the loop turn it saves is
+        0.1-0.2 ms of a window-1 commit on the shared 2-core machine."""
+        if len(self._dirty) > self.EAGER_GROUPS_MAX:
+            return False
+        for name in self._dirty:
+            g = self._groups.get(name)
+            if g is None:
+                continue
+            c = g.core
+            lg = c.log
+            if (g.props or g.incoming is not None or lg.unstable.entries
+                    or lg.unstable.snapshot is not None
+                    or c.term != c.prev_hs.term or c.vote != c.prev_hs.vote):
+                return False
+            n = lg.committed - lg.applied
+            if n > self.inline_apply_entries or (
+                    n and sum(len(e.data) for e in lg.next_committed_ents()) > INLINE_APPLY_BYTES):
+                return False
+        return True
+
+    def _drain_now(self) -> None:
+        """Run a pass that `_eager_ok` allowed, here and now. It cannot
+        suspend (nothing to fsync, an inline apply); if it ever did, the drain
+        task would wait for its end (`_eager_tail`) before the next pass."""
+        self.stats.eager_passes += 1
+        self._passing = True
+        coro = self._drain_once()
+        try:
+            waited = coro.send(None)
+        except StopIteration:
+            self._passing = False
+            if not self._dirty:
+                self._kick.clear()  # nothing left for the drain task
+            return
+        except Exception as exc:
+            self._passing = False
+            self._fail_stop(exc)
+            return
+        self._eager_tail = self._spawn(self._resume(coro, waited))
+
+    async def _resume(self, coro: Any, waited: Any) -> None:
+        """The rest of a pass `_drain_now` started, as its own task would run it."""
+        try:
+            while True:
+                try:
+                    if waited is None:
+                        await asyncio.sleep(0)
+                    else:
+                        await asyncio.wait((waited,))
+                except asyncio.CancelledError as exc:
+                    waited = coro.throw(exc)
+                    continue
+                waited = coro.send(None)
+        except StopIteration:
+            pass
+        finally:
+            self._passing = False
+            self._eager_tail = None
+            self._kick.set()
 
     async def _drain_once(self) -> None:
         dirty, self._dirty = self._dirty, {}
