@@ -1,0 +1,100 @@
+"""A leader's commit while its own fsync is in flight, and the commit pass run
+straight from the transport callback (`MultiRaft._drain_now`). One real
+driver and NodeLog as leader of a 3-member group; the followers are the test,
+which answers the appends by hand, and a WAL whose sync waits for the test."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from raft.multigroup import MultiRaft
+from raft.types import Message, MsgType
+from tests.raft.test_driver_races import GatedLog, _Outbox, _until
+from tests.raft.test_multigroup import AppendLog
+
+pytestmark = pytest.mark.timeout(60)
+
+
+async def _leader(tmp_path) -> tuple[MultiRaft, GatedLog, _Outbox, AppendLog]:
+    """Node 1 leads g (members 1, 2, 3) in term 1, its no-op at 2 applied."""
+    out, wal, sm = _Outbox(), GatedLog(str(tmp_path / "wal")), AppendLog()
+    mr = MultiRaft(1, wal, out, snap_dir=str(tmp_path / "snap"),
+                   tick_interval_s=60)  # no ticks: every step is the test's
+    mr.add_group("g", [1, 2, 3], state_machine=sm)
+    await mr.start()
+    mr.on_messages([Message(MsgType.HUP, "g", 1, 1)])
+    await _until(lambda: any(m.type is MsgType.PRE_VOTE for m in out.sent))
+    mr.on_messages([Message(MsgType.PRE_VOTE_RESP, "g", 2, 1, term=1)])
+    await _until(lambda: any(m.type is MsgType.VOTE for m in out.sent))
+    mr.on_messages([Message(MsgType.VOTE_RESP, "g", 2, 1, term=1)])
+    await _until(lambda: mr.status("g")["last_index"] == 2)
+    mr.on_messages([Message(MsgType.APP_RESP, "g", 2, 1, term=1, index=2)])
+    await _until(lambda: mr.status("g")["applied"] == 2)
+    return mr, wal, out, sm
+
+
+def _ack(frm: int, index: int) -> Message:
+    return Message(MsgType.APP_RESP, "g", frm, 1, term=1, index=index)
+
+
+async def test_the_leader_counts_itself_only_after_its_fsync_and_applies_nothing_before(
+        tmp_path):
+    """While the leader's fsync of entry 3 is in flight: one follower's answer
+    does not commit 3 (the leader's own copy is not durable: it must not
+    count); the second follower's does (two durable copies of three), but
+    nothing is applied and the proposer waits until the local fsync, so the
+    state machine never runs ahead of this node's durable log."""
+    mr, wal, out, sm = await _leader(tmp_path)
+    try:
+        wal.gate.clear()
+        fut = mr.propose_nowait("g", b"x")
+        async with asyncio.timeout(10):
+            await wal.waiting.wait()  # the pass holding entry 3 is fsyncing
+        assert any(m.type is MsgType.APP and m.entries and m.entries[-1].index == 3
+                   for m in out.sent), "appends leave before the leader's fsync"
+        mr.on_messages([_ack(2, 3)])
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert mr.status("g")["commit"] == 2, "the leader counted its unsynced entry"
+        mr.on_messages([_ack(3, 3)])
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert mr.status("g")["commit"] == 3  # a quorum of two durable followers
+        assert [i for i, _ in sm.entries] == [], "applied before the local fsync"
+        assert not fut.done()
+        wal.gate.set()
+        async with asyncio.timeout(10):
+            assert await fut == 3
+        assert [i for i, _ in sm.entries] == [3]
+    finally:
+        wal.gate.set()
+        await mr.stop()
+
+
+async def test_a_commit_after_the_leaders_fsync_is_applied_inside_the_answers_callback(
+        tmp_path):
+    """The leader's entry is durable; the first follower answer commits it, and
+    the commit pass (apply, proposer resolved) runs inside `on_messages`: no
+    loop turn of the drain task between an APP_RESP and the commit."""
+    mr, _wal, _out, sm = await _leader(tmp_path)
+    try:
+        fut = mr.propose_nowait("g", b"x")
+        await _until(lambda: mr._groups["g"].core.prs[1].match == 3)  # noqa: SLF001
+        eager = mr.stats.eager_passes
+        mr.on_messages([_ack(2, 3)])  # no await in between
+        assert [i for i, _ in sm.entries] == [3]
+        assert fut.done() and fut.result() == 3
+        assert mr.stats.eager_passes == eager + 1
+        # A proposal queued meanwhile (a write to make) leaves the pass to the drain task.
+        fut2 = mr.propose_nowait("g", b"y")
+        mr.on_messages([_ack(3, 3)])
+        assert mr.stats.eager_passes == eager + 1
+        async with asyncio.timeout(10):
+            while not fut2.done():
+                await asyncio.sleep(0.005)
+                mr.on_messages([_ack(2, mr.status("g")["last_index"])])
+        assert fut2.result() == 4
+    finally:
+        await mr.stop()
