@@ -910,7 +910,8 @@ class MultiRaft:
             # hand the batch to the thread. Durability is the same as below:
             # the appends leave before the leader's fsync in both orders; the
             # leader counts itself only after it (`_finish`).
-            sync = asyncio.ensure_future(self._sync_pass(len(work), self.wal_executor.run))
+            sync = asyncio.ensure_future(
+                self._sync_pass(len(work), self.wal_executor.run, lambda: self._answer(work)))
             await asyncio.sleep(0)
             self._send(early)
             await sync
@@ -919,7 +920,10 @@ class MultiRaft:
             queued = self._send(early) if early else False
             await self._commit_installs(installs)
             if need_sync:
-                await self._sync_pass(len(work), await self._sync_runner(queued))
+                runner = await self._sync_runner(queued)
+                # A received snapshot's answers wait for its promotion (below).
+                await self._sync_pass(len(work), runner,
+                                      None if installs else lambda: self._answer(work))
         for g, _ in installs:
             async with self._files_lock(g.name):
                 if self._groups.get(g.name) is g:
@@ -932,17 +936,33 @@ class MultiRaft:
         self.stats.readies += len(work)
         await self._finish(work, installs, [])
 
-    async def _sync_pass(self, groups: int, runner: Any) -> None:
-        """The drain pass's write+fsync, in `runner`."""
+    async def _sync_pass(self, groups: int, runner: Any, then: Any = None) -> None:
+        """The drain pass's write+fsync, in `runner`; `then()` once it is durable."""
         top = self._newest_segment()
         self._sync_roll = top != self._synced_top
         try:
-            await self.node_log.sync_async(runner)
+            if then is None:
+                await self.node_log.sync_async(runner)
+            else:
+                await self.node_log.sync_async(runner, then)
         finally:
             self._sync_roll = False
         self.stats.sync_rolls += top != self._synced_top
         self._synced_top = top
         self._count_sync(groups)
+
+    def _answer(self, work: list[tuple[_Group, Ready]]) -> None:
+        """Right after the pass's fsync (and before anything else of the pass:
+        segment deletions, the storage step, the apply), the messages that
+        waited only for it: a follower's APP_RESP, votes. Taken out of the
+        Readies, so `_finish` does not send them again."""
+        msgs: list[Message] = []
+        for _, rd in work:
+            if rd.messages:
+                msgs.extend(rd.messages)
+                rd.messages = []
+        if msgs:
+            self._send(msgs)
 
     def _sync_before_send(self) -> bool:
         """A small pass (see `_sync_runner`) whose appends go out on direct
