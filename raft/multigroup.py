@@ -808,18 +808,21 @@ class MultiRaft:
         except Exception as exc:  # write/fsync error, apply error, broken invariant
             self._fail_stop(exc)
 
-    # A pass run at once from the transport's callback (`on_messages`) instead of
-    # the drain task's next loop turn: only while no pass is in flight (a group's
-    # Ready is advanced before the next is taken, and nothing is applied before
-    # the local fsync of its entries), for at most this many dirty groups, when
-    # none of them has anything to write (`_eager_ok`). Such a pass never awaits.
+    # A leader's commit pass run at once from the transport's callback
+    # (`on_messages`) instead of the drain task's next loop turn: only while no
+    # pass is in flight (a group's Ready is advanced before the next is taken,
+    # and nothing is applied before the local fsync of its entries), for at
+    # most this many dirty groups, when none of them has anything to write
+    # (`_eager_ok`). Such a pass never awaits.
     EAGER_GROUPS_MAX = 8
 
     def _eager_ok(self) -> bool:
-        """Every dirty group's next pass writes nothing and applies a few
-        small entries on the loop: a leader's commit after an APP_RESP, a
-        follower's commit-only append. Measured: the loop turn it saves is
-        0.1-0.2 ms of a window-1 commit on the shared 2-core machine."""
+        """Every dirty group is led here and its next pass writes nothing and
+        applies a few small entries on the loop: a leader's commit after an
+        APP_RESP (a window-1 commit's last step; the loop turn saved is 0.1-0.2
+        ms on the shared 2-core machine). Not for followers: their
+        commit-only passes are off a commit's path, and letting them run
+        eagerly too measured worse (raft_counts, docs/notes/raftw1.md)."""
         if len(self._dirty) > self.EAGER_GROUPS_MAX:
             return False
         for name in self._dirty:
@@ -828,8 +831,8 @@ class MultiRaft:
                 continue
             c = g.core
             lg = c.log
-            if (g.props or g.incoming is not None or lg.unstable.entries
-                    or lg.unstable.snapshot is not None
+            if (c.state is not StateType.LEADER or g.props or g.incoming is not None
+                    or lg.unstable.entries or lg.unstable.snapshot is not None
                     or c.term != c.prev_hs.term or c.vote != c.prev_hs.vote):
                 return False
             n = lg.committed - lg.applied

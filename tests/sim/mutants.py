@@ -92,6 +92,15 @@ MUTANTS: list[Mutant] = [
         "        self.prs[self.id].maybe_update(self.log.last_index())\n"
         "        return True\n",
         sim="core", fast=True),
+    Mutant(
+        "driver-leader-counts-unsynced", "the driver steps the leader's own append response "
+        "(its match) into the core before the pass's fsync, not after",
+        "multigroup.py",
+        "            need_sync |= self._persist(g, rd, installs)\n",
+        "            need_sync |= self._persist(g, rd, installs)\n"
+        "            if (r := storage_append_resp(rd)) is not None"
+        " and g.core.state is StateType.LEADER:\n"
+        "                g.core.step(r)\n"),
     # ---- one per defect fixed in issue 6 (lines given by raft-storage / raft-driver) ----
     Mutant(
         "d1-stale-conf-after-snapshot", "a membership change at or below a snapshot restored "
