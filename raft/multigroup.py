@@ -671,9 +671,15 @@ class MultiRaft:
                 log.error("multiraft %d: step %s failed in %s", self.node_id, m.type, m.group)
                 self._fail_stop(exc)
                 return
-            self._mark(m.group)
-        if not self._passing and self._dirty and self._running and self._eager_ok():
+            self._dirty[m.group] = None
+        if not self._dirty:
+            return
+        # The kick is set only if the drain task is to run the pass: setting it
+        # schedules the task's wake-up, which an eager pass would leave empty.
+        if not self._passing and self._running and self._eager_ok():
             self._drain_now()
+        else:
+            self._kick.set()
 
     def on_liveness(self, peer: int) -> None:
         if not self._peers.get(peer, False):
@@ -808,21 +814,32 @@ class MultiRaft:
         except Exception as exc:  # write/fsync error, apply error, broken invariant
             self._fail_stop(exc)
 
-    # A leader's commit pass run at once from the transport's callback
-    # (`on_messages`) instead of the drain task's next loop turn: only while no
-    # pass is in flight (a group's Ready is advanced before the next is taken,
-    # and nothing is applied before the local fsync of its entries), for at
-    # most this many dirty groups, when none of them has anything to write
-    # (`_eager_ok`). Such a pass never awaits.
+    # A pass run at once from the transport's callback (`on_messages`) instead
+    # of the drain task's next loop turn: only while no pass is in flight (a
+    # group's Ready is advanced before the next is taken, and nothing is applied
+    # before the local fsync of its entries), for at most this many dirty
+    # groups, each of them a leader with nothing to write or a follower
+    # (`_eager_ok`).
     EAGER_GROUPS_MAX = 8
+    # A follower's eager pass buffers at most this many new entries (its fsync is
+    # then normally on the loop: the pass does not suspend).
+    EAGER_ENTRIES_MAX = 64
 
     def _eager_ok(self) -> bool:
-        """Every dirty group is led here and its next pass writes nothing and
-        applies a few small entries on the loop: a leader's commit after an
-        APP_RESP (a window-1 commit's last step; the loop turn it saves took
-        0.1-0.2 ms in raft_trace at load 23). Not for followers: their
-        commit-only passes are off a commit's path, and letting them run
-        eagerly too measured worse (raft_counts, docs/notes/raftw1.md)."""
+        """Every dirty group is one of:
+
+        * led here, its next pass writes nothing and applies a few small
+          entries on the loop: a leader's commit after an APP_RESP (a window-1
+          commit's last step; the loop turn it saves took 0.1-0.2 ms in
+          raft_trace at load 23);
+        * a follower that received an append or a commit index (the window-1
+          commit's middle step: append, fsync, APP_RESP), no snapshot
+          involved. Its pass fsyncs; with inline syncs that is on the loop,
+          otherwise (or when a snapshot's sync holds the WAL lock) the pass
+          suspends there and `_drain_now` lets it finish as a task.
+
+        Not a leader with queued proposals (a pass that appends: proposals
+        arriving during the loop turn join it) nor a candidate."""
         if len(self._dirty) > self.EAGER_GROUPS_MAX:
             return False
         for name in self._dirty:
@@ -831,8 +848,12 @@ class MultiRaft:
                 continue
             c = g.core
             lg = c.log
-            if (c.state is not StateType.LEADER or g.props or g.incoming is not None
-                    or lg.unstable.entries or lg.unstable.snapshot is not None
+            if g.incoming is not None or lg.unstable.snapshot is not None:
+                return False
+            if c.state is StateType.FOLLOWER:
+                if len(lg.unstable.entries) > self.EAGER_ENTRIES_MAX:
+                    return False
+            elif (c.state is not StateType.LEADER or g.props or lg.unstable.entries
                     or c.term != c.prev_hs.term or c.vote != c.prev_hs.vote):
                 return False
             n = lg.committed - lg.applied
@@ -842,9 +863,10 @@ class MultiRaft:
         return True
 
     def _drain_now(self) -> None:
-        """Run a pass that `_eager_ok` allowed, here and now. It cannot
-        suspend (nothing to fsync, an inline apply); if it ever did, the drain
-        task would wait for its end (`_eager_tail`) before the next pass."""
+        """Run a pass that `_eager_ok` allowed, here and now, up to its first
+        suspension (normally none: an fsync and an apply on the loop, or no
+        fsync at all); a pass that does suspend finishes as a task, and the
+        drain task waits for its end (`_eager_tail`) before the next pass."""
         self.stats.eager_passes += 1
         self._passing = True
         try:
@@ -894,31 +916,22 @@ class MultiRaft:
                 self.stats.readies += len(work)
             await self._finish(work, installs, early, synced=False)
             return
-        if early and not installs and self._sync_before_send():
-            # A leader's small pass over direct lanes: its fsync goes to the
-            # WAL thread BEFORE its appends go out, so it runs while the
-            # follower they wake holds the core (on a busy 2-core machine the
-            # leader loses its core inside the socket send and, fsyncing on
-            # the loop, started its fsync only once that follower blocked in
-            # its own: 0.5-0.6 ms into a commit). The sync starts here, up to
-            # its hand-off to the thread (`_start_now`: no loop turn first, which
-            # cost ~0.1 ms at load 23). Durability is the same as below: the
-            # appends leave before the leader's fsync in both orders; the
-            # leader counts itself only after it (`_finish`).
-            sync = _start_now(
-                self._sync_pass(len(work), self.wal_executor.run, lambda: self._answer(work)))
-            self._send(early)
-            if sync is not None:
-                await sync
-        else:
-            # Whether the early appends still wait for a writer task's loop turn.
-            queued = self._send(early) if early else False
-            await self._commit_installs(installs)
-            if need_sync:
-                runner = await self._sync_runner(queued)
-                # A received snapshot's answers wait for its promotion (below).
-                await self._sync_pass(len(work), runner,
-                                      None if installs else lambda: self._answer(work))
+        # A leader's appends leave before its own fsync (they need only the
+        # term, durable since its election); it counts itself only after the
+        # fsync (`_finish`). Over direct lanes the appends are in the kernel
+        # when `_send` returns, and a small pass then fsyncs on the loop: the
+        # leader's thread blocks in the fsync while the followers it woke run
+        # (on 2 cores: a hand-off to the WAL thread put a 4th runnable thread
+        # beside the leader and its 2 followers, and cost ~5 wake-ups and
+        # ~25 % of the leader's CPU per window-1 commit; docs/notes/w1.md).
+        # Whether the early appends still wait for a writer task's loop turn.
+        queued = self._send(early) if early else False
+        await self._commit_installs(installs)
+        if need_sync:
+            runner = await self._sync_runner(queued)
+            # A received snapshot's answers wait for its promotion (below).
+            await self._sync_pass(len(work), runner,
+                                  None if installs else lambda: self._answer(work))
         for g, _ in installs:
             async with self._files_lock(g.name):
                 if self._groups.get(g.name) is g:
@@ -958,14 +971,6 @@ class MultiRaft:
                 rd.messages = []
         if msgs:
             self._send(msgs)
-
-    def _sync_before_send(self) -> bool:
-        """A small pass (see `_sync_runner`) whose appends go out on direct
-        lanes only (`transport.all_direct()`): fsync in the WAL thread first."""
-        all_direct = getattr(self.transport, "all_direct", None)
-        pending = getattr(self.node_log, "pending_bytes", None)
-        return (all_direct is not None and pending is not None and self.inline_sync_bytes > 0
-                and pending() <= self.inline_sync_bytes and all_direct())
 
     async def _sync_runner(self, sent_early: bool) -> Any:
         """Where the drain pass's write+fsync runs: on the loop for a small
