@@ -1497,6 +1497,11 @@ async def _resume(coro: Any, waited: Any) -> Any:
             else:
                 await asyncio.wait((waited,))
         except asyncio.CancelledError as exc:
+            # As a task's cancel would: the awaited future is cancelled too, so a
+            # job queued for an executor (a WAL write of a node being torn down)
+            # never starts (the simulation's crashed nodes wrote on closed files).
+            if waited is not None:
+                waited.cancel()
             try:
                 waited = coro.throw(exc)
             except StopIteration as stop:
