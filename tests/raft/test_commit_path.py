@@ -1,7 +1,8 @@
 """A leader's commit while its own fsync is in flight, and the commit pass run
 straight from the transport callback (`MultiRaft._drain_now`). One real
 driver and NodeLog as leader of a 3-member group; the followers are the test,
-which answers the appends by hand, and a WAL whose sync waits for the test."""
+which answers the appends by hand, and a WAL whose sync waits for the test.
+Last: a follower's append pass run from the callback the same way."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import asyncio
 import pytest
 
 from raft.multigroup import MultiRaft
-from raft.types import Message, MsgType
+from raft.storage import NodeLog
+from raft.types import Entry, EntryType, Message, MsgType
 from tests.raft.test_driver_races import GatedLog, _Outbox, _until
 from tests.raft.test_multigroup import AppendLog
 
@@ -96,5 +98,52 @@ async def test_a_commit_after_the_leaders_fsync_is_applied_inside_the_answers_ca
                 await asyncio.sleep(0.005)
                 mr.on_messages([_ack(2, mr.status("g")["last_index"])])
         assert fut2.result() == 4
+    finally:
+        await mr.stop()
+
+
+class _SyncedOutbox(_Outbox):
+    """Records, with every message sent, how many fsyncs the WAL had made."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.wal: NodeLog | None = None
+        self.at: list[tuple[Message, int]] = []
+
+    def send(self, msgs) -> None:
+        super().send(msgs)
+        self.at.extend((m, self.wal.stats.fsyncs) for m in msgs)
+
+
+async def test_a_followers_append_pass_runs_inside_the_callback_and_answers_after_its_fsync(
+        tmp_path):
+    """Node 2 follows g (members 1, 2, 3). An append from leader 1 is written,
+    fsynced and answered inside `on_messages` (the window-1 commit's middle
+    step, no loop turn of the drain task), and the APP_RESP leaves only after
+    the fsync that made its entry durable; the next append's commit index is
+    applied the same way."""
+    out, sm = _SyncedOutbox(), AppendLog()
+    wal = out.wal = NodeLog(str(tmp_path / "wal"))
+    mr = MultiRaft(2, wal, out, snap_dir=str(tmp_path / "snap"), tick_interval_s=60)
+    mr.add_group("g", [1, 2, 3], state_machine=sm)
+    await mr.start()
+    try:
+        await _until(lambda: not mr._dirty)  # noqa: SLF001 (the bootstrap pass is done)
+        for _ in range(3):
+            await asyncio.sleep(0)
+        eager, fsyncs = mr.stats.eager_passes, wal.stats.fsyncs
+        app = Message(MsgType.APP, "g", 1, 2, term=1, index=1, log_term=1, commit=1,
+                      entries=[Entry(1, 2, EntryType.NORMAL, b"x")])
+        mr.on_messages([app])  # no await in between
+        assert mr.stats.eager_passes == eager + 1
+        assert wal.stats.fsyncs > fsyncs, "the entry was not fsynced in the callback"
+        resps = [(m, n) for m, n in out.at if m.type is MsgType.APP_RESP and m.index == 2]
+        assert resps and not resps[0][0].reject
+        assert resps[0][1] > fsyncs, "APP_RESP sent before the fsync of its entry"
+        assert mr.status("g")["last_index"] == 2 and sm.entries == []
+        mr.on_messages([Message(MsgType.APP, "g", 1, 2, term=1, index=2, log_term=1,
+                                commit=2)])
+        assert [i for i, _ in sm.entries] == [2]
+        assert mr.stats.eager_passes == eager + 2
     finally:
         await mr.stop()
