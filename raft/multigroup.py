@@ -814,32 +814,22 @@ class MultiRaft:
         except Exception as exc:  # write/fsync error, apply error, broken invariant
             self._fail_stop(exc)
 
-    # A pass run at once from the transport's callback (`on_messages`) instead
-    # of the drain task's next loop turn: only while no pass is in flight (a
-    # group's Ready is advanced before the next is taken, and nothing is applied
-    # before the local fsync of its entries), for at most this many dirty
-    # groups, each of them a leader with nothing to write or a follower
-    # (`_eager_ok`).
+    # A leader's commit pass run at once from the transport's callback
+    # (`on_messages`) instead of the drain task's next loop turn: only while no
+    # pass is in flight (a group's Ready is advanced before the next is taken,
+    # and nothing is applied before the local fsync of its entries), for at
+    # most this many dirty groups, when none of them has anything to write
+    # (`_eager_ok`). Such a pass normally never awaits.
     EAGER_GROUPS_MAX = 8
-    # A follower's eager pass buffers at most this many new entries (its fsync is
-    # then normally on the loop: the pass does not suspend).
-    EAGER_ENTRIES_MAX = 64
 
     def _eager_ok(self) -> bool:
-        """Every dirty group is one of:
-
-        * led here, its next pass writes nothing and applies a few small
-          entries on the loop: a leader's commit after an APP_RESP (a window-1
-          commit's last step; the loop turn it saves took 0.1-0.2 ms in
-          raft_trace at load 23);
-        * a follower that received an append or a commit index (the window-1
-          commit's middle step: append, fsync, APP_RESP), no snapshot
-          involved. Its pass fsyncs; with inline syncs that is on the loop,
-          otherwise (or when a snapshot's sync holds the WAL lock) the pass
-          suspends there and `_drain_now` lets it finish as a task.
-
-        Not a leader with queued proposals (a pass that appends: proposals
-        arriving during the loop turn join it) nor a candidate."""
+        """Every dirty group is led here and its next pass writes nothing and
+        applies a few small entries on the loop: a leader's commit after an
+        APP_RESP (a window-1 commit's last step; the loop turn it saves took
+        0.1-0.2 ms in raft_trace at load 23). Not for followers: an eager
+        append pass (append, fsync, APP_RESP from the callback) measured no
+        better than the drain task's, in p50 or CPU (docs/notes/w1.md), and
+        their commit-only passes are off a commit's path."""
         if len(self._dirty) > self.EAGER_GROUPS_MAX:
             return False
         for name in self._dirty:
@@ -848,12 +838,8 @@ class MultiRaft:
                 continue
             c = g.core
             lg = c.log
-            if g.incoming is not None or lg.unstable.snapshot is not None:
-                return False
-            if c.state is StateType.FOLLOWER:
-                if len(lg.unstable.entries) > self.EAGER_ENTRIES_MAX:
-                    return False
-            elif (c.state is not StateType.LEADER or g.props or lg.unstable.entries
+            if (c.state is not StateType.LEADER or g.props or g.incoming is not None
+                    or lg.unstable.entries or lg.unstable.snapshot is not None
                     or c.term != c.prev_hs.term or c.vote != c.prev_hs.vote):
                 return False
             n = lg.committed - lg.applied
@@ -1499,7 +1485,8 @@ async def _resume(coro: Any, waited: Any) -> Any:
         except asyncio.CancelledError as exc:
             # As a task's cancel would: the awaited future is cancelled too, so a
             # job queued for an executor (a WAL write of a node being torn down)
-            # never starts (the simulation's crashed nodes wrote on closed files).
+            # never starts (seen when follower passes could suspend here: the
+            # simulation's crashed nodes then wrote on their closed files).
             if waited is not None:
                 waited.cancel()
             try:

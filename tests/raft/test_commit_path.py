@@ -2,7 +2,7 @@
 straight from the transport callback (`MultiRaft._drain_now`). One real
 driver and NodeLog as leader of a 3-member group; the followers are the test,
 which answers the appends by hand, and a WAL whose sync waits for the test.
-Last: a follower's append pass run from the callback the same way."""
+Last: a follower's append pass, whose answer leaves only after its fsync."""
 
 from __future__ import annotations
 
@@ -115,35 +115,30 @@ class _SyncedOutbox(_Outbox):
         self.at.extend((m, self.wal.stats.fsyncs) for m in msgs)
 
 
-async def test_a_followers_append_pass_runs_inside_the_callback_and_answers_after_its_fsync(
-        tmp_path):
+async def test_a_followers_answer_leaves_right_after_the_fsync_of_its_entry(tmp_path):
     """Node 2 follows g (members 1, 2, 3). An append from leader 1 is written,
-    fsynced and answered inside `on_messages` (the window-1 commit's middle
-    step, no loop turn of the drain task), and the APP_RESP leaves only after
-    the fsync that made its entry durable; the next append's commit index is
-    applied the same way."""
+    fsynced and answered; the APP_RESP leaves only after the fsync that made
+    its entry durable, and before the entry is applied (the next append's
+    commit index applies it)."""
     out, sm = _SyncedOutbox(), AppendLog()
     wal = out.wal = NodeLog(str(tmp_path / "wal"))
     mr = MultiRaft(2, wal, out, snap_dir=str(tmp_path / "snap"), tick_interval_s=60)
     mr.add_group("g", [1, 2, 3], state_machine=sm)
     await mr.start()
     try:
-        await _until(lambda: not mr._dirty)  # noqa: SLF001 (the bootstrap pass is done)
-        for _ in range(3):
-            await asyncio.sleep(0)
-        eager, fsyncs = mr.stats.eager_passes, wal.stats.fsyncs
-        app = Message(MsgType.APP, "g", 1, 2, term=1, index=1, log_term=1, commit=1,
-                      entries=[Entry(1, 2, EntryType.NORMAL, b"x")])
-        mr.on_messages([app])  # no await in between
-        assert mr.stats.eager_passes == eager + 1
-        assert wal.stats.fsyncs > fsyncs, "the entry was not fsynced in the callback"
-        resps = [(m, n) for m, n in out.at if m.type is MsgType.APP_RESP and m.index == 2]
-        assert resps and not resps[0][0].reject
-        assert resps[0][1] > fsyncs, "APP_RESP sent before the fsync of its entry"
+        await _until(lambda: wal.stats.fsyncs > 0 and not mr._dirty)  # noqa: SLF001 (bootstrap)
+        fsyncs = wal.stats.fsyncs
+        mr.on_messages([Message(MsgType.APP, "g", 1, 2, term=1, index=1, log_term=1, commit=1,
+                                entries=[Entry(1, 2, EntryType.NORMAL, b"x")])])
+
+        def resps():
+            return [(m, n) for m, n in out.at if m.type is MsgType.APP_RESP and m.index == 2]
+        await _until(lambda: resps())
+        assert not resps()[0][0].reject
+        assert resps()[0][1] > fsyncs, "APP_RESP sent before the fsync of its entry"
         assert mr.status("g")["last_index"] == 2 and sm.entries == []
         mr.on_messages([Message(MsgType.APP, "g", 1, 2, term=1, index=2, log_term=1,
                                 commit=2)])
-        assert [i for i, _ in sm.entries] == [2]
-        assert mr.stats.eager_passes == eager + 2
+        await _until(lambda: [i for i, _ in sm.entries] == [2])
     finally:
         await mr.stop()
