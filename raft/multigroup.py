@@ -803,7 +803,11 @@ class MultiRaft:
             while self._running:
                 await self._kick.wait()
                 self._kick.clear()
-                if self._eager_tail is not None:
+                # A loop, not an if: between one eager pass's end and this
+                # task's resumption, an answer may start the next one, and two
+                # passes at once would take the same Readies twice (a double
+                # apply; tests/raft/test_commit_path.py, review session 10).
+                while self._eager_tail is not None:
                     await asyncio.wait((self._eager_tail,))
                 if self._running:
                     self._passing = True

@@ -37,8 +37,8 @@ async def _leader(tmp_path) -> tuple[MultiRaft, GatedLog, _Outbox, AppendLog]:
     return mr, wal, out, sm
 
 
-def _ack(frm: int, index: int) -> Message:
-    return Message(MsgType.APP_RESP, "g", frm, 1, term=1, index=index)
+def _ack(frm: int, index: int, group: str = "g") -> Message:
+    return Message(MsgType.APP_RESP, group, frm, 1, term=1, index=index)
 
 
 async def test_the_leader_counts_itself_only_after_its_fsync_and_applies_nothing_before(
@@ -141,4 +141,93 @@ async def test_a_followers_answer_leaves_right_after_the_fsync_of_its_entry(tmp_
                                 commit=2)])
         await _until(lambda: [i for i, _ in sm.entries] == [2])
     finally:
+        await mr.stop()
+
+
+
+class _GatedApply:
+    """An apply executor whose jobs each wait for their own gate (`open(k)`
+    lets the k-th job run): an eager pass applying more than
+    `inline_apply_entries` suspends here."""
+
+    def __init__(self) -> None:
+        self.gates: list[asyncio.Event] = []
+
+    async def run(self, fn, *args):
+        gate = asyncio.Event()
+        self.gates.append(gate)
+        await gate.wait()
+        return fn(*args)
+
+    def open_all(self) -> None:
+        for g in self.gates:
+            g.set()
+
+    def close(self) -> None:
+        self.open_all()
+
+
+async def test_the_drain_task_never_passes_beside_an_eager_pass_started_as_the_last_ended(
+        tmp_path):
+    """Review (session 10): eager pass E1 (groups a, b) suspends, its apply of
+    two entries in the worker; the drain task, kicked meanwhile, waits for E1.
+    E1 ends; before the drain task resumes, answers for c, d start eager pass
+    E2, which suspends too. The drain task must wait for E2 as well: a pass
+    beside it takes c's Ready again (E2 has not advanced it) and applies its
+    committed entry a second time (AppendLog: "applied out of order")."""
+    out, wal = _Outbox(), NodeLog(str(tmp_path / "wal"))
+    ex = _GatedApply()
+    mr = MultiRaft(1, wal, out, snap_dir=str(tmp_path / "snap"), tick_interval_s=60,
+                   apply_executor=ex, inline_apply_entries=1)
+    names = "abcd"
+    sms = {n: AppendLog() for n in names}
+    for n, sm in sms.items():
+        mr.add_group(n, [1, 2, 3], state_machine=sm)
+    await mr.start()
+    try:
+        for n in names:  # node 1 leads every group, its no-op at 2 applied
+            mr.on_messages([Message(MsgType.HUP, n, 1, 1)])
+            await _until(lambda: any(m.type is MsgType.PRE_VOTE and m.group == n  # noqa: B023
+                                     for m in out.sent))
+            mr.on_messages([Message(MsgType.PRE_VOTE_RESP, n, 2, 1, term=1)])
+            await _until(lambda: any(m.type is MsgType.VOTE and m.group == n  # noqa: B023
+                                     for m in out.sent))
+            mr.on_messages([Message(MsgType.VOTE_RESP, n, 2, 1, term=1)])
+            await _until(lambda: mr.status(n)["last_index"] == 2)  # noqa: B023
+            mr.on_messages([_ack(2, 2, n)])
+            await _until(lambda: mr.status(n)["applied"] == 2)  # noqa: B023
+        for n in names:
+            mr.propose_nowait(n, b"x")
+        await _until(lambda: all(mr._groups[n].core.prs[1].match == 3  # noqa: SLF001
+                                 for n in names))
+        mr.on_messages([_ack(2, 3, "a"), _ack(2, 3, "b")])  # eager E1 -> the worker
+        e1 = mr._eager_tail  # noqa: SLF001
+        assert e1 is not None and len(ex.gates) == 1
+        mr.on_messages([Message(MsgType.HEARTBEAT_RESP, "a", 3, 1, term=1)])  # kicks the task
+        for _ in range(5):
+            await asyncio.sleep(0)
+        second: list[object] = []
+
+        def between(_t) -> None:
+            # E1 is over, the drain task not resumed yet: eager E2 (c, d).
+            mr.on_messages([_ack(2, 3, "c"), _ack(2, 3, "d")])
+            second.append(mr._eager_tail)  # noqa: SLF001
+            mr.on_messages([Message(MsgType.HEARTBEAT_RESP, "c", 3, 1, term=1)])
+
+        e1.add_done_callback(between)
+        ex.gates[0].set()
+        await _until(lambda: len(ex.gates) >= 2 or mr.failed is not None)
+        for _ in range(20):
+            await asyncio.sleep(0)
+        ex.open_all()
+        await _until(lambda: all(len(sm.entries) == 1 for sm in sms.values())
+                     or mr.failed is not None)
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert second and second[0] is not None, "E2 did not suspend: schedule not reached"
+        assert mr.failed is None, f"node failed: {mr.failed!r}"
+        assert {n: [i for i, _ in sm.entries] for n, sm in sms.items()} == {
+            n: [3] for n in names}
+    finally:
+        ex.open_all()
         await mr.stop()
