@@ -12,9 +12,16 @@ the same machine load.
     python benchmarks/raft_bench.py --quick         # smaller counts
     python benchmarks/raft_bench.py --idle-1000-pysyncobj   # also 1,000 idle pysyncobj groups
     python benchmarks/raft_bench.py --only "128 B, window" --repeat 2   # some rows, twice
+    JETRAFT_BASE=/tmp/base python benchmarks/raft_bench.py --only "128 B, window 1 "
+        # also an older checkout, interleaved round by round (same rows, same lanes)
 
-The machine is shared: every round records the load average before and
-after it, and only ratios within a round mean much.
+The headline column is the cluster's default lane (the direct TCP lane,
+`cluster { raft_lane: auto }`); `--lanes both` adds the gRPC lanes. A direct
+run starts measuring only once every lane is on the direct connection (at
+start a lane may stand in on gRPC for a moment: the followers' listeners come
+up after the leader's first dial). The machine is shared: every round
+records the load average before and after it, and only ratios within a
+round mean much.
 
 Prints a markdown table, then one JSON document (also written to --json).
 """
@@ -35,7 +42,8 @@ from typing import Any
 
 import psutil
 
-ROOT = Path(__file__).resolve().parents[1]
+# RAFT_BENCH_TREE: the checkout whose raft/ runs (a child run for JETRAFT_BASE).
+ROOT = Path(os.environ.get("RAFT_BENCH_TREE") or Path(__file__).resolve().parents[1]).resolve()
 sys.path.insert(0, str(ROOT))
 
 from raft import multigroup  # noqa: E402
@@ -75,7 +83,22 @@ class OurCluster:
         await mr.start()
         self.mr = mr
         await self._lead_all()
+        if self.direct:
+            await self._direct_up()
         return mr
+
+    async def _direct_up(self, timeout: float = 30.0) -> None:
+        """Until every lane runs over the direct connection: the leader dials
+        before the followers listen, and a gRPC stream stands in until its
+        next probe of the lane gets through (0.2 s, then doubling)."""
+        kinds = getattr(self.mr.transport, "lane_kinds", None)
+        if kinds is None:  # an older tree: no fallback, the lanes are direct or down
+            return
+        deadline = time.monotonic() + timeout
+        while any(k != ("direct", "direct") for k in kinds().values()):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"direct lanes not up after {timeout} s: {kinds()}")
+            await asyncio.sleep(0.05)
 
     async def _lead_all(self) -> None:
         """Node 1 leads every group (it is where the benchmark proposes)."""
@@ -324,6 +347,23 @@ def fmt(r: dict[str, Any] | None) -> str:
     return out
 
 
+def base_run(title: str, lanes: str) -> tuple[dict | None, dict | None]:
+    """One round of the row `title` with JETRAFT_BASE's raft/ (a child
+    process running this script against that tree): (gRPC, direct)."""
+    with tempfile.NamedTemporaryFile(suffix=".json") as out:
+        env = dict(os.environ, RAFT_BENCH_TREE=os.environ["JETRAFT_BASE"], PYTHONPATH="")
+        env.pop("JETRAFT_BASE")
+        cmd = [sys.executable, __file__, "--only", title, "--lanes", lanes, "--repeat", "1",
+               "--no-pysyncobj", "--json", out.name]
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+        try:
+            r = json.loads(Path(out.name).read_text())["results"][0]
+        except (ValueError, KeyError, IndexError):
+            err = {"error": done.stderr[-500:]}
+            return err, err
+    return r["jetraft"], r["jetraft_direct"]
+
+
 def load() -> str:
     """The 1/5/15-minute load average: the machine is shared, so every row
     records it before and after."""
@@ -344,29 +384,49 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=1, help="run every row this many times")
     ap.add_argument("--json", default="")
     ap.add_argument("--lanes", choices=("grpc", "direct", "both"), default="both",
-                    help="ours over gRPC streams, over the direct TCP lane, or both per round")
+                    help="ours over the direct TCP lane (the cluster default), over gRPC "
+                         "streams, or both per round")
+    ap.add_argument("--no-pysyncobj", action="store_true", help="skip the pysyncobj rows")
     args = ap.parse_args()
+    base = os.environ.get("JETRAFT_BASE")
     results = []
     for title, mine, theirs in plan(args):
         if args.only and args.only not in title:
             continue
         for k in range(args.repeat):
             la = load()
-            a = asyncio.run(mine()) if args.lanes != "direct" else None
+            # base and this tree alternate which goes first, round by round
+            first_base = base and k % 2 == 1
+            ba = bd = None
+            if first_base:
+                ba, bd = base_run(title, args.lanes)
             d = asyncio.run(mine(direct=True)) if args.lanes != "grpc" else None
-            b = theirs() if theirs else None
+            a = asyncio.run(mine()) if args.lanes != "direct" else None
+            if base and not first_base:
+                ba, bd = base_run(title, args.lanes)
+            b = theirs() if theirs and not args.no_pysyncobj else None
             r = {"scenario": title, "round": k + 1, "jetraft": a, "jetraft_direct": d,
                  "pysyncobj": b, "load_before": la, "load_after": load()}
+            if base:
+                r.update(base=base, base_jetraft=ba, base_jetraft_direct=bd)
             results.append(r)
-            print(f"{title} #{k + 1}: jetraft {fmt(a)} | direct lane {fmt(d)} | pysyncobj "
-                  f"{fmt(b)} | load {la} -> {r['load_after']}", file=sys.stderr, flush=True)
-    print("| scenario | round | jetraft, gRPC lanes (fsync on every member) | jetraft, direct TCP "
-          "lane | pysyncobj 0.3.17 (no fsync) | load before -> after |")
-    print("|---|---|---|---|---|---|")
+            line = f"{title} #{k + 1}: direct lane (default) {fmt(d)} | gRPC lanes {fmt(a)}"
+            if base:
+                line += f" | BASE direct {fmt(bd)} | BASE gRPC {fmt(ba)}"
+            print(f"{line} | pysyncobj {fmt(b)} | load {la} -> {r['load_after']}",
+                  file=sys.stderr, flush=True)
+    cols = ["jetraft, direct TCP lane (the default; fsync on every member)", "jetraft, gRPC lanes"]
+    if base:
+        cols += [f"base {base}, direct lane", f"base {base}, gRPC lanes"]
+    print(f"| scenario | round | {' | '.join(cols)} | pysyncobj 0.3.17 (no fsync) "
+          "| load before -> after |")
+    print("|---" * (len(cols) + 4) + "|")
     for r in results:
-        print(f"| {r['scenario']} | {r['round']} | {fmt(r['jetraft'])} | "
-              f"{fmt(r['jetraft_direct'])} | {fmt(r['pysyncobj'])} "
-              f"| {r['load_before']} -> {r['load_after']} |")
+        cells = [r["jetraft_direct"], r["jetraft"]]
+        if base:
+            cells += [r["base_jetraft_direct"], r["base_jetraft"]]
+        print(f"| {r['scenario']} | {r['round']} | {' | '.join(fmt(c) for c in cells)} | "
+              f"{fmt(r['pysyncobj'])} | {r['load_before']} -> {r['load_after']} |")
     fs = [x["leader_fsyncs_per_entry"] for r in results for x in (r["jetraft"], r["jetraft_direct"])
           if x and "rate" in x]
     if fs:

@@ -163,6 +163,11 @@ class DriverStats:
     ticks: int = 0
     wakes_for_dead_peer: int = 0
     sync_rolls: int = 0  # drain-pass syncs whose batch started a new WAL segment
+    # Leader Readies whose commit or apply waited for this node's own fsync (the
+    # followers' answers came first): the commits where pipelining the leader's
+    # write could matter at all, given that nothing is applied before the local fsync.
+    own_sync_last: int = 0
+    eager_passes: int = 0  # passes run from the transport callback, no loop turn (_drain_now)
 
 
 @dataclass(eq=False)
@@ -244,6 +249,8 @@ class MultiRaft:
         self._dirty: dict[str, None] = {}
         self._active: dict[str, None] = {}  # groups the ticker ticks (not quiesced)
         self._kick = asyncio.Event()
+        self._passing = False  # a drain pass is in flight (its Readies not advanced yet)
+        self._eager_tail: asyncio.Task[Any] | None = None  # see `_drain_now`
         self._force_sync = False
         self._peers: dict[int, bool] = {}  # peer -> believed alive
         # Loop time the tick loop last came back from a stall (ticks late by more
@@ -664,7 +671,15 @@ class MultiRaft:
                 log.error("multiraft %d: step %s failed in %s", self.node_id, m.type, m.group)
                 self._fail_stop(exc)
                 return
-            self._mark(m.group)
+            self._dirty[m.group] = None
+        if not self._dirty:
+            return
+        # The kick is set only if the drain task is to run the pass: setting it
+        # schedules the task's wake-up, which an eager pass would leave empty.
+        if not self._passing and self._running and self._eager_ok():
+            self._drain_now()
+        else:
+            self._kick.set()
 
     def on_liveness(self, peer: int) -> None:
         if not self._peers.get(peer, False):
@@ -788,10 +803,82 @@ class MultiRaft:
             while self._running:
                 await self._kick.wait()
                 self._kick.clear()
+                # A loop, not an if: between one eager pass's end and this
+                # task's resumption, an answer may start the next one, and two
+                # passes at once would take the same Readies twice (a double
+                # apply; tests/raft/test_commit_path.py, review session 10).
+                while self._eager_tail is not None:
+                    await asyncio.wait((self._eager_tail,))
                 if self._running:
-                    await self._drain_once()
+                    self._passing = True
+                    try:
+                        await self._drain_once()
+                    finally:
+                        self._passing = False
         except Exception as exc:  # write/fsync error, apply error, broken invariant
             self._fail_stop(exc)
+
+    # A leader's commit pass run at once from the transport's callback
+    # (`on_messages`) instead of the drain task's next loop turn: only while no
+    # pass is in flight (a group's Ready is advanced before the next is taken,
+    # and nothing is applied before the local fsync of its entries), for at
+    # most this many dirty groups, when none of them has anything to write
+    # (`_eager_ok`). Such a pass normally never awaits.
+    EAGER_GROUPS_MAX = 8
+
+    def _eager_ok(self) -> bool:
+        """Every dirty group is led here and its next pass writes nothing and
+        applies a few small entries on the loop: a leader's commit after an
+        APP_RESP (a window-1 commit's last step; the loop turn it saves took
+        0.1-0.2 ms in raft_trace at load 23). Not for followers: an eager
+        append pass (append, fsync, APP_RESP from the callback) measured no
+        better than the drain task's, in p50 or CPU (docs/notes/w1.md), and
+        their commit-only passes are off a commit's path."""
+        if len(self._dirty) > self.EAGER_GROUPS_MAX:
+            return False
+        for name in self._dirty:
+            g = self._groups.get(name)
+            if g is None:
+                continue
+            c = g.core
+            lg = c.log
+            if (c.state is not StateType.LEADER or g.props or g.incoming is not None
+                    or lg.unstable.entries or lg.unstable.snapshot is not None
+                    or c.term != c.prev_hs.term or c.vote != c.prev_hs.vote):
+                return False
+            n = lg.committed - lg.applied
+            if n > self.inline_apply_entries or (
+                    n and sum(len(e.data) for e in lg.next_committed_ents()) > INLINE_APPLY_BYTES):
+                return False
+        return True
+
+    def _drain_now(self) -> None:
+        """Run a pass that `_eager_ok` allowed, here and now, up to its first
+        suspension (normally none: an fsync and an apply on the loop, or no
+        fsync at all); a pass that does suspend finishes as a task, and the
+        drain task waits for its end (`_eager_tail`) before the next pass."""
+        self.stats.eager_passes += 1
+        self._passing = True
+        try:
+            rest = _start_now(self._drain_once())
+        except Exception as exc:
+            self._passing = False
+            self._fail_stop(exc)
+            return
+        if rest is None:
+            self._passing = False
+            if not self._dirty:
+                self._kick.clear()  # nothing left for the drain task
+            return
+        self._eager_tail = self._spawn(self._eager_rest(rest))
+
+    async def _eager_rest(self, rest: Any) -> None:
+        try:
+            await rest
+        finally:
+            self._passing = False
+            self._eager_tail = None
+            self._kick.set()
 
     async def _drain_once(self) -> None:
         dirty, self._dirty = self._dirty, {}
@@ -819,26 +906,22 @@ class MultiRaft:
                 self.stats.readies += len(work)
             await self._finish(work, installs, early, synced=False)
             return
-        if early and not installs and self._sync_before_send():
-            # A leader's small pass over direct lanes: its fsync goes to the
-            # WAL thread BEFORE its appends go out, so it runs while the
-            # follower they wake holds the core (on a busy 2-core machine the
-            # leader loses its core inside the socket send and, fsyncing on
-            # the loop, started its fsync only once that follower blocked in
-            # its own: 0.5-0.6 ms into a commit). One loop turn lets the task
-            # hand the batch to the thread. Durability is the same as below:
-            # the appends leave before the leader's fsync in both orders; the
-            # leader counts itself only after it (`_finish`).
-            sync = asyncio.ensure_future(self._sync_pass(len(work), self.wal_executor.run))
-            await asyncio.sleep(0)
-            self._send(early)
-            await sync
-        else:
-            # Whether the early appends still wait for a writer task's loop turn.
-            queued = self._send(early) if early else False
-            await self._commit_installs(installs)
-            if need_sync:
-                await self._sync_pass(len(work), await self._sync_runner(queued))
+        # A leader's appends leave before its own fsync (they need only the
+        # term, durable since its election); it counts itself only after the
+        # fsync (`_finish`). Over direct lanes the appends are in the kernel
+        # when `_send` returns, and a small pass then fsyncs on the loop: the
+        # leader's thread blocks in the fsync while the followers it woke run
+        # (on 2 cores: a hand-off to the WAL thread put a 4th runnable thread
+        # beside the leader and its 2 followers, and cost ~5 wake-ups and
+        # ~25 % of the leader's CPU per window-1 commit; docs/notes/w1.md).
+        # Whether the early appends still wait for a writer task's loop turn.
+        queued = self._send(early) if early else False
+        await self._commit_installs(installs)
+        if need_sync:
+            runner = await self._sync_runner(queued)
+            # A received snapshot's answers wait for its promotion (below).
+            await self._sync_pass(len(work), runner,
+                                  None if installs else lambda: self._answer(work))
         for g, _ in installs:
             async with self._files_lock(g.name):
                 if self._groups.get(g.name) is g:
@@ -851,25 +934,33 @@ class MultiRaft:
         self.stats.readies += len(work)
         await self._finish(work, installs, [])
 
-    async def _sync_pass(self, groups: int, runner: Any) -> None:
-        """The drain pass's write+fsync, in `runner`."""
+    async def _sync_pass(self, groups: int, runner: Any, then: Any = None) -> None:
+        """The drain pass's write+fsync, in `runner`; `then()` once it is durable."""
         top = self._newest_segment()
         self._sync_roll = top != self._synced_top
         try:
-            await self.node_log.sync_async(runner)
+            if then is None:
+                await self.node_log.sync_async(runner)
+            else:
+                await self.node_log.sync_async(runner, then)
         finally:
             self._sync_roll = False
         self.stats.sync_rolls += top != self._synced_top
         self._synced_top = top
         self._count_sync(groups)
 
-    def _sync_before_send(self) -> bool:
-        """A small pass (see `_sync_runner`) whose appends go out on direct
-        lanes only (`transport.all_direct()`): fsync in the WAL thread first."""
-        all_direct = getattr(self.transport, "all_direct", None)
-        pending = getattr(self.node_log, "pending_bytes", None)
-        return (all_direct is not None and pending is not None and self.inline_sync_bytes > 0
-                and pending() <= self.inline_sync_bytes and all_direct())
+    def _answer(self, work: list[tuple[_Group, Ready]]) -> None:
+        """Right after the pass's fsync (and before anything else of the pass:
+        segment deletions, the storage step, the apply), the messages that
+        waited only for it: a follower's APP_RESP, votes. Taken out of the
+        Readies, so `_finish` does not send them again."""
+        msgs: list[Message] = []
+        for _, rd in work:
+            if rd.messages:
+                msgs.extend(rd.messages)
+                rd.messages = []
+        if msgs:
+            self._send(msgs)
 
     async def _sync_runner(self, sent_early: bool) -> Any:
         """Where the drain pass's write+fsync runs: on the loop for a small
@@ -979,7 +1070,13 @@ class MultiRaft:
                 g.durable_tv = (rd.hard_state.term, rd.hard_state.vote)
             resp = storage_append_resp(rd)
             if resp is not None:
+                c0 = g.core.log.committed
                 g.core.step(resp)
+                if rd.entries and g.core.state is StateType.LEADER and (
+                        g.core.log.committed > c0 or c0 >= resp.index):
+                    # Followers had answered before this fsync ended: the commit
+                    # (or its apply) waited for the leader's own write.
+                    self.stats.own_sync_last += 1
             out.extend(rd.messages)
         # Apply every group's committed entries in ONE hop to the apply worker
         # (log order per group); the loop keeps stepping messages meanwhile.
@@ -1367,6 +1464,44 @@ class MultiRaft:
                 self._active[g.name] = None
                 self._mark(g.name)
                 self.stats.wakes_for_dead_peer += 1
+
+
+def _start_now(coro: Any) -> Any:
+    """Run `coro` here up to its first suspension, not a loop turn later as
+    a new task would; None if it ended there (its result is dropped), else a
+    task running the rest. Its exceptions up to then are raised here."""
+    try:
+        waited = coro.send(None)
+    except StopIteration:
+        return None
+    return asyncio.ensure_future(_resume(coro, waited))
+
+
+async def _resume(coro: Any, waited: Any) -> Any:
+    """Drive a coroutine that `_start_now` suspended on `waited` (a Future, or
+    None for a bare yield) to its end, as its own task would have."""
+    while True:
+        try:
+            if waited is None:
+                await asyncio.sleep(0)
+            else:
+                await asyncio.wait((waited,))
+        except asyncio.CancelledError as exc:
+            # As a task's cancel would: the awaited future is cancelled too, so a
+            # job queued for an executor (a WAL write of a node being torn down)
+            # never starts (seen when follower passes could suspend here: the
+            # simulation's crashed nodes then wrote on their closed files).
+            if waited is not None:
+                waited.cancel()
+            try:
+                waited = coro.throw(exc)
+            except StopIteration as stop:
+                return stop.value
+            continue
+        try:
+            waited = coro.send(None)
+        except StopIteration as stop:
+            return stop.value
 
 
 async def _run_here(fn: Any, *args: Any) -> Any:

@@ -660,15 +660,21 @@ class NodeLog:
         """Bytes buffered for the next sync (what it would write)."""
         return sum(len(ch.buf) for ch in self._pending)
 
-    async def sync_async(self, run: Callable[..., Awaitable[Any]] | None = None) -> int:
+    async def sync_async(self, run: Callable[..., Awaitable[Any]] | None = None,
+                         then: Callable[[], Any] | None = None) -> int:
         """Like sync(), but the write+fsync runs in `run` (default: a thread);
-        the loop keeps serving. Records buffered meanwhile go to the next sync."""
+        the loop keeps serving. Records buffered meanwhile go to the next sync.
+        `then()` runs as soon as the batch is durable, before the segments it
+        made obsolete are deleted (unlinks and directory fsyncs that nothing
+        waiting on this batch needs: the driver's answers leave first)."""
         async with self._sync_lock:
             batch = self._take()
             try:
                 n = await (run or asyncio.to_thread)(self._write, batch)
             finally:
                 self._inflight = []
+            if then is not None:
+                then()
             self._after_sync()
             return n
 

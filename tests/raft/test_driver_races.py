@@ -37,11 +37,11 @@ class GatedLog(NodeLog):
         self.gate.set()
         self.waiting = asyncio.Event()
 
-    async def sync_async(self, run=None) -> int:
+    async def sync_async(self, run=None, then=None) -> int:
         if not self.gate.is_set():
             self.waiting.set()
             await self.gate.wait()
-        return await super().sync_async(run)
+        return await super().sync_async(run, then)
 
 
 class ConfLog(AppendLog):

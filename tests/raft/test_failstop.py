@@ -24,10 +24,10 @@ class FailingLog(NodeLog):
 
     fail = False
 
-    async def sync_async(self, run=None) -> int:
+    async def sync_async(self, run=None, then=None) -> int:
         if self.fail:
             raise OSError(errno.EIO, "fsync: input/output error")
-        return await super().sync_async(run)
+        return await super().sync_async(run, then)
 
 
 async def _start(nid: int, tmp, addrs: dict[int, str], fatal: list) -> MultiRaft:

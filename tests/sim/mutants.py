@@ -92,6 +92,25 @@ MUTANTS: list[Mutant] = [
         "        self.prs[self.id].maybe_update(self.log.last_index())\n"
         "        return True\n",
         sim="core", fast=True),
+    Mutant(
+        "driver-leader-counts-unsynced", "the driver steps the leader's own append response "
+        "(its match) into the core before the pass's fsync, not after",
+        "multigroup.py",
+        "            need_sync |= self._persist(g, rd, installs)\n",
+        "            need_sync |= self._persist(g, rd, installs)\n"
+        "            if (r := storage_append_resp(rd)) is not None"
+        " and g.core.state is StateType.LEADER:\n"
+        "                g.core.step(r)\n", hint=73),
+    Mutant(
+        "answers-before-fsync", "a pass's answers (APP_RESP, votes) leave when its write+fsync "
+        "starts, not when it ends (`NodeLog.sync_async(then=)`)", "storage.py",
+        "            batch = self._take()\n            try:\n"
+        "                n = await (run or asyncio.to_thread)(self._write, batch)\n",
+        "            batch = self._take()\n"
+        "            if then is not None:\n                then()\n                then = None\n"
+        "            try:\n"
+        "                n = await (run or asyncio.to_thread)(self._write, batch)\n",
+        fast=True, hint=14),
     # ---- one per defect fixed in issue 6 (lines given by raft-storage / raft-driver) ----
     Mutant(
         "d1-stale-conf-after-snapshot", "a membership change at or below a snapshot restored "
