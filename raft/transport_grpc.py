@@ -129,6 +129,7 @@ class _Lane:
 
     kind: int
     stream: Any = None  # the live call (dialer) or servicer context (acceptor)
+    task: asyncio.Task[Any] | None = None  # the acceptor task reading `stream`, if any
     pending: list[Message] = field(default_factory=list)  # this loop turn's messages
     queue: deque[tuple[pb.Batch, set[str], int]] = field(default_factory=deque)
     queued_bytes: int = 0
@@ -572,15 +573,26 @@ class GrpcTransport:
 
     # ---- the Raft stream -------------------------------------------------------
 
-    def _attach(self, lane: _Lane, link: _Link, stream: Any) -> None:
-        lane.stream = stream
+    def _attach(self, lane: _Lane, link: _Link, stream: Any,
+                task: asyncio.Task[Any] | None = None) -> None:
+        """`stream` carries the lane from now on. On an acceptor a newer stream
+        replaces an older one, which is closed: left open, the dialer would go
+        on treating it as its live stream (reading it, never redialing) while
+        this side sends on the newer one only, and once that one ends (a
+        stale dial of a link its dialer replaced: a peer's address learned at
+        start) this side's sends on the lane are dropped for good (the CI
+        failure of 2026-11-27, docs/notes/lag1.md). Closed, the dialer redials."""
+        old, old_task = lane.stream, lane.task
+        lane.stream, lane.task = stream, task
+        if old is not None and old is not stream:
+            _close_stream(old, old_task)
         log.info("transport: node %d connected to node %d (lane %d)", self.node_id, link.peer,
                  lane.kind)
 
     def _detach(self, link: _Link, lane: _Lane, stream: Any) -> None:
         if lane.stream is not stream or stream is None:
             return
-        lane.stream = None
+        lane.stream, lane.task = None, None
         while lane.queue:  # queued for a dead stream: report, do not send later
             _, groups, _ = lane.queue.popleft()
             self._unreachable(link.peer, groups)
@@ -850,8 +862,8 @@ class GrpcTransport:
         lane = link.lanes[hello.lane]
         await context.write(pb.Batch(from_node=self.node_id, to_node=link.peer, hello=True,
                                      lane=lane.kind))
-        self._attach(lane, link, context)  # a redial replaces an older stream
         me = asyncio.current_task()
+        self._attach(lane, link, context, me)  # a redial replaces (closes) an older stream
         if me is not None:
             link.tasks.add(me)  # remove_peer ends this call
         try:
@@ -913,8 +925,8 @@ class GrpcTransport:
             link, lane = found
             stream.write_now(pb.Batch(from_node=self.node_id, to_node=link.peer, hello=True,
                                       lane=lane.kind))
-            self._attach(lane, link, stream)  # a redial replaces an older stream
             me = asyncio.current_task()
+            self._attach(lane, link, stream, me)  # a redial replaces (closes) an older stream
             if me is not None:  # remove_peer ends this connection
                 link.tasks.add(me)
             try:
@@ -1005,6 +1017,15 @@ class _ChunkReader:
             if chunk.data:
                 self.received += len(chunk.data)
                 yield chunk.data
+
+
+def _close_stream(stream: Any, task: asyncio.Task[Any] | None) -> None:
+    """End a stream this side no longer uses: a call or direct stream is
+    cancelled; a servicer context (gRPC acceptor) ends with its handler task."""
+    if isinstance(stream, (grpc.aio.Call, tcp_lane.TcpStream)):
+        stream.cancel()
+    elif task is not None and task is not asyncio.current_task():
+        task.cancel()
 
 
 def _drop_stale_commits(priority: _Lane, bulk: _Lane) -> None:
