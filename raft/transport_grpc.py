@@ -130,6 +130,8 @@ class _Lane:
 
     kind: int
     stream: Any = None  # the live call (dialer) or servicer context (acceptor)
+    # Acceptor: older streams a newer one replaced that are still open and read.
+    standby: list[Any] = field(default_factory=list)
     pending: list[Message] = field(default_factory=list)  # this loop turn's messages
     queue: deque[tuple[pb.Batch, set[str], int]] = field(default_factory=deque)
     queued_bytes: int = 0
@@ -575,15 +577,35 @@ class GrpcTransport:
 
     # ---- the Raft stream -------------------------------------------------------
 
-    def _attach(self, lane: _Lane, link: _Link, stream: Any) -> None:
+    def _attach(self, lane: _Lane, link: _Link, stream: Any, accepted: bool = False) -> None:
+        """`stream` carries the lane from now on. On an acceptor (`accepted`) a
+        newer stream replaces an older one that may still be open: it waits in
+        `standby` until it ends (`_detach`), see there."""
+        old = lane.stream
+        if accepted and old is not None and old is not stream:
+            lane.standby.append(old)
         lane.stream = stream
         log.info("transport: node %d connected to node %d (lane %d)", self.node_id, link.peer,
                  lane.kind)
 
     def _detach(self, link: _Link, lane: _Lane, stream: Any) -> None:
-        if lane.stream is not stream or stream is None:
+        """`stream` ended (or failed a write). When it was the lane's stream, an
+        older one still open takes over: the newer one may have been a stale
+        dial (a link its dialer replaced at start, when a peer's lane address is
+        gossiped) that reached us after the dialer's live stream, and that the
+        dialer then ended. Left at None, this side would go on reading the live
+        stream but send on none, while the dialer, its stream healthy, never
+        redials: the CI failure of 2026-11-27 (docs/notes/lag1.md)."""
+        if stream is None:
             return
-        lane.stream = None
+        if stream in lane.standby:
+            lane.standby.remove(stream)
+            return
+        if lane.stream is not stream:
+            return
+        lane.stream = lane.standby.pop() if lane.standby else None
+        if lane.stream is not None:
+            return
         while lane.queue:  # queued for a dead stream: report, do not send later
             _, groups, _ = lane.queue.popleft()
             self._unreachable(link.peer, groups)
@@ -886,7 +908,7 @@ class GrpcTransport:
         lane = link.lanes[hello.lane]
         await context.write(pb.Batch(from_node=self.node_id, to_node=link.peer, hello=True,
                                      lane=lane.kind))
-        self._attach(lane, link, context)  # a redial replaces an older stream
+        self._attach(lane, link, context, accepted=True)  # a redial replaces an older stream
         me = asyncio.current_task()
         if me is not None:
             link.tasks.add(me)  # remove_peer ends this call
@@ -980,7 +1002,7 @@ class GrpcTransport:
             link, lane = found
             stream.write_now(pb.Batch(from_node=self.node_id, to_node=link.peer, hello=True,
                                       lane=lane.kind))
-            self._attach(lane, link, stream)  # a redial replaces an older stream
+            self._attach(lane, link, stream, accepted=True)  # a redial replaces an older one
             me = asyncio.current_task()
             if me is not None:  # remove_peer ends this connection
                 link.tasks.add(me)
