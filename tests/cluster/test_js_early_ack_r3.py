@@ -7,8 +7,6 @@ runs acked early (lone publishes) and runs acked after their commit (bursts) mix
 
 from __future__ import annotations
 
-import asyncio
-import json
 from typing import Any
 
 import pytest
@@ -16,6 +14,7 @@ from nats.js.api import DiscardPolicy
 from nats.js.errors import APIError
 
 from tests.cluster.jshelp import JsCluster, connect, until
+from tests.puback_order import pubacks_keep_stream_order
 
 pytestmark = pytest.mark.timeout(240)
 COUNT = 30
@@ -58,7 +57,7 @@ async def test_r3_pubacks_early_readable_counted_and_in_order(tmp_path) -> None:
                 got = await js.get_msg("EA", k)
                 assert got.data == str(k).encode() and got.subject == f"ea.{k}"
                 assert (await js.stream_info("EA")).state.messages == k
-            await _order(nc, js)
+            await pubacks_keep_stream_order(nc, js, rounds=30, timeout=60, replicas=3)
             await _refusals(js, far.jetstream(timeout=10))
         finally:
             await nc.close()
@@ -84,30 +83,3 @@ async def _refusals(js: Any, far: Any) -> None:
             await via.publish("rf.a", b"2")
         assert err.value.err_code == 10077
     assert (await js.stream_info("RF")).state.messages == 1
-
-
-async def _order(nc: Any, js: Any) -> None:
-    """Bursts of 20 in flight (acked after their commit) alternate with lone publishes
-    (acked early): no PubAck overtakes an earlier one."""
-    await js.add_stream(name="OR", subjects=["or.>"], num_replicas=3)
-    bursts = [20 if b % 2 == 0 else 1 + b % 3 for b in range(30)]
-    total = sum(bursts)
-    seqs: list[int] = []
-    done = asyncio.Event()
-
-    async def on_ack(msg: Any) -> None:
-        seqs.append(json.loads(msg.data)["seq"])
-        if len(seqs) == total:
-            done.set()
-
-    await nc.subscribe("acks.>", cb=on_ack)
-    await nc.flush()
-    k = 0
-    for b, size in enumerate(bursts):
-        for _ in range(size):
-            k += 1
-            await nc.publish("or.x", b"m", reply=f"acks.{k}")
-        await nc.flush()
-        await asyncio.sleep(0.001 * (b % 3))
-    await asyncio.wait_for(done.wait(), 60)
-    assert seqs == list(range(1, total + 1))

@@ -10,16 +10,14 @@ acked early and runs acked after their commit mix.
 
 from __future__ import annotations
 
-import asyncio
-import json
 from pathlib import Path
-from typing import Any
 
 import nats
 import pytest
 from nats.js.api import RePublish
 
 from tests.integration.conftest import Servers
+from tests.puback_order import pubacks_keep_stream_order
 
 COUNT = 40
 
@@ -79,27 +77,6 @@ async def test_pubacks_arrive_in_sequence_order_when_runs_of_any_size_mix(
     nc = await nats.connect(_start(servers, which, tmp_path))
     try:
         js = nc.jetstream(timeout=10)
-        await js.add_stream(name="OR", subjects=["or.>"])
-        bursts = [20 if b % 2 == 0 else 1 + b % 3 for b in range(60)]
-        total = sum(bursts)
-        seqs: list[int] = []
-        done = asyncio.Event()
-
-        async def on_ack(msg: Any) -> None:
-            seqs.append(json.loads(msg.data)["seq"])
-            if len(seqs) == total:
-                done.set()
-
-        await nc.subscribe("acks.>", cb=on_ack)
-        await nc.flush()
-        k = 0
-        for b, size in enumerate(bursts):
-            for _ in range(size):
-                k += 1
-                await nc.publish("or.x", b"m", reply=f"acks.{k}")
-            await nc.flush()
-            await asyncio.sleep(0.001 * (b % 3))
-        await asyncio.wait_for(done.wait(), 30)
-        assert seqs == list(range(1, total + 1))
+        await pubacks_keep_stream_order(nc, js, rounds=60, timeout=30)
     finally:
         await nc.close()

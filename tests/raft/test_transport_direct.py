@@ -342,7 +342,12 @@ async def test_direct_lane_dials_through_the_proxy_and_a_cut_holds():
 class _Gate:
     """A firewall in front of a direct lane port: closed, it answers a connect
     with nothing (`hold`, a dropped SYN's timeout) or a close (a reset); open,
-    it forwards to the lane. Closing it also cuts the connections it carries."""
+    it forwards to the lane. Closing it also cuts the connections it carries.
+    `frozen`: a stalled middlebox, it stops forwarding on every connection without
+    closing any (the sockets stay open, nothing crosses; TCP alone would not notice
+    for minutes)."""
+
+    frozen = False
 
     def __init__(self, target: int, hold: bool) -> None:
         self.target, self.hold, self.open = target, hold, False
@@ -365,6 +370,8 @@ class _Gate:
         async def pipe(a: asyncio.StreamReader, b: asyncio.StreamWriter) -> None:
             try:
                 while data := await a.read(1 << 16):
+                    while self.frozen:
+                        await asyncio.sleep(0.05)
                     b.write(data)
                     await b.drain()
             except (ConnectionError, OSError):
@@ -457,32 +464,6 @@ async def test_direct_lane_without_fallback_never_uses_grpc():
         gate.stop()
 
 
-class _StallGate(_Gate):
-    """A middlebox that, once `frozen`, stops forwarding on every connection
-    (new ones too) without closing any: the lane's sockets stay open, nothing
-    crosses, and TCP alone would not notice for minutes."""
-
-    frozen = False
-
-    async def _serve(self, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
-        self.conns.append(w)
-        up_r, up_w = await asyncio.open_connection("127.0.0.1", self.target)
-        self.conns.append(up_w)
-
-        async def pipe(a: asyncio.StreamReader, b: asyncio.StreamWriter) -> None:
-            try:
-                while data := await a.read(1 << 16):
-                    while self.frozen:
-                        await asyncio.sleep(0.05)
-                    b.write(data)
-                    await b.drain()
-            except (ConnectionError, OSError):
-                pass
-            finally:
-                b.close()
-        await asyncio.gather(pipe(r, up_w), pipe(up_r, w))
-
-
 async def test_a_stalled_direct_lane_is_dropped_and_grpc_takes_over():
     """A direct lane that stops carrying anything while its sockets stay open (a
     stalled middlebox, a silent blackhole) is closed once it has read nothing for
@@ -490,7 +471,7 @@ async def test_a_stalled_direct_lane_is_dropped_and_grpc_takes_over():
     link falls back to gRPC as a refused lane does, and returns once it moves again.
     Before: both ends kept the dead lane as "direct" (seen for 30 s, nothing delivered)."""
     peers, direct = _addrs((1, 2)), _addrs((1, 2))
-    gate = _StallGate(tcp_lane.split_addr(direct[2])[1], hold=False)
+    gate = _Gate(tcp_lane.split_addr(direct[2])[1], hold=False)
     gate.open = True
     await gate.start()
     seen = {**direct, 2: f"127.0.0.1:{gate.port}"}
