@@ -939,10 +939,7 @@ class MultiRaft:
         top = self._newest_segment()
         self._sync_roll = top != self._synced_top
         try:
-            if then is None:
-                await self.node_log.sync_async(runner)
-            else:
-                await self.node_log.sync_async(runner, then)
+            await self.node_log.sync_async(runner, then)
         finally:
             self._sync_roll = False
         self.stats.sync_rolls += top != self._synced_top

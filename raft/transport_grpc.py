@@ -340,13 +340,6 @@ class GrpcTransport:
     def peers(self) -> list[int]:
         return list(self._links)
 
-    def all_direct(self) -> bool:
-        """Every peer is reached over a direct lane that is up (a send puts
-        its batch on the socket at once instead of waiting for a writer task)."""
-        return bool(self._links) and all(
-            link.direct is not None and isinstance(link.lanes[LANE_BULK].stream, tcp_lane.TcpStream)
-            for link in self._links.values())
-
     async def stop(self) -> None:
         self._closing = True
         for t in list(self._tasks):
