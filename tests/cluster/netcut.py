@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from tests.cluster.jshelp import JsCluster
@@ -161,9 +161,14 @@ class NetCut:
             tunnel.close()
 
 
-async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                frozen: Callable[[], bool] = lambda: False) -> None:
+    """Copy one direction until EOF; while `frozen()`, hold what was read (a stalled
+    middlebox: the sockets stay open and nothing crosses)."""
     try:
         while data := await reader.read(1 << 16):
+            while frozen():
+                await asyncio.sleep(0.05)
             writer.write(data)
             await writer.drain()
     except (ConnectionError, OSError):

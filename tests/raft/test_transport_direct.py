@@ -15,6 +15,7 @@ from raft import tcp_lane
 from raft.codec import encode_batch
 from raft.transport_grpc import LANE_BULK, LANE_PRIORITY, GrpcTransport
 from raft.types import LOCAL_MSG_TYPES, Entry, Message, MsgType
+from tests.cluster.netcut import NetCut, _pipe
 from tests.ports import free_port
 from tests.raft import test_mtls_identity
 from tests.raft.test_mtls_identity import Inbox, tls, until
@@ -309,7 +310,6 @@ async def test_direct_lane_dials_through_the_proxy_and_a_cut_holds():
     """With `grpc_proxy` set the lane goes through the same CONNECT proxy as the
     gRPC lanes (the partition tests' netcut): it carries frames through a tunnel,
     a cut closes it, and a dial during the cut gets no answer until the heal."""
-    from tests.cluster.netcut import NetCut
 
     net = NetCut(["a", "b"])
     port = free_port()
@@ -367,18 +367,9 @@ class _Gate:
         up_r, up_w = await asyncio.open_connection("127.0.0.1", self.target)
         self.conns.append(up_w)
 
-        async def pipe(a: asyncio.StreamReader, b: asyncio.StreamWriter) -> None:
-            try:
-                while data := await a.read(1 << 16):
-                    while self.frozen:
-                        await asyncio.sleep(0.05)
-                    b.write(data)
-                    await b.drain()
-            except (ConnectionError, OSError):
-                pass
-            finally:
-                b.close()
-        await asyncio.gather(pipe(r, up_w), pipe(up_r, w))
+        def frozen() -> bool:
+            return self.frozen
+        await asyncio.gather(_pipe(r, up_w, frozen), _pipe(up_r, w, frozen))
 
     def close_all(self) -> None:
         self.open = False
