@@ -115,8 +115,8 @@ MUTANTS: list[Mutant] = [
     Mutant(
         "d1-stale-conf-after-snapshot", "a membership change at or below a snapshot restored "
         "since its Ready is applied anyway", "core.py",
-        "if e.type is EntryType.CONF_CHANGE and e.index > floor:",
-        "if e.type is EntryType.CONF_CHANGE:",
+        "                    if e.index > floor:\n",
+        "                    if True:\n",
         more=(("multigroup.py", "if e.index > floor and (e.data or", "if (e.data or"),),
         sim="core"),
     Mutant(
