@@ -51,8 +51,9 @@ MUTANTS: dict[str, list[tuple[str, str, str]]] = {
     # while the pass commits, applies and sends the PubAck (ack before fsync).
     "ack-before-wal-fsync": [(
         "raft/multigroup.py",
-        "                await self._sync_pass(len(work), await self._sync_runner(queued))",
-        "                self._spawn(self._sync_pass(len(work), self.wal_executor.run))")],
+        "            await self._sync_pass(len(work), runner,\n"
+        "                                  None if installs else lambda: self._answer(work))",
+        "            self._spawn(self._sync_pass(len(work), self.wal_executor.run))")],
     # Nothing fsynced before the PubAck: WAL fsync skipped and LMDB NOSYNC.
     "ack-before-any-fsync": [
         WAL_FSYNC,
@@ -115,6 +116,9 @@ OTHER: dict[str, tuple[list[tuple[str, str, str]], str]] = {
     "audit: stream config from the catalogue": ([(
         HS, "entry = self.created.get(group) or _stream_entry(nodes, group)",
         "entry = _stream_entry(nodes, group)")], AUDIT),
+    # The held-fsync test: a real node whose WAL fsync waits must send no PubAck meanwhile.
+    "held fsync: ack-before-wal-fsync": (
+        MUTANTS["ack-before-wal-fsync"], "tests/integration/test_jetstream_ack_after_fsync.py"),
     "audit: jetstream hooks not registered": ([(
         "audit/hooks.py", "    return [JetStreamStreamHook(), JetStreamMetaHook(), "
         "LmdbAppendLogHook()]", "    return [LmdbAppendLogHook()]")], AUDIT),

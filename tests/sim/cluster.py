@@ -164,8 +164,15 @@ VARIED = ("read", "conf", "transfer", "snapshot", "kill", "arm", "partition")
 
 
 class Cluster:
-    def __init__(self, seed: int, steps: int | None = None, merge: bool = False) -> None:
+    def __init__(self, seed: int, steps: int | None = None, merge: bool = False,
+                 single: bool = False) -> None:
         self.seed = seed
+        # Single mode: one node, a one-voter group (a standalone JetStream node's
+        # groups, whose own fsync is the quorum): crashes, torn writes and EIO at every
+        # storage call around that fsync, the commit and the apply.
+        self.single = single
+        self.all = (1,) if single else ALL
+        self.founders = (1,) if single else FOUNDERS
         # Merge mode: a burst of proposals is quiet ones with a `merge` (one entry when
         # the drain pass takes them together) ended by an awaited one. Off: the recorded
         # schedules of the mutants stay as they were.
@@ -192,10 +199,13 @@ class Cluster:
         weights = dict(ACTIONS)
         for k in VARIED:
             weights[k] *= rng.choice((0.3, 1, 1, 2))
+        if single:  # the only node: down less often, or little gets acked at all
+            weights["kill"] *= 0.2
+            weights["arm"] *= 0.3
         self.kinds = sorted(weights)
         self.weights = [weights[k] for k in self.kinds]
-        self.checker = Checker(frozenset(FOUNDERS))
-        self.nodes = {nid: Node(nid) for nid in ALL}
+        self.checker = Checker(frozenset(self.founders))
+        self.nodes = {nid: Node(nid) for nid in self.all}
         self.result = RunResult(seed)
         self.removed: set[int] = set()
         self.nprop = 0
@@ -255,7 +265,7 @@ class Cluster:
         self.loop.close()
 
     async def _main(self) -> None:
-        for nid in ALL:
+        for nid in self.all:
             await self._start(nid)
         for step in range(self.steps):
             await asyncio.sleep(self.rng.expovariate(1 / 0.01))
@@ -280,14 +290,14 @@ class Cluster:
     async def _start(self, nid: int) -> None:
         n = self.nodes[nid]
         self.disk.revive(nid)
-        t = self.net.transport(nid, list(ALL))
+        t = self.net.transport(nid, list(self.all))
         sm = SimSM(nid, self.checker, self.disk)
         ops = self.disk.node_ops.get(nid, 0)
         try:
             log = NodeLog(f"/n{nid}/wal", self.segment_bytes, disk=self.disk)
             mr = MultiRaft(nid, log, t, **self._driver_options(nid))
             t.bind(mr.transport_callbacks())
-            mr.add_group(GROUP, FOUNDERS, state_machine=sm)
+            mr.add_group(GROUP, self.founders, state_machine=sm)
             await mr.start()
         except SimCrash:
             self.disk.crash(nid)
@@ -536,7 +546,7 @@ class Cluster:
         cs = lead.mr._groups[GROUP].core.conf_state
         voters, learners = set(cs.voters), set(cs.learners)
         r = self.rng.random()
-        spare = [x for x in ALL if x not in voters and x not in self.removed]
+        spare = [x for x in self.all if x not in voters and x not in self.removed]
         if r < 0.5 and spare:
             target = self.rng.choice(spare)
             coro = lead.mr.add_member(GROUP, target, learner=self.rng.random() < 0.3
@@ -578,7 +588,7 @@ class Cluster:
 
     def _do_arm(self) -> None:
         """Arm a crash point in a node's storage (a down node: in its recovery)."""
-        nid = self.rng.choice(ALL)
+        nid = self.rng.choice(self.all)
         if nid in self.disk.plans:
             return
         sites = sorted(self.disk.site_counts)
@@ -599,7 +609,7 @@ class Cluster:
             self.disk.plans[nid] = CrashPlan(countdown=self.rng.randrange(1, 120))
 
     def _do_partition(self) -> None:
-        ids = list(ALL)
+        ids = list(self.all)
         self.rng.shuffle(ids)
         cut = self.rng.randrange(1, 3)
         self.net.partition([ids[:cut], ids[cut:]])
@@ -708,6 +718,11 @@ def _where(e: BaseException) -> str:
 
 def run(seed: int, steps: int | None = None, merge: bool = False) -> RunResult:
     return Cluster(seed, steps, merge).run()
+
+
+def run_single(seed: int) -> RunResult:
+    """One node, one voter (tests/sim/test_sim_single.py)."""
+    return Cluster(seed, single=True).run()
 
 
 MERGED = b"M:"
