@@ -58,8 +58,10 @@ MUTANTS: list[tuple[str, ...]] = [
      'if 0 <= cfg["max_msg_size"] < len(op.hdr) + len(op.data):', "if False:",
      T + "test_stream_differential.py"),
     ("entry trailing bytes accepted", J + "ops.py", "if used != len(body):",
-     "if used > len(body):", T + "test_ops.py", "    if at != len(entry):",
-     "    if at > len(entry):"),
+     "if used > len(body):", T + "test_ops.py", "    if end != stop:",
+     "    if end > stop:"),
+    ("stream msgs entry trailing bytes accepted", J + "ops.py", "    if at != len(entry):",
+     "    if at > len(entry):", T + "test_ops.py"),
     ("ttl index not consulted", J + "stream.py",
      "for _expires, seq in self.store.due_ttls(now_ns, EXPIRE_BATCH):",
      "for _expires, seq in []:", T + "test_stream.py"),
@@ -294,7 +296,9 @@ def main() -> int:
                 path.write_text(text)
             killed = result.returncode != 0
             failures += not killed
-            print(f"{'killed  ' if killed else 'SURVIVED'}  {name}  ({tests})")
+            by = next((ln.split(" - ")[0].split(" ", 1)[1] for ln in result.stdout.splitlines()
+                       if ln.startswith(("FAILED ", "ERROR ")) and "::" in ln), "")
+            print(f"{'killed  ' if killed else 'SURVIVED'}  {name}  ({tests})  {by}", flush=True)
     print(f"{ran - failures}/{ran} mutants killed")
     return 1 if failures else 0
 
