@@ -101,12 +101,16 @@ MUTANTS = [
     (OP, "nonce.encode(), operator=self.cfg", "b'fixed', operator=self.cfg", "wire"),
     (C, "            self._expiry_timer = self.loop.call_later(delay, self._auth_expired)",
      "            pass", "wire"),  # expiry while connected
-    (C, "            if 0 <= limit <= account.connections:", "            if False:", "wire"),
+    (C, "            if 0 <= limit <= account.connections + account.remote_connections:",
+     "            if False:", "wire"),
     (C, "        if 0 <= limit <= len(self.subs) and sid not in self.subs:", "        if False:",
      "wire"),
     (C, "        self.parser.max_payload = _tighter(self.server.options.max_payload, max_payload)",
      "        pass", "wire"),
-    (C, "                and self.account.router is None)", ")", "wire"),  # fast path bypass
+    # fast path bypass: the PUB fast path (Account.fast_publisher) skips the router
+    ("node/account.py",
+     "# read per message: a reload may add or drop it\n            if router is not None:",
+     "# read per message: a reload may add or drop it\n            if False:", "wire"),
     (U, "    return _Account(user.user, user.password, user.nkey, compiled, types, user.account)",
      "    return _Account(user.user, user.password, user.nkey, compiled, types)", "wire"),
     (U, "                self._by_nkey[au.nkey] = _account_user(au)", "                pass",
@@ -115,15 +119,18 @@ MUTANTS = [
      "wire"),
     (U, 'self._no_auth = self._named_user(options.no_auth_user, "no_auth_user")',
      "self._no_auth = None", "wire"),
-    (X, "        if route.singleton:", "        if False:", "wire"),
-    (X, "                rreply = self._open_response(account, reply, service.export) if reply "
-        "else None", "                rreply = reply", "wire"),
+    (X, "        if route.singleton and consume:", "        if False:", "wire"),
+    (X, "            reply = self._open_response(account, reply, service.export) if reply "
+        "else None",
+     "            pass", "wire"),
     (X, "        if mappings and not premapped:\n", "        if False:\n", "wire"),
     (X, "                deliveries.append((importer, delivery.subject))",
      "                pass", "wire"),
     (S, "            account.router = router if router.needs_router(account.name) else None",
      "            account.router = None", "wire"),
-    (S, "Account(name, acc.limits, acc.mappings or None)", "Account(name)", "wire"),
+    (S, "conf.accounts.items():\n            self.register_account(Account(name, acc.limits, "
+        "acc.mappings or None))", "conf.accounts.items():\n            self.register_account("
+        "Account(name))", "wire"),
     # full resolver: claim updates reach the node; revoked users connected go
     ("node/claimsservice.py", "            server.refresh_operator_account(data[\"account\"])",
      "            pass", "wire"),

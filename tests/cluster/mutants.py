@@ -28,12 +28,13 @@ MUTANTS: dict[str, tuple[list[tuple[str, str, str]], list[str], bool]] = {
     # proposes never commits, yet its client was told it was stored.
     "ack-before-commit": ([(
         SERVICE,
-        "        fut.add_done_callback(lambda f: self._published(sm, f))\n        return fut\n",
-        "        fut.add_done_callback(lambda f: self._published(sm, f))\n"
+        "            self._not_acked((sm, key), exc)\n        return None\n",
+        "            self._not_acked((sm, key), exc)\n"
         "        if reply:  # MUTANT\n"
         "            self._guess = max(getattr(self, '_guess', 0), sm.stream.last_seq) + 1\n"
-        "            self._reply(reply, _dumps({'stream': name, 'seq': self._guess}))\n"
-        "        return fut\n")],
+        "            self._reply(name, reply, json.dumps(\n"
+        "                {'stream': sm.stream.cfg['name'], 'seq': self._guess}).encode())\n"
+        "        return None\n")],
         ["tests/cluster/test_js_partition.py"], False),
     # The audit retention mode ignored: compaction deletes the old segments, so the audit
     # can no longer check the whole history (history_truncated notes, nothing archived).

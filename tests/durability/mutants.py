@@ -54,10 +54,12 @@ MUTANTS: dict[str, list[tuple[str, str, str]]] = {
         "            await self._sync_pass(len(work), runner,\n"
         "                                  None if installs else lambda: self._answer(work))",
         "            self._spawn(self._sync_pass(len(work), self.wal_executor.run))")],
-    # Nothing fsynced before the PubAck: WAL fsync skipped and LMDB NOSYNC.
+    # Nothing fsynced, ever: WAL fsync skipped and LMDB's sync points dropped (its commits
+    # are never fsynced by design; `sync=False` also drops the synced-state roll-back).
     "ack-before-any-fsync": [
         WAL_FSYNC,
-        (LMDB, "sync=sync,", "sync=False,"),
+        (LMDB, "def __init__(self, path: str, *, sync: bool = True,",
+         "def __init__(self, path: str, *, sync: bool = False,"),
     ],
     # The store's directories are created without fsyncing their parents.
     "store-dirs-not-fsynced": [
@@ -120,8 +122,10 @@ OTHER: dict[str, tuple[list[tuple[str, str, str]], str]] = {
     "held fsync: ack-before-wal-fsync": (
         MUTANTS["ack-before-wal-fsync"], "tests/integration/test_jetstream_ack_after_fsync.py"),
     "audit: jetstream hooks not registered": ([(
-        "audit/hooks.py", "    return [JetStreamStreamHook(), JetStreamMetaHook(), "
-        "LmdbAppendLogHook()]", "    return [LmdbAppendLogHook()]")], AUDIT),
+        "audit/hooks.py",
+        "    return [JetStreamStreamHook(keyring), JetStreamConsumerHook(keyring),\n"
+        "            JetStreamMetaHook(keyring), LmdbAppendLogHook()]",
+        "    return [LmdbAppendLogHook()]")], AUDIT),
 }
 
 

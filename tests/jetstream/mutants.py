@@ -30,8 +30,8 @@ MUTANTS: list[tuple[str, ...]] = [
     ("re-applied index not skipped", J + "stream.py", "if index <= self.applied:",
      "if index < self.applied:", T + "test_stream.py"),
     ("progress not saved with the batch", J + "stream.py",
-     "                self.applied = index\n            progress = self._save_progress(saved)",
-     "                self.applied = index\n            progress = None", T + "test_stream.py"),
+     "            progress = self._save_progress(saved)\n",
+     "            progress = None\n", T + "test_stream.py"),
     ("record CRC not checked", J + "store/base.py",
      "if zlib.crc32(raw[4:], zlib.crc32(_SEQ.pack(seq))) != crc:", "if False:",
      T + "test_store.py"),
@@ -58,8 +58,10 @@ MUTANTS: list[tuple[str, ...]] = [
      'if 0 <= cfg["max_msg_size"] < len(op.hdr) + len(op.data):', "if False:",
      T + "test_stream_differential.py"),
     ("entry trailing bytes accepted", J + "ops.py", "if used != len(body):",
-     "if used > len(body):", T + "test_ops.py", "    if end != len(entry):",
-     "    if end > len(entry):"),
+     "if used > len(body):", T + "test_ops.py", "    if end != stop:",
+     "    if end > stop:"),
+    ("stream msgs entry trailing bytes accepted", J + "ops.py", "    if at != len(entry):",
+     "    if at > len(entry):", T + "test_ops.py"),
     ("ttl index not consulted", J + "stream.py",
      "for _expires, seq in self.store.due_ttls(now_ns, EXPIRE_BATCH):",
      "for _expires, seq in []:", T + "test_stream.py"),
@@ -197,9 +199,9 @@ MUTANTS: list[tuple[str, ...]] = [
      "if pull.push or pull.paused or (due is not None and due <= now):",
      "if pull.push or (due is not None and due <= now):",
      "tests/integration/test_jetstream_pause.py::test_pause_and_unpin_match_nats_server",
-     "                                                   *self._stamp()))\n"
+     "                                                   *self._stamp()), _acc(sm.name))\n"
      "            self._pump(sm.name, name)\n\n    def _timer_drops",
-     "                                                   *self._stamp()))\n\n"
+     "                                                   *self._stamp()), _acc(sm.name))\n\n"
      "    def _timer_drops"),
     ("gaps: unknown ack bodies ack", J + "consumer.py",
      "    return None, 0, False\n", "    return AckKind.ACK, 0, False\n",
@@ -242,7 +244,7 @@ MUTANTS: list[tuple[str, ...]] = [
      MK9,
      "        if m.origin_seq <= done:\n", "        if m.origin_seq < done:\n"),
     ("source progress not saved with the messages", J + "sourcing.py",
-     "    stream.store.put_meta(PROGRESS_PREFIX + op.key, _U64.pack(done) + op.ident.encode())",
+     "    stream.store.put_meta(_progress_key(op.key), _U64.pack(done) + op.ident.encode())",
      "    pass", MK9),
     ("source re-delivery guard off", J + "sourcing.py",
      "        if m.origin_seq <= done:\n", "        if m.origin_seq < done:\n",
@@ -251,8 +253,8 @@ MUTANTS: list[tuple[str, ...]] = [
      "    if key != MIRROR_KEY and seen and ident and seen != ident:",
      "    if False:", MDIFF),
     ("mirror_direct mirror does not answer for its origin", J + "sourcing_wire.py",
-     'if cfg.get("mirror_direct") and (cfg.get("mirror") or {}).get("name") == origin:',
-     "if False:", MKV),
+     'if cfg.get("mirror_direct") and (cfg.get("mirror") or {}).get("name") == name \\',
+     'if False and (cfg.get("mirror") or {}).get("name") == name \\', MKV),
     ("source ignores a full discard-new target", J + "sourcing.py",
      "            stream._check_discard_new(ops.StreamMsg(ts, subject, \"\", hdr, m.data))",
      "            pass", T + "test_sourcing.py"),
@@ -294,7 +296,9 @@ def main() -> int:
                 path.write_text(text)
             killed = result.returncode != 0
             failures += not killed
-            print(f"{'killed  ' if killed else 'SURVIVED'}  {name}  ({tests})")
+            by = next((ln.split(" - ")[0].split(" ", 1)[1] for ln in result.stdout.splitlines()
+                       if ln.startswith(("FAILED ", "ERROR ")) and "::" in ln), "")
+            print(f"{'killed  ' if killed else 'SURVIVED'}  {name}  ({tests})  {by}", flush=True)
     print(f"{ran - failures}/{ran} mutants killed")
     return 1 if failures else 0
 

@@ -118,6 +118,9 @@ def test_purge_and_delete_roundtrip(seq: int, keep: int, filt: str, flag: bool) 
     ops.encode(ops.ConsumerAck(1, "c", 1, 5))[:-2],
     ops.encode(ops.StreamBatch(1, "b", (ops.StreamMsg(1, "a", "", b"", b"x"),)))[:-1],
     ops.encode(ops.StreamBatch(1, "b", (ops.StreamMsg(1, "a", "", b"", b"x"),))) + b"z",
+    # A STREAM_MSGS entry (merged publishes) with bytes after its last part.
+    ops.encode(ops.StreamMsgs(1, (ops.StreamMsg(1, "a", "", b"", b"x"),
+                                  ops.StreamMsg(1, "b", "", b"", b"y")))) + b"z",
     bytes([18]) + struct.pack("<qHI", 1, 1, 0) + b"b",
     ops.encode(ops.UpdateConfig(1, b"{}")) + b"x",
     ops.encode(ops.ConsumerUpsert(1, "c", b"{}"))[:-1],
