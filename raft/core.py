@@ -920,7 +920,13 @@ class Raft:
         return bool(
             self.msgs or self.read_states or self.log.unstable.entries
             or self.log.has_pending_snapshot() or self.log.has_next_committed_ents()
-            or self.hard_state() != self.prev_hs)
+            or self._hs_changed())
+
+    def _hs_changed(self) -> bool:
+        """hard_state() != prev_hs without building a HardState (several times a pass)."""
+        hs = self.prev_hs
+        return (self.term != hs.term or self.vote != hs.vote
+                or self.log.committed != hs.commit)
 
     def ready(self) -> Ready:
         hs = self.hard_state()
