@@ -398,6 +398,10 @@ class GrpcTransport:
 
     def send(self, msgs: list[Message]) -> None:
         """Queue messages; never blocks. Flushed as one Batch per peer this loop turn."""
+        self._enqueue(msgs)
+        self._schedule_flush()
+
+    def _enqueue(self, msgs: list[Message]) -> None:
         for m in msgs:
             link = self._links.get(m.to)
             if link is None:  # not (or no longer) a peer: Raft treats it as down
@@ -407,7 +411,6 @@ class GrpcTransport:
                 self._spawn(self._snapshot_task(m))
                 continue
             link.lanes[self._lane_of(m)].pending.append(m)
-        self._schedule_flush()
 
     def send_now(self, msgs: list[Message]) -> bool:
         """`send`, then flush at once instead of at the end of this loop turn:
@@ -418,10 +421,10 @@ class GrpcTransport:
         it leaves only once the caller lets the loop turn; False when all of
         it is already in the sockets (idle direct lanes)."""
         self._queued = False
-        self.send(msgs)
+        self._enqueue(msgs)  # no flush scheduled only to be cancelled: it runs now
         if self._flush_handle is not None:
             self._flush_handle.cancel()
-            self._flush()
+        self._flush()
         return self._queued
 
     def send_lazy(self, msgs: list[Message]) -> None:
