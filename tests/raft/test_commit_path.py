@@ -140,6 +140,33 @@ async def test_an_answer_that_moves_only_a_peers_progress_runs_no_pass(tmp_path)
         await mr.stop()
 
 
+async def test_a_new_leaders_appends_wait_for_the_fsync_of_its_term(tmp_path):
+    """The early appends (sent before the leader's own records are even
+    buffered) need only a durable term. A sole voter wins its election in one
+    step, so its first Ready holds both the new term/vote and its appends (the
+    no-op to its learner): those wait for the fsync. Else a crash before it
+    restarts the node in the old term; it wins the same term again and writes
+    another entry at the index the learner already holds with that term."""
+    out, wal, sm = _Outbox(), GatedLog(str(tmp_path / "wal")), AppendLog()
+    mr = MultiRaft(1, wal, out, snap_dir=str(tmp_path / "snap"), tick_interval_s=60)
+    mr.add_group("g", [1], learners=[2], state_machine=sm)
+    await mr.start()
+    try:
+        wal.gate.clear()
+        mr.on_messages([Message(MsgType.HUP, "g", 1, 1)])
+        async with asyncio.timeout(10):
+            await wal.waiting.wait()  # the pass holding term 1 and the no-op is fsyncing
+        assert mr.status("g")["state"] == "leader"
+        assert not [m for m in out.sent if m.type is MsgType.APP], \
+            "an append left before the fsync of the term it carries"
+        wal.gate.set()
+        await _until(lambda: any(m.type is MsgType.APP and m.to == 2 and m.term == 1
+                                 for m in out.sent))
+    finally:
+        wal.gate.set()
+        await mr.stop()
+
+
 class _SyncedOutbox(_Outbox):
     """Records, with every message sent, how many fsyncs the WAL had made."""
 
