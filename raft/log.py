@@ -133,9 +133,14 @@ class RaftLog:
         u = self.unstable
         k = i - u.offset
         if 0 <= k < len(u.entries):
-            # In the unstable tail: it starts at or above first_index() (no
-            # compaction passes an unsynced entry) and ends at last_index(), so
-            # the checks below would all pass and maybe_term answer this.
+            # An entry still in the unstable tail is in the log with this term
+            # (etcd's raftLog.term asks the tail first too). Not always the same
+            # answer as the checks below: a written prefix stays in the tail when
+            # a conflicting append replaced the Ready's last entry (stable_to
+            # trims nothing), and a compaction may pass it; there the checks
+            # raised CompactedError. Callers then slice (which raises), ask at
+            # or above the commit index, or (find_conflict_by_term) get a lower
+            # hint, whose probe the follower answers with its commit index.
             return u.entries[k].term
         dummy = self.first_index() - 1
         if i < dummy:
