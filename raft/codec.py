@@ -48,11 +48,23 @@ def meta_from_pb(p: pb.SnapshotMeta) -> SnapshotMeta:
 
 
 def message_to_pb(m: Message, out: pb.Message | None = None) -> pb.Message:
-    """Snapshot data is not encoded: it streams on the Snapshot RPC."""
+    """Snapshot data is not encoded: it streams on the Snapshot RPC. `out`: an
+    empty message (proto3: a field left at its default is not encoded, so the
+    ones most messages leave at zero are set only when they are not)."""
     p = pb.Message() if out is None else out
-    p.type, p.group, p.frm, p.to = m.type, m.group, m.frm, m.to
-    p.term, p.log_term, p.index, p.commit = m.term, m.log_term, m.index, m.commit
-    p.reject, p.reject_hint, p.context = m.reject, m.reject_hint, m.context
+    p.type, p.group, p.frm, p.to, p.term = m.type, m.group, m.frm, m.to, m.term
+    if m.log_term:
+        p.log_term = m.log_term
+    if m.index:
+        p.index = m.index
+    if m.commit:
+        p.commit = m.commit
+    if m.reject:
+        p.reject = True
+    if m.reject_hint:
+        p.reject_hint = m.reject_hint
+    if m.context:
+        p.context = m.context
     add = p.entries.add  # fields as keywords: one call per entry, not four setattrs
     for e in m.entries:
         add(term=e.term, index=e.index, type=e.type, data=e.data)
@@ -61,10 +73,15 @@ def message_to_pb(m: Message, out: pb.Message | None = None) -> pb.Message:
     return p
 
 
+# MsgType by wire value: a dict lookup, not an Enum call per message.
+_MTYPE = {t.value: t for t in MsgType}
+
+
 def message_from_pb(p: pb.Message) -> Message:
     snap = Snapshot(meta=meta_from_pb(p.snapshot)) if p.HasField("snapshot") else None
+    t = _MTYPE.get(p.type)
     return Message(
-        type=MsgType(p.type),
+        type=t if t is not None else MsgType(p.type),  # unknown: ValueError, as before
         group=p.group,
         frm=p.frm,
         to=p.to,
@@ -126,17 +143,17 @@ def _known_entry_types(entries: Any) -> bool:
 
 def decode_wire(b: pb.Batch) -> tuple[list[Message], int]:
     """The acceptable messages of a Batch from the network, and how many were dropped."""
-    out = []
-    for p in b.messages:
-        if p.type in WIRE_TYPES and _known_entry_types(p.entries):
-            out.append(message_from_pb(p))
-    dropped = len(b.messages) - len(out)
-    coalesced = ((MsgType.HEARTBEAT, b.heartbeats), (MsgType.HEARTBEAT_RESP, b.heartbeat_resps))
-    for kind, hbs in coalesced:
-        for h in hbs:
-            out.append(
-                Message(kind, h.group, h.frm, h.to, h.term, commit=h.commit, context=h.context)
-            )
+    msgs = b.messages  # each attribute read of a repeated field builds a wrapper: once
+    out = [message_from_pb(p) for p in msgs
+           if p.type in WIRE_TYPES and _known_entry_types(p.entries)]
+    dropped = len(msgs) - len(out)
+    for kind, hbs in ((MsgType.HEARTBEAT, b.heartbeats),
+                      (MsgType.HEARTBEAT_RESP, b.heartbeat_resps)):
+        if hbs:
+            for h in hbs:
+                out.append(
+                    Message(kind, h.group, h.frm, h.to, h.term, commit=h.commit, context=h.context)
+                )
     return out, dropped
 
 

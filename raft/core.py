@@ -44,7 +44,7 @@ from enum import Enum
 
 from raft.log import RaftLog, invariant
 from raft.progress import Inflights, Progress, ProgressState
-from raft.quorum import VoteResult, committed_index, has_quorum, vote_result
+from raft.quorum import VoteResult, has_quorum, majority_match, vote_result
 from raft.types import (
     LOCAL_MSG_TYPES,
     NONE,
@@ -501,8 +501,10 @@ class Raft:
                 self._bcast_append()
 
     def _maybe_commit(self) -> bool:
-        match = {i: p.match for i, p in self.prs.items()}
-        if not self._maybe_commit_to(committed_index(self.voters(), match)):
+        # committed_index(voters, match) without the dict and the voter list (a
+        # leader runs this on every APP_RESP and fsync of its own).
+        acked = [p.match for p in self.prs.values() if not p.is_learner]
+        if not self._maybe_commit_to(majority_match(acked)):
             return False
         self._release_reads_waiting_commit()
         return True
@@ -920,7 +922,13 @@ class Raft:
         return bool(
             self.msgs or self.read_states or self.log.unstable.entries
             or self.log.has_pending_snapshot() or self.log.has_next_committed_ents()
-            or self.hard_state() != self.prev_hs)
+            or self._hs_changed())
+
+    def _hs_changed(self) -> bool:
+        """hard_state() != prev_hs without building a HardState (several times a pass)."""
+        hs = self.prev_hs
+        return (self.term != hs.term or self.vote != hs.vote
+                or self.log.committed != hs.commit)
 
     def ready(self) -> Ready:
         hs = self.hard_state()

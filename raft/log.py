@@ -109,13 +109,18 @@ class RaftLog:
         self.applied = first - 1
 
     # -- index / term ------------------------------------------------------
+    # first_index / last_index / term run dozens of times per commit (every
+    # append built, every slice, every commit check): the unstable tail's
+    # answers are read inline here, the same values as its maybe_* methods.
     def first_index(self) -> int:
-        i = self.unstable.maybe_first_index()
-        return i if i is not None else self.storage.first_index()
+        snap = self.unstable.snapshot
+        return snap.meta.index + 1 if snap is not None else self.storage.first_index()
 
     def last_index(self) -> int:
-        i = self.unstable.maybe_last_index()
-        return i if i is not None else self.storage.last_index()
+        u = self.unstable
+        if u.entries:
+            return u.offset + len(u.entries) - 1
+        return u.snapshot.meta.index if u.snapshot is not None else self.storage.last_index()
 
     def stable_last_index(self) -> int:
         """Last index known persisted (the leader's own durable match)."""
@@ -125,6 +130,18 @@ class RaftLog:
 
     def term(self, i: int) -> int:
         """Term of entry i; 0 past the end; CompactedError before the start."""
+        u = self.unstable
+        k = i - u.offset
+        if 0 <= k < len(u.entries):
+            # An entry still in the unstable tail is in the log with this term
+            # (etcd's raftLog.term asks the tail first too). Not always the same
+            # answer as the checks below: a written prefix stays in the tail when
+            # a conflicting append replaced the Ready's last entry (stable_to
+            # trims nothing), and a compaction may pass it; there the checks
+            # raised CompactedError. Callers then slice (which raises), ask at
+            # or above the commit index, or (find_conflict_by_term) get a lower
+            # hint, whose probe the follower answers with its commit index.
+            return u.entries[k].term
         dummy = self.first_index() - 1
         if i < dummy:
             raise CompactedError(i)

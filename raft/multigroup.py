@@ -665,12 +665,22 @@ class MultiRaft:
             g = self._groups.get(m.group)
             if g is None:
                 continue  # not (yet) hosted here
+            core = g.core
+            # An answer to an active leader (not quiesced: a step may wake it).
+            answer = (m.type is MsgType.APP_RESP and core.state is StateType.LEADER
+                      and not core.quiesced)
             try:
-                g.core.step(m)
+                core.step(m)
             except Exception as exc:  # a broken invariant: this node cannot go on
                 log.error("multiraft %d: step %s failed in %s", self.node_id, m.type, m.group)
                 self._fail_stop(exc)
                 return
+            if (answer and core.state is StateType.LEADER and not core.quiesced
+                    and not core.has_ready()):
+                # It changed only the peer's progress (at window 1: the answer
+                # after the one that committed): no pass, whose `_after` would
+                # find nothing to do (applied, leader, quiescence unchanged).
+                continue
             self._dirty[m.group] = None
         if not self._dirty:
             return
@@ -895,9 +905,17 @@ class MultiRaft:
                 self._after(g)
                 continue
             rd = g.core.ready()
-            need_sync |= self._persist(g, rd, installs)
             early.extend(self._take_early(g, rd))
             work.append((g, rd))
+        queued = False
+        if early and (need_sync or any(rd.must_sync for _, rd in work)):
+            # A leader's appends need only its term, durable since its election:
+            # they leave before its own records are even buffered (encoding them
+            # is off the followers' path; a pass with nothing to fsync sends them
+            # in `_finish`, below).
+            queued, early = self._send(early), []
+        for g, rd in work:
+            need_sync |= self._persist(g, rd, installs)
         if not need_sync and not installs:
             # Nothing to fsync (a leader's commit pass): the early messages
             # gain nothing by leaving first; `_finish` sends them with the rest.
@@ -915,7 +933,8 @@ class MultiRaft:
         # beside the leader and its 2 followers, and cost ~5 wake-ups and
         # ~25 % of the leader's CPU per window-1 commit; docs/notes/w1.md).
         # Whether the early appends still wait for a writer task's loop turn.
-        queued = self._send(early) if early else False
+        if early:
+            queued = self._send(early)
         await self._commit_installs(installs)
         if need_sync:
             runner = await self._sync_runner(queued)

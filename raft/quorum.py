@@ -27,9 +27,14 @@ def committed_index(voters: Iterable[int], match: Mapping[int, int]) -> int:
 
     With no voters nothing can commit, so the answer is 0 rather than "all".
     """
-    acked = sorted((match.get(v, 0) for v in voters), reverse=True)
+    return majority_match([match.get(v, 0) for v in voters])
+
+
+def majority_match(acked: list[int]) -> int:
+    """`committed_index` over the voters' match indexes themselves (0 if none)."""
     if not acked:
         return 0
+    acked.sort(reverse=True)
     return acked[majority(len(acked)) - 1]
 
 

@@ -249,6 +249,7 @@ class GrpcTransport:
         self._channel_factory = channel_factory
         self._flush_handle: asyncio.Handle | None = None
         self._lazy_handle: asyncio.TimerHandle | None = None
+        self._sending_now = False
         self._closing = False
         self._queued = False  # the last flush queued a batch for a writer task
         self.dropped = 0  # messages reported UNREACHABLE
@@ -407,7 +408,8 @@ class GrpcTransport:
                 self._spawn(self._snapshot_task(m))
                 continue
             link.lanes[self._lane_of(m)].pending.append(m)
-        self._schedule_flush()
+        if not self._sending_now:
+            self._schedule_flush()
 
     def send_now(self, msgs: list[Message]) -> bool:
         """`send`, then flush at once instead of at the end of this loop turn:
@@ -418,10 +420,14 @@ class GrpcTransport:
         it leaves only once the caller lets the loop turn; False when all of
         it is already in the sockets (idle direct lanes)."""
         self._queued = False
-        self.send(msgs)
+        self._sending_now = True  # `send` schedules no flush only to have it cancelled
+        try:
+            self.send(msgs)
+        finally:
+            self._sending_now = False
         if self._flush_handle is not None:
             self._flush_handle.cancel()
-            self._flush()
+        self._flush()
         return self._queued
 
     def send_lazy(self, msgs: list[Message]) -> None:

@@ -102,6 +102,71 @@ async def test_a_commit_after_the_leaders_fsync_is_applied_inside_the_answers_ca
         await mr.stop()
 
 
+async def test_an_answer_that_moves_only_a_peers_progress_runs_no_pass(tmp_path):
+    """At window 1 the second follower's answer comes after the commit: it
+    moves that peer's match and nothing else (no message, no commit, no apply),
+    so no drain pass runs for it (its `_after` would find nothing to do). The
+    answer that commits still runs its pass at once, and the peer's progress
+    is kept: a later append to it starts after the entry it acknowledged."""
+    mr, _wal, out, sm = await _leader(tmp_path)
+    core = mr._groups["g"].core  # noqa: SLF001
+    try:
+        for index, data in ((3, b"x"), (4, b"y")):
+            fut = mr.propose_nowait("g", data)
+            await _until(lambda index=index: core.prs[1].match == index)
+            mr.on_messages([_ack(2, index)])
+            assert fut.done() and [i for i, _ in sm.entries][-1] == index
+            if index == 3:
+                mr.on_messages([_ack(3, 3)])  # probing until now: this one sends
+        passes, drains = mr.stats.eager_passes, mr.stats.drains
+        mr.on_messages([_ack(3, 4)])
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert mr.stats.eager_passes == passes and mr.stats.drains == drains, \
+            "a pass ran for an answer that changed only a peer's progress"
+        assert core.prs[3].match == 4
+        sent = len(out.sent)
+        fut = mr.propose_nowait("g", b"z")
+
+        def app_to_3() -> Message | None:
+            return next((m for m in out.sent[sent:]
+                         if m.type is MsgType.APP and m.to == 3 and m.entries), None)
+        await _until(lambda: app_to_3() is not None)
+        assert (app_to_3().index, [e.index for e in app_to_3().entries]) == (4, [5])
+        mr.on_messages([_ack(3, 5)])
+        async with asyncio.timeout(10):
+            assert await fut == 5
+    finally:
+        await mr.stop()
+
+
+async def test_a_new_leaders_appends_wait_for_the_fsync_of_its_term(tmp_path):
+    """The early appends (sent before the leader's own records are even
+    buffered) need only a durable term. A sole voter wins its election in one
+    step, so its first Ready holds both the new term/vote and its appends (the
+    no-op to its learner): those wait for the fsync. Else a crash before it
+    restarts the node in the old term; it wins the same term again and writes
+    another entry at the index the learner already holds with that term."""
+    out, wal, sm = _Outbox(), GatedLog(str(tmp_path / "wal")), AppendLog()
+    mr = MultiRaft(1, wal, out, snap_dir=str(tmp_path / "snap"), tick_interval_s=60)
+    mr.add_group("g", [1], learners=[2], state_machine=sm)
+    await mr.start()
+    try:
+        wal.gate.clear()
+        mr.on_messages([Message(MsgType.HUP, "g", 1, 1)])
+        async with asyncio.timeout(10):
+            await wal.waiting.wait()  # the pass holding term 1 and the no-op is fsyncing
+        assert mr.status("g")["state"] == "leader"
+        assert not [m for m in out.sent if m.type is MsgType.APP], \
+            "an append left before the fsync of the term it carries"
+        wal.gate.set()
+        await _until(lambda: any(m.type is MsgType.APP and m.to == 2 and m.term == 1
+                                 for m in out.sent))
+    finally:
+        wal.gate.set()
+        await mr.stop()
+
+
 class _SyncedOutbox(_Outbox):
     """Records, with every message sent, how many fsyncs the WAL had made."""
 
