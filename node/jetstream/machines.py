@@ -196,6 +196,11 @@ class StreamMachine:
     """One stream's group state machine. `lock` guards the pure `Stream` against the event
     loop's reads (plan, info) while an apply runs in the driver's apply worker."""
 
+    # A follower may hold its committed publishes back a little and apply several as one
+    # run (raft/multigroup.py FOLLOWER_DEFER_*): nothing waits for a follower's apply but
+    # its direct gets, which lag the leader's by at most those few entries or 20 ms.
+    defer_apply = True
+
     def __init__(self, name: str, group: str, cfg: stream_config.Config, env: NodeEnv | None,
                  sink: EffectSink, created_ns: int, domain: str = "") -> None:
         self.name = name
