@@ -322,6 +322,9 @@ class MultiRaft:
         self._running = False
         self._tick_task.cancel()
         self._kick.set()  # the drain loop finishes its pass (and its fsync) and exits
+        for g in self._groups.values():
+            if g.defer_task is not None:  # held entries stay committed in the WAL
+                g.defer_task.cancel()
         # Snapshot tasks and the drain pass may be inside a sync thread: let
         # them finish rather than close the log under them.
         await asyncio.gather(*self._tasks, return_exceptions=True)
