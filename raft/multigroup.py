@@ -1235,6 +1235,19 @@ class MultiRaft:
             g.defer_task = self._spawn(self._apply_due(g))
         return True
 
+    def apply_held(self, group: str) -> asyncio.Future[None] | None:
+        """A read served from this follower's state machine (a direct get): what the
+        hold keeps back is applied now, up to the commit index known here. None when
+        nothing is held (no wait); else a future done once it is applied."""
+        g = self._groups.get(group)
+        if g is None or g.defer_task is None:
+            return None
+        g.apply_now = True
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        g.read_waits.append((g.core.log.committed, fut))
+        self._mark(group)
+        return fut
+
     async def _apply_due(self, g: _Group) -> None:
         """The hold's deadline: the group's next pass applies what it holds."""
         await self.clock.sleep(self.follower_defer_s)

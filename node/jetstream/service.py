@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import dataclasses
 import functools
 import json
@@ -1463,6 +1464,13 @@ class JetStreamService:
         if sm is None:
             # nats-server only listens for streams that allow direct gets: no responders.
             return [(b"NATS/1.0 503\r\n\r\n", b"")]
+        held = self.mr.apply_held(sm.group) if self.mr is not None else None
+        if held is not None:
+            # A follower holding committed publishes back (raft/multigroup.py
+            # FOLLOWER_DEFER_*) applies them first: as fresh as the commit it knows.
+            # (A group removed or a node stopping meanwhile: what is stored is served.)
+            with contextlib.suppress(Exception):
+                await held
         with sm.lock:  # a follower's store is being applied to meanwhile
             return [(frame.hdr, frame.data)
                     for frame in get.direct_get(sm.store, _name(sm.name), body, call.rest)]

@@ -127,3 +127,31 @@ def test_hold_only_for_state_machines_that_opt_in() -> None:
     from node.jetstream.machines import StreamMachine
     assert StreamMachine.defer_apply is True
     assert asyncio.iscoroutinefunction(multigroup.MultiRaft._apply_due)
+
+
+async def test_apply_held_serves_a_follower_read_without_waiting_for_the_deadline(tmp_path):
+    """`apply_held` (a follower's direct get): the held entries are applied at once."""
+    c = HoldCluster(tmp_path, snapshot_every=100_000, follower_defer_s=60.0)
+    try:
+        for nid in (1, 2, 3):
+            await c.start(nid, ["g"])
+        leader = await c.leader_of("g")
+        await c.until(lambda: all(mr.leader("g") == leader.node_id for mr in c.nodes.values()))
+        idx = 0
+        for k in range(2):
+            idx = await leader.propose("g", f"h{k}".encode())
+        await c.until(lambda: all(mr.status("g")["commit"] >= idx for mr in c.nodes.values()),
+                      timeout=10)
+        for mr in c.nodes.values():
+            if mr is leader:
+                assert mr.apply_held("g") is None  # a leader holds nothing
+                continue
+            sm = c.sms[mr.node_id]["g"]
+            assert (idx, b"h1") not in sm.entries  # held
+            held = mr.apply_held("g")
+            assert held is not None
+            await asyncio.wait_for(held, 5)
+            assert (idx, b"h1") in sm.entries
+            assert mr.apply_held("g") is None  # nothing held any more
+    finally:
+        await c.close()
