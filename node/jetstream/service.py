@@ -90,7 +90,7 @@ from node.jetstream.store.base import file_size, memory_size
 from node.jetstream.store.lmdbstore import LmdbStore, NodeEnv, stored_names
 from node.jetstream.stream import Delivered, Effect, Reply, Republish, Stored, rfc3339
 from node.subject import subject_matches
-from raft.multigroup import MultiRaft, NotLeader, ProposalDropped
+from raft.multigroup import FOLLOWER_DEFER_S, MultiRaft, NotLeader, ProposalDropped
 from raft.snapfile import SnapshotFileError
 from raft.storage import ARCHIVE_DIR, NodeLog
 
@@ -310,7 +310,8 @@ class JetStreamService:
         self.mr = MultiRaft(self.node_id, node_log, _NoPeers() if self.jsc is None else None,
                             tick_interval_s=tick, election_tick=election,
                             snap_dir=os.path.join(raft_dir, "snap"),
-                            on_fatal=self._on_fatal, snapshot_every=_snapshot_every())
+                            on_fatal=self._on_fatal, snapshot_every=_snapshot_every(),
+                            follower_defer_s=_follower_defer_s())
         if self.jsc is not None:
             self.jsc.bind_transport(self.mr)
         await self.mr.start()
@@ -2752,6 +2753,13 @@ def _snapshot_every() -> int:
     """Applied entries between WAL compactions. JETRAFT_JS_SNAPSHOT_EVERY lowers it in
     tests so compaction happens within a few hundred publishes."""
     return int(os.environ.get("JETRAFT_JS_SNAPSHOT_EVERY", "10000"))
+
+
+def _follower_defer_s() -> float:
+    """How long a stream's follower may hold committed publishes before applying them
+    (raft/multigroup.py FOLLOWER_DEFER_S). JETRAFT_FOLLOWER_DEFER_S raises it in tests
+    that must tell a held entry from an applied one; 0 turns the hold off."""
+    return float(os.environ.get("JETRAFT_FOLLOWER_DEFER_S", str(FOLLOWER_DEFER_S)))
 
 
 def _filters(cfg: dict[str, Any]) -> list[str]:
