@@ -670,6 +670,9 @@ class MultiRaft:
             "term": c.term, "leader": c.lead, "commit": c.commit, "applied": c.applied,
             "last_index": c.log.last_index(), "first_index": c.log.first_index(),
             "quiesced": c.quiesced, "voters": list(cs.voters), "learners": list(cs.learners),
+            # A follower holding committed entries back (FOLLOWER_DEFER_*): durable here
+            # and applied within the hold's deadline, so caught up for health checks.
+            "holding": g.defer_task is not None,
             "match": {nid: p.match for nid, p in c.prs.items()} if c.state is StateType.LEADER
             else {},
         }

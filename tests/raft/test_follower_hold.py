@@ -148,10 +148,13 @@ async def test_apply_held_serves_a_follower_read_without_waiting_for_the_deadlin
                 continue
             sm = c.sms[mr.node_id]["g"]
             assert (idx, b"h1") not in sm.entries  # held
+            st = mr.status("g")
+            assert st["holding"] and st["applied"] < st["commit"]  # caught up for /healthz
             held = mr.apply_held("g")
             assert held is not None
             await asyncio.wait_for(held, 5)
             assert (idx, b"h1") in sm.entries
             assert mr.apply_held("g") is None  # nothing held any more
+            assert not mr.status("g")["holding"]
     finally:
         await c.close()
