@@ -124,8 +124,6 @@ async def test_a_follower_that_is_elected_applies_what_it_held_first(tmp_path):
 
 def test_hold_only_for_state_machines_that_opt_in() -> None:
     assert getattr(AppendLog(), "defer_apply", False) is False
-    from node.jetstream.machines import StreamMachine
-    assert StreamMachine.defer_apply is True
     assert asyncio.iscoroutinefunction(multigroup.MultiRaft._apply_due)
 
 
