@@ -1243,7 +1243,8 @@ class MultiRaft:
         hold keeps back is applied now, up to the commit index known here. None when
         nothing is held (no wait); else a future done once it is applied."""
         g = self._groups.get(group)
-        if g is None or g.defer_task is None:
+        # (`apply_now` without a task: the deadline fired, its pass is still to come.)
+        if g is None or (g.defer_task is None and not g.apply_now):
             return None
         g.apply_now = True
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()

@@ -156,3 +156,43 @@ async def test_apply_held_serves_a_follower_read_without_waiting_for_the_deadlin
             assert not mr.status("g")["holding"]
     finally:
         await c.close()
+
+
+async def _holding_follower(c: HoldCluster) -> tuple[multigroup.MultiRaft, int]:
+    """A follower that holds the last of two committed entries (hold of a minute)."""
+    for nid in (1, 2, 3):
+        await c.start(nid, ["g"])
+    leader = await c.leader_of("g")
+    await c.until(lambda: all(mr.leader("g") == leader.node_id for mr in c.nodes.values()))
+    idx = 0
+    for k in range(2):
+        idx = await leader.propose("g", f"d{k}".encode())
+    await c.until(lambda: all(mr.status("g")["commit"] >= idx for mr in c.nodes.values()),
+                  timeout=10)
+    follower = next(mr for mr in c.nodes.values()
+                    if mr is not leader and mr.status("g")["holding"])
+    assert (idx, b"d1") not in c.sms[follower.node_id]["g"].entries
+    return follower, idx
+
+
+async def test_a_read_between_the_deadline_and_its_pass_still_gets_the_held_entries(tmp_path):
+    """The hold's deadline has fired (its task is over) but the pass that applies is still
+    to come (e.g. the current pass is in its fsync): a direct get arriving then must still
+    wait for the held entries, not read the store without them."""
+    c = HoldCluster(tmp_path, snapshot_every=100_000, follower_defer_s=60.0)
+    try:
+        follower, idx = await _holding_follower(c)
+        g = follower._groups["g"]
+        g.defer_task.cancel()
+        g.defer_task = None
+        follower.follower_defer_s = 1e-6
+        await follower._apply_due(g)  # the deadline fires; no loop turn after it
+        held = follower.apply_held("g")
+        sm = c.sms[follower.node_id]["g"]
+        assert held is not None or (idx, b"d1") in sm.entries, "a stale read"
+        if held is not None:
+            await asyncio.wait_for(held, 5)
+        assert (idx, b"d1") in sm.entries
+    finally:
+        await c.close()
+
