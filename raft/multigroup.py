@@ -493,6 +493,8 @@ class MultiRaft:
             return
         self._active.pop(group, None)
         self._dirty.pop(group, None)
+        if g.defer_task is not None:  # nothing left to apply: the hold's deadline goes
+            g.defer_task.cancel()
         self._fail_all(g, ProposalDropped("group removed"))
         self.node_log.drop_group(group)
         self._force_sync = True

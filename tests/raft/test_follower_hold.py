@@ -196,3 +196,17 @@ async def test_a_read_between_the_deadline_and_its_pass_still_gets_the_held_entr
     finally:
         await c.close()
 
+
+async def test_removing_a_holding_group_ends_its_deadline(tmp_path):
+    """A group removed while it holds: its deadline task goes with it (else `stop` waits
+    for the whole hold, and a name hosted again shares nothing with it)."""
+    c = HoldCluster(tmp_path, snapshot_every=100_000, follower_defer_s=60.0)
+    try:
+        follower, _ = await _holding_follower(c)
+        task = follower._groups["g"].defer_task
+        assert task is not None
+        follower.remove_group("g")
+        await asyncio.sleep(0.1)
+        assert task.done(), "the removed group's deadline is still pending"
+    finally:
+        await c.close()
