@@ -34,6 +34,7 @@ import os
 import secrets
 import threading
 import time
+import traceback
 from typing import Any
 
 from node.jetstream import (
@@ -524,7 +525,11 @@ class JetStreamService:
             # gone) must not be served without that stream: stop, as after a failed fsync.
             self._on_fatal(exc)
             return
-        self.log.error(f"JetStream task failed: {exc!r}")
+        # Which task, and where it was (one line: a test's log check prints it).
+        where = " < ".join(f"{f.name}:{f.lineno}" for f in
+                           reversed(traceback.extract_tb(exc.__traceback__)[-4:]))
+        self.log.error(f"JetStream task {getattr(task.get_coro(), '__qualname__', '?')} "
+                       f"failed: {exc!r} at {where}")
 
     # ------------------------------------------------------------------ streams
 
