@@ -2615,7 +2615,15 @@ class JetStreamService:
 
     async def _expire_consumer(self, sm: StreamMachine, name: str) -> None:
         """An inactive consumer goes as a deleted one does: through the log."""
-        await self._propose(sm, ops.ConsumerDelete(time.time_ns(), name))
+        try:
+            await self._propose(sm, ops.ConsumerDelete(time.time_ns(), name))
+        except (ProposalDropped, NotLeader, KeyError) as exc:
+            # Moot: another node expires it too (the stream's leader keeps a pull for a
+            # consumer with a group of its own, whose leader expires it as well) and its
+            # delete removed the group under this proposal; or the leadership moved.
+            self.log.warn(f"JetStream consumer {sm.name} > {name}: expiry not needed: {exc!r}")
+            self.pulls.pop((sm.name, name), None)
+            return
         if self.jsc is not None and (sm.name, name) in self._own_groups():
             await self.jsc.place_consumer(sm.name, name, None, 0, 0)  # its group goes
         self.pulls.pop((sm.name, name), None)
