@@ -97,6 +97,15 @@ INLINE_SYNC_BYTES = 64 << 10
 # `propose_quiet(merge=)`: queued proposals merged into one entry at most this big
 # and this many (a bigger proposal stays alone).
 MERGE_MAX_BYTES = 256 << 10
+# A follower of a group whose state machine sets `defer_apply` holds its
+# committed entries back (it is in no hurry: nothing waits for its apply) until
+# FOLLOWER_DEFER_ENTRIES of them, or FOLLOWER_DEFER_S after the first one, and
+# applies them as ONE run: one store transaction instead of one per publish,
+# and no apply right after each APP_RESP, when the leader needs the core
+# (docs/notes/r3f.md). Never held: a leader's or candidate's entries, a
+# membership change, entries a read waits for, more than the inline apply takes.
+FOLLOWER_DEFER_ENTRIES = INLINE_APPLY_ENTRIES
+FOLLOWER_DEFER_S = 0.02
 MERGE_MAX_COUNT = 1024
 _EARLY = frozenset({MsgType.APP, MsgType.HEARTBEAT})  # leader messages that need only the term
 
@@ -195,6 +204,10 @@ class _Group:
     # before the apply), so the core re-applies up to it as it re-learns the
     # commit; no image is taken before (it would hold entries not applied here).
     held_at_start: int = 0
+    # Follower apply deferral (FOLLOWER_DEFER_*): the task that ends it at its
+    # deadline, and whether the next pass must apply what is held.
+    defer_task: asyncio.Task[Any] | None = None
+    apply_now: bool = False
 
 
 class MultiRaft:
@@ -219,6 +232,7 @@ class MultiRaft:
         on_fatal: Any = None,
         inline_apply_entries: int = INLINE_APPLY_ENTRIES,
         inline_sync_bytes: int = INLINE_SYNC_BYTES,
+        follower_defer_s: float = FOLLOWER_DEFER_S,
     ) -> None:
         self.node_id = node_id
         # The world, behind interfaces (raft/runtime.py): a simulation passes
@@ -242,6 +256,7 @@ class MultiRaft:
         self.max_uncommitted_entries = max_uncommitted_entries
         self.inline_apply_entries = inline_apply_entries
         self.inline_sync_bytes = inline_sync_bytes
+        self.follower_defer_s = follower_defer_s  # 0: followers apply at once
         self.stats = DriverStats()
         self._seed = seed if seed is not None else node_id * 7919
         self._groups: dict[str, _Group] = {}
@@ -307,6 +322,9 @@ class MultiRaft:
         self._running = False
         self._tick_task.cancel()
         self._kick.set()  # the drain loop finishes its pass (and its fsync) and exits
+        for g in self._groups.values():
+            if g.defer_task is not None:  # held entries stay committed in the WAL
+                g.defer_task.cancel()
         # Snapshot tasks and the drain pass may be inside a sync thread: let
         # them finish rather than close the log under them.
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -475,6 +493,8 @@ class MultiRaft:
             return
         self._active.pop(group, None)
         self._dirty.pop(group, None)
+        if g.defer_task is not None:  # nothing left to apply: the hold's deadline goes
+            g.defer_task.cancel()
         self._fail_all(g, ProposalDropped("group removed"))
         self.node_log.drop_group(group)
         self._force_sync = True
@@ -652,6 +672,9 @@ class MultiRaft:
             "term": c.term, "leader": c.lead, "commit": c.commit, "applied": c.applied,
             "last_index": c.log.last_index(), "first_index": c.log.first_index(),
             "quiesced": c.quiesced, "voters": list(cs.voters), "learners": list(cs.learners),
+            # A follower holding committed entries back (FOLLOWER_DEFER_*): durable here
+            # and applied within the hold's deadline, so caught up for health checks.
+            "holding": g.defer_task is not None,
             "match": {nid: p.match for nid, p in c.prs.items()} if c.state is StateType.LEADER
             else {},
         }
@@ -905,6 +928,8 @@ class MultiRaft:
                 self._after(g)
                 continue
             rd = g.core.ready()
+            if rd.committed_entries and self._hold_apply(g, rd):
+                rd.committed_entries = []  # not applied: the core offers them again
             early.extend(self._take_early(g, rd))
             work.append((g, rd))
         queued = False
@@ -1213,6 +1238,59 @@ class MultiRaft:
         return [e for e in rd.committed_entries
                 if e.index > floor and (e.data or e.type is not EntryType.NORMAL)]
 
+    def _hold_apply(self, g: _Group, rd: Ready) -> bool:
+        """Whether a follower keeps this Ready's committed entries for later
+        (FOLLOWER_DEFER_*); arms the deadline that ends the hold."""
+        ents = rd.committed_entries
+        if (self.follower_defer_s <= 0 or g.apply_now
+                or g.core.state is not StateType.FOLLOWER
+                or not getattr(g.sm, "defer_apply", False)
+                or len(ents) >= FOLLOWER_DEFER_ENTRIES
+                or rd.snapshot is not None or rd.read_states or g.read_waits or g.reads
+                or g.installing or g.held_at_start > g.core.applied
+                or any(e.type is not EntryType.NORMAL for e in ents)
+                or sum(len(e.data) for e in ents) > INLINE_APPLY_BYTES):
+            g.apply_now = False
+            if g.defer_task is not None:  # applied now: its deadline is moot
+                g.defer_task.cancel()
+                g.defer_task = None
+            return False
+        if g.defer_task is None:
+            g.defer_task = self._spawn(self._apply_due(g))
+        return True
+
+    def apply_held(self, group: str) -> asyncio.Future[None] | None:
+        """A read served from this follower's state machine (a direct get): what the
+        hold keeps back is applied now, up to the commit index known here. None when
+        nothing is held (no wait); else a future done once it is applied."""
+        g = self._groups.get(group)
+        # (`apply_now` without a task: the deadline fired, its pass is still to come.)
+        if g is None or (g.defer_task is None and not g.apply_now):
+            return None
+        g.apply_now = True
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        g.read_waits.append((g.core.log.committed, fut))
+        self._mark(group)
+        return fut
+
+    async def _apply_due(self, g: _Group) -> None:
+        """The hold's deadline: the group's next pass applies what it holds."""
+        await self.clock.sleep(self.follower_defer_s)
+        g.defer_task = None  # (a cancelled task never gets here: no newer one is cleared)
+        if self._groups.get(g.name) is g and self._running:
+            g.apply_now = True
+            self._mark(g.name)
+
+    def _holding(self, g: _Group) -> bool:
+        """The group's only pending work is committed entries it holds back:
+        no pass until its deadline (or other work) comes."""
+        core = g.core
+        lg = core.log
+        return (g.defer_task is not None and not g.apply_now
+                and core.state is StateType.FOLLOWER and not core.msgs
+                and not core.read_states and not lg.unstable.entries
+                and lg.unstable.snapshot is None and core.hard_state() == core.prev_hs)
+
     def _settle(self, g: _Group, rd: Ready) -> None:
         """After the apply: resolve proposals, record conf changes, hand out reads."""
         for e in rd.committed_entries:
@@ -1256,7 +1334,7 @@ class MultiRaft:
             self._active.pop(g.name, None)
         else:
             self._active[g.name] = None
-        if core.has_ready() or g.props:
+        if (core.has_ready() and not self._holding(g)) or g.props:
             self._mark(g.name)
         snap_index = core.log.first_index() - 1
         if not g.snapshotting and applied - snap_index >= self.snapshot_every:

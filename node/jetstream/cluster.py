@@ -1105,7 +1105,7 @@ class ClusterJS:
             if sm is None:
                 return False
             g = mr.status(sm.group)
-            if not g["leader"] or g["applied"] < g["commit"]:
+            if not g["leader"] or (g["applied"] < g["commit"] and not g["holding"]):
                 return False
         return True
 

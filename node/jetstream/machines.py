@@ -31,6 +31,7 @@ import json
 import os
 import struct
 import threading
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -208,6 +209,9 @@ class StreamMachine:
         self.lock = threading.RLock()
         self.store: Any = self._new_store()
         self.stream = Stream(cfg, self.store, self.domain)
+        # Consumer groups hosted here that read their messages from this replica (weak: a
+        # group's machine dropped without `drop` still leaves).
+        self.readers: weakref.WeakSet[Any] = weakref.WeakSet()
         # Result effects (purge, message delete) and Delivered effects by Raft index, for
         # the coroutine that proposed the entry; popped by it once `propose` resolves. Only
         # kept once `track` is set (after the start-up replay, whose entries nobody awaits).
@@ -266,6 +270,15 @@ class StreamMachine:
             self.inflight.release_entries(run)
         if effects:
             self.sink(self, effects)
+
+    @property
+    def defer_apply(self) -> bool:
+        """A follower may hold its committed publishes back a little and apply several as
+        one run (raft/multigroup.py FOLLOWER_DEFER_*): nothing here waits for its apply
+        but a direct get, which applies what is held first (`MultiRaft.apply_held`).
+        Not while a consumer group hosted here delivers from this replica: its
+        deliveries would wait for the hold."""
+        return not self.readers
 
     def _before_commit(self, effects: list[Effect]) -> list[Effect]:
         early = self.early
@@ -425,6 +438,7 @@ class ConsumerMachine:
                  sink: Callable[[ConsumerMachine, list[Effect]], None],
                  initial: bytes = b"") -> None:
         self.stream_machine = stream
+        stream.readers.add(self)  # its stream's replica here applies without a hold
         # the state the group starts from (a consumer that moved out of its stream's
         # group brings its acks and redelivery counts: the meta entry's `state`)
         self.initial = initial
@@ -537,6 +551,7 @@ class ConsumerMachine:
             self.leader_hook(leader_id, term)
 
     def drop(self) -> None:
+        self.stream_machine.readers.discard(self)
         with self.lock:
             if self.env is not None:
                 self.own.drop()

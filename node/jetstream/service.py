@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import dataclasses
 import functools
 import json
@@ -33,6 +34,7 @@ import os
 import secrets
 import threading
 import time
+import traceback
 from typing import Any
 
 from node.jetstream import (
@@ -89,7 +91,7 @@ from node.jetstream.store.base import file_size, memory_size
 from node.jetstream.store.lmdbstore import LmdbStore, NodeEnv, stored_names
 from node.jetstream.stream import Delivered, Effect, Reply, Republish, Stored, rfc3339
 from node.subject import subject_matches
-from raft.multigroup import MultiRaft, NotLeader, ProposalDropped
+from raft.multigroup import FOLLOWER_DEFER_S, MultiRaft, NotLeader, ProposalDropped
 from raft.snapfile import SnapshotFileError
 from raft.storage import ARCHIVE_DIR, NodeLog
 
@@ -309,7 +311,8 @@ class JetStreamService:
         self.mr = MultiRaft(self.node_id, node_log, _NoPeers() if self.jsc is None else None,
                             tick_interval_s=tick, election_tick=election,
                             snap_dir=os.path.join(raft_dir, "snap"),
-                            on_fatal=self._on_fatal, snapshot_every=_snapshot_every())
+                            on_fatal=self._on_fatal, snapshot_every=_snapshot_every(),
+                            follower_defer_s=_follower_defer_s())
         if self.jsc is not None:
             self.jsc.bind_transport(self.mr)
         await self.mr.start()
@@ -522,7 +525,11 @@ class JetStreamService:
             # gone) must not be served without that stream: stop, as after a failed fsync.
             self._on_fatal(exc)
             return
-        self.log.error(f"JetStream task failed: {exc!r}")
+        # Which task, and where it was (one line: a test's log check prints it).
+        where = " < ".join(f"{f.name}:{f.lineno}" for f in
+                           reversed(traceback.extract_tb(exc.__traceback__)[-4:]))
+        self.log.error(f"JetStream task {getattr(task.get_coro(), '__qualname__', '?')} "
+                       f"failed: {exc!r} at {where}")
 
     # ------------------------------------------------------------------ streams
 
@@ -1463,6 +1470,13 @@ class JetStreamService:
         if sm is None:
             # nats-server only listens for streams that allow direct gets: no responders.
             return [(b"NATS/1.0 503\r\n\r\n", b"")]
+        held = self.mr.apply_held(sm.group) if self.mr is not None else None
+        if held is not None:
+            # A follower holding committed publishes back (raft/multigroup.py
+            # FOLLOWER_DEFER_*) applies them first: as fresh as the commit it knows.
+            # (A group removed or a node stopping meanwhile: what is stored is served.)
+            with contextlib.suppress(Exception):
+                await held
         with sm.lock:  # a follower's store is being applied to meanwhile
             return [(frame.hdr, frame.data)
                     for frame in get.direct_get(sm.store, _name(sm.name), body, call.rest)]
@@ -2601,7 +2615,15 @@ class JetStreamService:
 
     async def _expire_consumer(self, sm: StreamMachine, name: str) -> None:
         """An inactive consumer goes as a deleted one does: through the log."""
-        await self._propose(sm, ops.ConsumerDelete(time.time_ns(), name))
+        try:
+            await self._propose(sm, ops.ConsumerDelete(time.time_ns(), name))
+        except (ProposalDropped, NotLeader, KeyError) as exc:
+            # Moot: another node expires it too (the stream's leader keeps a pull for a
+            # consumer with a group of its own, whose leader expires it as well) and its
+            # delete removed the group under this proposal; or the leadership moved.
+            self.log.warn(f"JetStream consumer {sm.name} > {name}: expiry not needed: {exc!r}")
+            self.pulls.pop((sm.name, name), None)
+            return
         if self.jsc is not None and (sm.name, name) in self._own_groups():
             await self.jsc.place_consumer(sm.name, name, None, 0, 0)  # its group goes
         self.pulls.pop((sm.name, name), None)
@@ -2744,6 +2766,13 @@ def _snapshot_every() -> int:
     """Applied entries between WAL compactions. JETRAFT_JS_SNAPSHOT_EVERY lowers it in
     tests so compaction happens within a few hundred publishes."""
     return int(os.environ.get("JETRAFT_JS_SNAPSHOT_EVERY", "10000"))
+
+
+def _follower_defer_s() -> float:
+    """How long a stream's follower may hold committed publishes before applying them
+    (raft/multigroup.py FOLLOWER_DEFER_S). JETRAFT_FOLLOWER_DEFER_S raises it in tests
+    that must tell a held entry from an applied one; 0 turns the hold off."""
+    return float(os.environ.get("JETRAFT_FOLLOWER_DEFER_S", str(FOLLOWER_DEFER_S)))
 
 
 def _filters(cfg: dict[str, Any]) -> list[str]:

@@ -287,3 +287,26 @@ async def test_kill_9_of_every_node_then_restart(js3: JsCluster, audit_spark, tm
     assert errors_in_logs(js3) == []
     audit_after(audit_spark, js3, [("K", d, seq) for d, seq in acked] + [("K", "after", 101)],
                 tmp_path)
+
+
+async def test_a_follower_direct_get_sees_what_it_holds(tmp_path, monkeypatch) -> None:
+    """Followers hold committed publishes back (raft/multigroup.py FOLLOWER_DEFER_*; here
+    for a minute): a DIRECT.GET answered by a follower applies what it holds first, so
+    every acked message is readable on every replica well before the hold's deadline."""
+    monkeypatch.setenv("JETRAFT_FOLLOWER_DEFER_S", "60")  # inherited by the nodes
+    c = JsCluster(tmp_path / "c", 3)
+    try:
+        c.start()
+        c.wait_js()
+        admin = await connect(c.nodes[0])
+        js = admin.jetstream(timeout=10)
+        await js.add_stream(name="K", subjects=["k"], num_replicas=3, allow_direct=True)
+        acks = [await js.publish("k", f"h{i}".encode()) for i in range(2)]
+        await admin.close()
+        for node in c.nodes:
+            # The commit of the last entry reaches a follower with the leader's next
+            # (lazy) append: a moment, not the hold's minute.
+            await until(lambda node=node: _at_least(node, acks[-1].seq), timeout=10)
+            assert await replica_contents(node, acks[-1].seq) == ["h0", "h1"], node.name
+    finally:
+        c.stop()

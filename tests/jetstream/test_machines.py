@@ -363,3 +363,23 @@ def test_an_export_taken_while_applies_go_on_is_the_state_at_its_index(
         ref_env.close()
         dst_env.close()
     src_env.close()
+
+
+def test_a_stream_replica_read_by_a_consumer_group_here_applies_without_a_hold(
+        tmp_path: Path) -> None:
+    """A follower's stream replica may hold committed publishes (defer_apply) only while no
+    consumer group hosted on this node delivers from it."""
+    env = NodeEnv(str(tmp_path))
+    sm = _machine(env)
+    assert sm.defer_apply
+    cm = _consumer_machine(sm, memory=True)
+    assert not sm.defer_apply
+    cm.drop()
+    assert sm.defer_apply
+    cm2 = _consumer_machine(sm, memory=True)
+    assert not sm.defer_apply
+    del cm2  # dropped without `drop`: gone with the machine
+    import gc
+    gc.collect()
+    assert sm.defer_apply
+    env.close()

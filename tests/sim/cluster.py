@@ -84,6 +84,12 @@ class RunResult:
 class SimSM:
     """An in-memory state machine whose images are files on the SimDisk."""
 
+    @property
+    def defer_apply(self) -> bool:
+        """Odd nodes opt in to the follower hold (raft/multigroup.py FOLLOWER_DEFER_*):
+        every schedule runs held and unheld followers side by side."""
+        return self.node % 2 == 1
+
     def __init__(self, node: int, checker: Checker, disk: SimDisk) -> None:
         self.node = node
         self.checker = checker

@@ -1,0 +1,212 @@
+"""Followers of a `defer_apply` group hold committed entries back and apply them as runs
+(raft/multigroup.py FOLLOWER_DEFER_*): three real drivers, real WAL fsyncs, real gRPC."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from raft import multigroup
+from tests.raft.test_multigroup import AppendLog, Cluster
+
+pytestmark = pytest.mark.timeout(120)
+
+
+class HoldLog(AppendLog):
+    """Opts in to the follower hold; records the runs it is given and what it held when
+    it learned it leads."""
+
+    defer_apply = True
+
+    def __init__(self, node_id: int) -> None:
+        super().__init__()
+        self.node_id = node_id
+        self.runs: list[int] = []
+        self.at_lead: list[int] = []  # entries applied when this node became leader
+
+    def apply_batch(self, run: list[tuple[int, bytes]]) -> None:
+        self.runs.append(len(run))
+        for index, data in run:
+            self.apply(index, data)
+
+    def on_leader_change(self, leader_id: int, term: int) -> None:
+        super().on_leader_change(leader_id, term)
+        if leader_id == self.node_id:
+            self.at_lead.append(len(self.entries))
+
+
+class HoldCluster(Cluster):
+    async def start(self, nid: int, groups: list[str]) -> multigroup.MultiRaft:
+        mr = multigroup.create(nid, str(self.tmp / f"n{nid}"), self.addrs[nid], self.addrs,
+                               tick_interval_s=0.05, **self.kw)
+        self.sms[nid] = {}
+        for g in groups:
+            self.sms[nid][g] = HoldLog(nid)
+            mr.add_group(g, list(self.addrs), state_machine=self.sms[nid][g])
+        await mr.start()
+        self.nodes[nid] = mr
+        return mr
+
+
+async def test_followers_apply_held_entries_in_runs_and_by_the_deadline(tmp_path):
+    """One proposal at a time: each follower applies several entries per run, and the last
+    ones (no further append to bring them) by the hold's deadline."""
+    c = HoldCluster(tmp_path, snapshot_every=100_000, follower_defer_s=0.2)
+    try:
+        for nid in (1, 2, 3):
+            await c.start(nid, ["g"])
+        leader = await c.leader_of("g")
+        last = 0
+        for k in range(21):
+            last = await leader.propose("g", f"x{k}".encode())
+        followers = [nid for nid, mr in c.nodes.items() if mr is not leader]
+        await c.until(lambda: all(c.sms[f]["g"].entries[-1:] == [(last, b"x20")]
+                                  for f in followers), timeout=10)
+        want = c.sms[leader.node_id]["g"].entries
+        for f in followers:
+            sm = c.sms[f]["g"]
+            assert sm.entries == want
+            assert max(sm.runs) > 1, sm.runs  # held and applied together
+            assert max(sm.runs) <= multigroup.FOLLOWER_DEFER_ENTRIES, sm.runs
+            assert c.nodes[f].status("g")["applied"] == last
+    finally:
+        await c.close()
+
+
+async def test_a_follower_read_index_applies_what_it_holds(tmp_path):
+    """A read on a follower waits for its apply up to the read index: held entries go at
+    once, not at the (here very long) deadline."""
+    c = HoldCluster(tmp_path, snapshot_every=100_000, follower_defer_s=60.0)
+    try:
+        for nid in (1, 2, 3):
+            await c.start(nid, ["g"])
+        leader = await c.leader_of("g")
+        follower = next(mr for mr in c.nodes.values() if mr is not leader)
+        await c.until(lambda: follower.leader("g") == leader.node_id)
+        idx = 0
+        for k in range(2):
+            idx = await leader.propose("g", f"y{k}".encode())
+        await follower.read_index("g", timeout=5.0)
+        assert follower.status("g")["applied"] >= idx
+        assert (idx, b"y1") in c.sms[follower.node_id]["g"].entries
+    finally:
+        await c.close()
+
+
+async def test_a_follower_that_is_elected_applies_what_it_held_first(tmp_path):
+    """The new leader's state machine holds every committed entry when it learns it leads
+    (its candidacy ends the hold), although the deadline is far away."""
+    c = HoldCluster(tmp_path, snapshot_every=100_000, follower_defer_s=60.0)
+    try:
+        for nid in (1, 2, 3):
+            await c.start(nid, ["g"])
+        old = await c.leader_of("g")
+        await c.until(lambda: all(mr.leader("g") == old.node_id for mr in c.nodes.values()))
+        for k in range(2):
+            await old.propose("g", f"z{k}".encode())
+        committed = len(c.sms[old.node_id]["g"].entries)
+        # Let the followers learn the commit of the last entry (a lazy commit append).
+        await c.until(lambda: all(mr.status("g")["commit"] == old.status("g")["commit"]
+                                  for mr in c.nodes.values()), timeout=10)
+        held = [nid for nid, mr in c.nodes.items()
+                if mr is not old and len(c.sms[nid]["g"].entries) < committed]
+        assert held, "the followers applied at once: nothing was held"
+        await c.stop(old.node_id)
+        new = await c.leader_of("g")
+        sm = c.sms[new.node_id]["g"]
+        await c.until(lambda: sm.at_lead, timeout=10)
+        assert sm.at_lead[0] >= committed, (sm.at_lead, committed)
+        assert [d for d in sm.datas() if d.startswith(b"z")] == [b"z0", b"z1"]
+    finally:
+        await c.close()
+
+
+def test_hold_only_for_state_machines_that_opt_in() -> None:
+    assert getattr(AppendLog(), "defer_apply", False) is False
+    assert asyncio.iscoroutinefunction(multigroup.MultiRaft._apply_due)
+
+
+async def test_apply_held_serves_a_follower_read_without_waiting_for_the_deadline(tmp_path):
+    """`apply_held` (a follower's direct get): the held entries are applied at once."""
+    c = HoldCluster(tmp_path, snapshot_every=100_000, follower_defer_s=60.0)
+    try:
+        for nid in (1, 2, 3):
+            await c.start(nid, ["g"])
+        leader = await c.leader_of("g")
+        await c.until(lambda: all(mr.leader("g") == leader.node_id for mr in c.nodes.values()))
+        idx = 0
+        for k in range(2):
+            idx = await leader.propose("g", f"h{k}".encode())
+        await c.until(lambda: all(mr.status("g")["commit"] >= idx for mr in c.nodes.values()),
+                      timeout=10)
+        for mr in c.nodes.values():
+            if mr is leader:
+                assert mr.apply_held("g") is None  # a leader holds nothing
+                continue
+            sm = c.sms[mr.node_id]["g"]
+            assert (idx, b"h1") not in sm.entries  # held
+            st = mr.status("g")
+            assert st["holding"] and st["applied"] < st["commit"]  # caught up for /healthz
+            held = mr.apply_held("g")
+            assert held is not None
+            await asyncio.wait_for(held, 5)
+            assert (idx, b"h1") in sm.entries
+            assert mr.apply_held("g") is None  # nothing held any more
+            assert not mr.status("g")["holding"]
+    finally:
+        await c.close()
+
+
+async def _holding_follower(c: HoldCluster) -> tuple[multigroup.MultiRaft, int]:
+    """A follower that holds the last of two committed entries (hold of a minute)."""
+    for nid in (1, 2, 3):
+        await c.start(nid, ["g"])
+    leader = await c.leader_of("g")
+    await c.until(lambda: all(mr.leader("g") == leader.node_id for mr in c.nodes.values()))
+    idx = 0
+    for k in range(2):
+        idx = await leader.propose("g", f"d{k}".encode())
+    await c.until(lambda: all(mr.status("g")["commit"] >= idx for mr in c.nodes.values()),
+                  timeout=10)
+    follower = next(mr for mr in c.nodes.values()
+                    if mr is not leader and mr.status("g")["holding"])
+    assert (idx, b"d1") not in c.sms[follower.node_id]["g"].entries
+    return follower, idx
+
+
+async def test_a_read_between_the_deadline_and_its_pass_still_gets_the_held_entries(tmp_path):
+    """The hold's deadline has fired (its task is over) but the pass that applies is still
+    to come (e.g. the current pass is in its fsync): a direct get arriving then must still
+    wait for the held entries, not read the store without them."""
+    c = HoldCluster(tmp_path, snapshot_every=100_000, follower_defer_s=60.0)
+    try:
+        follower, idx = await _holding_follower(c)
+        g = follower._groups["g"]
+        g.defer_task.cancel()
+        g.defer_task = None
+        follower.follower_defer_s = 1e-6
+        await follower._apply_due(g)  # the deadline fires; no loop turn after it
+        held = follower.apply_held("g")
+        sm = c.sms[follower.node_id]["g"]
+        assert held is not None or (idx, b"d1") in sm.entries, "a stale read"
+        if held is not None:
+            await asyncio.wait_for(held, 5)
+        assert (idx, b"d1") in sm.entries
+    finally:
+        await c.close()
+
+
+async def test_removing_a_holding_group_ends_its_deadline(tmp_path):
+    """A group removed while it holds: its deadline task goes with it (else `stop` waits
+    for the whole hold, and a name hosted again shares nothing with it)."""
+    c = HoldCluster(tmp_path, snapshot_every=100_000, follower_defer_s=60.0)
+    try:
+        follower, _ = await _holding_follower(c)
+        task = follower._groups["g"].defer_task
+        assert task is not None
+        follower.remove_group("g")
+        await asyncio.sleep(0.1)
+        assert task.done(), "the removed group's deadline is still pending"
+    finally:
+        await c.close()
