@@ -87,12 +87,14 @@ class JetStreamConsumerHook:
 
 class _StreamStub:
     """What a ConsumerMachine reads of its stream: the env, a lock, a name (its messages
-    are not needed to apply its entries)."""
+    are not needed to apply its entries), and `readers`, where it registers (on a node,
+    a stream replica read by a consumer group applies without the follower hold)."""
 
     def __init__(self, name: str, env: Any) -> None:
         self.name = name
         self.env = env
         self.lock = threading.RLock()
+        self.readers: set[Any] = set()
 
 
 class _Scratch:
