@@ -400,6 +400,9 @@ class GrpcTransport:
         """Queue messages; never blocks. Flushed as one Batch per peer this loop turn."""
         for m in msgs:
             link = self._links.get(m.to)
+            if link is None and m.type == MsgType.SNAP:
+                self._snapshot_failed(m)  # UNREACHABLE would leave it paused in SNAPSHOT
+                continue
             if link is None:  # not (or no longer) a peer: Raft treats it as down
                 self._unreachable(m.to, {m.group})
                 continue
@@ -1034,14 +1037,27 @@ class GrpcTransport:
         return ack.ok
 
     async def _snapshot_task(self, msg: Message) -> None:
+        """Stream one SNAP and always report how it went (SNAP_STATUS): the
+        leader sends that peer nothing else until the report comes."""
         assert self._snapshot_source is not None
         try:
             ok = await self.send_snapshot(msg, self._snapshot_source(msg))
+        except asyncio.CancelledError:
+            me = asyncio.current_task()
+            if me is not None and me.cancelling():
+                raise  # this task is being stopped (the transport is closing)
+            ok = False  # a closed channel cancelled the call under us
         except Exception:
             log.exception("transport: snapshot source for %s failed", msg.group)
             ok = False
         status = Message(MsgType.SNAP_STATUS, msg.group, frm=msg.to, to=self.node_id, reject=not ok)
         self._on_messages([status])
+
+    def _snapshot_failed(self, msg: Message) -> None:
+        """Report a SNAP that could not even start, on a later loop turn."""
+        self.dropped += 1
+        status = Message(MsgType.SNAP_STATUS, msg.group, frm=msg.to, to=self.node_id, reject=True)
+        asyncio.get_running_loop().call_soon(self._on_messages, [status])
 
     async def _receive_snapshot(self, context: grpc.aio.ServicerContext) -> pb.SnapshotAck:
         first = await context.read()
