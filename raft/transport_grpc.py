@@ -33,7 +33,9 @@ or cut off) sends the next dial to the lane first again.
 
 Snapshots use their own `Snapshot` RPC on a separate channel (own TCP
 connection), streamed in chunks with every write awaited, so a large transfer
-never delays heartbeats on the Raft stream.
+never delays heartbeats on the Raft stream. Every SNAP handed to `send()` is
+answered by exactly one SNAP_STATUS (rejected if it failed or could not
+start): the leader sends that follower nothing else until it comes.
 
 With TLS, identity is bound to the certificate, not to what a peer claims:
 node N's certificate names `node-N` (or `tls_names[N]`) as a SAN DNS entry.
@@ -251,7 +253,7 @@ class GrpcTransport:
         self._lazy_handle: asyncio.TimerHandle | None = None
         self._closing = False
         self._queued = False  # the last flush queued a batch for a writer task
-        self.dropped = 0  # messages reported UNREACHABLE
+        self.dropped = 0  # messages reported UNREACHABLE (a SNAP: a failed SNAP_STATUS)
         self.dropped_in = 0  # received messages refused (forged sender, local or unknown type)
 
     # ---- lifecycle ---------------------------------------------------------
