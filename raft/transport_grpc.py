@@ -33,8 +33,9 @@ or cut off) sends the next dial to the lane first again.
 
 Snapshots use their own `Snapshot` RPC on a separate channel (own TCP
 connection), streamed in chunks with every write awaited, so a large transfer
-never delays heartbeats on the Raft stream. Every SNAP handed to `send()` is
-answered by exactly one SNAP_STATUS (rejected if it failed or could not
+never delays heartbeats on the Raft stream. With a `snapshot_source` (the
+driver always gives one), every SNAP handed to `send()` is answered by
+exactly one SNAP_STATUS (rejected if it failed or could not
 start): the leader sends that follower nothing else until it comes.
 
 With TLS, identity is bound to the certificate, not to what a peer claims:
