@@ -485,7 +485,10 @@ class Raft:
                 if m.reject:
                     pr.pending_snapshot = 0
                 pr.become_probe()
-                pr.probe_sent = not m.reject  # wait for the follower's APP_RESP
+                # Done: wait for the follower's APP_RESP. Failed: wait for its next
+                # heartbeat response, not for the next append broadcast (a transfer
+                # that keeps failing would be retried on every proposal).
+                pr.probe_sent = True
         elif t is MsgType.UNREACHABLE:
             if self.prs[m.frm].state is ProgressState.REPLICATE:
                 self.prs[m.frm].become_probe()

@@ -33,7 +33,10 @@ or cut off) sends the next dial to the lane first again.
 
 Snapshots use their own `Snapshot` RPC on a separate channel (own TCP
 connection), streamed in chunks with every write awaited, so a large transfer
-never delays heartbeats on the Raft stream.
+never delays heartbeats on the Raft stream. With a `snapshot_source` (the
+driver always gives one), every SNAP handed to `send()` is answered by
+exactly one SNAP_STATUS (rejected if it failed or could not
+start): the leader sends that follower nothing else until it comes.
 
 With TLS, identity is bound to the certificate, not to what a peer claims:
 node N's certificate names `node-N` (or `tls_names[N]`) as a SAN DNS entry.
@@ -252,7 +255,7 @@ class GrpcTransport:
         self._sending_now = False
         self._closing = False
         self._queued = False  # the last flush queued a batch for a writer task
-        self.dropped = 0  # messages reported UNREACHABLE
+        self.dropped = 0  # messages reported UNREACHABLE (a SNAP: a failed SNAP_STATUS)
         self.dropped_in = 0  # received messages refused (forged sender, local or unknown type)
 
     # ---- lifecycle ---------------------------------------------------------
@@ -401,6 +404,9 @@ class GrpcTransport:
         """Queue messages; never blocks. Flushed as one Batch per peer this loop turn."""
         for m in msgs:
             link = self._links.get(m.to)
+            if link is None and m.type == MsgType.SNAP:
+                self._snapshot_failed(m)  # UNREACHABLE would leave it paused in SNAPSHOT
+                continue
             if link is None:  # not (or no longer) a peer: Raft treats it as down
                 self._unreachable(m.to, {m.group})
                 continue
@@ -1040,14 +1046,27 @@ class GrpcTransport:
         return ack.ok
 
     async def _snapshot_task(self, msg: Message) -> None:
+        """Stream one SNAP and always report how it went (SNAP_STATUS): the
+        leader sends that peer nothing else until the report comes."""
         assert self._snapshot_source is not None
         try:
             ok = await self.send_snapshot(msg, self._snapshot_source(msg))
+        except asyncio.CancelledError:
+            me = asyncio.current_task()
+            if me is not None and me.cancelling():
+                raise  # this task is being stopped (the transport is closing)
+            ok = False  # a closed channel cancelled the call under us
         except Exception:
             log.exception("transport: snapshot source for %s failed", msg.group)
             ok = False
         status = Message(MsgType.SNAP_STATUS, msg.group, frm=msg.to, to=self.node_id, reject=not ok)
         self._on_messages([status])
+
+    def _snapshot_failed(self, msg: Message) -> None:
+        """Report a SNAP that could not even start, on a later loop turn."""
+        self.dropped += 1
+        status = Message(MsgType.SNAP_STATUS, msg.group, frm=msg.to, to=self.node_id, reject=True)
+        asyncio.get_running_loop().call_soon(self._on_messages, [status])
 
     async def _receive_snapshot(self, context: grpc.aio.ServicerContext) -> pb.SnapshotAck:
         first = await context.read()

@@ -143,6 +143,9 @@ class Network:
             self.nodes[nid] = SimNode(nid, MemoryStorage(ConfState()))
             self.restart(nid)
         self.queue: list[Message] = []
+        # Snapshot reports for a member that takes no input now (its Ready is
+        # pending and the network holds it): stepped once that Ready is done.
+        self.held_reports: dict[int, list[Message]] = {}
         self.cut: set[tuple[int, int]] = set()
         self.checker = Checker()
         self.sent: list[Message] = []  # every message that entered the network
@@ -216,6 +219,8 @@ class Network:
         n.read_states.extend(rd.read_states)
         n.pending = None
         r.advance(rd)
+        for report in self.held_reports.pop(nid, []):
+            r.step(report)
 
     def _apply(self, n: SimNode, e: Entry) -> None:
         expect = max(n.sm, default=n.storage.snapshot().meta.index) + 1
@@ -238,6 +243,7 @@ class Network:
         n.pending = None
         n.raft = None
         n.read_states = []
+        self.held_reports.pop(nid, None)  # its transport died with it
 
     def restart(self, nid: int) -> None:
         n = self.nodes[nid]
@@ -300,12 +306,21 @@ class Network:
         return m
 
     def _report_snapshot(self, m: Message, failed: bool) -> None:
-        """What a snapshot-streaming transport tells the sender (SNAP_STATUS)."""
+        """What a snapshot-streaming transport tells the sender (SNAP_STATUS).
+
+        The real transport reports every SNAP it was handed, success or failure
+        (GrpcTransport._snapshot_task), and the driver steps the report whenever
+        it comes. A member held while its Ready is pending gets it afterwards:
+        discarding it would leave the leader's progress paused in SNAPSHOT
+        state for good (core seed 5073), a loss the real system cannot have."""
         sender = self.nodes.get(m.frm)
         if m.type is not MsgType.SNAP or sender is None or sender.raft is None:
-            return
+            return  # a crashed sender's transport is gone, and its progress with it
+        report = Message(MsgType.SNAP_STATUS, frm=m.to, reject=failed)
         if sender.pending is None or not self.hold_while_pending:
-            sender.raft.step(Message(MsgType.SNAP_STATUS, frm=m.to, reject=failed))
+            sender.raft.step(report)
+        else:
+            self.held_reports.setdefault(m.frm, []).append(report)
 
     def drop(self, i: int = 0) -> None:
         self._report_snapshot(self.queue.pop(i), failed=True)

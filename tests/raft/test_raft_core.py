@@ -506,6 +506,48 @@ def test_failed_snapshot_moves_peer_back_to_probe() -> None:
     assert net.raft(3).applied == net.raft(1).applied
 
 
+
+def test_failed_snapshot_waits_for_a_heartbeat_before_the_next_try() -> None:
+    # A transfer that keeps failing (receiver refuses, source fails, no link)
+    # must not be retried on every append broadcast: after a failed report the
+    # leader waits for the follower's next heartbeat response (etcd does too).
+    net = Network([1, 2, 3], seed=21)
+    net.elect(1)
+    net.crash(3)
+    net.propose(1, b"x")
+    net.stabilize()
+    net.compact(1)
+    net.restart(3)
+
+    def round_dropping_snapshots() -> None:
+        for _ in range(1000):
+            busy = False
+            for nid in net.nodes:
+                busy |= net.process(nid)
+            while net.queue:
+                busy = True
+                if net.queue[0].type is MsgType.SNAP:
+                    net.drop(0)  # the transport reports SNAP_STATUS(reject)
+                else:
+                    net.deliver(0)
+            if not busy:
+                return
+
+    for _ in range(30):  # until a snapshot was tried (and failed)
+        net.tick()
+        round_dropping_snapshots()
+        if MsgType.SNAP in types_sent(net, 0):
+            break
+    start = len(net.sent)
+    for i in range(20):  # proposals, no ticks: no heartbeat response comes
+        net.propose(1, b"p%d" % i)
+        round_dropping_snapshots()
+    assert types_sent(net, start).count(MsgType.SNAP) == 0
+    assert net.raft(1).prs[3].is_paused()
+    settle(net, 20)  # heartbeats resume the transfer, which now succeeds
+    assert net.raft(3).applied == net.raft(1).applied
+
+
 # -- bounds -------------------------------------------------------------------------------------
 def test_proposals_dropped_without_leader_and_when_uncommitted_tail_is_full() -> None:
     net = Network([1, 2, 3], seed=22)

@@ -349,3 +349,136 @@ async def test_mtls_cluster_works_and_foreign_certs_are_rejected(pki: Path):
         assert len(inboxes[1].msgs) == 1  # nothing from the impostors got through
     finally:
         await stop_all(ts)
+
+
+async def test_snapshot_status_reported_when_peer_address_changes_mid_transfer():
+    # A peer announcing a new address replaces its link: the old channels close
+    # under an in-flight Snapshot call. The leader's progress for that peer
+    # waits in SNAPSHOT state for this report; without it, it waits forever.
+    started = asyncio.Event()
+
+    async def on_snapshot(msg: Message, data) -> bool:
+        async for _ in data:
+            started.set()
+        return True
+
+    async def source(msg: Message):
+        for _ in range(10_000):
+            yield b"x" * 65536
+            await asyncio.sleep(0.01)
+
+    (a, b), (ia, _) = await cluster(2, on_snapshot=on_snapshot, snapshot_source=source)
+    try:
+        a.send([Message(MsgType.SNAP, "G", 1, 2, snapshot=Snapshot(SnapshotMeta(3, 1)))])
+        async with asyncio.timeout(20):
+            await started.wait()
+        a.add_peer(2, f"127.0.0.1:{free_port()}")  # the old link goes, with its channels
+        await ia.until(lambda: ia.of(MsgType.SNAP_STATUS), timeout=10)
+        assert [m.reject for m in ia.of(MsgType.SNAP_STATUS)] == [True]
+    finally:
+        await stop_all([a, b])
+
+
+async def test_snapshot_to_unknown_peer_reports_snapshot_failure():
+    # UNREACHABLE alone leaves a SNAPSHOT-state progress paused (the core
+    # only leaves REPLICATE on it): a SNAP that cannot go needs SNAP_STATUS.
+    async def source(msg: Message):
+        yield b"x"
+
+    (a,), (ia,) = await cluster(1, snapshot_source=source)
+    try:
+        a.send([Message(MsgType.SNAP, "G", 1, 7, snapshot=Snapshot(SnapshotMeta(3, 1)))])
+        await ia.until(lambda: ia.of(MsgType.SNAP_STATUS), timeout=5)
+        st = ia.of(MsgType.SNAP_STATUS)
+        assert [(m.frm, m.to, m.group, m.reject) for m in st] == [(7, 1, "G", True)]
+    finally:
+        await stop_all([a])
+
+
+async def test_snapshot_status_reported_when_link_goes_while_awaiting_the_ack():
+    # All chunks are written; the receiver is still installing when the
+    # sender's link is replaced. Awaiting a call whose channel was closed
+    # raises CancelledError in a task nobody cancelled: still a failure report.
+    consumed = asyncio.Event()
+
+    async def on_snapshot(msg: Message, data) -> bool:
+        async for _ in data:
+            pass
+        consumed.set()
+        await asyncio.sleep(30)  # a slow install: the ack is not sent yet
+        return True
+
+    async def source(msg: Message):
+        yield b"x" * 1000
+
+    (a, b), (ia, _) = await cluster(2, on_snapshot=on_snapshot, snapshot_source=source)
+    try:
+        a.send([Message(MsgType.SNAP, "G", 1, 2, snapshot=Snapshot(SnapshotMeta(3, 1)))])
+        async with asyncio.timeout(20):
+            await consumed.wait()
+        await asyncio.sleep(0.1)
+        a.add_peer(2, f"127.0.0.1:{free_port()}")
+        await ia.until(lambda: ia.of(MsgType.SNAP_STATUS), timeout=10)
+        assert [m.reject for m in ia.of(MsgType.SNAP_STATUS)] == [True]
+    finally:
+        await stop_all([a, b])
+
+
+async def test_stop_mid_snapshot_sends_no_report_and_ends_the_task():
+    # stop() cancels the snapshot task: that cancellation must be honoured
+    # (not turned into a failure report for a driver that is going away), and
+    # a link replaced just before must still give exactly one report.
+    consumed = asyncio.Event()
+
+    async def on_snapshot(msg: Message, data) -> bool:
+        async for _ in data:
+            pass
+        consumed.set()
+        await asyncio.sleep(30)  # the ack is still owed when the sender stops
+        return True
+
+    async def source(msg: Message):
+        yield b"x" * 1000
+
+    (a, b), (ia, _) = await cluster(2, on_snapshot=on_snapshot, snapshot_source=source)
+    try:
+        a.send([Message(MsgType.SNAP, "G", 1, 2, snapshot=Snapshot(SnapshotMeta(3, 1)))])
+        async with asyncio.timeout(20):
+            await consumed.wait()
+        tasks = set(a._tasks)
+        await a.stop()
+        await asyncio.sleep(0.3)  # a report scheduled by the stop would land now
+        assert ia.of(MsgType.SNAP_STATUS) == []
+        assert all(t.done() for t in tasks)
+        assert any(t.cancelled() for t in tasks)  # the snapshot task honoured the cancel
+    finally:
+        await stop_all([b])
+
+
+async def test_snapshot_report_comes_once_when_link_is_replaced():
+    # Replacing the link closes the snapshot channel (one report); the new
+    # link must not produce a second report for the same SNAP.
+    consumed = asyncio.Event()
+
+    async def on_snapshot(msg: Message, data) -> bool:
+        async for _ in data:
+            pass
+        consumed.set()
+        await asyncio.sleep(30)
+        return True
+
+    async def source(msg: Message):
+        yield b"x" * 1000
+
+    (a, b), (ia, _) = await cluster(2, on_snapshot=on_snapshot, snapshot_source=source)
+    try:
+        a.send([Message(MsgType.SNAP, "G", 1, 2, snapshot=Snapshot(SnapshotMeta(3, 1)))])
+        async with asyncio.timeout(20):
+            await consumed.wait()
+        a.add_peer(2, f"127.0.0.1:{free_port()}")
+        a.remove_peer(2)
+        await ia.until(lambda: ia.of(MsgType.SNAP_STATUS), timeout=10)
+        await asyncio.sleep(0.5)
+        assert [m.reject for m in ia.of(MsgType.SNAP_STATUS)] == [True]
+    finally:
+        await stop_all([a, b])

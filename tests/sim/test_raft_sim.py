@@ -319,3 +319,17 @@ def test_final_proposal_lost_with_its_removed_leader_is_proposed_again() -> None
     for kind, arg in schedule(605):
         sim.run(kind, arg)
     sim.converge()
+
+
+def test_snapshot_report_for_a_leader_busy_fsyncing_is_stepped_later() -> None:
+    # Seed 5073: leader 4's SNAP to 2 was undeliverable while 4 held a pending
+    # Ready (hold_while_pending). The network threw the failure report away,
+    # so 4's progress for 2 stayed paused in SNAPSHOT state and 2 never caught
+    # up. The real transport reports every SNAP and the driver steps the
+    # report whenever it comes; the simulated network now holds it until the
+    # Ready is done.
+    sim = Sim(5073)
+    assert sim.net.hold_while_pending
+    for kind, arg in schedule(5073):
+        sim.run(kind, arg)
+    sim.converge()
