@@ -395,69 +395,9 @@ async def test_snapshot_to_unknown_peer_reports_snapshot_failure():
         await stop_all([a])
 
 
-async def test_snapshot_status_reported_when_link_goes_while_awaiting_the_ack():
-    # All chunks are written; the receiver is still installing when the
-    # sender's link is replaced. Awaiting a call whose channel was closed
-    # raises CancelledError in a task nobody cancelled: still a failure report.
-    consumed = asyncio.Event()
-
-    async def on_snapshot(msg: Message, data) -> bool:
-        async for _ in data:
-            pass
-        consumed.set()
-        await asyncio.sleep(30)  # a slow install: the ack is not sent yet
-        return True
-
-    async def source(msg: Message):
-        yield b"x" * 1000
-
-    (a, b), (ia, _) = await cluster(2, on_snapshot=on_snapshot, snapshot_source=source)
-    try:
-        a.send([Message(MsgType.SNAP, "G", 1, 2, snapshot=Snapshot(SnapshotMeta(3, 1)))])
-        async with asyncio.timeout(20):
-            await consumed.wait()
-        await asyncio.sleep(0.1)
-        a.add_peer(2, f"127.0.0.1:{free_port()}")
-        await ia.until(lambda: ia.of(MsgType.SNAP_STATUS), timeout=10)
-        assert [m.reject for m in ia.of(MsgType.SNAP_STATUS)] == [True]
-    finally:
-        await stop_all([a, b])
-
-
-async def test_stop_mid_snapshot_sends_no_report_and_ends_the_task():
-    # stop() cancels the snapshot task: that cancellation must be honoured
-    # (not turned into a failure report for a driver that is going away), and
-    # a link replaced just before must still give exactly one report.
-    consumed = asyncio.Event()
-
-    async def on_snapshot(msg: Message, data) -> bool:
-        async for _ in data:
-            pass
-        consumed.set()
-        await asyncio.sleep(30)  # the ack is still owed when the sender stops
-        return True
-
-    async def source(msg: Message):
-        yield b"x" * 1000
-
-    (a, b), (ia, _) = await cluster(2, on_snapshot=on_snapshot, snapshot_source=source)
-    try:
-        a.send([Message(MsgType.SNAP, "G", 1, 2, snapshot=Snapshot(SnapshotMeta(3, 1)))])
-        async with asyncio.timeout(20):
-            await consumed.wait()
-        tasks = set(a._tasks)
-        await a.stop()
-        await asyncio.sleep(0.3)  # a report scheduled by the stop would land now
-        assert ia.of(MsgType.SNAP_STATUS) == []
-        assert all(t.done() for t in tasks)
-        assert any(t.cancelled() for t in tasks)  # the snapshot task honoured the cancel
-    finally:
-        await stop_all([b])
-
-
-async def test_snapshot_report_comes_once_when_link_is_replaced():
-    # Replacing the link closes the snapshot channel (one report); the new
-    # link must not produce a second report for the same SNAP.
+async def _snapshot_awaiting_its_ack() -> tuple[GrpcTransport, GrpcTransport, Inbox]:
+    """Transports 1 and 2; a SNAP from 1 to 2 whose chunks 2 has all read while its
+    install (and so the ack 1 awaits) stalls for 30 s."""
     consumed = asyncio.Event()
 
     async def on_snapshot(msg: Message, data) -> bool:
@@ -475,6 +415,45 @@ async def test_snapshot_report_comes_once_when_link_is_replaced():
         a.send([Message(MsgType.SNAP, "G", 1, 2, snapshot=Snapshot(SnapshotMeta(3, 1)))])
         async with asyncio.timeout(20):
             await consumed.wait()
+    except BaseException:
+        await stop_all([a, b])
+        raise
+    return a, b, ia
+
+
+async def test_snapshot_status_reported_when_link_goes_while_awaiting_the_ack():
+    # Awaiting a call whose channel was closed (the link replaced) raises
+    # CancelledError in a task nobody cancelled: still a failure report.
+    a, b, ia = await _snapshot_awaiting_its_ack()
+    try:
+        await asyncio.sleep(0.1)
+        a.add_peer(2, f"127.0.0.1:{free_port()}")
+        await ia.until(lambda: ia.of(MsgType.SNAP_STATUS), timeout=10)
+        assert [m.reject for m in ia.of(MsgType.SNAP_STATUS)] == [True]
+    finally:
+        await stop_all([a, b])
+
+
+async def test_stop_mid_snapshot_sends_no_report_and_ends_the_task():
+    # stop() cancels the snapshot task: that cancellation must be honoured
+    # (not turned into a failure report for a driver that is going away).
+    a, b, ia = await _snapshot_awaiting_its_ack()
+    try:
+        tasks = set(a._tasks)
+        await a.stop()
+        await asyncio.sleep(0.3)  # a report scheduled by the stop would land now
+        assert ia.of(MsgType.SNAP_STATUS) == []
+        assert all(t.done() for t in tasks)
+        assert any(t.cancelled() for t in tasks)  # the snapshot task honoured the cancel
+    finally:
+        await stop_all([b])
+
+
+async def test_snapshot_report_comes_once_when_link_is_replaced():
+    # Replacing the link closes the snapshot channel (one report); the new
+    # link must not produce a second report for the same SNAP.
+    a, b, ia = await _snapshot_awaiting_its_ack()
+    try:
         a.add_peer(2, f"127.0.0.1:{free_port()}")
         a.remove_peer(2)
         await ia.until(lambda: ia.of(MsgType.SNAP_STATUS), timeout=10)
