@@ -7,7 +7,10 @@ is authenticated. (300 connections of 250 KB each behind one check grew the node
 from __future__ import annotations
 
 import json
+import signal
 import socket
+import time
+from collections.abc import Callable
 
 import bcrypt
 
@@ -17,11 +20,17 @@ from tests.integration.conftest import Servers
 HOST = "127.0.0.1"
 
 
-def _exchange(port: int, data: bytes, wait: float = 60.0) -> bytes:
+def _exchange(port: int, data: bytes, wait: float = 60.0,
+              signal_server: Callable[[int], None] | None = None) -> bytes:
     """Send `data` after INFO; all the server sends until it closes or PONG comes, without
     the server's keep-alive PINGs: the first goes out 2 s after the connection opened (as
     nats-server's), and at load 20+ the cost-12 check alone outlasted that (CI flake:
-    b'PING\\r\\nPONG\\r\\n')."""
+    b'PING\\r\\nPONG\\r\\n').
+
+    `signal_server`: the server is stopped (SIGSTOP) while `data` is sent and continued
+    after, so its first read after INFO takes all of `data` at once (likely cause: a sender pushes a
+    segment once half the peer's window is written: a 56 KB burst reached a running server
+    in two reads, and the CONNECT's read alone held too little to be refused; CI flake)."""
     with socket.create_connection((HOST, port), timeout=wait) as sock:
         # All of `data` goes into the kernel at once (the default send buffer took several
         # rounds, each needing this process scheduled): the held-data test needs the server
@@ -31,7 +40,15 @@ def _exchange(port: int, data: bytes, wait: float = 60.0) -> bytes:
         info = b""
         while b"\r\n" not in info:
             info += sock.recv(4096)
-        sock.sendall(data)
+        if signal_server is not None:
+            signal_server(signal.SIGSTOP)
+            try:
+                sock.sendall(data)
+                time.sleep(0.05)
+            finally:
+                signal_server(signal.SIGCONT)
+        else:
+            sock.sendall(data)
         got = b""
         while b"PONG" not in got:
             chunk = sock.recv(65536)
@@ -56,13 +73,14 @@ def test_data_held_behind_a_pending_check_is_bounded(servers: Servers) -> None:
     assert _exchange(srv.port, connect % b"v" + b"PUB a 1\r\nx\r\n" * 10 + b"PING\r\n") \
         == b"PONG\r\n"
     # more than a client may hold, in ONE read: reading pauses once the check starts, so
-    # only what shares the CONNECT's read is held, and the server may read as soon as the
-    # first loopback segment (64 KiB) lands (a 126 KB burst of PUBs let the client in on a
-    # quiet CI machine). Tiny commands cost most as parsed objects: PONG, 6 bytes each.
+    # only what shares the CONNECT's read is held; the burst must fit the server's receive
+    # window (64 KiB) to be queued whole while the server is stopped (a 126 KB burst of PUBs
+    # let the client in on a quiet CI machine). Tiny commands cost most as parsed objects:
+    # PONG, 6 bytes each.
     items = b"PONG\r\n" * (HELD_MAX // 112)
     burst = connect % b"u" + items + b"PING\r\n"
     assert len(burst) < 60_000
-    got = _exchange(srv.port, burst)
+    got = _exchange(srv.port, burst, signal_server=srv.send_signal)
     assert got == b"-ERR 'Authorization Violation'\r\n<EOF>", got[:200]
     assert "too much data before authentication" in srv.log_text()
     # the node goes on: the same user with a small read gets in
