@@ -131,15 +131,7 @@ async def test_apply_held_serves_a_follower_read_without_waiting_for_the_deadlin
     """`apply_held` (a follower's direct get): the held entries are applied at once."""
     c = HoldCluster(tmp_path, snapshot_every=100_000, follower_defer_s=60.0)
     try:
-        for nid in (1, 2, 3):
-            await c.start(nid, ["g"])
-        leader = await c.leader_of("g")
-        await c.until(lambda: all(mr.leader("g") == leader.node_id for mr in c.nodes.values()))
-        idx = 0
-        for k in range(2):
-            idx = await leader.propose("g", f"h{k}".encode())
-        await c.until(lambda: all(mr.status("g")["commit"] >= idx for mr in c.nodes.values()),
-                      timeout=10)
+        leader, idx = await _two_committed(c, "h")
         for mr in c.nodes.values():
             if mr is leader:
                 assert mr.apply_held("g") is None  # a leader holds nothing
@@ -158,17 +150,24 @@ async def test_apply_held_serves_a_follower_read_without_waiting_for_the_deadlin
         await c.close()
 
 
-async def _holding_follower(c: HoldCluster) -> tuple[multigroup.MultiRaft, int]:
-    """A follower that holds the last of two committed entries (hold of a minute)."""
+async def _two_committed(c: HoldCluster, prefix: str) -> tuple[multigroup.MultiRaft, int]:
+    """Three members of "g"; two entries `<prefix>0`, `<prefix>1` proposed by the leader
+    and known committed everywhere. Returns the leader and the last index."""
     for nid in (1, 2, 3):
         await c.start(nid, ["g"])
     leader = await c.leader_of("g")
     await c.until(lambda: all(mr.leader("g") == leader.node_id for mr in c.nodes.values()))
     idx = 0
     for k in range(2):
-        idx = await leader.propose("g", f"d{k}".encode())
+        idx = await leader.propose("g", f"{prefix}{k}".encode())
     await c.until(lambda: all(mr.status("g")["commit"] >= idx for mr in c.nodes.values()),
                   timeout=10)
+    return leader, idx
+
+
+async def _holding_follower(c: HoldCluster) -> tuple[multigroup.MultiRaft, int]:
+    """A follower that holds the last of two committed entries (hold of a minute)."""
+    leader, idx = await _two_committed(c, "d")
     follower = next(mr for mr in c.nodes.values()
                     if mr is not leader and mr.status("g")["holding"])
     assert (idx, b"d1") not in c.sms[follower.node_id]["g"].entries

@@ -482,7 +482,8 @@ def test_lagging_follower_gets_a_snapshot() -> None:
     assert net.nodes[3].storage.snapshot().meta.index > 0
 
 
-def test_failed_snapshot_moves_peer_back_to_probe() -> None:
+def _peer_behind_a_compaction() -> Network:
+    """Leader 1 compacted past what node 3 (restarted) holds: 3 needs a snapshot."""
     net = Network([1, 2, 3], seed=21)
     net.elect(1)
     net.crash(3)
@@ -490,6 +491,11 @@ def test_failed_snapshot_moves_peer_back_to_probe() -> None:
     net.stabilize()
     net.compact(1)
     net.restart(3)
+    return net
+
+
+def test_failed_snapshot_moves_peer_back_to_probe() -> None:
+    net = _peer_behind_a_compaction()
     snaps: list[int] = []
     for _ in range(10):
         net.tick()
@@ -506,18 +512,11 @@ def test_failed_snapshot_moves_peer_back_to_probe() -> None:
     assert net.raft(3).applied == net.raft(1).applied
 
 
-
 def test_failed_snapshot_waits_for_a_heartbeat_before_the_next_try() -> None:
     # A transfer that keeps failing (receiver refuses, source fails, no link)
     # must not be retried on every append broadcast: after a failed report the
     # leader waits for the follower's next heartbeat response (etcd does too).
-    net = Network([1, 2, 3], seed=21)
-    net.elect(1)
-    net.crash(3)
-    net.propose(1, b"x")
-    net.stabilize()
-    net.compact(1)
-    net.restart(3)
+    net = _peer_behind_a_compaction()
 
     def round_dropping_snapshots() -> None:
         for _ in range(1000):
