@@ -97,6 +97,7 @@ INLINE_SYNC_BYTES = 64 << 10
 # `propose_quiet(merge=)`: queued proposals merged into one entry at most this big
 # and this many (a bigger proposal stays alone).
 MERGE_MAX_BYTES = 256 << 10
+MERGE_MAX_COUNT = 1024
 # A follower of a group whose state machine sets `defer_apply` holds its
 # committed entries back (it is in no hurry: nothing waits for its apply) until
 # FOLLOWER_DEFER_ENTRIES of them, or FOLLOWER_DEFER_S after the first one, and
@@ -106,7 +107,6 @@ MERGE_MAX_BYTES = 256 << 10
 # membership change, entries a read waits for, more than the inline apply takes.
 FOLLOWER_DEFER_ENTRIES = INLINE_APPLY_ENTRIES
 FOLLOWER_DEFER_S = 0.02
-MERGE_MAX_COUNT = 1024
 _EARLY = frozenset({MsgType.APP, MsgType.HEARTBEAT})  # leader messages that need only the term
 
 
