@@ -30,6 +30,7 @@ import base64
 import dataclasses
 import json
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from node.jetstream import api, cgroup, cluster_meta, jsaccount, ops, placement, replies, usage
@@ -171,11 +172,12 @@ class ClusterJS:
                         _hdr: bytes | None, data: bytes, _tag: str) -> None:
         self.usage.receive(usage.decode(data), time.monotonic(), peer)
 
-    def ha_assets(self) -> dict[int, int]:
+    async def ha_assets(self) -> dict[int, int]:
         """Replicated assets per peer, the meta group not included (`max_ha_assets`): the
         R>1 streams the catalogue places there (exact, at once) plus the R>1 durable
         consumers of its streams, this node's counted now, the others' as last reported
         (usage reports, up to INTERVAL old, as nats-server's statsz)."""
+        await self.svc.apply_held_here()  # a consumer this node committed is counted
         out: dict[int, int] = dict(self.usage.ha)
         out[self.self_id] = self.svc.ha_consumers_here()
         for a in self.catalogue().streams.values():
@@ -614,10 +616,11 @@ class ClusterJS:
 
     # ------------------------------------------------------------------ the meta leader
 
-    def candidates(self) -> list[Candidate]:
+    def candidates(self, ha: dict[int, int] | None = None) -> list[Candidate]:
+        """The nodes placement may pick; `ha`: their replicated assets (`max_ha_assets`)."""
         load = self.catalogue().load()
         removed = set(self.catalogue().removed)
-        ha = self.ha_assets() if self.svc.server_limits.get("max_ha_assets") else {}
+        ha = ha or {}
         out = []
         for m in self.cluster.members().values():
             if not m.jetstream or m.peer_id in removed:
@@ -628,13 +631,14 @@ class ClusterJS:
                                  ha.get(m.peer_id, 0)))
         return out
 
-    def place(self, cfg: dict[str, Any], keep: list[int] = (), exclude: list[int] = ()  # type: ignore[assignment]
-              ) -> list[int]:
+    async def place(self, cfg: dict[str, Any], keep: Sequence[int] = (),
+                    exclude: Sequence[int] = ()) -> list[int]:
         replicas = int(cfg.get("num_replicas") or 1)
         if replicas > 5:
             raise ApiError.of("JSStreamReplicasNotSupportedErr")
+        ha = await self.ha_assets() if self.svc.server_limits.get("max_ha_assets") else {}
         return placement.select_peers(
-            self.candidates(), replicas, Placement.from_config(cfg.get("placement")),
+            self.candidates(ha), replicas, Placement.from_config(cfg.get("placement")),
             our_cluster=self.cluster_name, unique_tag=self.unique_tag, keep=keep,
             exclude=exclude, max_bytes=max(int(cfg.get("max_bytes") or 0), 0),
             max_ha_assets=int(self.svc.server_limits.get("max_ha_assets") or 0))
@@ -658,7 +662,7 @@ class ClusterJS:
             if created:
                 self.svc.check_limits(account, stored, configs, creating=True)
                 wire = stream_config.to_wire(stored)
-                peers = self.place(wire)
+                peers = await self.place(wire)
                 entry = cluster_meta.create(key, wire, time.time_ns(), peers)
                 await self.propose_meta(entry)
                 self.svc._stream_created(key)
@@ -683,11 +687,11 @@ class ClusterJS:
             if wire.get("placement") != a["config"].get("placement"):
                 # New placement: the replicas that still qualify stay, the others move
                 # (the stream leader adds the new peers, then removes the old ones).
-                peers = self.place(wire, keep=peers)
+                peers = await self.place(wire, keep=peers)
             elif int(wire.get("num_replicas") or 1) != len(peers):
                 live = [p for p in peers if self.is_up(p)]
                 want = int(wire.get("num_replicas") or 1)
-                peers = self.place(wire, keep=live)[:want] if want > len(peers) else \
+                peers = (await self.place(wire, keep=live))[:want] if want > len(peers) else \
                     _shrink(peers, want, self.stream_leader_hint(name))
             await self.propose_meta(cluster_meta.update(name, wire, peers))
         await self.sync_stream(name)
@@ -822,7 +826,7 @@ class ClusterJS:
         move it to: shrink the replica set (`shrink`), or leave it and say False."""
         keep = [p for p in a["peers"] if p != peer]
         try:
-            peers = self.place(a["config"], keep=keep, exclude=[peer])
+            peers = await self.place(a["config"], keep=keep, exclude=[peer])
         except ApiError:
             if not shrink:
                 return False

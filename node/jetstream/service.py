@@ -1826,7 +1826,7 @@ class JetStreamService:
             if 0 < cap <= len(existing):
                 raise ApiError.of("JSMaximumConsumersLimitErr")
         if created:
-            self._check_ha_assets(k, cfg, sm.stream.cfg)
+            await self._check_ha_assets(k, cfg, sm.stream.cfg)
         wire = consumer_config.to_wire(cfg)
         if not (created or existing.get(name) is not cfg):
             return self._consumer_info("consumer_create_response", sm, name)
@@ -1869,18 +1869,29 @@ class JetStreamService:
 
     _h_consumer_durable_create = _h_consumer_create
 
-    def _check_ha_assets(self, key: str, cfg: dict[str, Any], stream_cfg: dict[str, Any]
-                         ) -> None:
+    async def _check_ha_assets(self, key: str, cfg: dict[str, Any],
+                               stream_cfg: dict[str, Any]) -> None:
         """`limits { max_ha_assets }`: a new replicated consumer needs every peer of its
         stream to take one more replicated asset; nats-server answers 10023 otherwise."""
         cap = int(self.server_limits.get("max_ha_assets") or 0)
         if cap <= 0 or self.jsc is None or not _replicated_consumer(cfg, stream_cfg):
             return
-        ha = self.jsc.ha_assets()
+        ha = await self.jsc.ha_assets()
         peers = self.jsc.catalogue().streams.get(key, {}).get("peers", [])
         if any(placement_mod.ha_over(ha.get(p, 0), cap) for p in peers):
             self.log.warn(f"Maximum HA Assets limit reached: {cap}")
             raise ApiError.of("JSInsufficientResourcesErr")
+
+    async def apply_held_here(self) -> None:
+        """What this node's stream followers hold back (raft/multigroup.py
+        FOLLOWER_DEFER_*) applied now, for a count of what is committed here. Bounded: a
+        group whose driver failed is counted as it stands."""
+        if self.mr is None:
+            return
+        waits = [f for sm in list(self.streams.values())
+                 if (f := self.mr.apply_held(sm.group)) is not None]
+        if waits:
+            await asyncio.wait(waits, timeout=1.0)
 
     def ha_consumers_here(self) -> int:
         """The replicated durable consumers of the streams this node hosts (`max_ha_assets`

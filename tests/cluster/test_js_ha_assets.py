@@ -10,18 +10,23 @@ clusters and every reply's error (or its absence) must be equal.
 
 Mutation (docs/notes/acctlim.md): `placement.ha_over` always False -> the third R3 stream
 and the third consumer are created.
+
+The nodes' stream followers hold committed entries for 1 s (JETRAFT_FOLLOWER_DEFER_S): the
+meta leader, a follower of S0, must count consumer c before it is due to apply it. Without
+`apply_held_here` (the count read what was applied) S1 was created: CI saw it once with the
+20 ms default.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import nats
 import pytest
 
-from tests.cluster.jshelp import JsCluster, api, first_create, nats_server_cluster3
+from tests.cluster.jshelp import JsCluster, api, first_create, nats_server_cluster3, until
 
 LIMITS = ", limits: {max_ha_assets: 2}"
 
@@ -32,7 +37,8 @@ def nats3(tmp_path: Path) -> Iterator[list[str]]:
         yield urls
 
 
-async def _script(url: str) -> list[Any]:
+async def _script(url: str, after_s0: Callable[[nats.NATS], Awaitable[None]] | None = None
+                  ) -> list[Any]:
     nc = await nats.connect(url)
     try:
         await first_create(nc, "STREAM.CREATE.Q", {"name": "Q", "subjects": ["q"]})
@@ -48,21 +54,39 @@ async def _script(url: str) -> list[Any]:
         for subject, body in steps:
             reply = await api(nc, subject, body)
             out.append((subject, reply.get("error")))
+            if subject == "STREAM.CREATE.S0" and after_s0 is not None:
+                await after_s0(nc)
         return out
     finally:
         await nc.close()
 
 
-async def test_max_ha_assets_as_nats_server(nats3: list[str], tmp_path: Path) -> None:
+async def test_max_ha_assets_as_nats_server(nats3: list[str], tmp_path: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("JETRAFT_FOLLOWER_DEFER_S", "1")  # inherited by the nodes
     c = JsCluster(tmp_path / "jr", 3, js_extra=LIMITS)
     try:
         c.start()  # both clusters form at once
         theirs = await _script(nats3[0])
         c.wait_js()
-        ours = await _script(c.nodes[0].url)
+        ours = await _script(c.nodes[0].url, lambda nc: _s0_led_off_the_meta_leader(c, nc))
     finally:
         c.stop()
     errors = dict(ours)
     assert errors["CONSUMER.CREATE.S0.e"]["err_code"] == 10023, ours
     assert errors["STREAM.CREATE.S1"]["err_code"] == 10005, ours
     assert ours == theirs
+
+
+async def _s0_led_off_the_meta_leader(c: JsCluster, nc: nats.NATS) -> None:
+    """The meta leader must be a follower of S0, holding what S0 commits."""
+    meta = c.nodes[0].get("/jsz")["meta_cluster"]["leader"]
+    info = await api(nc, "STREAM.INFO.S0")
+    if info["cluster"]["leader"] == meta:
+        await api(nc, "STREAM.LEADER.STEPDOWN.S0")
+        await until(lambda: _s0_leader(nc, meta))
+
+
+async def _s0_leader(nc: nats.NATS, not_this: str) -> bool:
+    leader = (await api(nc, "STREAM.INFO.S0"))["cluster"].get("leader")
+    return bool(leader) and leader != not_this
