@@ -77,9 +77,13 @@ def message_to_pb(m: Message, out: pb.Message | None = None) -> pb.Message:
 _MTYPE = {t.value: t for t in MsgType}
 
 
-def message_from_pb(p: pb.Message) -> Message:
+def message_from_pb(p: pb.Message, entries: Any = None) -> Message:
+    """`entries`: `p.entries` when the caller has read it already (each read of a
+    repeated field builds a wrapper)."""
     snap = Snapshot(meta=meta_from_pb(p.snapshot)) if p.HasField("snapshot") else None
     t = _MTYPE.get(p.type)
+    if entries is None:
+        entries = p.entries
     return Message(
         type=t if t is not None else MsgType(p.type),  # unknown: ValueError, as before
         group=p.group,
@@ -88,7 +92,9 @@ def message_from_pb(p: pb.Message) -> Message:
         term=p.term,
         log_term=p.log_term,
         index=p.index,
-        entries=[Entry(e.term, e.index, _ETYPE[e.type], e.data) for e in p.entries],
+        # (no comprehension for the answers and commit-only appends that carry none)
+        entries=[Entry(e.term, e.index, _ETYPE[e.type], e.data) for e in entries]
+        if entries else [],
         commit=p.commit,
         reject=p.reject,
         reject_hint=p.reject_hint,
@@ -144,8 +150,12 @@ def _known_entry_types(entries: Any) -> bool:
 def decode_wire(b: pb.Batch) -> tuple[list[Message], int]:
     """The acceptable messages of a Batch from the network, and how many were dropped."""
     msgs = b.messages  # each attribute read of a repeated field builds a wrapper: once
-    out = [message_from_pb(p) for p in msgs
-           if p.type in WIRE_TYPES and _known_entry_types(p.entries)]
+    out: list[Message] = []
+    for p in msgs:
+        if p.type in WIRE_TYPES:
+            ents = p.entries
+            if not ents or _known_entry_types(ents):
+                out.append(message_from_pb(p, ents))
     dropped = len(msgs) - len(out)
     for kind, hbs in ((MsgType.HEARTBEAT, b.heartbeats),
                       (MsgType.HEARTBEAT_RESP, b.heartbeat_resps)):

@@ -541,7 +541,9 @@ class Raft:
             self._bcast_append()
         elif was_paused:
             self._send_append(m.frm)
-        while self._send_append(m.frm, send_empty=False):
+        # (The index test first: after the commit's broadcast, or at window 1,
+        # nothing is left to send and `_send_append` would say so the long way.)
+        while pr.next <= self.log.last_index() and self._send_append(m.frm, send_empty=False):
             pass
         if m.frm == self.lead_transferee and pr.match == self.log.last_index():
             self.send(Message(MsgType.TIMEOUT_NOW, to=m.frm))

@@ -142,14 +142,24 @@ class RaftLog:
             # or above the commit index, or (find_conflict_by_term) get a lower
             # hint, whose probe the follower answers with its commit index.
             return u.entries[k].term
-        dummy = self.first_index() - 1
-        if i < dummy:
-            raise CompactedError(i)
-        if i > self.last_index():
-            return 0
-        t = self.unstable.maybe_term(i)
-        if t is not None:
-            return t
+        # Below: i is not in the tail. first_index / last_index / maybe_term read
+        # inline, same order and answers (a leader asks this for every append it
+        # builds, where the entry before it is long stable): outside the tail,
+        # maybe_term answers only for the pending snapshot's own index.
+        snap = u.snapshot
+        if snap is None:
+            if i < self.storage.first_index() - 1:
+                raise CompactedError(i)
+            if i > (u.offset + len(u.entries) - 1 if u.entries else self.storage.last_index()):
+                return 0
+        else:
+            meta = snap.meta
+            if i < meta.index:
+                raise CompactedError(i)
+            if i > (u.offset + len(u.entries) - 1 if u.entries else meta.index):
+                return 0
+            if i < u.offset and i == meta.index:
+                return meta.term
         try:
             return self.storage.term(i)
         except UnavailableError:

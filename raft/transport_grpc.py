@@ -490,15 +490,14 @@ class GrpcTransport:
             return
         for batch_msgs, size in self._split(msgs) or [([], 0)]:
             batch = encode_batch(self.node_id, link.peer, batch_msgs, liveness=beat)
-            groups = {m.group for m in batch_msgs}
             # Bounded by bytes, not batches: a slow peer holds at most
             # queue_bytes per lane here (one batch more if the queue is empty).
             if target.queue and target.queued_bytes + size > self._queue_bytes:
-                self._unreachable(link.peer, groups)
+                self._unreachable(link.peer, {m.group for m in batch_msgs})
                 continue
             if not target.queue and self._write_now(link, target, batch, size):
-                continue
-            target.queue.append((batch, groups, size))
+                continue  # (in the socket: its groups are not needed)
+            target.queue.append((batch, {m.group for m in batch_msgs}, size))
             target.queued_bytes += size
             target.ready.set()
             self._queued = True

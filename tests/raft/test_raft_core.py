@@ -801,3 +801,29 @@ def test_each_broken_invariant_is_reported_at_advance_with_its_numbers(breaks, r
     breaks(r)
     with pytest.raises(InvariantError, match=report):
         r.check_invariants()
+
+
+def test_one_answer_moves_a_probed_follower_to_replicate_and_sends_all_it_lacks() -> None:
+    """The leader's follow-up after an accepted append (etcd's maybeSendAppend loop):
+    once a probed follower's answer puts it in REPLICATE, every entry it still lacks
+    leaves at once, in size-limited appends, not one append per round trip."""
+    net = Network([1, 2, 3])
+    settle(net, 40)
+    lead = net.leader()
+    assert lead is not None
+    r = net.raft(lead)
+    f = next(i for i in (1, 2, 3) if i != lead)
+    base = r.log.last_index()
+    assert r.prs[f].match == base
+    r.cfg.max_size_per_msg = 1  # one entry per append
+    for k in range(4):
+        r.step(Message(MsgType.PROP, frm=lead,
+                       entries=[Entry(0, 0, EntryType.NORMAL, b"e%d" % k)]))
+    r.msgs = []  # those appends are lost
+    pr = r.prs[f]
+    pr.become_probe()
+    pr.probe_sent = True
+    r.step(Message(MsgType.APP_RESP, frm=f, to=lead, term=r.term, index=base + 1))
+    sent = [e.index for m in r.msgs if m.type is MsgType.APP and m.to == f for e in m.entries]
+    assert pr.state is ProgressState.REPLICATE
+    assert sent == [base + 2, base + 3, base + 4]

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import functools
+import random
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 
@@ -11,7 +14,7 @@ from raft.log import InvariantError, RaftLog, invariant
 from raft.memstorage import MemoryStorage, SnapshotOutOfDateError
 from raft.progress import Inflights, Progress, ProgressState
 from raft.quorum import VoteResult, committed_index, has_quorum, vote_result
-from raft.types import CompactedError, ConfState, Entry, Snapshot, SnapshotMeta
+from raft.types import CompactedError, ConfState, Entry, Snapshot, SnapshotMeta, UnavailableError
 
 
 def ents(*terms: int, start: int = 1) -> list[Entry]:
@@ -189,3 +192,64 @@ def test_invariant_reports_numbers_and_survives_dash_o() -> None:
     out = subprocess.run([sys.executable, "-O", "-c", code], capture_output=True, text=True,
                          check=True)
     assert out.stdout.strip() == "ok"
+
+
+def _term_reference(log: RaftLog, i: int) -> int:
+    """raftLog.term as it read before its inline fast path (session 12, r3lead): the
+    tail first, then first_index / last_index / maybe_term / storage."""
+    u = log.unstable
+    if 0 <= i - u.offset < len(u.entries):
+        return u.entries[i - u.offset].term
+    if i < log.first_index() - 1:
+        raise CompactedError(i)
+    if i > log.last_index():
+        return 0
+    t = u.maybe_term(i)
+    if t is not None:
+        return t
+    try:
+        return log.storage.term(i)
+    except UnavailableError:
+        return 0
+
+
+def _answer(fn: Any, i: int) -> Any:
+    try:
+        return fn(i)
+    except CompactedError:
+        return "compacted"
+
+
+def test_term_answers_as_the_reference_over_random_logs() -> None:
+    """Every index around a log's bounds, for random stable parts, compactions,
+    unstable tails (persisted in part, replaced by a conflicting append), and
+    pending snapshots with or without a tail after them."""
+    rng = random.Random(12)
+    checked = 0
+    for _ in range(400):
+        st = MemoryStorage()
+        n = rng.randint(0, 12)
+        st.append([Entry(term=1 + k // 4, index=k + 1) for k in range(n)])
+        if n and rng.random() < 0.4:
+            st.compact(rng.randint(1, n))
+        log = RaftLog(st)
+        last = log.last_index()
+        tail = [Entry(term=5 + k // 3, index=last + 1 + k) for k in range(rng.randint(0, 6))]
+        if tail:
+            log.append(tail)
+        if tail and rng.random() < 0.3:  # part of the tail persisted
+            k = rng.randrange(len(tail))
+            st.append(tail[:k + 1])
+            log.unstable.stable_to(tail[k].index, tail[k].term)
+        if rng.random() < 0.2 and log.last_index() > log.committed + 1:  # a conflicting append
+            at = rng.randint(log.committed + 1, log.last_index())
+            log.append([Entry(term=9, index=at)])
+        if rng.random() < 0.3:  # a pending snapshot, maybe with entries after it
+            idx = log.last_index() + rng.randint(0, 5)
+            log.unstable.restore(Snapshot(SnapshotMeta(index=idx, term=8)))
+            if rng.random() < 0.5:
+                log.append([Entry(term=8, index=idx + 1 + k) for k in range(rng.randint(1, 3))])
+        for i in range(-1, log.last_index() + 4):
+            assert _answer(log.term, i) == _answer(functools.partial(_term_reference, log), i), i
+            checked += 1
+    assert checked > 4000

@@ -153,6 +153,9 @@ class StreamStore(Protocol):
 
     def put_meta(self, key: str, value: bytes) -> None: ...
 
+    def put_metas(self, items: list[tuple[str, bytes]]) -> None:
+        """`put_meta` of each (key, value), in order."""
+
     def get_meta(self, key: str) -> bytes | None: ...
 
     def put_consumer(self, name: str, state: bytes) -> None: ...

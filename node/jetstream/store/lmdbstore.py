@@ -708,6 +708,15 @@ class LmdbStore:
         with self._write() as txn:
             txn.put(full, self._seal("js_meta", full, value), db=self._db["js_meta"])
 
+    def put_metas(self, items: list[tuple[str, bytes]]) -> None:
+        """Several `put_meta`s in one txn: a stream's progress after every applied run."""
+        db = self._db["js_meta"]
+        prefix = self._prefix
+        with self._write() as txn:
+            for key, value in items:
+                full = prefix + key.encode()
+                txn.put(full, self._seal("js_meta", full, value), db=db)
+
     def get_meta(self, key: str) -> bytes | None:
         full = self._prefix + key.encode()
         with self._read() as txn:

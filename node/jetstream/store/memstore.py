@@ -146,6 +146,9 @@ class MemStore:
     def put_meta(self, key: str, value: bytes) -> None:
         self._meta[key] = value
 
+    def put_metas(self, items: list[tuple[str, bytes]]) -> None:
+        self._meta.update(items)
+
     def get_meta(self, key: str) -> bytes | None:
         return self._meta.get(key)
 
