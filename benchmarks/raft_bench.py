@@ -36,6 +36,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -218,7 +219,44 @@ def rtt_p50(seconds: float = 1.0, size: int = 128) -> float:
 def floor(dir: str, size: int = 128) -> dict[str, float]:
     """One fsync plus one loopback round trip: no commit can be faster."""
     f, r = fsync_p50(dir, size=size), rtt_p50()
-    return {"fsync_p50_ms": 1000 * f, "rtt_p50_ms": 1000 * r, "floor_ms": 1000 * (f + r)}
+    return {"fsync_p50_ms": 1000 * f, "rtt_p50_ms": 1000 * r, "floor_ms": 1000 * (f + r),
+            "fsync3_p50_ms": 1000 * fsync_concurrent_p50(dir, 3, size=size)}
+
+
+def fsync_concurrent_p50(dir: str, writers: int = 3, seconds: float = 1.0,
+                         size: int = 128) -> float:
+    """p50 seconds of one fsync when `writers` files on the same disk are
+    appended to and fsynced at the same moment: what each member of a
+    3-node commit pays, the three sharing one disk here. Reported beside the
+    floor, never part of it (the floor stays one lone fsync + one RTT)."""
+    stop = time.perf_counter() + seconds
+    over = [False]  # decided once per round, so every writer leaves the same round
+    start = threading.Barrier(writers, action=lambda: over.__setitem__(
+        0, time.perf_counter() > stop))
+    lat: list[float] = []
+
+    def one(k: int) -> None:
+        path = os.path.join(dir, f".floor-{os.getpid()}-{k}")
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            while True:
+                start.wait()  # every writer starts its round together
+                if over[0]:
+                    return
+                t = time.perf_counter()
+                os.write(fd, b"x" * size)
+                os.fsync(fd)
+                lat.append(time.perf_counter() - t)  # list.append is atomic
+        finally:
+            os.close(fd)
+            os.unlink(path)
+
+    threads = [threading.Thread(target=one, args=(k,)) for k in range(writers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return sorted(lat)[len(lat) // 2]
 
 
 def cpu_times(procs: list[psutil.Process]) -> list[float]:
@@ -338,7 +376,8 @@ def fmt(r: dict[str, Any] | None) -> str:
             out += ", CPU/commit " + "/".join(f"{u:.0f}" for u in r["cpu_us_per_commit"]) + " us"
         if "floor_ms" in r:
             out += (f" (floor {r['floor_ms']:.2f} ms = fsync {r['fsync_p50_ms']:.2f} + RTT "
-                    f"{r['rtt_p50_ms']:.3f}; p50 = {r['p50_over_floor']:.1f}x floor)")
+                    f"{r['rtt_p50_ms']:.3f}; p50 = {r['p50_over_floor']:.1f}x floor; "
+                    f"3 concurrent fsyncs p50 {r.get('fsync3_p50_ms', 0):.2f})")
         return out
     out = "CPU " + ", ".join(f"{p:.1f}%" for p in r["cpu_pct_per_node"])
     if "rss_kib_per_group" in r:

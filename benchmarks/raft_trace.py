@@ -151,7 +151,8 @@ def install(out: str) -> None:
             if any(m.entries for m in batch.messages) or any(
                     m.type == MsgType.APP_RESP for m in batch.messages):
                 ev("grpc write start")
-        wrap(tcp_lane.TcpStream, "write_now", before=on_write_now)
+        wrap(tcp_lane.TcpStream, "write_now", before=on_write_now,
+             after=lambda *a, **k: ev("write_now end"))
     else:
         orig_attach = transport_grpc.GrpcTransport._attach
 
@@ -206,10 +207,16 @@ async def leader(args, tmp: str, outs: list[str]) -> list[tuple[float, float]]:
         for _ in range(50):
             await mr.propose("g0", data)
         EVENTS.clear()
+        pids = [os.getpid()] + [p.pid for p in c.procs]
+        cs0 = [ctx_switches(p) for p in pids]
         for _ in range(args.count):
             t0 = time.time()
             await mr.propose("g0", data)
             windows.append((t0, time.time()))
+        cs = [ctx_switches(p) for p in pids]
+        print("context switches per commit, voluntary/involuntary (leader, n2, n3): " + ", ".join(
+            f"{(a[0] - b[0]) / args.count:.2f}/{(a[1] - b[1]) / args.count:.2f}"
+            for a, b in zip(cs, cs0, strict=True)))
     finally:
         for p in c.procs:
             p.terminate()
@@ -300,6 +307,40 @@ def report(windows, streams: dict[str, list[tuple[float, str]]]) -> None:
             print(f"  {proc + ': ' + name:50} {1e6 * med(local[i]):10.0f}")
 
 
+def sequence(windows, streams: dict[str, list[tuple[float, str]]]) -> None:
+    """Every event of every process inside the windows, named by its
+    occurrence (the k-th "fsync start" of n2 in the window), at its median
+    offset from the propose: the whole timeline, not only the chain."""
+    at: dict[tuple[str, str, int], list[float]] = {}
+    for t0, t1 in windows:
+        for who, evs in streams.items():
+            seen: dict[str, int] = {}
+            for t, n in evs:
+                if t0 <= t <= t1:
+                    k = seen[n] = seen.get(n, 0) + 1
+                    at.setdefault((who, n, k), []).append(t - t0)
+    rows = [(statistics.median(v), key, len(v)) for key, v in at.items()
+            if len(v) >= len(windows) // 2]
+    print(f"every event seen in at least half of {len(windows)} windows (median offset us):")
+    for off, (who, n, k), cnt in sorted(rows):
+        print(f"  {1e6 * off:8.0f}  {who:6} {n}{f' #{k}' if k > 1 else ''}  ({cnt})")
+
+
+def ctx_switches(pid: int) -> tuple[int, int]:
+    """(voluntary, involuntary) context switches of every thread of `pid`."""
+    vol = inv = 0
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            for line in open(f"/proc/{pid}/task/{task}/status"):
+                if line.startswith("voluntary_ctxt_switches"):
+                    vol += int(line.split()[1])
+                elif line.startswith("nonvoluntary_ctxt_switches"):
+                    inv += int(line.split()[1])
+        except OSError:
+            pass
+    return vol, inv
+
+
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--follower":
         sys.argv.pop(1)
@@ -314,6 +355,8 @@ def main() -> None:
     ap.add_argument("--wakeups", action="store_true",
                     help="also time each process's wake-up and socket read callback "
                          "(with --direct; gRPC lanes read in gRPC's threads)")
+    ap.add_argument("--sequence", action="store_true",
+                    help="also print every event of every process on one timeline")
     args = ap.parse_args()
     if args.direct:
         os.environ["TRACE_DIRECT"] = "1"  # the followers' instrumentation reads it too
@@ -334,6 +377,8 @@ def main() -> None:
             except (OSError, ValueError) as exc:
                 print(f"no trace from n{k + 2}: {exc!r}")
         report(windows, streams)
+        if args.sequence:
+            sequence(windows, streams)
 
 
 if __name__ == "__main__":
