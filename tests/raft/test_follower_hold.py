@@ -209,3 +209,34 @@ async def test_removing_a_holding_group_ends_its_deadline(tmp_path):
         assert task.done(), "the removed group's deadline is still pending"
     finally:
         await c.close()
+
+
+@pytest.mark.timeout(60, method="thread")  # a spinning loop never returns to a signal's test
+async def test_a_holding_group_runs_no_pass_until_its_deadline(tmp_path):
+    """`_holding`: a follower whose only pending work is the entries it holds back is not
+    marked for a pass after each one (its core keeps offering them: `has_ready`); every
+    other group with work is. Mutations: `_holding` always False -> the driver spins on
+    the held entries without yielding (this test's process is stopped by its timeout);
+    always True -> the leader's and the other follower's leftover work waits for a tick."""
+    c = HoldCluster(tmp_path, snapshot_every=100_000, follower_defer_s=60.0)
+    try:
+        follower, idx = await _holding_follower(c)
+        for mr in c.nodes.values():
+            g = mr._groups["g"]
+            assert mr._holding(g) == (mr is follower or mr.status("g")["holding"]), \
+                (mr.node_id, mr.status("g"))
+        leader = next(mr for mr in c.nodes.values() if mr.status("g")["state"] == "leader")
+        assert not leader._holding(leader._groups["g"])
+        sm = c.sms[follower.node_id]["g"]
+        before = follower.stats.readies
+        await asyncio.sleep(0.5)
+        # A tick every 50 ms: the leader's heartbeats and their answers, a few Readies.
+        assert follower.stats.readies - before < 50, follower.stats.readies - before
+        assert follower.status("g")["holding"] and (idx, b"d1") not in sm.entries
+        held = follower.apply_held("g")  # other work ends the hold at once
+        assert held is not None
+        assert not follower._holding(follower._groups["g"])  # its pass is due
+        await asyncio.wait_for(held, 5)
+        assert (idx, b"d1") in sm.entries
+    finally:
+        await c.close()
