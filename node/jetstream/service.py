@@ -1221,7 +1221,10 @@ class JetStreamService:
     async def _h_info(self, call: api.Call, *_: Any) -> dict[str, Any]:
         tiers = self.limits.get(call.account) or jsaccount.UNLIMITED_TIERS
         usage: dict[str, dict[str, int]] = {}  # tier -> its figures
-        for k, sm in self.streams.items():
+        # Consumers are counted on this node's replicas: what a follower holds back is
+        # applied first (nats-server's meta leader counts them from its assignments).
+        await self._apply_held_of(call.account)
+        for k, sm in list(self.streams.items()):
             if _acc(k) == call.account:
                 with sm.lock:
                     consumers = len(sm.stream.consumers)
@@ -1432,7 +1435,10 @@ class JetStreamService:
     async def _h_stream_list(self, call: api.Call, subject: str, reply: str, body: bytes
                              ) -> dict[str, Any]:
         infos = {}
-        for k, sm in self.streams.items():
+        # A replica hosted here answers: what a follower holds back is applied first
+        # (nats-server asks each stream's leader).
+        await self._apply_held_of(call.account)
+        for k, sm in list(self.streams.items()):
             if _acc(k) != call.account:
                 continue
             # clustered, nats-server's list items carry no domain (2.15.1)
@@ -1900,6 +1906,11 @@ class JetStreamService:
         for f in done:
             if not f.cancelled():
                 f.exception()  # retrieved: a group removed meanwhile is no error here
+
+    async def _apply_held_of(self, account: str) -> None:
+        """`apply_held_in` for the account's streams hosted here."""
+        await self.apply_held_in([sm.group for k, sm in list(self.streams.items())
+                                  if _acc(k) == account])
 
     def ha_consumers_here(self) -> int:
         """The replicated durable consumers of the streams this node hosts (`max_ha_assets`
