@@ -8,6 +8,7 @@ import asyncio
 import pytest
 
 from raft import multigroup
+from raft.types import Message, MsgType, ReadState
 from tests.raft.test_multigroup import AppendLog, Cluster
 
 pytestmark = pytest.mark.timeout(120)
@@ -227,6 +228,7 @@ async def test_a_holding_group_runs_no_pass_until_its_deadline(tmp_path):
                 (mr.node_id, mr.status("g"))
         leader = next(mr for mr in c.nodes.values() if mr.status("g")["state"] == "leader")
         assert not leader._holding(leader._groups["g"])
+        _other_work_ends_holding(follower)
         sm = c.sms[follower.node_id]["g"]
         before = follower.stats.readies
         await asyncio.sleep(0.5)
@@ -240,3 +242,25 @@ async def test_a_holding_group_runs_no_pass_until_its_deadline(tmp_path):
         assert (idx, b"d1") in sm.entries
     finally:
         await c.close()
+
+
+def _other_work_ends_holding(mr: multigroup.MultiRaft) -> None:
+    """A holding follower with any other pending work is not `_holding`: each kind is set
+    up and taken back with no loop turn between (the driver never sees it). Mutant
+    `_holding = defer_task is not None and not apply_now` (review rev-r3f) fails here."""
+    g = mr._groups["g"]
+    core = g.core
+    assert mr._holding(g)
+    core.msgs.append(Message(MsgType.HEARTBEAT_RESP, to=1, frm=mr.node_id))
+    assert not mr._holding(g), "a message to send"
+    core.msgs.pop()
+    core.read_states.append(ReadState(index=1, context=b"r"))
+    assert not mr._holding(g), "a read to hand out"
+    core.read_states.pop()
+    core.term += 1
+    assert not mr._holding(g), "a hard state to persist"
+    core.term -= 1
+    g.apply_now = True
+    assert not mr._holding(g), "the deadline or a read asked for the apply"
+    g.apply_now = False
+    assert mr._holding(g)
