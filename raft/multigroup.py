@@ -1289,7 +1289,7 @@ class MultiRaft:
         return (g.defer_task is not None and not g.apply_now
                 and core.state is StateType.FOLLOWER and not core.msgs
                 and not core.read_states and not lg.unstable.entries
-                and lg.unstable.snapshot is None and core.hard_state() == core.prev_hs)
+                and lg.unstable.snapshot is None and not core._hs_changed())
 
     def _settle(self, g: _Group, rd: Ready) -> None:
         """After the apply: resolve proposals, record conf changes, hand out reads."""

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import dataclasses
 import functools
 import json
@@ -127,6 +126,10 @@ _JSON = {"separators": (",", ":")}
 # `_early_replies` sends at most this many PubAcks of a run before its store commit: the
 # latency case is a lone publish; a longer run (publishes in flight) gains nothing from it.
 EARLY_REPLIES_MAX = 8
+# Longest a read or a count waits for what a stream's follower holds back
+# (`apply_held`): a held entry is applied within a pass, so only a group whose
+# driver failed or stopped takes this long, and is then read as it stands.
+HELD_WAIT_S = 1.0
 
 
 def _dumps(obj: Any) -> bytes:
@@ -1218,7 +1221,10 @@ class JetStreamService:
     async def _h_info(self, call: api.Call, *_: Any) -> dict[str, Any]:
         tiers = self.limits.get(call.account) or jsaccount.UNLIMITED_TIERS
         usage: dict[str, dict[str, int]] = {}  # tier -> its figures
-        for k, sm in self.streams.items():
+        # Consumers are counted on this node's replicas: what a follower holds back is
+        # applied first (nats-server's meta leader counts them from its assignments).
+        await self._apply_held_of(call.account)
+        for k, sm in list(self.streams.items()):
             if _acc(k) == call.account:
                 with sm.lock:
                     consumers = len(sm.stream.consumers)
@@ -1429,7 +1435,10 @@ class JetStreamService:
     async def _h_stream_list(self, call: api.Call, subject: str, reply: str, body: bytes
                              ) -> dict[str, Any]:
         infos = {}
-        for k, sm in self.streams.items():
+        # A replica hosted here answers: what a follower holds back is applied first
+        # (nats-server asks each stream's leader).
+        await self._apply_held_of(call.account)
+        for k, sm in list(self.streams.items()):
             if _acc(k) != call.account:
                 continue
             # clustered, nats-server's list items carry no domain (2.15.1)
@@ -1470,13 +1479,9 @@ class JetStreamService:
         if sm is None:
             # nats-server only listens for streams that allow direct gets: no responders.
             return [(b"NATS/1.0 503\r\n\r\n", b"")]
-        held = self.mr.apply_held(sm.group) if self.mr is not None else None
-        if held is not None:
-            # A follower holding committed publishes back (raft/multigroup.py
-            # FOLLOWER_DEFER_*) applies them first: as fresh as the commit it knows.
-            # (A group removed or a node stopping meanwhile: what is stored is served.)
-            with contextlib.suppress(Exception):
-                await held
+        # A follower holding committed publishes back applies them first: as fresh as
+        # the commit it knows.
+        await self.apply_held_in([sm.group])
         with sm.lock:  # a follower's store is being applied to meanwhile
             return [(frame.hdr, frame.data)
                     for frame in get.direct_get(sm.store, _name(sm.name), body, call.rest)]
@@ -1884,14 +1889,28 @@ class JetStreamService:
 
     async def apply_held_here(self) -> None:
         """What this node's stream followers hold back (raft/multigroup.py
-        FOLLOWER_DEFER_*) applied now, for a count of what is committed here. Bounded: a
-        group whose driver failed is counted as it stands."""
+        FOLLOWER_DEFER_*) applied now, for a count of what is committed here."""
+        await self.apply_held_in([sm.group for sm in list(self.streams.values())])
+
+    async def apply_held_in(self, groups: list[str]) -> None:
+        """What these groups' followers here hold back (raft/multigroup.py
+        FOLLOWER_DEFER_*) applied now, up to the commit this node knows: for a read or a
+        decision that must see it. Bounded (HELD_WAIT_S): a group whose driver failed,
+        was removed or is stopping is read as it stands, never waited on for good."""
         if self.mr is None:
             return
-        waits = [f for sm in list(self.streams.values())
-                 if (f := self.mr.apply_held(sm.group)) is not None]
-        if waits:
-            await asyncio.wait(waits, timeout=1.0)
+        waits = [f for g in groups if (f := self.mr.apply_held(g)) is not None]
+        if not waits:
+            return
+        done, _ = await asyncio.wait(waits, timeout=HELD_WAIT_S)
+        for f in done:
+            if not f.cancelled():
+                f.exception()  # retrieved: a group removed meanwhile is no error here
+
+    async def _apply_held_of(self, account: str) -> None:
+        """`apply_held_in` for the account's streams hosted here."""
+        await self.apply_held_in([sm.group for k, sm in list(self.streams.items())
+                                  if _acc(k) == account])
 
     def ha_consumers_here(self) -> int:
         """The replicated durable consumers of the streams this node hosts (`max_ha_assets`

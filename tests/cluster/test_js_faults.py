@@ -310,3 +310,47 @@ async def test_a_follower_direct_get_sees_what_it_holds(tmp_path, monkeypatch) -
             assert await replica_contents(node, acks[-1].seq) == ["h0", "h1"], node.name
     finally:
         c.stop()
+
+
+async def test_a_followers_info_and_stream_list_count_what_it_holds(tmp_path, monkeypatch
+                                                                     ) -> None:
+    """INFO and STREAM.LIST are answered by the node asked, from its own replicas: on a
+    follower holding committed entries back (here for a minute) they apply what it holds
+    first, so every node counts the created consumer (INFO), then the acked message
+    (STREAM.LIST), well before the hold's deadline (they counted neither until it: a
+    client asking another node right after its CONSUMER.CREATE reply or its PubAck saw
+    them missing). Each phase asks only its own request: neither releases the other's."""
+    monkeypatch.setenv("JETRAFT_FOLLOWER_DEFER_S", "60")  # inherited by the nodes
+    c = JsCluster(tmp_path / "c", 3)
+    try:
+        c.start()
+        c.wait_js()
+        admin = await connect(c.nodes[0])
+        js = admin.jetstream(timeout=10)
+        await js.add_stream(name="L", subjects=["l"], num_replicas=3)
+        await js.add_consumer("L", durable_name="c")
+        await _on_every_node(c, _info_counts_the_consumer)
+        await js.publish("l", b"one")
+        await _on_every_node(c, _list_counts_the_message)
+        await admin.close()
+    finally:
+        c.stop()
+
+
+async def _on_every_node(c: JsCluster, pred: Any) -> None:
+    for node in c.nodes:
+        nc = await connect(node)
+        try:
+            # (the commit reaches a follower with the leader's next append: a moment)
+            await until(lambda nc=nc: pred(nc), timeout=10)
+        finally:
+            await nc.close()
+
+
+async def _info_counts_the_consumer(nc: nats.NATS) -> bool:
+    return (await api(nc, "INFO")).get("consumers") == 1
+
+
+async def _list_counts_the_message(nc: nats.NATS) -> bool:
+    listed = (await api(nc, "STREAM.LIST"))["streams"]
+    return [s["state"]["messages"] for s in listed] == [1]

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 from types import SimpleNamespace
 from typing import Any
 
+from node.jetstream import api, service
 from node.jetstream.service import JetStreamService
+from node.jetstream.store.memstore import MemStore
 from raft.multigroup import ProposalDropped
 
 
@@ -29,3 +32,41 @@ async def test_an_expiry_whose_group_was_removed_under_it_is_not_a_task_failure(
     await asyncio.sleep(0)  # the done callback
     assert errors == []
     assert ("S", "c") not in svc.pulls
+
+
+def _held_forever_service() -> tuple[JetStreamService, list[asyncio.Future[None]]]:
+    """A service whose stream group "g" holds committed entries and whose driver never
+    applies them (it failed or is stopping): every `apply_held` future stays pending."""
+    svc = JetStreamService.__new__(JetStreamService)
+    pending: list[asyncio.Future[None]] = []
+
+    def apply_held(_group: str) -> asyncio.Future[None]:
+        pending.append(asyncio.get_running_loop().create_future())
+        return pending[-1]
+
+    svc.mr = SimpleNamespace(apply_held=apply_held)  # type: ignore[assignment]
+    sm = SimpleNamespace(group="g", name="S", lock=threading.Lock(), store=MemStore("g"),
+                         stream=SimpleNamespace(cfg={"allow_direct": True}, consumers={}))
+    svc.streams = {"S": sm}  # type: ignore[dict-item]
+    return svc, pending
+
+
+async def test_a_direct_get_on_a_failed_driver_is_answered_within_the_bound(monkeypatch) -> None:
+    """DIRECT.GET on a follower waits for what it holds (`apply_held_in`), but not for good:
+    a group whose driver failed is read as it stands after HELD_WAIT_S (the wait had no
+    bound: the request hung, and the client got no reply at all)."""
+    monkeypatch.setattr(service, "HELD_WAIT_S", 0.2, raising=False)
+    svc, pending = _held_forever_service()
+    call = api.route("$JS.API.DIRECT.GET.S")
+    assert call is not None
+    frames = await asyncio.wait_for(svc._h_direct_get(call, "", "r", b'{"seq": 1}'), 5)
+    assert pending and not pending[0].done()  # it did wait for the held entries
+    assert frames and frames[0][0].startswith(b"NATS/1.0 404"), frames
+
+
+async def test_counting_what_is_held_here_is_bounded_too(monkeypatch) -> None:
+    """`apply_held_here` (max_ha_assets' count) shares the bound."""
+    monkeypatch.setattr(service, "HELD_WAIT_S", 0.2, raising=False)
+    svc, pending = _held_forever_service()
+    await asyncio.wait_for(svc.apply_held_here(), 5)
+    assert len(pending) == 1

@@ -8,6 +8,7 @@ import asyncio
 import pytest
 
 from raft import multigroup
+from raft.types import Message, MsgType, ReadState
 from tests.raft.test_multigroup import AppendLog, Cluster
 
 pytestmark = pytest.mark.timeout(120)
@@ -209,3 +210,60 @@ async def test_removing_a_holding_group_ends_its_deadline(tmp_path):
         assert task.done(), "the removed group's deadline is still pending"
     finally:
         await c.close()
+
+
+@pytest.mark.timeout(60, method="thread")  # a spinning loop never returns to a signal's test
+async def test_a_holding_group_runs_no_pass_until_its_deadline(tmp_path):
+    """`_holding`: a follower whose only pending work is the entries it holds back is not
+    marked for a pass after each one (its core keeps offering them: `has_ready`); every
+    other group with work is. Mutations: `_holding` always False -> the driver spins on
+    the held entries without yielding (this test's process is stopped by its timeout);
+    always True -> the leader's and the other follower's leftover work waits for a tick."""
+    c = HoldCluster(tmp_path, snapshot_every=100_000, follower_defer_s=60.0)
+    try:
+        follower, idx = await _holding_follower(c)
+        leader = next(mr for mr in c.nodes.values() if mr.status("g")["state"] == "leader")
+        assert not leader._holding(leader._groups["g"])
+        # Awaited, not asserted at once: a heartbeat (or its commit) stepped in by the
+        # transport in the loop turn the test resumes in waits for the next pass, and a
+        # follower with it is rightly not `_holding` until then (review rev-holdaudit).
+        # From the last check on, no loop turn: `_other_work_ends_holding` sees it as is.
+        await c.until(lambda: all(
+            mr._holding(mr._groups["g"]) == (mr is follower or mr.status("g")["holding"])
+            for mr in c.nodes.values()), timeout=10)
+        _other_work_ends_holding(follower)
+        sm = c.sms[follower.node_id]["g"]
+        before = follower.stats.readies
+        await asyncio.sleep(0.5)
+        # A tick every 50 ms: the leader's heartbeats and their answers, a few Readies.
+        assert follower.stats.readies - before < 50, follower.stats.readies - before
+        assert follower.status("g")["holding"] and (idx, b"d1") not in sm.entries
+        held = follower.apply_held("g")  # other work ends the hold at once
+        assert held is not None
+        assert not follower._holding(follower._groups["g"])  # its pass is due
+        await asyncio.wait_for(held, 5)
+        assert (idx, b"d1") in sm.entries
+    finally:
+        await c.close()
+
+
+def _other_work_ends_holding(mr: multigroup.MultiRaft) -> None:
+    """A holding follower with any other pending work is not `_holding`: each kind is set
+    up and taken back with no loop turn between (the driver never sees it). Mutant
+    `_holding = defer_task is not None and not apply_now` (review rev-r3f) fails here."""
+    g = mr._groups["g"]
+    core = g.core
+    assert mr._holding(g)
+    core.msgs.append(Message(MsgType.HEARTBEAT_RESP, to=1, frm=mr.node_id))
+    assert not mr._holding(g), "a message to send"
+    core.msgs.pop()
+    core.read_states.append(ReadState(index=1, context=b"r"))
+    assert not mr._holding(g), "a read to hand out"
+    core.read_states.pop()
+    core.term += 1
+    assert not mr._holding(g), "a hard state to persist"
+    core.term -= 1
+    g.apply_now = True
+    assert not mr._holding(g), "the deadline or a read asked for the apply"
+    g.apply_now = False
+    assert mr._holding(g)
