@@ -1262,10 +1262,12 @@ class MultiRaft:
     def apply_held(self, group: str) -> asyncio.Future[None] | None:
         """A read served from this follower's state machine (a direct get): what the
         hold keeps back is applied now, up to the commit index known here. None when
-        nothing is held (no wait); else a future done once it is applied."""
+        nothing is held (no wait), or when the driver stopped or failed (no pass would ever
+        settle the future: the read takes the state as it stands); else a future done once
+        it is applied."""
         g = self._groups.get(group)
         # (`apply_now` without a task: the deadline fired, its pass is still to come.)
-        if g is None or (g.defer_task is None and not g.apply_now):
+        if not self._running or g is None or (g.defer_task is None and not g.apply_now):
             return None
         g.apply_now = True
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()

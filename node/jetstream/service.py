@@ -136,6 +136,12 @@ def _dumps(obj: Any) -> bytes:
     return json.dumps(obj, **_JSON).encode()  # type: ignore[arg-type]
 
 
+def _retrieve(fut: asyncio.Future[None]) -> None:
+    """Marks a future's exception as seen: asyncio logs one nobody retrieved."""
+    if not fut.cancelled():
+        fut.exception()
+
+
 def _is_error(reply: bytes) -> bool:
     """Whether an API reply is an error reply (the counters of INFO and /jsz)."""
     try:
@@ -1902,10 +1908,9 @@ class JetStreamService:
         waits = [f for g in groups if (f := self.mr.apply_held(g)) is not None]
         if not waits:
             return
-        done, _ = await asyncio.wait(waits, timeout=HELD_WAIT_S)
-        for f in done:
-            if not f.cancelled():
-                f.exception()  # retrieved: a group removed meanwhile is no error here
+        await asyncio.wait(waits, timeout=HELD_WAIT_S)
+        for f in waits:  # a group removed meanwhile (now or after the bound) is no error here
+            f.add_done_callback(_retrieve)
 
     async def _apply_held_of(self, account: str) -> None:
         """`apply_held_in` for the account's streams hosted here."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import threading
 from types import SimpleNamespace
 from typing import Any
@@ -70,3 +71,20 @@ async def test_counting_what_is_held_here_is_bounded_too(monkeypatch) -> None:
     svc, pending = _held_forever_service()
     await asyncio.wait_for(svc.apply_held_here(), 5)
     assert len(pending) == 1
+
+
+async def test_a_held_wait_that_fails_after_the_bound_logs_nothing(monkeypatch) -> None:
+    """The read went on after HELD_WAIT_S; the group is removed later and its future fails
+    with ProposalDropped. Nobody awaits it any more: without a retriever asyncio logs
+    'Future exception was never retrieved' when it is collected."""
+    monkeypatch.setattr(service, "HELD_WAIT_S", 0.05, raising=False)
+    loop = asyncio.get_running_loop()
+    reported: list[dict[str, Any]] = []
+    monkeypatch.setattr(loop, "call_exception_handler", reported.append)
+    svc, pending = _held_forever_service()
+    await asyncio.wait_for(svc.apply_held_here(), 5)
+    pending[0].set_exception(ProposalDropped("group removed"))
+    await asyncio.sleep(0)  # the done callbacks
+    pending.clear()
+    gc.collect()
+    assert reported == []

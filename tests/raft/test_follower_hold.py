@@ -151,6 +151,20 @@ async def test_apply_held_serves_a_follower_read_without_waiting_for_the_deadlin
         await c.close()
 
 
+async def test_apply_held_on_a_stopped_driver_is_no_wait(tmp_path):
+    """After stop() no pass would ever settle an `apply_held` future: a read on that node
+    (DIRECT.GET, INFO) must take the state as it stands, not wait on a future for good."""
+    c = HoldCluster(tmp_path, snapshot_every=100_000, follower_defer_s=60.0)
+    try:
+        leader, _ = await _two_committed(c, "s")
+        follower = next(mr for mr in c.nodes.values() if mr is not leader)
+        assert follower.status("g")["holding"]
+        await follower.stop()
+        assert follower.apply_held("g") is None
+    finally:
+        await c.close()
+
+
 async def _two_committed(c: HoldCluster, prefix: str) -> tuple[multigroup.MultiRaft, int]:
     """Three members of "g"; two entries `<prefix>0`, `<prefix>1` proposed by the leader
     and known committed everywhere. Returns the leader and the last index."""
