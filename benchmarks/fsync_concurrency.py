@@ -17,7 +17,11 @@ import threading
 import time
 
 
-def run(dir: str, writers: int, mode: str, seconds: float = 1.0) -> str:
+def latencies(dir: str, writers: int, mode: str, seconds: float = 1.0,
+              size: int = 128) -> list[float]:
+    """Seconds of each write+fsync, sorted: `writers` threads, one file each, every
+    round started together. `append` (a size change) or `prealloc` (pwrite into zeros
+    + fdatasync)."""
     stop = time.perf_counter() + seconds
     over = [False]  # decided once per round: every writer leaves the same round
     bar = threading.Barrier(writers, action=lambda: over.__setitem__(
@@ -39,11 +43,11 @@ def run(dir: str, writers: int, mode: str, seconds: float = 1.0) -> str:
                     return
                 t = time.perf_counter()
                 if mode == "append":
-                    os.write(fd, b"x" * 128)
+                    os.write(fd, b"x" * size)
                     os.fsync(fd)
                 else:
-                    os.pwrite(fd, b"x" * 128, off)
-                    off += 128
+                    os.pwrite(fd, b"x" * size, off)
+                    off += size
                     os.fdatasync(fd)
                 lat.append(time.perf_counter() - t)  # list.append is atomic
         finally:
@@ -55,7 +59,11 @@ def run(dir: str, writers: int, mode: str, seconds: float = 1.0) -> str:
         t.start()
     for t in threads:
         t.join()
-    lat.sort()
+    return sorted(lat)
+
+
+def run(dir: str, writers: int, mode: str, seconds: float = 1.0) -> str:
+    lat = latencies(dir, writers, mode, seconds)
     n = len(lat)
     return (f"p10 {1e6 * lat[n // 10]:.0f} p50 {1e6 * lat[n // 2]:.0f} "
             f"p90 {1e6 * lat[9 * n // 10]:.0f} us, n={n}")

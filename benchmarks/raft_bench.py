@@ -36,7 +36,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -47,6 +46,7 @@ import psutil
 ROOT = Path(os.environ.get("RAFT_BENCH_TREE") or Path(__file__).resolve().parents[1]).resolve()
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.fsync_concurrency import latencies  # noqa: E402
 from raft import multigroup  # noqa: E402
 from raft.node import CountSM  # noqa: E402
 
@@ -229,34 +229,8 @@ def fsync_concurrent_p50(dir: str, writers: int = 3, seconds: float = 1.0,
     appended to and fsynced at the same moment: what each member of a
     3-node commit pays, the three sharing one disk here. Reported beside the
     floor, never part of it (the floor stays one lone fsync + one RTT)."""
-    stop = time.perf_counter() + seconds
-    over = [False]  # decided once per round, so every writer leaves the same round
-    start = threading.Barrier(writers, action=lambda: over.__setitem__(
-        0, time.perf_counter() > stop))
-    lat: list[float] = []
-
-    def one(k: int) -> None:
-        path = os.path.join(dir, f".floor-{os.getpid()}-{k}")
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        try:
-            while True:
-                start.wait()  # every writer starts its round together
-                if over[0]:
-                    return
-                t = time.perf_counter()
-                os.write(fd, b"x" * size)
-                os.fsync(fd)
-                lat.append(time.perf_counter() - t)  # list.append is atomic
-        finally:
-            os.close(fd)
-            os.unlink(path)
-
-    threads = [threading.Thread(target=one, args=(k,)) for k in range(writers)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return sorted(lat)[len(lat) // 2]
+    lat = latencies(dir, writers, "append", seconds, size)
+    return lat[len(lat) // 2]
 
 
 def cpu_times(procs: list[psutil.Process]) -> list[float]:

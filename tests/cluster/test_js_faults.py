@@ -13,9 +13,11 @@ One Spark session serves the test run (conftest `audit_spark`)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
+from collections.abc import AsyncIterator
 from typing import Any
 
 import nats
@@ -293,21 +295,31 @@ async def test_a_follower_direct_get_sees_what_it_holds(tmp_path, monkeypatch) -
     """Followers hold committed publishes back (raft/multigroup.py FOLLOWER_DEFER_*; here
     for a minute): a DIRECT.GET answered by a follower applies what it holds first, so
     every acked message is readable on every replica well before the hold's deadline."""
+    async with _holding_cluster(tmp_path, monkeypatch) as (c, admin):
+        js = admin.jetstream(timeout=10)
+        await js.add_stream(name="K", subjects=["k"], num_replicas=3, allow_direct=True)
+        acks = [await js.publish("k", f"h{i}".encode()) for i in range(2)]
+        for node in c.nodes:
+            # The commit of the last entry reaches a follower with the leader's next
+            # (lazy) append: a moment, not the hold's minute.
+            await until(lambda node=node: _at_least(node, acks[-1].seq), timeout=10)
+            assert await replica_contents(node, acks[-1].seq) == ["h0", "h1"], node.name
+
+
+@contextlib.asynccontextmanager
+async def _holding_cluster(tmp_path, monkeypatch) -> AsyncIterator[tuple[JsCluster, nats.NATS]]:
+    """Three nodes whose stream followers hold committed entries back for a minute, and a
+    client of the first."""
     monkeypatch.setenv("JETRAFT_FOLLOWER_DEFER_S", "60")  # inherited by the nodes
     c = JsCluster(tmp_path / "c", 3)
     try:
         c.start()
         c.wait_js()
         admin = await connect(c.nodes[0])
-        js = admin.jetstream(timeout=10)
-        await js.add_stream(name="K", subjects=["k"], num_replicas=3, allow_direct=True)
-        acks = [await js.publish("k", f"h{i}".encode()) for i in range(2)]
-        await admin.close()
-        for node in c.nodes:
-            # The commit of the last entry reaches a follower with the leader's next
-            # (lazy) append: a moment, not the hold's minute.
-            await until(lambda node=node: _at_least(node, acks[-1].seq), timeout=10)
-            assert await replica_contents(node, acks[-1].seq) == ["h0", "h1"], node.name
+        try:
+            yield c, admin
+        finally:
+            await admin.close()
     finally:
         c.stop()
 
@@ -320,21 +332,13 @@ async def test_a_followers_info_and_stream_list_count_what_it_holds(tmp_path, mo
     (STREAM.LIST), well before the hold's deadline (they counted neither until it: a
     client asking another node right after its CONSUMER.CREATE reply or its PubAck saw
     them missing). Each phase asks only its own request: neither releases the other's."""
-    monkeypatch.setenv("JETRAFT_FOLLOWER_DEFER_S", "60")  # inherited by the nodes
-    c = JsCluster(tmp_path / "c", 3)
-    try:
-        c.start()
-        c.wait_js()
-        admin = await connect(c.nodes[0])
+    async with _holding_cluster(tmp_path, monkeypatch) as (c, admin):
         js = admin.jetstream(timeout=10)
         await js.add_stream(name="L", subjects=["l"], num_replicas=3)
         await js.add_consumer("L", durable_name="c")
         await _on_every_node(c, _info_counts_the_consumer)
         await js.publish("l", b"one")
         await _on_every_node(c, _list_counts_the_message)
-        await admin.close()
-    finally:
-        c.stop()
 
 
 async def _on_every_node(c: JsCluster, pred: Any) -> None:
