@@ -46,7 +46,9 @@ import psutil
 ROOT = Path(os.environ.get("RAFT_BENCH_TREE") or Path(__file__).resolve().parents[1]).resolve()
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.fsync_concurrency import latencies  # noqa: E402
+# This script's own folder (sys.path[0]), whichever tree RAFT_BENCH_TREE runs.
+from fsync_concurrency import latencies  # noqa: E402, I001
+
 from raft import multigroup  # noqa: E402
 from raft.node import CountSM  # noqa: E402
 
