@@ -135,14 +135,22 @@ class ClusterJS:
 
     async def _report_usage(self) -> None:
         """Every INTERVAL: the bytes of the streams this node leads, to every other node
-        (when they changed, and every few seconds anyway for a node that just came)."""
+        (when they changed, and every few seconds anyway for a node that just came).
+        The bytes are counted again only after the node's change mark moved (an apply, a
+        reservation, a leader change, a stream opened or closed: changes.py): counting
+        1,000 idle streams 4 times a second cost an idle node ~2 % of a core."""
         last: dict[str, int] = {}
+        counted: dict[str, int] = {}
+        seen = -1  # the change mark `counted` was counted at
         rounds = 0
         while True:
             await asyncio.sleep(usage.INTERVAL)
             if not self.meta_started:
                 continue
-            led = self._led_bytes()
+            mark = self.svc.changes.value  # read first: a change while counting moves it on
+            if mark != seen:
+                counted, seen = self._led_bytes(), mark
+            led = dict(counted)
             if self.svc.server_limits.get("max_ha_assets"):  # else nobody reads it
                 led[usage.HA_KEY] = self.svc.ha_consumers_here()
             self.usage.forget(set(self.usage.reports) - set(self.catalogue().streams))

@@ -25,6 +25,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from node.jetstream import ops
+from node.jetstream.changes import ChangeMark
 
 # nats-server's bounds of a stream's ingest queue when `max_buffered_msgs` /
 # `max_buffered_size` are not set (stream.go, 2.11+): past either, a publish is dropped.
@@ -37,10 +38,12 @@ class Inflight:
     publish's encoded STREAM_MSG entry, its op): the apply takes the op instead of decoding
     a part that is byte for byte that entry (`own`)."""
 
-    __slots__ = ("_lock", "_held", "msgs", "bytes", "buffered")
+    __slots__ = ("_lock", "_held", "msgs", "bytes", "buffered", "changes")
 
-    def __init__(self) -> None:
+    def __init__(self, changes: ChangeMark | None = None) -> None:
         self._lock = threading.Lock()  # the loop reserves, the apply worker releases
+        # Moved after every change of what `bound` answers (node/jetstream/changes.py).
+        self.changes = changes
         self._held: dict[int, tuple[int, int, int, bytes, Any]] = {}
         self.msgs = 0       # messages held
         self.bytes = 0      # their size as the store will count it (limits)
@@ -61,6 +64,8 @@ class Inflight:
             self.msgs += count
             self.bytes += stored
             self.buffered += buffered
+        if self.changes is not None:
+            self.changes.move()
         return now_ns
 
     def own(self, clock: int, entry: bytes, at: int, size: int) -> Any:
@@ -97,6 +102,8 @@ class Inflight:
             self.msgs -= n
             self.bytes -= stored
             self.buffered -= buffered
+        if self.changes is not None:
+            self.changes.move()
 
     def bound(self, stored: int, stored_msgs: int, cfg: dict[str, Any]) -> int:
         """The most bytes the stream can hold once what is held here is applied: a
@@ -119,6 +126,8 @@ class Inflight:
         with self._lock:
             self._held.clear()
             self.msgs = self.bytes = self.buffered = 0
+        if self.changes is not None:
+            self.changes.move()
 
 
 def _first_bytes(held: Iterable[tuple[int, int, int, bytes, Any]], room: int) -> int:

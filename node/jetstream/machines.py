@@ -36,6 +36,7 @@ from collections.abc import Callable
 from typing import Any
 
 from node.jetstream import config as stream_config
+from node.jetstream.changes import ChangeMark
 from node.jetstream.cluster_meta import Catalogue
 from node.jetstream.crypt import read_file, write_file
 from node.jetstream.inflight import Inflight
@@ -198,7 +199,8 @@ class StreamMachine:
     loop's reads (plan, info) while an apply runs in the driver's apply worker."""
 
     def __init__(self, name: str, group: str, cfg: stream_config.Config, env: NodeEnv | None,
-                 sink: EffectSink, created_ns: int, domain: str = "") -> None:
+                 sink: EffectSink, created_ns: int, domain: str = "",
+                 changes: ChangeMark | None = None) -> None:
         self.name = name
         self.domain = domain  # the JetStream domain PubAcks name (node/jetstream/domain.py)
         self.group = group
@@ -226,8 +228,11 @@ class StreamMachine:
         self.full_images = False
         # Clustered: told when the group's leader changes (on the event loop).
         self.leader_hook: Callable[[int, int], None] | None = None
+        # Moved after every change of the stored state, the reservations or the leader:
+        # the node's passes over all its streams skip rounds where it did not move.
+        self.changes = changes
         # Publishes this node proposed as the leader, not yet applied (inflight.py).
-        self.inflight = Inflight()
+        self.inflight = Inflight(changes)
         # Clustered: does this node lead the group now? Only a leader's PubAcks are sent
         # (JetStreamService._on_effects), so a follower's apply does not build them.
         self.leads: Callable[[], bool] | None = None
@@ -268,6 +273,8 @@ class StreamMachine:
             # Under the same lock as the stored bytes it makes visible: a limit check reads
             # store + in flight at once and sees each publish exactly once.
             self.inflight.release_entries(run)
+        if self.changes is not None:
+            self.changes.move()
         if effects:
             self.sink(self, effects)
 
@@ -346,6 +353,13 @@ class StreamMachine:
         return index
 
     def restore_from(self, path: str) -> None:
+        try:
+            self._restore_from(path)
+        finally:
+            if self.changes is not None:
+                self.changes.move()  # the stored state may have been replaced
+
+    def _restore_from(self, path: str) -> None:
         if self.env is None and os.path.getsize(path) and _is_image(path, MEM_IMAGE_MAGIC):
             with open(path, "rb") as f:
                 f.read(len(MEM_IMAGE_MAGIC))
@@ -389,6 +403,8 @@ class StreamMachine:
         # A deposed leader holds no reservation; a new one starts from the applied state
         # (its own proposals of an earlier term, if still applied, release nothing).
         self.inflight.clear()
+        if self.changes is not None:
+            self.changes.move()  # the streams this node leads changed
         if self.leader_hook is not None:
             self.leader_hook(leader_id, term)
 
