@@ -162,3 +162,9 @@ def test_replica_divergent_chain() -> None:
     replica[3] = kv_value("k0", "kv9", 9, 0)  # a replica holds another write at 3
     kinds = _kinds(h.events, msgs, replica)
     assert kinds.get("kv-chain-broken") == 1 and kinds.get("divergent") == 1
+
+
+def test_no_final_client_view_is_unchecked_not_lost() -> None:
+    h, msgs = _good()
+    kinds = check(h.events, [View("lmdb@n0", {STREAM: msgs})]).kinds()
+    assert kinds == {"kv-unchecked": 1}
