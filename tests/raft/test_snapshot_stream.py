@@ -342,6 +342,12 @@ async def test_marker_over_entries_the_machine_never_saw_still_exports(tmp_path)
         assert leader.status("big")["first_index"] > 2  # node 3 can only start from it
         n3 = await c.start(3)
         await until(lambda: n3.stats.snapshots_installed >= 1, timeout=20)
+        # Node 3 now holds the same kind of snapshot (its machine still at 0): it can be the
+        # source of the next member's catch-up, as a leader elected later would be.
+        got = n3._groups["big"].snap  # noqa: SLF001 (the installed file)
+        assert got is not None and got.path is not None and c.sms[3]["big"].applied_index() == 0
+        ask = Message(MsgType.SNAP, "big", frm=3, to=1, snapshot=Snapshot(got.meta))
+        assert b"".join([piece async for piece in n3.snapshot_source(ask)])
         await c.propose("big", b"after")
         await until(lambda: c.sms[3]["big"].applied == lsm.applied and lsm.applied > 0,
                     timeout=20)
