@@ -2,9 +2,10 @@
 node's data directory, with the PubAcks of the history as its acknowledged-writes file.
 
 - `acked_lines(events)`: one `{"stream", "seq", "data", "retried"}` line per confirmed
-  publish (audit/acked.py). `retried`: an earlier attempt of that payload had an unknown
-  outcome, so the audit accepts it stored more than once (the checker's dedup rule decides
-  whether that is a duplicate; the audit does not second-guess it).
+  publish and per acknowledged KV CAS (audit/acked.py). `retried`: an earlier attempt
+  of that payload had an unknown outcome, so the audit accepts it stored more than once
+  (the checker's dedup rule decides whether that is a duplicate; the audit does not
+  second-guess it).
 - `run_audit(workdir, node_dirs)`: writes `<run>/acked.jsonl`, runs the audit in its own
   process (its own JVM; the run's event loop never imports Spark), the report goes to
   `<run>/audit/` (report.json, report.html). Returns the verdict, counts and the violations.
@@ -40,6 +41,14 @@ def acked_lines(events: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     unsure: set[str] = set()
     out = []
     for e in events:
+        if e.get("f") == "kv-cas" and e.get("type") == "ok":
+            # A KV CAS is a publish to the bucket's stream; its value is unique to the
+            # attempt, so it must be stored exactly once, at its revision.
+            from chaos.kv_workload import STREAM
+
+            out.append({"stream": STREAM, "seq": e["rev"], "data": e["value"],
+                        "retried": False})
+            continue
         if e.get("f") != "publish":
             continue
         if e.get("type") == "info":

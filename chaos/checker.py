@@ -25,6 +25,7 @@ Every anomaly below is a failure:
 - unknown-ack-seq  two PubAcks for the same payload gave different seqs
 - consumer-state   after the drain, CONSUMER.INFO still has pending / unacked messages,
                    or an ack floor below the last stored seq
+- kv-*             the KV workload's per-key CAS chains and reads (chaos/kv_checker.py)
 """
 
 from __future__ import annotations
@@ -94,6 +95,8 @@ def check(events: list[Event], views: list[View],
 
     acks = _pub_acks(events, flag)
     invoked = {e["payload"] for e in events if e["f"] == "publish" and e["type"] == "invoke"}
+    # The KV bucket's stream holds the KV workload's values: written, not published.
+    invoked |= {e["value"] for e in events if e["f"] == "kv-cas" and e["type"] == "invoke"}
     auth = [w for w in views if w.authoritative]
     _check_client_views(auth, flag)
 
@@ -121,6 +124,9 @@ def check(events: list[Event], views: list[View],
     late = [0]
     _check_consumers(events, ref, flag, redelivery_grace, late)
     _check_consumer_final(events, ref, flag)
+    from chaos import kv_checker  # imports this module
+
+    kv_stats = kv_checker.check_kv(events, views, flag) if kv_checker.has_kv(events) else {}
 
     v.stats = {
         "publishes": sum(1 for e in events if e["f"] == "publish" and e["type"] == "invoke"),
@@ -137,6 +143,7 @@ def check(events: list[Event], views: list[View],
         "faults": sum(1 for e in events if e["proc"] == "nemesis"),
         "views": len(views),
         **{f"stored@{w.source}": sum(len(m) for m in w.streams.values()) for w in views},
+        **kv_stats,
         **{f"anomaly:{k}": n for k, n in seen.items()},
     }
     return v

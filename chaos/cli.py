@@ -33,6 +33,9 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--replicas", type=int, default=0, help="stream R (default min(3, nodes))")
     r.add_argument("--creators", type=int, default=1,
                    help="clients creating streams during the run (0: none)")
+    r.add_argument("--kv-clients", type=int, default=2,
+                   help="clients doing per-key CAS and reads on an R-replica KV bucket")
+    r.add_argument("--kv-keys", type=int, default=4, help="keys the KV clients share")
     r.add_argument("--rate", type=float, default=0.0, help="publishes/s per publisher (0: max)")
     r.add_argument("--seed", type=int, default=1)
     r.add_argument("--workdir", type=Path, default=None, help="default: a new temp dir")
@@ -88,7 +91,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="chaos-"))
     spec = Spec(replicas=args.replicas or min(3, args.nodes), publishers=args.publishers,
-                consumers=args.consumers, rate=args.rate, creators=args.creators)
+                consumers=args.consumers, rate=args.rate, creators=args.creators,
+                kv_clients=args.kv_clients, kv_keys=args.kv_keys)
     cfg = RunConfig(workdir=workdir, nodes=args.nodes, fault=args.fault,
                     duration=args.duration, interval=args.interval, hold=args.hold,
                     net=args.net, seed=args.seed, spec=spec, audit=audit)

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from chaos import checker, state
+from chaos import checker, kv_workload, state
 from chaos.faults import Nemesis
 from chaos.history import History, read
 from chaos.nodes import Cluster, Loopback
@@ -97,12 +97,17 @@ async def execute(cfg: RunConfig) -> dict[str, Any]:
         await asyncio.to_thread(cluster.start)
         w = Workload(h, cluster.urls(), spec, seed=cfg.seed)
         await w.setup()
+        if spec.kv_clients:
+            await kv_workload.setup_bucket(cluster.urls(), spec, h)
         nemesis = Nemesis(h, cluster, spec.stream,
                           lambda: _find_leader(cluster.urls(), spec.stream), net, cfg.seed)
         quiet = math.ceil(spec.ack_wait) + 3
         pubs = [asyncio.create_task(w.publisher(i)) for i in range(spec.publishers)]
         cons = [asyncio.create_task(w.consumer(i, quiet)) for i in range(spec.consumers)]
         pubs += [asyncio.create_task(w.creator(i)) for i in range(spec.creators)]
+        pubs += [asyncio.create_task(kv_workload.kv_client(
+            h, cluster.urls(), spec, i, spec.kv_keys, w.stop_publishing, cfg.seed))
+            for i in range(spec.kv_clients)]
         stop_faults = asyncio.Event()
         nem = asyncio.create_task(nemesis.run(cfg.fault, stop_faults, cfg.interval, cfg.hold))
         await asyncio.sleep(cfg.duration)

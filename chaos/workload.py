@@ -37,6 +37,8 @@ class Spec:
     ack_wait: float = 5.0
     creators: int = 1  # clients creating small streams CR<i>_<k> (no stream may be forgotten)
     create_rate: float = 1.0  # per creator per second
+    kv_clients: int = 0  # clients doing per-key CAS and reads on a KV bucket (kv_workload)
+    kv_keys: int = 4  # keys they share (few keys: CASes race)
 
 
 async def connect(urls: list[str], name: str) -> Any:

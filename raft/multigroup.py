@@ -198,6 +198,11 @@ class _Group:
     snapshotting: bool = False
     snap_task: asyncio.Task[Any] | None = None
     installing: bool = False  # a received snapshot is being committed / restored
+    # The state machine's own index in the state `snap` stands for (None: not known, take
+    # snap's index). Below snap's index when the entries between were never given to the
+    # machine (leader no-ops, the bootstrap snapshot): an export at this index or past it
+    # is the state at snap's index.
+    image_floor: int | None = None
     conf_applied: list[int] = field(default_factory=list)  # conf changes during snapshotting
     # What a durable state machine already held at start. It can be above the
     # commit index the WAL remembers (a commit-only hard state is not fsynced
@@ -432,7 +437,8 @@ class MultiRaft:
             max_uncommitted_entries=self.max_uncommitted_entries,
         )
         cfg.rng.seed(self._seed * 1_000_003 + zlib.crc32(group.encode()))  # stable across runs
-        g = _Group(group, Raft(cfg, gl), state_machine, snap=snap)
+        g = _Group(group, Raft(cfg, gl), state_machine, snap=snap,
+                   image_floor=_machine_index(state_machine))
         g.durable_tv = (hs.term, hs.vote)
         held = getattr(state_machine, "applied_index", None)
         if held is not None and not fresh:
@@ -794,9 +800,15 @@ class MultiRaft:
         ex.users += 1
         try:
             index, size, crc = await asyncio.shield(ex.writing)
-            if index < meta.index:
+            # The machine is never given no-ops (nor the bootstrap entry): its index may
+            # stay below the snapshot's for good, and the image is still that state. Only
+            # an image older than what the snapshot's own machine state held is refused.
+            floor = meta.index if g.image_floor is None or g.snap is None \
+                or g.snap.meta != meta else min(meta.index, g.image_floor)
+            if index < floor:
                 raise RuntimeError(f"{g.name}: exported image holds index {index}, "
-                                   f"older than the snapshot at {meta.index}")
+                                   f"older than the snapshot at {meta.index} (machine "
+                                   f"index {floor})")
             yield snapfile.encode_head(meta, size, crc)
             async for piece in self._file_chunks(ex.path, size):
                 yield piece
@@ -974,6 +986,7 @@ class MultiRaft:
         for g, stored in installs:
             # Off the loop: copying a large image must not stall other groups.
             await self.io_executor.run(g.sm.restore_from, stored.path or self._empty_image())
+            g.image_floor = _machine_index(g.sm)
         self.stats.drains += 1
         self.stats.readies += len(work)
         await self._finish(work, installs, [])
@@ -1095,6 +1108,7 @@ class MultiRaft:
                 g.snap = await self.io_executor.run(
                     snapfile.stage, self.snap_dir, g.name, inc.meta, inc.path, inc.size,
                     inc.crc, self.disk)
+                g.image_floor = None  # known once the image is restored
             installs[i] = (g, g.snap)
         # A group removed meanwhile is not restored (its state machine may be closed).
         installs[:] = [(g, st) for g, st in installs if self._groups.get(g.name) is g]
@@ -1439,6 +1453,7 @@ class MultiRaft:
             if self._groups.get(g.name) is not g or meta.index <= gl.first_index() - 1:
                 return  # removed, or a newer snapshot was installed meanwhile
             g.snap = stored
+            g.image_floor = min(index, meta.index)  # the machine's index (see _image_meta)
             self.node_log.compact(g.name, meta.index, meta.conf_state)
             self.stats.snapshots_taken += 1
         finally:
@@ -1722,6 +1737,12 @@ def _write_image(sm: Any, part: str, disk: Disk) -> tuple[int, int, int]:
         raise TypeError("snapshot_to() must return the applied index of the image")
     size, crc = snapfile.seal(part, disk=disk)
     return index, size, crc
+
+
+def _machine_index(sm: Any) -> int | None:
+    """A durable machine's own applied index (what it holds), or None."""
+    held = getattr(sm, "applied_index", None)
+    return None if held is None else int(held())
 
 
 def _write_export(sm: Any, path: str, disk: Disk) -> tuple[int, int, int]:

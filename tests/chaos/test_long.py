@@ -1,6 +1,7 @@
 """The long chaos tier, by hand: `JETRAFT_LONG=1 pytest tests/chaos/test_long.py -o timeout=1800`.
 
-Every fault the node count allows, 60 s each, against real node processes; partitions
+Every fault the node count allows, 60 s each, against real node processes, with the KV
+CAS clients (chaos/kv_workload.py) beside the stream workload; partitions
 need root (network namespaces). With no cluster in the checkout only the 1-node runs apply.
 """
 
@@ -15,6 +16,7 @@ import pytest
 from chaos import net
 from chaos.faults import FAULTS, applicable
 from chaos.run import RunConfig, execute
+from chaos.workload import Spec
 
 LONG = os.environ.get("JETRAFT_LONG") == "1"
 CLUSTER = importlib.util.find_spec("node.cluster") is not None
@@ -38,5 +40,6 @@ async def test_fault_run(tmp_path: Path, nodes: int, fault: str) -> None:
     # Each run ends with the audit over every node's data when pyspark and Java are here.
     report = await execute(RunConfig(workdir=tmp_path, nodes=nodes, fault=fault,
                                      duration=60.0, net="netns" if use_net else "loopback",
+                                     spec=Spec(replicas=min(3, nodes), kv_clients=2),
                                      audit=available()[0]))
     assert report["ok"], (tmp_path / "report.md").read_text()

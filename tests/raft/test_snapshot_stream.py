@@ -318,3 +318,40 @@ async def test_marker_compaction_exports_an_image_only_for_a_member_that_needs_i
     finally:
         for nid in list(c.nodes):
             await c.stop(nid)
+
+
+async def test_marker_over_entries_the_machine_never_saw_still_exports(tmp_path):
+    """A compaction whose snapshot index is past the machine's own index (the leader's
+    no-op, the bootstrap snapshot: entries a state machine is never given) must still let a
+    new member catch up: the export holds the machine's index, below the snapshot's, and is
+    the state at the snapshot. (chaos14: an empty R3 stream whose followers were wiped
+    never got a quorum back: every transfer failed with `exported image holds index 0,
+    older than the snapshot`.)"""
+    c = Nodes(tmp_path, big=Exporting)
+    try:
+        for nid in (1, 2):
+            await c.start(nid)
+        await c.propose("h", b"elect")  # both groups elect; "big" gets only its no-op
+        leader = await c.leader("big")
+        await until(lambda: leader.status("big")["applied"] >= 2)
+        lsm = c.sms[leader.node_id]["big"]
+        assert lsm.applied_index() == 0, "the machine saw an entry"
+        before = leader.stats.snapshots_taken
+        leader.snapshot_now("big")
+        await until(lambda: leader.stats.snapshots_taken > before)
+        assert leader.status("big")["first_index"] > 2  # node 3 can only start from it
+        n3 = await c.start(3)
+        await until(lambda: n3.stats.snapshots_installed >= 1, timeout=20)
+        # Node 3 now holds the same kind of snapshot (its machine still at 0): it can be the
+        # source of the next member's catch-up, as a leader elected later would be.
+        got = n3._groups["big"].snap  # noqa: SLF001 (the installed file)
+        assert got is not None and got.path is not None and c.sms[3]["big"].applied_index() == 0
+        ask = Message(MsgType.SNAP, "big", frm=3, to=1, snapshot=Snapshot(got.meta))
+        assert b"".join([piece async for piece in n3.snapshot_source(ask)])
+        await c.propose("big", b"after")
+        await until(lambda: c.sms[3]["big"].applied == lsm.applied and lsm.applied > 0,
+                    timeout=20)
+        assert c.sms[3]["big"].entries() == lsm.entries()
+    finally:
+        for nid in list(c.nodes):
+            await c.stop(nid)
