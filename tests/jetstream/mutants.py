@@ -109,6 +109,8 @@ MUTANTS: list[tuple[str, ...]] = [
     ("delete markers left for subjects that still have messages", J + "stream.py",
      "            if self.store.last_for_subject(subject):\n                continue\n", "",
      T + "test_stream_differential.py"),
+    ("an expiring KV purge leaves a delete marker", J + "headers.py",
+     ' or get(hdr, KV_OPERATION) == "PURGE"', "", T + "test_stream_differential.py"),
     ("atomic batch applied partly", J + "stream.py",
      "            checked = self._check_batch(op)\n",
      "            checked = [(\"\", 0)] * len(op.msgs)\n",
