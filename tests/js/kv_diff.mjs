@@ -169,12 +169,22 @@ await t.step("mirror_put_refused", async () => {
   return m.put("new", "v");
 });
 await t.step("sourced_bucket", async () => {
-  const s = await kvm.create("agg", { sources: [{ name: "hist" }, { name: "KV_cfg" }] });
-  const want = (await h.status()).values + (await kv.status()).values;
-  const si = await settle(() => jsm.streams.info("KV_agg"),
-    (i) => i.state.messages >= want, 8000);
-  return { config: si.config, messages: si.state.messages, keys: await keysOf(s),
-           z: entry(await s.get("z")) };
+  // An origin written now: the copy drops the Nats-Expected-* header of the create over a
+  // delete. One source only: with a second one (another bucket) nats-server 2.15.1 did
+  // not copy that one's messages in this session, though it does elsewhere (not explained;
+  // docs/notes/kvdiff14.md).
+  const o = await kvm.create("orig", { history: 3 });
+  await o.put("k", "1");
+  await o.delete("k");
+  await o.create("k", "2");
+  await o.put("j", "3");
+  const s = await kvm.create("agg", { sources: [{ name: "orig" }] });
+  // One value per key (history 1): as many as the origin has keys.
+  const si = await settle(() => jsm.streams.info("KV_agg", { subjects_filter: ">" }),
+    (i) => i.state.num_subjects >= 2, 8000);
+  const sm = await jsm.streams.getMessage("KV_agg", { last_by_subj: "$KV.agg.k" });
+  return { config: si.config, subjects: si.state.subjects, keys: await keysOf(s),
+           k: entry(await s.get("k")), k_headers: [...sm.header.keys()].sort() };
 });
 
 await t.step("create_again_same", async () => statusView(await (await kvm.create("hist", {
