@@ -159,9 +159,9 @@ await t.step("max_age_markers", async () => {
 });
 await t.step("mirror_bucket", async () => {
   const m = await kvm.create("mir", { mirror: { name: "hist" } });
-  const want = (await jsm.streams.info("KV_hist")).state.last_seq;
+  const want = (await jsm.streams.info("KV_hist")).state.messages;
   const si = await settle(() => jsm.streams.info("KV_mir"),
-    (i) => i.state.last_seq >= want, 8000);
+    (i) => i.state.messages >= want, 8000);
   return { config: si.config, state: si.state, z: entry(await m.get("z")), keys: await keysOf(m) };
 });
 await t.step("mirror_put_refused", async () => {
