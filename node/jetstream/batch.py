@@ -25,6 +25,17 @@ MAX_BATCH_ID_LEN = 64
 MAX_BATCH_SIZE = 1000
 MAX_OPEN_BATCHES = 50  # bounded: an abandoned batch must not hold memory forever
 UNSUPPORTED = (h.EXPECTED_LAST_MSG_ID,)
+FAST_BATCH_SUFFIX = ".$FI"
+
+
+def is_fast_batch(reply: str) -> bool:
+    """A fast-batch publish (ADR-50 "fast ingest", what nats.js's Object Store sends with
+    `allowBatched`): its batch id, flow, gap mode, sequence and operation ride in a reply
+    subject ending in `.$FI`. nats-server refuses one to a stream without `allow_batched`
+    (10205, nothing stored). Jetraft implements no fast batches, so it refuses them on every
+    stream: stored as plain publishes, they left the client waiting for a batch ack that
+    never came, with the messages already stored (an object's meta without its chunks)."""
+    return reply.endswith(FAST_BATCH_SUFFIX)
 
 
 @dataclass

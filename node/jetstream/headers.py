@@ -13,6 +13,7 @@ EXPECTED_LAST_MSG_ID = "Nats-Expected-Last-Msg-Id"
 ROLLUP = "Nats-Rollup"
 TTL = "Nats-TTL"
 MARKER_REASON = "Nats-Marker-Reason"
+KV_OPERATION = "KV-Operation"
 INCR = "Nats-Incr"
 
 _DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
@@ -86,3 +87,10 @@ def format_go_duration(ns: int) -> str:
     minutes, seconds = divmod(seconds, 60)
     out = (f"{hours}h" if hours else "") + (f"{minutes}m" if hours or minutes else "")
     return out + f"{seconds}s"
+
+
+def is_delete_marker(hdr: bytes) -> bool:
+    """A subject delete marker: a server-made one (a non-empty `Nats-Marker-Reason`) or a KV
+    purge (`KV-Operation: PURGE`, exactly). When one expires, nats-server places no new
+    marker on its subject; a KV delete (`DEL`) is not one and does leave a marker."""
+    return bool(get(hdr, MARKER_REASON)) or get(hdr, KV_OPERATION) == "PURGE"

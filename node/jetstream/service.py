@@ -58,7 +58,7 @@ from node.jetstream import config as stream_config
 from node.jetstream import inflight as inflight_mod
 from node.jetstream import placement as placement_mod
 from node.jetstream.apiqueue import ApiQueues
-from node.jetstream.batch import BatchCollector
+from node.jetstream.batch import BatchCollector, is_fast_batch
 from node.jetstream.changes import ChangeMark
 from node.jetstream.cluster import ClusterJS, Frames, _request_json
 from node.jetstream.consumer import (
@@ -744,6 +744,9 @@ class JetStreamService:
         inflight = sm.inflight
         now_ns = time.time_ns()
         op = ops.StreamMsg(now_ns, subject, reply, hdr, payload)
+        if reply and is_fast_batch(reply):
+            self._refuse_publish(sm, op, ApiError.of("JSBatchPublishDisabledErr"))
+            return None
         buffered = len(subject) + len(reply) + len(hdr) + len(payload)
         max_msgs, max_size = self.max_buffered
         if inflight.msgs >= max_msgs or inflight.buffered + buffered > max_size:

@@ -291,15 +291,15 @@ def apply_sourced(stream: Stream, op: ops.SourceMsgs) -> list[Effect]:
         if mirror:
             if m.origin_seq <= stream.last_seq:
                 continue  # the origin went back (re-created): a mirror never rewrites a seq
-            seq, ts, hdr = m.origin_seq, m.origin_ts, m.hdr
+            seq, ts, hdr = m.origin_seq, m.origin_ts, without_expected(m.hdr)
             subject = map_subject(src, m.subject)  # a mirror's transforms apply too
         else:
             msg_id = h.get(m.hdr, h.MSG_ID) or ""
             if msg_id and _duplicate(stream, msg_id, op.now_ns):
                 continue
             seq, ts, subject = stream._next_seq(), op.now_ns, map_subject(src, m.subject)
-            hdr = _with_source_header(m.hdr, source_header(src, m.origin_seq, m.subject,
-                                                           op.ident))
+            hdr = _with_source_header(without_expected(m.hdr),
+                                      source_header(src, m.origin_seq, m.subject, op.ident))
         try:
             stream._check_key_sizes(subject, hdr)
         except ApiError:
@@ -334,6 +334,23 @@ def apply_sourced(stream: Stream, op: ops.SourceMsgs) -> list[Effect]:
 def _duplicate(stream: Stream, msg_id: str, now_ns: int) -> bool:
     seen = stream.store.get_dedup(msg_id)
     return seen is not None and now_ns - seen[1] <= stream.cfg["duplicate_window"]
+
+
+EXPECTED_PREFIX = b"Nats-Expected-"
+
+
+def without_expected(hdr: bytes) -> bytes:
+    """`hdr` without its `Nats-Expected-*` lines (the prefix as written, case-sensitive), as
+    nats-server stores a mirrored or sourced message: the origin checked them, here they
+    would mean nothing (a KV `create` over a delete carries the origin's revision). No line
+    left: no header block at all."""
+    if EXPECTED_PREFIX not in hdr:
+        return hdr
+    lines = hdr.split(b"\r\n")
+    kept = [x for x in lines[1:] if x and not x.startswith(EXPECTED_PREFIX)]
+    if not kept:
+        return b""
+    return lines[0] + b"\r\n" + b"".join(x + b"\r\n" for x in kept) + b"\r\n"
 
 
 def _with_source_header(hdr: bytes, value: str) -> bytes:

@@ -944,7 +944,7 @@ class Stream:
             return []
         emptied: dict[str, int] = {}
         for i, msg in enumerate(aged):
-            if h.get(msg.hdr, h.MARKER_REASON) is None:  # an expiring marker leaves none
+            if not h.is_delete_marker(msg.hdr):  # an expiring marker leaves none
                 emptied[msg.subject] = i
             else:
                 emptied.pop(msg.subject, None)

@@ -81,6 +81,26 @@ def test_source_header_transform_and_new_seqs() -> None:
     assert (sourcing.progress(s.store, k1), sourcing.progress(s.store, k2)) == (7, 5)
 
 
+def test_expected_headers_are_not_copied() -> None:
+    """nats-server stores a mirrored or sourced message without its `Nats-Expected-*` lines
+    (case-sensitive; tests/integration/test_kv_obj_diff.py compares it with nats-server)."""
+    hdrs = [b"NATS/1.0\r\nNats-Expected-Stream: O\r\nX-A: 1\r\n\r\n",
+            b"NATS/1.0\r\nNats-Expected-Last-Subject-Sequence: 2\r\n"
+            b"Nats-Expected-Last-Subject-Sequence-Subject: o.a\r\n\r\n",
+            b"NATS/1.0\r\nnats-expected-last-sequence: 6\r\nX-Nats-Expected-Stream: y\r\n\r\n"]
+    batch = tuple(ops.SourcedMsg(i + 1, T0, "o.a", hdr, b"d") for i, hdr in enumerate(hdrs))
+    m = make("M", mirror={"name": "O"})
+    apply(m, 1, sourcing.MIRROR_KEY, batch)
+    assert [hdr for _, _, hdr, _, _ in stored(m)] == [
+        b"NATS/1.0\r\nX-A: 1\r\n\r\n", b"", hdrs[2]]
+    s = make("S", subjects=["s"], sources=[{"name": "O"}])
+    apply(s, 1, sourcing.source_key(s.cfg["sources"][0]), batch)
+    tail = [f"Nats-Stream-Source: O {i} > > o.a IDENT\r\n\r\n".encode() for i in (1, 2, 3)]
+    assert [hdr for _, _, hdr, _, _ in stored(s)] == [
+        b"NATS/1.0\r\nX-A: 1\r\n" + tail[0], b"NATS/1.0\r\n" + tail[1],
+        hdrs[2][:-2] + tail[2]]
+
+
 def test_an_earlier_hops_source_header_is_replaced() -> None:
     s = make("S", subjects=["s"], sources=[{"name": "O"}])
     hdr = b"NATS/1.0\r\nA: 1\r\nNats-Stream-Source: X 9 > > x IDX\r\n\r\n"

@@ -129,6 +129,18 @@ SCRIPTS: dict[str, tuple[dict[str, Any], list[Step]]] = {
         ("pub", "t.a", {"Nats-TTL": "1s"}, b"1"), ("pub", "t.b", {}, b"2"),
         ("pub", "t.c", {"Nats-TTL": "1s"}, b"3"), ("pub", "t.c", {}, b"4"),
         ("pub", "t.d", {"Nats-TTL": "1h"}, b"5"), ("sleep", 1.6)]),
+    # A KV purge marker (`KV-Operation: PURGE`, exact value) that expires leaves no marker,
+    # as a `Nats-Marker-Reason` one; a KV delete (DEL), another spelling of PURGE or an
+    # empty reason does.
+    "delete_markers_kv_purge": ({"subjects": ["t.>"], "subject_delete_marker_ttl": 1_000_000_000,
+                                 "allow_msg_ttl": True}, [
+        ("pub", "t.a", {}, b"1"),
+        ("pub", "t.a", {"KV-Operation": "PURGE", "Nats-Rollup": "sub", "Nats-TTL": "1s"}, b""),
+        ("pub", "t.b", {"KV-Operation": "DEL", "Nats-TTL": "1s"}, b""),
+        ("pub", "t.c", {"KV-Operation": "Purge", "Nats-TTL": "1s"}, b""),
+        ("pub", "t.d", {"X": "KV-Operation: PURGE", "Nats-TTL": "1s"}, b""),
+        ("pub", "t.e", {"Nats-Marker-Reason": "", "Nats-TTL": "1s"}, b""),
+        ("pub", "t.f", {"Nats-Marker-Reason": "Remove", "Nats-TTL": "1s"}, b""), ("sleep", 1.6)]),
     "ttl_raised_to_marker_ttl": ({"subjects": ["t.>"], "allow_msg_ttl": True,
                                   "subject_delete_marker_ttl": 5_000_000_000}, [
         ("pub", "t.a", {"Nats-TTL": "1s"}, b"1"), ("pub", "t.b", {"Nats-TTL": "10s"}, b"2"),
