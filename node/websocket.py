@@ -599,6 +599,10 @@ async def start_websocket(server: Any, opts: WebsocketOptions) -> asyncio.Server
         log.warning("websocket listener without TLS (set no_tls: true to silence this)")
     loop = asyncio.get_running_loop()
     port = 0 if opts.port < 0 else opts.port
+    # wss: the TLS handshake comes before connection_made (and HANDSHAKE_TIMEOUT's
+    # timer); tls { timeout } bounds it, not asyncio's 60 s default.
+    hs_timeout = opts.tls.timeout if ssl_ctx is not None and opts.tls is not None else None
     return await loop.create_server(
-        lambda: WsProtocol(server, opts), opts.host, port, ssl=ssl_ctx, reuse_address=True
+        lambda: WsProtocol(server, opts), opts.host, port, ssl=ssl_ctx, reuse_address=True,
+        ssl_handshake_timeout=hs_timeout,
     )

@@ -1,0 +1,114 @@
+"""Session 14's security review (docs/notes/sec14.md): what a peer that never
+authenticates may hold on each listener. Every listener must let go of a silent
+or dripping socket within a bounded time: each socket is a file descriptor the
+client, cluster and Raft listeners (and the WAL) share, 20,000 of them here.
+
+Real node processes, real sockets; nats-server side by side where it behaves
+the same (it is the reference for the monitor port and handshake_first)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+
+import pytest
+
+from tests.integration.test_security import HOST
+from tests.ports import free_port
+
+pytestmark = pytest.mark.timeout(120)
+BOTH = ["nats-server", "jetraft"]
+# Far above every timeout configured below (1-5 s), far below asyncio's 60 s
+# handshake default and "never" (the defects): load cannot blur the two.
+BOUND = 20.0
+
+
+def start(servers, impl: str, config: str | None):
+    if impl == "nats-server":
+        return servers.nats_server(config)
+    return servers.jetraft(config)
+
+
+def seconds_until_closed(port: int, send: bytes = b"", limit: float = BOUND + 10) -> float:
+    """Connect, send `send`, then read (and drop) whatever comes until the server
+    closes; the seconds that took, or `limit` when it never did."""
+    start_at = time.monotonic()
+    with socket.create_connection((HOST, port), timeout=10) as sock:
+        if send:
+            sock.sendall(send)
+        while True:
+            left = limit - (time.monotonic() - start_at)
+            if left <= 0:
+                return limit
+            sock.settimeout(left)
+            try:
+                if not sock.recv(65536):
+                    break
+            except TimeoutError:
+                return limit
+            except ConnectionError:
+                break
+    return time.monotonic() - start_at
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory):
+    from tests import certs
+
+    if not certs.available():
+        pytest.skip("openssl CLI not installed")
+    return certs.make_pki(tmp_path_factory.mktemp("pki"))
+
+
+def tls_block(pki, extra: str) -> str:
+    return (f"{{ cert_file: {json.dumps(str(pki.server_cert))}, "
+            f"key_file: {json.dumps(str(pki.server_key))}, {extra} }}")
+
+
+# --------------------------------------------------------------- monitoring port
+
+
+@pytest.mark.parametrize("send", [b"", b"GET /varz HTTP/1.1\r\nHost: x\r\n"],
+                         ids=["silent", "half-header"])
+@pytest.mark.parametrize("impl", BOTH)
+def test_monitor_port_lets_go_of_a_socket_without_a_request(servers, impl, send):
+    """Defect: the monitor port waited forever for a request head, so anyone who
+    could reach it held descriptors until the node could accept nothing at all.
+    nats-server closes such a socket after 5 s (ReadHeaderTimeout)."""
+    srv = start(servers, impl, None)
+    took = seconds_until_closed(srv.http_port, send)
+    assert took < BOUND, f"{impl} kept a request-less monitor socket open {took:.0f} s"
+    # and the port still serves
+    with socket.create_connection((HOST, srv.http_port), timeout=10) as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        reply = b""
+        while chunk := sock.recv(65536):
+            reply += chunk
+    assert reply.startswith(b"HTTP/1.1 200"), reply[:80]
+
+
+# --------------------------------------------------------------- TLS handshakes
+
+
+@pytest.mark.parametrize("send", [b"", b"\x16\x03\x01\x02\x00"], ids=["silent", "cut-hello"])
+@pytest.mark.parametrize("impl", BOTH)
+def test_handshake_first_tls_timeout_is_enforced(servers, impl, pki, send):
+    """Defect: with handshake_first, asyncio ran the handshake with its own 60 s
+    default; tls { timeout } was accepted and ignored. nats-server closes after it."""
+    srv = start(servers, impl, "tls " + tls_block(pki, "handshake_first: true, timeout: 1"))
+    took = seconds_until_closed(srv.port, send)
+    assert took < BOUND, f"{impl} held a stalled TLS handshake {took:.0f} s (timeout: 1)"
+
+
+@pytest.mark.parametrize("send", [b"", b"\x16\x03\x01\x02\x00"], ids=["silent", "cut-hello"])
+def test_websocket_tls_handshake_is_bounded(servers, pki, send):
+    """Defect: on a wss listener the handshake ran before the upgrade timer was
+    armed, under asyncio's 60 s default. Jetraft now applies the websocket tls
+    { timeout }. (nats-server 2.15 keeps such a socket past 30 s: not compared.)"""
+    ws_port = free_port()
+    srv = servers.jetraft(f"websocket {{ port: {ws_port}, tls "
+                          + tls_block(pki, "timeout: 1") + " }\n")
+    took = seconds_until_closed(ws_port, send)
+    assert took < BOUND, f"jetraft held a stalled wss handshake {took:.0f} s (timeout: 1)"
+    assert srv.alive()
