@@ -628,11 +628,26 @@ def _permissions(f: _Field) -> Permissions:
         elif sub.key in ("subscribe", "sub", "export"):
             perms.subscribe_allow, perms.subscribe_deny = _permission_side(sub)
         elif sub.key in ("allow_responses", "publish_allow_responses"):
-            # {max, expires} tunes the response window; Jetraft only honours on/off.
-            perms.allow_responses = True if isinstance(sub.value, dict) else _bool(sub)
+            _allow_responses(perms, sub)
         else:
             raise sub.fail(f'Unknown field "{sub.key}" parsing permissions')
     return perms
+
+
+def _allow_responses(perms: Permissions, f: _Field) -> None:
+    """`true`, or {max, expires}: as nats-server, 0 keeps the default (1 reply,
+    2 min) and a negative value means no limit."""
+    if not isinstance(f.value, dict):
+        perms.allow_responses = _bool(f)
+        return
+    perms.allow_responses = True
+    for sub in _fields(f.value, f.path + "."):
+        if sub.key in ("max", "max_msgs", "max_messages", "max_responses"):
+            perms.response_max = _int(sub) or perms.response_max
+        elif sub.key in ("expires", "expiration", "ttl"):
+            perms.response_expires = _duration(sub) or perms.response_expires
+        else:
+            raise sub.fail(f'Unknown field "{sub.key}" parsing {f.path}')
 
 
 _USER_HANDLERS: dict[str, Handler] = {

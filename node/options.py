@@ -28,6 +28,10 @@ class Permissions:
     subscribe_allow: list[str] | None = None
     subscribe_deny: list[str] | None = None
     allow_responses: bool = False
+    # allow_responses {max, expires}: replies per request and how long the grant lasts
+    # (nats-server's defaults: 1 and 2 min; <= 0 after parsing: no limit).
+    response_max: int = 1
+    response_expires: float = 120.0
 
 
 @dataclass

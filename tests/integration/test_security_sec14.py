@@ -112,3 +112,85 @@ def test_websocket_tls_handshake_is_bounded(servers, pki, send):
     took = seconds_until_closed(ws_port, send)
     assert took < BOUND, f"jetraft held a stalled wss handshake {took:.0f} s (timeout: 1)"
     assert srv.alive()
+
+
+# --------------------------------------------------------------- allow_responses limits
+
+RESPONSES = """
+authorization {
+  users: [
+    {user: q, password: p}
+    {user: r, password: p,
+     permissions: {subscribe: ["svc"], allow_responses: {max: 2, expires: "1s"}}}
+  ]
+}
+"""
+
+
+class Line:
+    """A raw NATS connection read line by line (MSG payloads included)."""
+
+    def __init__(self, port: int, user: str) -> None:
+        self.sock = socket.create_connection((HOST, port), timeout=10)
+        self.buf = b""
+        self.line()  # INFO
+        login = json.dumps({"user": user, "pass": "p", "verbose": False, "pedantic": False})
+        self.send(f"CONNECT {login}\r\nPING\r\n".encode())
+        assert self.line() == b"PONG"
+
+    def send(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def line(self) -> bytes:
+        while b"\r\n" not in self.buf:
+            chunk = self.sock.recv(65536)
+            assert chunk, f"closed; had {self.buf!r}"
+            self.buf += chunk
+        line, self.buf = self.buf.split(b"\r\n", 1)
+        return line
+
+    def until_pong(self) -> list[bytes]:
+        self.send(b"PING\r\n")
+        lines = []
+        while (line := self.line()) != b"PONG":
+            lines.append(line)
+        return lines
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def violation(subject: str) -> bytes:
+    return f"-ERR 'Permissions Violation for Publish to \"{subject}\"'".encode()
+
+
+@pytest.mark.parametrize("impl", BOTH)
+def test_allow_responses_max_and_expires_are_enforced(servers, impl):
+    """Defect: allow_responses {max, expires} was read as plain `true` (1 response,
+    for 2 minutes), so `expires: 1s` let a responder publish to a reply subject long
+    after the operator's window closed (and max: 2 refused the second reply).
+    The same for a user JWT's resp {max, ttl}."""
+    srv = start(servers, impl, RESPONSES)
+    requester, responder = Line(srv.port, "q"), Line(srv.port, "r")
+    try:
+        requester.send(b"SUB rep.> 1\r\n")
+        responder.send(b"SUB svc 1\r\n")
+        assert requester.until_pong() == [] and responder.until_pong() == []
+        # max: 2 -> two replies pass, the third is refused.
+        requester.send(b"PUB svc rep.1 0\r\n\r\n")
+        assert requester.until_pong() == []
+        assert responder.line() == b"MSG svc 1 rep.1 0" and responder.line() == b""
+        responder.send(b"PUB rep.1 1\r\na\r\n" * 3)
+        assert responder.until_pong() == [violation("rep.1")]
+        assert requester.until_pong() == [b"MSG rep.1 1 1", b"a", b"MSG rep.1 1 1", b"a"]
+        # expires: 1s -> a reply after 1.5 s is refused.
+        requester.send(b"PUB svc rep.2 0\r\n\r\n")
+        assert requester.until_pong() == []
+        assert responder.line() == b"MSG svc 1 rep.2 0" and responder.line() == b""
+        time.sleep(1.5)
+        responder.send(b"PUB rep.2 1\r\nb\r\n")
+        assert responder.until_pong() == [violation("rep.2")]
+        assert requester.until_pong() == []
+    finally:
+        requester.close()
+        responder.close()
