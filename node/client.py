@@ -208,6 +208,7 @@ class Client(asyncio.Protocol):
         self._write_timer: asyncio.TimerHandle | None = None  # armed while the socket is full
         self.host, self.port = "", 0
         self.upgrading = False
+        self._first_read_done = False  # the first op is checked (_first_op_allowed)
         # The account whose fast path may take this client's PUBs (see _update_fast);
         # None while per-message checks apply.
         self.fast_account: Account | None = None
@@ -414,6 +415,8 @@ class Client(asyncio.Protocol):
                                   "TLS handshake error: data before the handshake")
             self._abort("TLS Handshake Failure")
             return
+        if not self._first_read_done and not self._first_op_allowed(data):
+            return
         self._active = True
         self.last_activity = time.time()
         try:
@@ -431,6 +434,19 @@ class Client(asyncio.Protocol):
                 self.send_err(err.message, close=err.fatal)
             elif err.fatal:
                 self.close("Protocol Violation")
+
+    def _first_op_allowed(self, data: bytes) -> bool:
+        """Under auth, the first operation must be CONNECT: refused at its first byte,
+        as nats-server does, so an unauthenticated client cannot make the parser buffer
+        a PUB's payload (up to max_payload) until the auth timer fires."""
+        if not data:
+            return True
+        self._first_read_done = True
+        if data[:1] in (b"C", b"c") or not self._awaiting_connect() \
+                or self._no_auth_identity() is not None:
+            return True
+        self.send_err(AUTH_VIOLATION, close=True)
+        return False
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._teardown(self.close_reason or "Client Closed")

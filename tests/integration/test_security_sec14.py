@@ -194,3 +194,55 @@ def test_allow_responses_max_and_expires_are_enforced(servers, impl):
     finally:
         requester.close()
         responder.close()
+
+
+# --------------------------------------------------------------- client port before CONNECT
+
+SLOW_AUTH = "authorization { user: u, password: p, timeout: 60 }\n"
+
+
+@pytest.mark.parametrize("first", [b"PUB x 1048576\r\n" + b"y" * 65536,
+                                   b"HPUB x 12 1048576\r\nNATS/1.0\r\n\r\n" + b"y" * 65536,
+                                   b"SUB " + b"a" * 3000],
+                         ids=["pub", "hpub", "sub-line"])
+@pytest.mark.parametrize("impl", BOTH)
+def test_an_operation_before_connect_is_refused_at_its_first_byte(servers, impl, first):
+    """Defect: under auth, a PUB before CONNECT was only judged once its whole
+    payload had arrived: each unauthenticated socket could make the node buffer up
+    to max_payload (1 MiB) until the auth timer fired (measured: +1 MiB RSS per
+    socket). nats-server refuses any first operation but CONNECT at its first byte."""
+    srv = start(servers, impl, SLOW_AUTH)
+    with socket.create_connection((HOST, srv.port), timeout=10) as sock:
+        buf = b""
+        while b"\r\n" not in buf:
+            buf += sock.recv(65536)
+        _, buf = buf.split(b"\r\n", 1)
+        start_at = time.monotonic()
+        try:
+            sock.sendall(first)
+        except ConnectionError:
+            pass  # already refused and closed
+        sock.settimeout(BOUND)
+        try:
+            while chunk := sock.recv(65536):
+                buf += chunk
+        except ConnectionError:
+            pass
+    assert time.monotonic() - start_at < BOUND  # not the 60 s auth timer
+    assert buf.replace(b"PING\r\n", b"") == b"-ERR 'Authorization Violation'\r\n"
+
+
+@pytest.mark.parametrize("impl", BOTH)
+def test_a_connect_with_a_pub_in_the_same_write_still_works(servers, impl):
+    """The first-byte check must not refuse a client that pipelines its first PUB."""
+    srv = start(servers, impl, SLOW_AUTH)
+    with socket.create_connection((HOST, srv.port), timeout=10) as sock:
+        sock.recv(65536)
+        sock.sendall(b'CONNECT {"user":"u","pass":"p","verbose":false}\r\n'
+                     b"SUB x 1\r\nPUB x 2\r\nhi\r\nPING\r\n")
+        out = b""
+        while not out.endswith(b"PONG\r\n"):
+            chunk = sock.recv(65536)
+            assert chunk, out
+            out += chunk
+    assert out.replace(b"PING\r\n", b"") == b"MSG x 1 2\r\nhi\r\nPONG\r\n"
