@@ -246,3 +246,50 @@ def test_a_connect_with_a_pub_in_the_same_write_still_works(servers, impl):
             assert chunk, out
             out += chunk
     assert out.replace(b"PING\r\n", b"") == b"MSG x 1 2\r\nhi\r\nPONG\r\n"
+
+
+# --------------------------------------------------------------- cluster port
+
+
+def rss_mib(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) // 1024
+    raise AssertionError("no VmRSS")
+
+
+@pytest.mark.parametrize("method", ["Gossip", "Request"])
+def test_a_refused_cluster_call_is_not_read(servers, method):
+    """Defect: a call on the cluster port without the cluster credentials was refused
+    by a unary handler, so gRPC first read its whole body (up to 64 MiB) into the
+    node: 8 strangers' calls of 60 MB took the node from 79 to 677 MB RSS. The
+    refusal now answers from the headers and never reads the body."""
+    import grpc
+
+    cport = free_port()
+    srv = servers.jetraft(f'cluster {{ name: c, listen: "127.0.0.1:{cport}", '
+                          "authorization { user: r, password: s3cret } }\n")
+    assert srv.proc is not None
+    before = rss_mib(srv.proc.pid)
+    body = b"\x0a" + b"\xff" * (48 << 20)
+    channels = [grpc.insecure_channel(f"127.0.0.1:{cport}", options=[
+        ("grpc.max_send_message_length", 64 << 20), ("grpc.use_local_subchannel_pool", 1)])
+        for _ in range(8)]
+    try:
+        calls = [ch.unary_unary(f"/jetraft.cluster.Route/{method}").future(body)
+                 for ch in channels]
+        peak = before
+        for call in calls:
+            while not call.done():
+                peak = max(peak, rss_mib(srv.proc.pid))
+                time.sleep(0.02)
+            with pytest.raises(grpc.RpcError) as err:
+                call.result()
+            assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        peak = max(peak, rss_mib(srv.proc.pid))
+    finally:
+        for ch in channels:
+            ch.close()
+    assert peak - before < 150, f"refused calls grew the node {before} -> {peak} MiB"
+    assert srv.alive()
