@@ -219,7 +219,7 @@ class Client(asyncio.Protocol):
         self.connected_to_account = False
         # nats-server applies the account's (and a JWT user's) max_subscriptions and
         # max_payload to each connection; -1 = none.
-        self.max_subs = -1
+        self.max_subs = opts.max_subscriptions if kind is Kind.CLIENT else -1
         self._expiry_timer: asyncio.TimerHandle | None = None
         # Made once per account: the parser calls these for every frame.
         self._pub_cb = self.account.fast_publisher(self)
@@ -646,7 +646,9 @@ class Client(asyncio.Protocol):
 
     def _apply_user_limits(self, identity: Identity) -> None:
         """A JWT user's own limits, on top of its account's; its expiry closes it."""
-        self.max_subs = _tighter(self.account.max_subscriptions, identity.max_subscriptions)
+        own = _tighter(self.account.max_subscriptions, identity.max_subscriptions)
+        server_max = self.server.options.max_subscriptions if self.kind is Kind.CLIENT else -1
+        self.max_subs = _tighter(server_max, own)
         max_payload = _tighter(self.account.max_payload, identity.max_payload)
         self.parser.max_payload = _tighter(self.server.options.max_payload, max_payload)
         if self._expiry_timer is not None:  # an earlier login's expiry no longer applies

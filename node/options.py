@@ -147,6 +147,7 @@ class Options:
     max_control_line: int = DEFAULT_MAX_CONTROL_LINE
     max_pending: int = DEFAULT_MAX_PENDING
     max_connections: int = 64 * 1024
+    max_subscriptions: int = -1  # per client connection; -1 (config 0): no limit
     ping_interval: float = 120.0
     ping_max: int = 2
     write_deadline: float = 10.0

@@ -293,3 +293,30 @@ def test_a_refused_cluster_call_is_not_read(servers, method):
             ch.close()
     assert peak - before < 150, f"refused calls grew the node {before} -> {peak} MiB"
     assert srv.alive()
+
+
+# --------------------------------------------------------------- accepted, not enforced
+
+
+@pytest.mark.parametrize("key,login", [("max_subscriptions", False), ("max_subs", False),
+                                       ("max_subscriptions", True)])
+@pytest.mark.parametrize("impl", BOTH)
+def test_server_max_subscriptions_is_enforced(servers, impl, key, login):
+    """Defect: the server-wide max_subscriptions was accepted with a warning
+    ("not supported") and every SUB was admitted; nats-server refuses the SUB
+    past it per connection and keeps the connection (also after a login)."""
+    auth = "authorization { user: u, password: p }\n" if login else ""
+    srv = start(servers, impl, f"{key}: 2\n{auth}")
+    creds = ', "user": "u", "pass": "p"' if login else ""
+    with socket.create_connection((HOST, srv.port), timeout=10) as sock:
+        sock.recv(65536)
+        sock.sendall(b'CONNECT {"verbose":false' + creds.encode() + b'}\r\n'
+                     b"SUB a 1\r\nSUB b 2\r\nSUB c 3\r\n"
+                     b"PUB c 1\r\nx\r\nPUB a 1\r\ny\r\nPING\r\n")
+        out = b""
+        while not out.endswith(b"PONG\r\n"):
+            chunk = sock.recv(65536)
+            assert chunk, out
+            out += chunk
+    assert out == b"-ERR 'maximum subscriptions exceeded'\r\nMSG a 1 1\r\ny\r\nPONG\r\n"
+    assert "not supported" not in srv.log_text() or impl == "nats-server"
