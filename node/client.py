@@ -862,12 +862,25 @@ class Client(asyncio.Protocol):
                 # nats-server checks the subject the account's mapping makes.
                 subject = router.mapped(self.account, subject)
                 premapped = True
-            if not perms.can_publish(subject, time.monotonic()):
-                self.send_err(pub_violation(subject))
+            checked = self._domain_mapped(subject)
+            if not perms.can_publish(checked, time.monotonic()):
+                self.send_err(pub_violation(checked))
                 return
         if self.verbose:
             self.write(_OK)
         self.account.publish(self, subject, reply, headers, payload, premapped)
+
+    def _domain_mapped(self, subject: str) -> str:
+        """The subject a JetStream domain alias (`$JS.<domain>.API.>`) stands for, in an
+        account whose only mapping is the domain's (it has no router, so the account
+        mapping step above left the alias as it is). Permissions apply to it, as nats-server
+        checks them after mapping: `deny: $JS.API.>` must also hold under the alias.
+        The publish itself still goes through the domain router (a fixed mapping)."""
+        account = self.account
+        prefix = account.domain_prefix
+        if prefix is None or not subject.startswith(prefix):
+            return subject
+        return account.domain_router.mapped(account, subject)
 
     def _on_traced_pub(self, mt: msgtrace.MsgTrace, subject: str, reply: str | None,
                        headers: bytes, payload: bytes) -> None:
@@ -887,6 +900,8 @@ class Client(asyncio.Protocol):
             # As on the untraced path: the permission applies to the subject the
             # account's mapping makes (drawn once); the `in` event names the published one.
             mapped, premapped = router.mapped(self.account, subject), True
+        if perms is not None and (aliased := self._domain_mapped(mapped)) != mapped:
+            mapped, premapped = aliased, True
         if perms is not None and not perms.can_publish(mapped, now):
             mt.ingress(self.kind.value, self.cid, name, self.account.name, subject,
                        f'Permissions Violation for Publish to "{mapped}"')

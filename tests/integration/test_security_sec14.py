@@ -320,3 +320,55 @@ def test_server_max_subscriptions_is_enforced(servers, impl, key, login):
             out += chunk
     assert out == b"-ERR 'maximum subscriptions exceeded'\r\nMSG a 1 1\r\ny\r\nPONG\r\n"
     assert "not supported" not in srv.log_text() or impl == "nats-server"
+
+
+# --------------------------------------------------------------- JetStream domain alias
+
+DOMAIN = """
+jetstream {{ store_dir: {store}, domain: hub }}
+authorization {{ users: [
+  {{user: a, password: p, permissions: {{publish: {{deny: ["$JS.API.>"]}}}}}}
+  {{user: b, password: p, permissions: {{publish: ["$JS.API.INFO", "_INBOX.>"]}}}}
+] }}
+"""
+
+
+@pytest.mark.parametrize("impl", BOTH)
+async def test_permissions_hold_under_the_jetstream_domain_alias(servers, impl, tmp_path):
+    """Defect: with a JetStream domain, `$JS.<domain>.API.>` is mapped onto `$JS.API.>`,
+    but in an account with no other mapping the publish permission was checked on the
+    alias only: a user denied `$JS.API.>` created streams through `$JS.hub.API.>`.
+    nats-server checks the mapped subject (and names it in the -ERR)."""
+    import nats
+
+    store = json.dumps(str(tmp_path / f"js-{impl}"))
+    srv = start(servers, impl, DOMAIN.format(store=store))
+    errors: list[str] = []
+
+    async def on_error(err: Exception) -> None:
+        errors.append(str(err).lower())
+
+    denied = await nats.connect(srv.url, user="a", password="p", error_cb=on_error,
+                                allow_reconnect=False)
+    allowed = await nats.connect(srv.url, user="b", password="p", allow_reconnect=False)
+    try:
+        body = json.dumps({"name": "S", "subjects": ["s"]}).encode()
+        for subject, payload in (("$JS.hub.API.INFO", b""),
+                                 ("$JS.hub.API.STREAM.CREATE.S", body)):
+            with pytest.raises(nats.errors.TimeoutError):
+                await denied.request(subject, payload, timeout=1)
+            # and the traced path (Nats-Trace-Dest) checks the same subject
+            with pytest.raises(nats.errors.TimeoutError):
+                await denied.request(subject, payload, timeout=1,
+                                     headers={"Nats-Trace-Dest": "trace.a"})
+        for mapped in ("$js.api.info", "$js.api.stream.create.s"):
+            assert any(f'permissions violation for publish to "{mapped}"' in e
+                       for e in errors), errors
+        # An allow on the plain API covers its alias (the check is on the mapped subject).
+        reply = await allowed.request("$JS.hub.API.INFO", b"", timeout=5)
+        assert b"account_info_response" in reply.data
+        with pytest.raises(nats.errors.TimeoutError):  # not allowed: refused, no answer
+            await allowed.request("$JS.hub.API.STREAM.NAMES", b"", timeout=1)
+    finally:
+        await denied.close()
+        await allowed.close()
