@@ -947,6 +947,13 @@ class Client(asyncio.Protocol):
         if queue is not None and not valid_queue_name(queue):
             self.send_err(INVALID_QUEUE)
             return
+        max_tokens = self.server.options.max_sub_tokens
+        if max_tokens > 0 and subject.count(".") >= max_tokens and self.kind is Kind.CLIENT:
+            self.server.log.error(f"{self.host}:{self.port} - cid:{self.cid} - Subscription "
+                                  f'Violation Too Many Tokens - Subject "{subject}", SID {sid}')
+            self.send_err(f'Permissions Violation for Subscription to "{subject}", '
+                          "too many tokens")
+            return
         perms = self.perms
         if perms is not None and not perms.can_subscribe(subject, queue):
             self.send_err(sub_violation(subject, queue))

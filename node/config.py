@@ -1058,6 +1058,8 @@ def _top_handlers() -> dict[str, Handler]:
         # Per connection, as nats-server (0: none); each account's limit applies too.
         "max_subscriptions": _setter("max_subscriptions", lambda f: _int(f) or -1),
         "max_subs": _setter("max_subscriptions", lambda f: _int(f) or -1),
+        "max_sub_tokens": _setter("max_sub_tokens", _int),
+        "max_subscription_tokens": _setter("max_sub_tokens", _int),
         "max_conn": _setter("max_connections", _int),
         "ping_interval": _setter("ping_interval", _duration),
         "ping_max": _setter("ping_max", _int),
@@ -1109,7 +1111,7 @@ _TOP_UNSUPPORTED = UNSUPPORTED_BLOCKS | frozenset({
     "disable_sublist_cache", "no_sublist_cache", "https", "https_port", "http_base_path",
     "logfile_size_limit", "log_size_limit", "logfile_max_num", "log_max_num", "syslog",
     "remote_syslog", "prof_port", "prof_block_rate", "max_traced_msg_len",
-    "max_sub_tokens", "max_subscription_tokens", "write_timeout",
+    "write_timeout",
     "no_header_support", "trusted",
     "trusted_keys", "resolver_tls", "resolver_preload", "resolver_pinned_accounts", "ocsp",
     "ocsp_cache", "allow_non_tls", "default_js_domain", "reconnect_error_reports",

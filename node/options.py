@@ -148,6 +148,7 @@ class Options:
     max_pending: int = DEFAULT_MAX_PENDING
     max_connections: int = 64 * 1024
     max_subscriptions: int = -1  # per client connection; -1 (config 0): no limit
+    max_sub_tokens: int = 0  # tokens in a subscription's subject; 0: no limit
     ping_interval: float = 120.0
     ping_max: int = 2
     write_deadline: float = 10.0

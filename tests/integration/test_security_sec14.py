@@ -372,3 +372,21 @@ async def test_permissions_hold_under_the_jetstream_domain_alias(servers, impl, 
     finally:
         await denied.close()
         await allowed.close()
+
+
+@pytest.mark.parametrize("impl", BOTH)
+def test_server_max_sub_tokens_is_enforced(servers, impl):
+    """Defect: max_sub_tokens was accepted as "unsupported" (a warning) and a
+    subscription of any depth admitted; nats-server refuses it."""
+    srv = start(servers, impl, "max_sub_tokens: 3\n")
+    with socket.create_connection((HOST, srv.port), timeout=10) as sock:
+        sock.recv(65536)
+        sock.sendall(b'CONNECT {"verbose":false}\r\nSUB a.b.c 1\r\nSUB a.b.c.d 2\r\n'
+                     b"PUB a.b.c.d 1\r\nx\r\nPUB a.b.c 1\r\ny\r\nPING\r\n")
+        out = b""
+        while not out.endswith(b"PONG\r\n"):
+            chunk = sock.recv(65536)
+            assert chunk, out
+            out += chunk
+    assert out == (b"-ERR 'Permissions Violation for Subscription to \"a.b.c.d\", too many "
+                   b"tokens'\r\nMSG a.b.c 1 1\r\ny\r\nPONG\r\n")
