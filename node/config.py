@@ -1000,8 +1000,10 @@ def _websocket(opts: Options, f: _Field) -> None:
         "same_origin": _setter("same_origin", _bool),
         "allowed_origins": _setter("allowed_origins", _str_list),
         "no_auth_user": _setter("no_auth_user", _str),
+        # 0 keeps our default (nats-server's 0 is no limit without TLS: we keep one).
+        "handshake_timeout": _setter("handshake_timeout", lambda f: _duration(f) or None),
     }
-    unsupported = frozenset({"advertise", "handshake_timeout", "headers"})
+    unsupported = frozenset({"advertise", "headers"})
     unenforced = frozenset({
         "authorization", "jwt_cookie",
         "username_cookie", "password_cookie", "token_cookie",

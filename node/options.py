@@ -71,6 +71,8 @@ class WebsocketOptions:
     same_origin: bool = False
     allowed_origins: list[str] = field(default_factory=list)
     no_auth_user: str | None = None  # for WebSocket clients that send no credentials
+    # Seconds to complete the HTTP upgrade (None: websocket.HANDSHAKE_TIMEOUT, 5 s).
+    handshake_timeout: float | None = None
 
 
 @dataclass

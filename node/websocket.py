@@ -499,6 +499,7 @@ class WsProtocol(asyncio.Protocol):
     def __init__(self, server: Any, opts: WebsocketOptions) -> None:
         self._server = server
         self._compression = opts.compression
+        self._handshake_timeout = opts.handshake_timeout or HANDSHAKE_TIMEOUT
         self._origins = OriginPolicy.build(opts, opts.tls is not None and not opts.no_tls)
         self._transport: asyncio.Transport | None = None
         self._request = bytearray()
@@ -510,7 +511,7 @@ class WsProtocol(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport  # type: ignore[assignment]
         loop = asyncio.get_running_loop()
-        self._timer = loop.call_later(HANDSHAKE_TIMEOUT, transport.close)
+        self._timer = loop.call_later(self._handshake_timeout, transport.close)
 
     def data_received(self, data: bytes) -> None:
         if self._codec is None:
