@@ -403,3 +403,16 @@ def test_websocket_handshake_timeout_is_enforced(servers, impl, send):
                          'handshake_timeout: "1s" }\n')
     took = seconds_until_closed(ws_port, send)
     assert took < 3.5, f"{impl} kept an unfinished websocket upgrade {took:.1f} s"
+
+
+@pytest.mark.parametrize("impl", BOTH)
+def test_cluster_port_lets_go_of_a_silent_socket(servers, impl):
+    """Defect: a socket on the cluster (gRPC) port that never completed the HTTP/2
+    handshake was kept 60 s (gRPC's own default): strangers could hold descriptors
+    there at little cost. nats-server's route port drops it after 2 s; the cluster
+    port now after 5 s (grpc.server_handshake_timeout_ms)."""
+    cport = free_port()
+    start(servers, impl, f'cluster {{ name: c, listen: "127.0.0.1:{cport}", '
+                         "authorization { user: r, password: s3cret } }\n")
+    took = seconds_until_closed(cport)
+    assert took < BOUND, f"{impl} kept a silent cluster-port socket {took:.0f} s"
