@@ -152,6 +152,8 @@ class CompiledPermissions:
     sub_deny: _SubList | None
     responses: bool
     source: Permissions | None = None  # as configured ($SYS.REQ.USER.INFO shows it)
+    response_max: int = RESPONSE_MAX_MSGS  # <= 0: any number of replies
+    response_expires: float = RESPONSE_EXPIRES  # <= 0: the grant never expires
 
     @classmethod
     def build(cls, perms: Permissions) -> CompiledPermissions:
@@ -169,6 +171,8 @@ class CompiledPermissions:
             sub_deny=sub_deny,
             responses=perms.allow_responses,
             source=perms,
+            response_max=perms.response_max,
+            response_expires=perms.response_expires,
         )
 
 
@@ -219,15 +223,16 @@ class PermissionSet:
         if entry is None:
             return False
         entry[1] += 1
-        expired = now is not None and now - entry[0] > RESPONSE_EXPIRES
-        if entry[1] > RESPONSE_MAX_MSGS or expired:
+        c = self._c
+        expired = now is not None and 0 < c.response_expires < now - entry[0]
+        if 0 < c.response_max < entry[1] or expired:
             del self._replies[subject]
             return False
         return True
 
     def note_reply(self, reply: str, now: float) -> None:
         """Record that a message with reply subject `reply` was delivered to
-        this connection, granting it `RESPONSE_MAX_MSGS` publishes there."""
+        this connection, granting it `response_max` publishes there."""
         if not self._c.responses:
             return
         if len(self._replies) >= _REPLIES_MAX:
@@ -235,7 +240,8 @@ class PermissionSet:
         self._replies[reply] = [now, 0]
 
     def _prune_replies(self, now: float) -> None:
-        for key in [k for k, (t, _) in self._replies.items() if now - t > RESPONSE_EXPIRES]:
+        ttl = self._c.response_expires if self._c.response_expires > 0 else float("inf")
+        for key in [k for k, (t, _) in self._replies.items() if now - t > ttl]:
             del self._replies[key]
         while len(self._replies) >= _REPLIES_MAX:
             # Dicts keep insertion order: drop the oldest grant.

@@ -208,6 +208,7 @@ class Client(asyncio.Protocol):
         self._write_timer: asyncio.TimerHandle | None = None  # armed while the socket is full
         self.host, self.port = "", 0
         self.upgrading = False
+        self._first_read_done = False  # the first op is checked (_first_op_allowed)
         # The account whose fast path may take this client's PUBs (see _update_fast);
         # None while per-message checks apply.
         self.fast_account: Account | None = None
@@ -218,7 +219,7 @@ class Client(asyncio.Protocol):
         self.connected_to_account = False
         # nats-server applies the account's (and a JWT user's) max_subscriptions and
         # max_payload to each connection; -1 = none.
-        self.max_subs = -1
+        self.max_subs = opts.max_subscriptions if kind is Kind.CLIENT else -1
         self._expiry_timer: asyncio.TimerHandle | None = None
         # Made once per account: the parser calls these for every frame.
         self._pub_cb = self.account.fast_publisher(self)
@@ -414,6 +415,8 @@ class Client(asyncio.Protocol):
                                   "TLS handshake error: data before the handshake")
             self._abort("TLS Handshake Failure")
             return
+        if not self._first_read_done and not self._first_op_allowed(data):
+            return
         self._active = True
         self.last_activity = time.time()
         try:
@@ -431,6 +434,19 @@ class Client(asyncio.Protocol):
                 self.send_err(err.message, close=err.fatal)
             elif err.fatal:
                 self.close("Protocol Violation")
+
+    def _first_op_allowed(self, data: bytes) -> bool:
+        """Under auth, the first operation must be CONNECT: refused at its first byte,
+        as nats-server does, so an unauthenticated client cannot make the parser buffer
+        a PUB's payload (up to max_payload) until the auth timer fires."""
+        if not data:
+            return True
+        self._first_read_done = True
+        if data[:1] in (b"C", b"c") or not self._awaiting_connect() \
+                or self._no_auth_identity() is not None:
+            return True
+        self.send_err(AUTH_VIOLATION, close=True)
+        return False
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._teardown(self.close_reason or "Client Closed")
@@ -630,7 +646,9 @@ class Client(asyncio.Protocol):
 
     def _apply_user_limits(self, identity: Identity) -> None:
         """A JWT user's own limits, on top of its account's; its expiry closes it."""
-        self.max_subs = _tighter(self.account.max_subscriptions, identity.max_subscriptions)
+        own = _tighter(self.account.max_subscriptions, identity.max_subscriptions)
+        server_max = self.server.options.max_subscriptions if self.kind is Kind.CLIENT else -1
+        self.max_subs = _tighter(server_max, own)
         max_payload = _tighter(self.account.max_payload, identity.max_payload)
         self.parser.max_payload = _tighter(self.server.options.max_payload, max_payload)
         if self._expiry_timer is not None:  # an earlier login's expiry no longer applies
@@ -844,12 +862,25 @@ class Client(asyncio.Protocol):
                 # nats-server checks the subject the account's mapping makes.
                 subject = router.mapped(self.account, subject)
                 premapped = True
-            if not perms.can_publish(subject, time.monotonic()):
-                self.send_err(pub_violation(subject))
+            checked = self._domain_mapped(subject)
+            if not perms.can_publish(checked, time.monotonic()):
+                self.send_err(pub_violation(checked))
                 return
         if self.verbose:
             self.write(_OK)
         self.account.publish(self, subject, reply, headers, payload, premapped)
+
+    def _domain_mapped(self, subject: str) -> str:
+        """The subject a JetStream domain alias (`$JS.<domain>.API.>`) stands for, in an
+        account whose only mapping is the domain's (it has no router, so the account
+        mapping step above left the alias as it is). Permissions apply to it, as nats-server
+        checks them after mapping: `deny: $JS.API.>` must also hold under the alias.
+        The publish itself still goes through the domain router (a fixed mapping)."""
+        account = self.account
+        prefix = account.domain_prefix
+        if prefix is None or not subject.startswith(prefix):
+            return subject
+        return account.domain_router.mapped(account, subject)
 
     def _on_traced_pub(self, mt: msgtrace.MsgTrace, subject: str, reply: str | None,
                        headers: bytes, payload: bytes) -> None:
@@ -869,6 +900,8 @@ class Client(asyncio.Protocol):
             # As on the untraced path: the permission applies to the subject the
             # account's mapping makes (drawn once); the `in` event names the published one.
             mapped, premapped = router.mapped(self.account, subject), True
+        if perms is not None and (aliased := self._domain_mapped(mapped)) != mapped:
+            mapped, premapped = aliased, True
         if perms is not None and not perms.can_publish(mapped, now):
             mt.ingress(self.kind.value, self.cid, name, self.account.name, subject,
                        f'Permissions Violation for Publish to "{mapped}"')
@@ -913,6 +946,13 @@ class Client(asyncio.Protocol):
             return
         if queue is not None and not valid_queue_name(queue):
             self.send_err(INVALID_QUEUE)
+            return
+        max_tokens = self.server.options.max_sub_tokens
+        if max_tokens > 0 and subject.count(".") >= max_tokens and self.kind is Kind.CLIENT:
+            self.server.log.error(f"{self.host}:{self.port} - cid:{self.cid} - Subscription "
+                                  f'Violation Too Many Tokens - Subject "{subject}", SID {sid}')
+            self.send_err(f'Permissions Violation for Subscription to "{subject}", '
+                          "too many tokens")
             return
         perms = self.perms
         if perms is not None and not perms.can_subscribe(subject, queue):

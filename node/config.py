@@ -628,11 +628,26 @@ def _permissions(f: _Field) -> Permissions:
         elif sub.key in ("subscribe", "sub", "export"):
             perms.subscribe_allow, perms.subscribe_deny = _permission_side(sub)
         elif sub.key in ("allow_responses", "publish_allow_responses"):
-            # {max, expires} tunes the response window; Jetraft only honours on/off.
-            perms.allow_responses = True if isinstance(sub.value, dict) else _bool(sub)
+            _allow_responses(perms, sub)
         else:
             raise sub.fail(f'Unknown field "{sub.key}" parsing permissions')
     return perms
+
+
+def _allow_responses(perms: Permissions, f: _Field) -> None:
+    """`true`, or {max, expires}: as nats-server, 0 keeps the default (1 reply,
+    2 min) and a negative value means no limit."""
+    if not isinstance(f.value, dict):
+        perms.allow_responses = _bool(f)
+        return
+    perms.allow_responses = True
+    for sub in _fields(f.value, f.path + "."):
+        if sub.key in ("max", "max_msgs", "max_messages", "max_responses"):
+            perms.response_max = _int(sub) or perms.response_max
+        elif sub.key in ("expires", "expiration", "ttl"):
+            perms.response_expires = _duration(sub) or perms.response_expires
+        else:
+            raise sub.fail(f'Unknown field "{sub.key}" parsing {f.path}')
 
 
 _USER_HANDLERS: dict[str, Handler] = {
@@ -985,8 +1000,10 @@ def _websocket(opts: Options, f: _Field) -> None:
         "same_origin": _setter("same_origin", _bool),
         "allowed_origins": _setter("allowed_origins", _str_list),
         "no_auth_user": _setter("no_auth_user", _str),
+        # 0 keeps our default (nats-server's 0 is no limit without TLS: we keep one).
+        "handshake_timeout": _setter("handshake_timeout", lambda f: _duration(f) or None),
     }
-    unsupported = frozenset({"advertise", "handshake_timeout", "headers"})
+    unsupported = frozenset({"advertise", "headers"})
     unenforced = frozenset({
         "authorization", "jwt_cookie",
         "username_cookie", "password_cookie", "token_cookie",
@@ -1040,6 +1057,11 @@ def _top_handlers() -> dict[str, Handler]:
         "max_pending": _setter("max_pending", _size),
         "max_control_line": _setter("max_control_line", _size),
         "max_connections": _setter("max_connections", _int),
+        # Per connection, as nats-server (0: none); each account's limit applies too.
+        "max_subscriptions": _setter("max_subscriptions", lambda f: _int(f) or -1),
+        "max_subs": _setter("max_subscriptions", lambda f: _int(f) or -1),
+        "max_sub_tokens": _setter("max_sub_tokens", _int),
+        "max_subscription_tokens": _setter("max_sub_tokens", _int),
         "max_conn": _setter("max_connections", _int),
         "ping_interval": _setter("ping_interval", _duration),
         "ping_max": _setter("ping_max", _int),
@@ -1090,8 +1112,8 @@ _TOP_UNSUPPORTED = UNSUPPORTED_BLOCKS | frozenset({
     "client_advertise", "logtime", "logtime_utc", "trace_verbose",
     "disable_sublist_cache", "no_sublist_cache", "https", "https_port", "http_base_path",
     "logfile_size_limit", "log_size_limit", "logfile_max_num", "log_max_num", "syslog",
-    "remote_syslog", "prof_port", "prof_block_rate", "max_traced_msg_len", "max_subscriptions",
-    "max_subs", "max_sub_tokens", "max_subscription_tokens", "write_timeout",
+    "remote_syslog", "prof_port", "prof_block_rate", "max_traced_msg_len",
+    "write_timeout",
     "no_header_support", "trusted",
     "trusted_keys", "resolver_tls", "resolver_preload", "resolver_pinned_accounts", "ocsp",
     "ocsp_cache", "allow_non_tls", "default_js_domain", "reconnect_error_reports",

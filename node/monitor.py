@@ -46,6 +46,9 @@ class Server(Protocol):
     def subscription_count(self) -> int: ...
 
 _MAX_REQUEST = 16 * 1024
+HEADER_TIMEOUT = 5.0  # seconds from accept to a whole request head
+IDLE_TIMEOUT = 30.0  # seconds a kept-alive connection may wait for its next request
+WRITE_TIMEOUT = 10.0  # seconds for a reply to leave (a client that never reads)
 CONNZ_DEFAULT_LIMIT = 1024
 
 
@@ -485,11 +488,16 @@ _REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Al
 
 async def _serve_conn(server: Server, reader: asyncio.StreamReader,
                       writer: asyncio.StreamWriter) -> None:
+    # Anyone who reaches the port holds a socket (and a descriptor the client and
+    # cluster listeners share) only for a bounded time: a request head in HEADER_TIMEOUT
+    # of the connection (nats-server's ReadHeaderTimeout), a next one in IDLE_TIMEOUT,
+    # a reply taken in WRITE_TIMEOUT.
+    wait = HEADER_TIMEOUT
     try:
         while True:
             try:
-                head = await reader.readuntil(b"\r\n\r\n")
-            except (asyncio.IncompleteReadError, asyncio.LimitOverrunError):
+                head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), wait)
+            except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError):
                 return
             status, ctype, body, keep = _respond(server, head)
             data = body.encode()
@@ -497,10 +505,11 @@ async def _serve_conn(server: Server, reader: asyncio.StreamReader,
                 f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}\r\n"
                 f"Content-Type: {ctype}\r\nContent-Length: {len(data)}\r\n"
                 f"Connection: {'keep-alive' if keep else 'close'}\r\n\r\n".encode() + data)
-            await writer.drain()
+            await asyncio.wait_for(writer.drain(), WRITE_TIMEOUT)
             if not keep:
                 return
-    except (ConnectionError, OSError):
+            wait = IDLE_TIMEOUT
+    except (ConnectionError, OSError, TimeoutError):
         return
     finally:
         writer.close()

@@ -26,7 +26,7 @@ from node.auth import (
     PermissionSet,
 )
 from node.config import ConfigError
-from node.jwt import AuthError, JWTError, JWTIdentity, authenticate_user
+from node.jwt import AuthError, JWTError, JWTIdentity, ResponsePermission, authenticate_user
 from node.options import Options, Permissions
 from node.resolver import (
     DirResolver,
@@ -112,7 +112,7 @@ class OperatorAuthenticator:
             # was still ahead): no Account to put the user in, so no login.
             return None
         return Identity(user=who.user_key, account=who.account_key,
-                        permissions=_permission_set(who.permissions, who.response is not None),
+                        permissions=_permission_set(who.permissions, who.response),
                         expires=float(who.expires), max_subscriptions=who.max_subscriptions,
                         max_payload=who.max_payload,
                         recheck=lambda: self._check(token, sig, nonce, conn_type,
@@ -140,10 +140,14 @@ class OperatorAuthenticator:
         return self.begin(connect, nonce, tls_peer_cert, conn_type)
 
 
-def _permission_set(perms: Permissions | None, responses: bool) -> PermissionSet | None:
-    if perms is None and not responses:
+def _permission_set(perms: Permissions | None,
+                    response: ResponsePermission | None) -> PermissionSet | None:
+    if perms is None and response is None:
         return None
     perms = dataclasses.replace(perms) if perms is not None else Permissions()
-    # The JWT's resp limits (max, ttl) are not carried: the config's defaults apply.
-    perms.allow_responses = perms.allow_responses or responses
+    if response is not None:
+        # The JWT's resp {max, ttl}; 0 keeps nats-server's default (1 reply, 2 min).
+        perms.allow_responses = True
+        perms.response_max = response.max_msgs or perms.response_max
+        perms.response_expires = response.expires_seconds or perms.response_expires
     return PermissionSet(CompiledPermissions.build(perms))

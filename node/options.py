@@ -28,6 +28,10 @@ class Permissions:
     subscribe_allow: list[str] | None = None
     subscribe_deny: list[str] | None = None
     allow_responses: bool = False
+    # allow_responses {max, expires}: replies per request and how long the grant lasts
+    # (nats-server's defaults: 1 and 2 min; <= 0 after parsing: no limit).
+    response_max: int = 1
+    response_expires: float = 120.0
 
 
 @dataclass
@@ -67,6 +71,8 @@ class WebsocketOptions:
     same_origin: bool = False
     allowed_origins: list[str] = field(default_factory=list)
     no_auth_user: str | None = None  # for WebSocket clients that send no credentials
+    # Seconds to complete the HTTP upgrade (None: websocket.HANDSHAKE_TIMEOUT, 5 s).
+    handshake_timeout: float | None = None
 
 
 @dataclass
@@ -143,6 +149,8 @@ class Options:
     max_control_line: int = DEFAULT_MAX_CONTROL_LINE
     max_pending: int = DEFAULT_MAX_PENDING
     max_connections: int = 64 * 1024
+    max_subscriptions: int = -1  # per client connection; -1 (config 0): no limit
+    max_sub_tokens: int = 0  # tokens in a subscription's subject; 0: no limit
     ping_interval: float = 120.0
     ping_max: int = 2
     write_deadline: float = 10.0

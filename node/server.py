@@ -502,10 +502,13 @@ class Server:
         loop = asyncio.get_running_loop()
         port = 0 if o.port < 0 else o.port
         ssl = self.tls_ctx if self.tls_first else None
+        # handshake_first: asyncio runs the handshake before the client exists; tls
+        # { timeout } bounds it (asyncio's own default is 60 s per silent socket).
+        hs_timeout = o.tls.timeout if ssl is not None and o.tls is not None else None
         try:
             srv = await loop.create_server(
                 lambda: Client(self, Kind.CLIENT, CONN_STANDARD), o.host, port,
-                reuse_address=True, backlog=1024, ssl=ssl)
+                reuse_address=True, backlog=1024, ssl=ssl, ssl_handshake_timeout=hs_timeout)
         except OSError as err:
             raise OSError(f"Error listening on port: {o.host}:{port}, \"{err}\"") from err
         self._listeners.append(srv)

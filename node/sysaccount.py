@@ -113,8 +113,8 @@ def _permissions_json(perms: Any) -> dict[str, Any]:
         if entry:
             out[side] = entry
     if perms.allow_responses:
-        # Jetraft's allow_responses are nats-server's defaults: one reply within 2 min.
-        out["responses"] = {"max": 1, "ttl": 120_000_000_000}
+        out["responses"] = {"max": perms.response_max,
+                            "ttl": int(perms.response_expires * 1_000_000_000)}
     return out
 
 

@@ -499,6 +499,7 @@ class WsProtocol(asyncio.Protocol):
     def __init__(self, server: Any, opts: WebsocketOptions) -> None:
         self._server = server
         self._compression = opts.compression
+        self._handshake_timeout = opts.handshake_timeout or HANDSHAKE_TIMEOUT
         self._origins = OriginPolicy.build(opts, opts.tls is not None and not opts.no_tls)
         self._transport: asyncio.Transport | None = None
         self._request = bytearray()
@@ -510,7 +511,7 @@ class WsProtocol(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport  # type: ignore[assignment]
         loop = asyncio.get_running_loop()
-        self._timer = loop.call_later(HANDSHAKE_TIMEOUT, transport.close)
+        self._timer = loop.call_later(self._handshake_timeout, transport.close)
 
     def data_received(self, data: bytes) -> None:
         if self._codec is None:
@@ -599,6 +600,10 @@ async def start_websocket(server: Any, opts: WebsocketOptions) -> asyncio.Server
         log.warning("websocket listener without TLS (set no_tls: true to silence this)")
     loop = asyncio.get_running_loop()
     port = 0 if opts.port < 0 else opts.port
+    # wss: the TLS handshake comes before connection_made (and HANDSHAKE_TIMEOUT's
+    # timer); tls { timeout } bounds it, not asyncio's 60 s default.
+    hs_timeout = opts.tls.timeout if ssl_ctx is not None and opts.tls is not None else None
     return await loop.create_server(
-        lambda: WsProtocol(server, opts), opts.host, port, ssl=ssl_ctx, reuse_address=True
+        lambda: WsProtocol(server, opts), opts.host, port, ssl=ssl_ctx, reuse_address=True,
+        ssl_handshake_timeout=hs_timeout,
     )

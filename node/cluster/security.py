@@ -11,6 +11,7 @@ a Raft message. Outgoing calls carry this node's credentials: a route URL's
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 from collections.abc import Awaitable, Callable
@@ -42,6 +43,10 @@ SERVER_OPTIONS = [
     ("grpc.keepalive_timeout_ms", 3_000),
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.min_ping_interval_without_data_ms", 1_000),
+    # A connection that has not finished its TLS and HTTP/2 handshake within this time is
+    # dropped (gRPC's default is 120 s; measured 60 s: a stranger's silent socket held a
+    # descriptor that long). nats-server's route port drops one after 2 s.
+    ("grpc.server_handshake_timeout_ms", 5_000),
 ]
 
 
@@ -104,29 +109,61 @@ class Authorizer:
 
 
 def _refusing(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
-    async def deny(request: Any, context: grpc.aio.ServicerContext) -> None:
+    """A refused call is answered from its headers: the handler takes the request
+    as a stream it never reads, so its body (up to max_receive_message_length,
+    64 MiB) is never buffered (a unary handler would have gRPC read it whole first)."""
+    async def deny(requests: Any, context: grpc.aio.ServicerContext) -> None:
         await context.abort(grpc.StatusCode.UNAUTHENTICATED, "cluster authorization failed")
 
-    if handler.request_streaming and handler.response_streaming:
-        return grpc.stream_stream_rpc_method_handler(deny)
-    if handler.request_streaming:
-        return grpc.stream_unary_rpc_method_handler(deny)
     if handler.response_streaming:
-        return grpc.unary_stream_rpc_method_handler(deny)
-    return grpc.unary_unary_rpc_method_handler(deny)
+        return grpc.stream_stream_rpc_method_handler(deny)
+    return grpc.stream_unary_rpc_method_handler(deny)
+
+
+# Prove needs no credentials, so anyone may call it: its request is read by us (a
+# stream), PROVE_AT_ONCE at a time, each within PROVE_READ_TIMEOUT, so strangers can
+# make the node buffer at most PROVE_AT_ONCE messages, not one per call they open.
+PROVE_AT_ONCE = 2
+PROVE_READ_TIMEOUT = 3.0
+
+
+def _bounded_prove(handler: grpc.RpcMethodHandler, gate: asyncio.Semaphore
+                   ) -> grpc.RpcMethodHandler:
+    async def first(requests: Any) -> Any:
+        async with gate:
+            async for request in requests:
+                return request
+        return None
+
+    async def prove(requests: Any, context: grpc.aio.ServicerContext) -> Any:
+        try:
+            request = await asyncio.wait_for(first(requests), PROVE_READ_TIMEOUT)
+        except TimeoutError:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "too many proofs at once")
+        if request is None:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "no ProveMsg")
+        return await handler.unary_unary(request, context)
+
+    return grpc.stream_unary_rpc_method_handler(
+        prove, request_deserializer=handler.request_deserializer,
+        response_serializer=handler.response_serializer)
 
 
 class AuthInterceptor(grpc.aio.ServerInterceptor):
     def __init__(self, auth: Authorizer, on_refused: Callable[[str], None]) -> None:
         self.auth = auth
         self.on_refused = on_refused
+        self._prove_gate = asyncio.Semaphore(PROVE_AT_ONCE)
 
     async def intercept_service(
         self, continuation: Callable[[Any], Awaitable[grpc.RpcMethodHandler]],
         details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler:
         handler = await continuation(details)
-        if handler is None or not self.auth.required or details.method == PROVE_METHOD:
+        if handler is not None and details.method == PROVE_METHOD \
+                and not handler.request_streaming:
+            return _bounded_prove(handler, self._prove_gate)
+        if handler is None or not self.auth.required:
             return handler
         presented = None
         for key, value in details.invocation_metadata or ():
