@@ -160,6 +160,16 @@ class Line:
         self.sock.close()
 
 
+def until_pong(sock: socket.socket) -> bytes:
+    """Everything the server sent up to and including the PONG that ends it."""
+    out = b""
+    while not out.endswith(b"PONG\r\n"):
+        chunk = sock.recv(65536)
+        assert chunk, out
+        out += chunk
+    return out
+
+
 def violation(subject: str) -> bytes:
     return f"-ERR 'Permissions Violation for Publish to \"{subject}\"'".encode()
 
@@ -240,11 +250,7 @@ def test_a_connect_with_a_pub_in_the_same_write_still_works(servers, impl):
         sock.recv(65536)
         sock.sendall(b'CONNECT {"user":"u","pass":"p","verbose":false}\r\n'
                      b"SUB x 1\r\nPUB x 2\r\nhi\r\nPING\r\n")
-        out = b""
-        while not out.endswith(b"PONG\r\n"):
-            chunk = sock.recv(65536)
-            assert chunk, out
-            out += chunk
+        out = until_pong(sock)
     assert out.replace(b"PING\r\n", b"") == b"MSG x 1 2\r\nhi\r\nPONG\r\n"
 
 
@@ -313,11 +319,7 @@ def test_server_max_subscriptions_is_enforced(servers, impl, key, login):
         sock.sendall(b'CONNECT {"verbose":false' + creds.encode() + b'}\r\n'
                      b"SUB a 1\r\nSUB b 2\r\nSUB c 3\r\n"
                      b"PUB c 1\r\nx\r\nPUB a 1\r\ny\r\nPING\r\n")
-        out = b""
-        while not out.endswith(b"PONG\r\n"):
-            chunk = sock.recv(65536)
-            assert chunk, out
-            out += chunk
+        out = until_pong(sock)
     assert out == b"-ERR 'maximum subscriptions exceeded'\r\nMSG a 1 1\r\ny\r\nPONG\r\n"
     assert "not supported" not in srv.log_text() or impl == "nats-server"
 
@@ -383,11 +385,7 @@ def test_server_max_sub_tokens_is_enforced(servers, impl):
         sock.recv(65536)
         sock.sendall(b'CONNECT {"verbose":false}\r\nSUB a.b.c 1\r\nSUB a.b.c.d 2\r\n'
                      b"PUB a.b.c.d 1\r\nx\r\nPUB a.b.c 1\r\ny\r\nPING\r\n")
-        out = b""
-        while not out.endswith(b"PONG\r\n"):
-            chunk = sock.recv(65536)
-            assert chunk, out
-            out += chunk
+        out = until_pong(sock)
     assert out == (b"-ERR 'Permissions Violation for Subscription to \"a.b.c.d\", too many "
                    b"tokens'\r\nMSG a.b.c 1 1\r\ny\r\nPONG\r\n")
 
