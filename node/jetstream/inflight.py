@@ -43,7 +43,7 @@ class Inflight:
     def __init__(self, changes: ChangeMark | None = None) -> None:
         self._lock = threading.Lock()  # the loop reserves, the apply worker releases
         # Moved after every change of what `bound` answers (node/jetstream/changes.py).
-        self.changes = changes
+        self.changes = changes if changes is not None else ChangeMark()
         self._held: dict[int, tuple[int, int, int, bytes, Any]] = {}
         self.msgs = 0       # messages held
         self.bytes = 0      # their size as the store will count it (limits)
@@ -64,8 +64,7 @@ class Inflight:
             self.msgs += count
             self.bytes += stored
             self.buffered += buffered
-        if self.changes is not None:
-            self.changes.move()
+        self.changes.move()
         return now_ns
 
     def own(self, clock: int, entry: bytes, at: int, size: int) -> Any:
@@ -102,8 +101,7 @@ class Inflight:
             self.msgs -= n
             self.bytes -= stored
             self.buffered -= buffered
-        if self.changes is not None:
-            self.changes.move()
+        self.changes.move()
 
     def bound(self, stored: int, stored_msgs: int, cfg: dict[str, Any]) -> int:
         """The most bytes the stream can hold once what is held here is applied: a
@@ -126,8 +124,7 @@ class Inflight:
         with self._lock:
             self._held.clear()
             self.msgs = self.bytes = self.buffered = 0
-        if self.changes is not None:
-            self.changes.move()
+        self.changes.move()
 
 
 def _first_bytes(held: Iterable[tuple[int, int, int, bytes, Any]], room: int) -> int:

@@ -230,9 +230,9 @@ class StreamMachine:
         self.leader_hook: Callable[[int, int], None] | None = None
         # Moved after every change of the stored state, the reservations or the leader:
         # the node's passes over all its streams skip rounds where it did not move.
-        self.changes = changes
+        self.changes = changes if changes is not None else ChangeMark()  # alone: its own
         # Publishes this node proposed as the leader, not yet applied (inflight.py).
-        self.inflight = Inflight(changes)
+        self.inflight = Inflight(self.changes)
         # Clustered: does this node lead the group now? Only a leader's PubAcks are sent
         # (JetStreamService._on_effects), so a follower's apply does not build them.
         self.leads: Callable[[], bool] | None = None
@@ -273,8 +273,7 @@ class StreamMachine:
             # Under the same lock as the stored bytes it makes visible: a limit check reads
             # store + in flight at once and sees each publish exactly once.
             self.inflight.release_entries(run)
-        if self.changes is not None:
-            self.changes.move()
+        self.changes.move()
         if effects:
             self.sink(self, effects)
 
@@ -356,8 +355,7 @@ class StreamMachine:
         try:
             self._restore_from(path)
         finally:
-            if self.changes is not None:
-                self.changes.move()  # the stored state may have been replaced
+            self.changes.move()  # the stored state may have been replaced
 
     def _restore_from(self, path: str) -> None:
         if self.env is None and os.path.getsize(path) and _is_image(path, MEM_IMAGE_MAGIC):
@@ -403,8 +401,7 @@ class StreamMachine:
         # A deposed leader holds no reservation; a new one starts from the applied state
         # (its own proposals of an earlier term, if still applied, release nothing).
         self.inflight.clear()
-        if self.changes is not None:
-            self.changes.move()  # the streams this node leads changed
+        self.changes.move()  # the streams this node leads changed
         if self.leader_hook is not None:
             self.leader_hook(leader_id, term)
 
